@@ -1,0 +1,71 @@
+"""Options shared by many commands, and the database a server-side command talks to."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from app.settings import Settings, load_settings
+
+
+def server_side(func: Callable) -> Callable:
+    """--database-url and --data-dir, for commands that talk to the database directly."""
+    func = click.option(
+        "--data-dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="State directory (env TUNEPLANE_DATA_DIR); holds the embedded database.",
+    )(func)
+    func = click.option(
+        "--database-url",
+        default=None,
+        help="PostgreSQL URL (env TUNEPLANE_DATABASE_URL); without it the embedded database is used.",
+    )(func)
+    return func
+
+
+def settings_from(database_url: str | None, data_dir: str | None) -> Settings:
+    return load_settings(database_url=database_url, data_dir=data_dir)
+
+
+@contextmanager
+def database(settings: Settings, progress: Callable[[str], None] | None = None) -> Iterator[str]:
+    """The database URL to use; starts the embedded server for the duration if it is not running."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    from app import embedded_pg
+
+    if progress:
+        progress(f"using the embedded PostgreSQL in {settings.pgdata}")
+    pg = embedded_pg.start(settings.pgdata)
+    try:
+        yield pg.url
+    finally:
+        pg.stop()
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
+def print_json(data: Any) -> None:
+    from app.web.negotiate import _default
+
+    json.dump(data, sys.stdout, default=_default, indent=2)
+    sys.stdout.write("\n")
+
+
+def print_table(rows: list[dict], columns: list[str], empty: str = "(none)") -> None:
+    if not rows:
+        click.echo(empty)
+        return
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())

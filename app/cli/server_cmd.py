@@ -1,0 +1,37 @@
+"""`tuneplane server`: the console and HTTP forms, served by waitress (a production WSGI server)."""
+
+from __future__ import annotations
+
+import click
+
+from app.cli.options import server_side, settings_from
+from app.migrate import require_current
+
+
+@click.command("server")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--threads", default=8, show_default=True, type=int)
+@server_side
+def server_cmd(host: str, port: int, threads: int, database_url: str | None, data_dir: str | None) -> None:
+    """Serve the web console and the HTTP API (needs TUNEPLANE_DATABASE_URL or --database-url)."""
+    settings = settings_from(database_url, data_dir)
+    if not settings.database_url:
+        raise click.ClickException(
+            "tuneplane server needs --database-url or TUNEPLANE_DATABASE_URL (tuneplane up passes it)"
+        )
+    require_current(settings.database_url)
+    import waitress
+
+    from app.web import create_app
+
+    app = create_app(
+        settings.database_url, pool_max=threads + 2, config={"TP_DATA_DIR": str(settings.data_dir)}
+    )
+    click.echo(f"serving on http://{host}:{port}", err=True)
+    waitress.serve(
+        app, host=host, port=port, threads=threads, ident="tuneplane", clear_untrusted_proxy_headers=True
+    )
+
+
+COMMANDS = [server_cmd]

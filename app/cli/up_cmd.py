@@ -1,0 +1,106 @@
+"""`tuneplane up`: the embedded default: database, migrations, first admin, and every component."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+
+import click
+
+from app import migrate
+from app.cli.options import server_side, settings_from
+from app.client.config import config_path, read_config_file, write_config_file
+from app.components import UpContext, up_components
+from app.db import Database
+from app.security import hash_password, new_token
+from app.supervisor import ComponentFailed, Supervisor
+
+
+def _say(message: str) -> None:
+    click.echo(f"tuneplane up: {message}", err=True)
+
+
+def _first_admin(db: Database, ctx: UpContext) -> tuple[str, str] | None:
+    """Create the first admin on an empty installation; returns (username, password) when created."""
+    password = secrets.token_urlsafe(12)
+    rows = db.call("create_first_admin", "admin", hash_password(password))
+    if not rows or rows[0]["id"] is None:
+        return None
+    secret_file = ctx.data_dir / "initial-admin.txt"
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"username: admin\npassword: {password}\n")
+    return "admin", password
+
+
+def _write_cli_config(db: Database, ctx: UpContext) -> None:
+    """Point the CLI at this server with an admin token, unless the config points to another server."""
+    current = read_config_file()
+    if current.get("server") and current["server"] != ctx.server_url:
+        _say(f"{config_path()} points to {current['server']}; left unchanged")
+        return
+    if current.get("server") == ctx.server_url and current.get("token"):
+        return
+    admin = db.fetch_one("SELECT id FROM users WHERE role = 'admin' ORDER BY id LIMIT 1")
+    plaintext, digest = new_token("tpu")
+    db.call("issue_api_token", admin["id"], "tuneplane up (local admin)", digest, None)
+    path = write_config_file({**current, "server": ctx.server_url, "token": plaintext})
+    _say(f"wrote the server URL and an admin API token to {path}")
+
+
+@click.command("up")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the console listens on.")
+@click.option("--port", default=8080, show_default=True, type=int)
+@server_side
+def up_cmd(host: str, port: int, database_url: str | None, data_dir: str | None) -> None:
+    """Run TunePlane on this machine (embedded PostgreSQL unless a database URL is given)."""
+    settings = settings_from(database_url, data_dir)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    supervisor = Supervisor(settings.log_dir, _say)
+    supervisor.install_signal_handlers()
+
+    pg = None
+    url = settings.database_url
+    if url is None:
+        from app import embedded_pg
+
+        _say(f"starting the embedded PostgreSQL in {settings.pgdata}")
+        pg = embedded_pg.start(settings.pgdata)
+        url = pg.url
+    exit_code = 1
+    try:
+        migrate.migrate(url, progress=_say)
+        ctx = UpContext(database_url=url, data_dir=settings.data_dir, host=host, port=port)
+        db = Database(url, max_size=2, name="tuneplane-up")
+        try:
+            admin = _first_admin(db, ctx)
+            _write_cli_config(db, ctx)
+        finally:
+            db.close()
+        for component in up_components(ctx):
+            if supervisor.stop_requested.is_set():
+                break
+            supervisor.start(component)
+        if not supervisor.stop_requested.is_set():
+            click.echo(f"TunePlane is up: {ctx.server_url}")
+            if admin:
+                click.echo(
+                    f"admin login: {admin[0]} / {admin[1]} (also in {ctx.data_dir / 'initial-admin.txt'})"
+                )
+            click.echo("press Ctrl-C to stop", err=True)
+            sys.stdout.flush()
+        exit_code = supervisor.watch()
+    except ComponentFailed as exc:
+        _say(str(exc))
+        supervisor.stop_all()
+    finally:
+        supervisor.stop_all()
+        if pg is not None:
+            _say("stopping the embedded PostgreSQL")
+            pg.stop()
+    _say("stopped")
+    sys.exit(exit_code)
+
+
+COMMANDS = [up_cmd]

@@ -1,0 +1,1 @@
+"""What the CLI's client commands use to talk to a TunePlane server over HTTP."""

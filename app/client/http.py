@@ -1,0 +1,103 @@
+"""An HTTP client for the CLI: JSON in and out, TLS verification always on, one-line errors."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from app.client.config import ClientConfig
+
+
+class ClientError(Exception):
+    def __init__(self, message: str, status: int | None = None, fields: dict | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.fields = fields or {}
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_transport(url: str) -> None:
+    """Plain HTTP only to loopback; anything else must be HTTPS (verification is never switched off)."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return
+    if parts.scheme == "http" and is_loopback_host(parts.hostname or ""):
+        return
+    if parts.scheme == "http":
+        raise ClientError(
+            f"refusing plain HTTP to {parts.hostname}: use https:// (plain HTTP is for loopback only)"
+        )
+    raise ClientError(f"server URL must start with https:// or http://, got {url!r}")
+
+
+def verify_setting(ca_bundle: str | None) -> Any:
+    return ca_bundle if ca_bundle else True
+
+
+class ApiClient:
+    def __init__(self, config: ClientConfig, *, require_token: bool = True, timeout: float = 30.0) -> None:
+        if not config.server:
+            raise ClientError(
+                "no server configured: pass --server, set TUNEPLANE_SERVER, or run `tuneplane login`"
+            )
+        if require_token and not config.token:
+            raise ClientError("no API token: pass --token, set TUNEPLANE_TOKEN, or run `tuneplane login`")
+        check_transport(config.server)
+        headers = {"Accept": "application/json", "User-Agent": "tuneplane-cli"}
+        if config.token:
+            headers["Authorization"] = f"Bearer {config.token}"
+        self.config = config
+        self.http = httpx.Client(
+            base_url=config.server.rstrip("/"),
+            headers=headers,
+            timeout=timeout,
+            verify=verify_setting(config.ca_bundle),
+        )
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.ConnectError as exc:
+            raise ClientError(f"cannot connect to {self.config.server}: {exc}") from exc
+        except httpx.HTTPError as exc:
+            raise ClientError(f"request to {self.config.server} failed: {exc}") from exc
+        return self._decode(response)
+
+    def get(self, path: str, **kwargs: Any) -> Any:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> Any:
+        return self.request("POST", path, **kwargs)
+
+    @staticmethod
+    def _decode(response: httpx.Response) -> Any:
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.is_success:
+            return body
+        if isinstance(body, dict) and "error" in body:
+            raise ClientError(body["error"], response.status_code, body.get("fields"))
+        raise ClientError(f"server answered HTTP {response.status_code}", response.status_code)

@@ -1,0 +1,49 @@
+"""What `tuneplane up` starts, in order. Each area appends its processes here."""
+
+from __future__ import annotations
+
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from app.supervisor import Component
+
+
+@dataclass(frozen=True)
+class UpContext:
+    database_url: str
+    data_dir: Path
+    host: str
+    port: int
+
+    @property
+    def server_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return {"TUNEPLANE_DATABASE_URL": self.database_url, "TUNEPLANE_DATA_DIR": str(self.data_dir)}
+
+
+def tuneplane_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "app", *args]
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def up_components(ctx: UpContext) -> list[Component]:
+    return [
+        Component(
+            "server",
+            tuneplane_argv("server", "--host", ctx.host, "--port", str(ctx.port)),
+            env=ctx.env(),
+            ready=lambda: http_ok(f"{ctx.server_url}/healthz"),
+        ),
+    ]

@@ -1,0 +1,95 @@
+"""The one module that owns database connections and transactions (psycopg 3, plain SQL, no ORM).
+
+Every connection runs with `search_path = tuneplane, public` so stored functions are called by their
+plain names. State changes are stored-function calls; Python never UPDATEs a state column itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from app.errors import refusal_from_db
+
+SEARCH_PATH_OPTION = "-c search_path=tuneplane,public"
+
+
+def connect(url: str, *, autocommit: bool = False, application_name: str = "tuneplane") -> psycopg.Connection:
+    """A single connection for short-lived commands (migrate, admin)."""
+    return psycopg.connect(
+        url,
+        autocommit=autocommit,
+        row_factory=dict_row,
+        options=SEARCH_PATH_OPTION,
+        application_name=application_name,
+    )
+
+
+class Database:
+    """A small connection pool plus helpers that translate stored-function refusals into Refusal."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8, name: str = "tuneplane") -> None:
+        self.url = url
+        self.pool = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            name=name,
+            open=True,
+            kwargs={
+                "row_factory": dict_row,
+                "options": SEARCH_PATH_OPTION,
+                "application_name": name,
+                "autocommit": False,
+            },
+            # A pool that cannot reach the database must not hang a request forever.
+            timeout=10,
+        )
+
+    def close(self) -> None:
+        self.pool.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection]:
+        """One transaction on a pooled connection; a TPnnn error leaves as a Refusal."""
+        with self.pool.connection() as conn:
+            try:
+                with conn.transaction():
+                    yield conn
+            except psycopg.Error as exc:
+                refusal = refusal_from_db(exc)
+                if refusal is not None:
+                    raise refusal from exc
+                raise
+
+    def fetch_all(
+        self, query: str | sql.Composable, params: Sequence[Any] | dict | None = None
+    ) -> list[dict]:
+        with self.transaction() as conn:
+            return conn.execute(query, params).fetchall()
+
+    def fetch_one(
+        self, query: str | sql.Composable, params: Sequence[Any] | dict | None = None
+    ) -> dict | None:
+        with self.transaction() as conn:
+            return conn.execute(query, params).fetchone()
+
+    def call(self, function: str, *args: Any) -> list[dict]:
+        """`SELECT * FROM function(args…)` in its own transaction."""
+        placeholders = sql.SQL(", ").join(sql.Placeholder() for _ in args)
+        query = sql.SQL("SELECT * FROM {}({})").format(sql.Identifier(function), placeholders)
+        return self.fetch_all(query, args)
+
+    def ping(self) -> bool:
+        try:
+            with self.pool.connection(timeout=2) as conn:
+                conn.execute("SELECT 1")
+            return True
+        except Exception:
+            return False

@@ -1,0 +1,100 @@
+"""The Flask app factory: HTML console and HTTP forms that are also the API (one set of endpoints)."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+
+import psycopg
+from flask import Flask, render_template
+from werkzeug.exceptions import HTTPException
+
+from app.db import Database
+from app.errors import Refusal
+from app.resources import resource_dir
+from app.web.negotiate import json_response, wants_json
+
+log = logging.getLogger(__name__)
+
+# Blueprints by area; each later area adds its module here.
+BLUEPRINTS = [
+    "app.web.health",
+    "app.web.home",
+    "app.web.plugins_page",
+]
+
+
+def create_app(database_url: str, *, pool_max: int = 8, config: dict | None = None) -> Flask:
+    app = Flask(
+        __name__,
+        template_folder=str(resource_dir("templates")),
+        static_folder=str(resource_dir("static")),
+        static_url_path="/static",
+    )
+    app.config.update(
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+        MAX_CONTENT_LENGTH=1024 * 1024 * 1024,
+    )
+    app.config.update(config or {})
+    db = Database(database_url, max_size=pool_max, name="tuneplane-server")
+    app.extensions["tuneplane_db"] = db
+    if not app.config.get("SECRET_KEY"):
+        app.config["SECRET_KEY"] = _shared_secret(db)
+
+    from htmx_flask import Htmx
+
+    Htmx(app)
+
+    import importlib
+
+    for module_name in BLUEPRINTS:
+        module = importlib.import_module(module_name)
+        app.register_blueprint(module.bp)
+        init = getattr(module, "init_app", None)
+        if init is not None:
+            init(app)
+
+    from app.web.auth import current_user, load_current_user
+
+    app.before_request(load_current_user)
+    app.context_processor(lambda: {"current_user": current_user()})
+    _register_error_handlers(app)
+    return app
+
+
+def _shared_secret(db: Database) -> str:
+    try:
+        rows = db.call("server_secret", "session_key", secrets.token_hex(32))
+        return rows[0]["server_secret"]
+    except psycopg.Error:
+        # The database is down at start: serve /healthz (503) with a process-local key until it is back.
+        log.warning("database unavailable at start; using a temporary session key")
+        return secrets.token_hex(32)
+
+
+def _error(status: int, message: str, fields: dict | None = None):
+    body = {"error": message, "status": status, "fields": fields or {}}
+    if wants_json():
+        return json_response(body, status)
+    return render_template("error.html", **body), status
+
+
+def _register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(Refusal)
+    def _refusal(exc: Refusal):
+        return _error(exc.status, exc.message, exc.fields)
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException):
+        return _error(exc.code or 500, exc.description or exc.name)
+
+    @app.errorhandler(psycopg.OperationalError)
+    def _db_down(exc: psycopg.OperationalError):
+        log.error("database unavailable: %s", exc)
+        return _error(503, "the database is unavailable; try again shortly")
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        log.exception("unhandled error")
+        return _error(500, "internal error; the server log has the details")

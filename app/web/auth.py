@@ -1,0 +1,78 @@
+"""Who is asking: an API token (`Authorization: Bearer …`, for the CLI) or the console's session cookie.
+
+The token's validity and scope are decided by the stored function `authenticate_api_token`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any
+
+from flask import current_app, g, redirect, request, session, url_for
+
+from app.errors import Refusal
+from app.security import token_hash
+from app.web.negotiate import wants_json
+from app.web.state import get_db
+
+
+@dataclass(frozen=True)
+class CurrentUser:
+    id: int
+    username: str
+    role: str
+    via: str  # token | session
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+
+def load_current_user() -> None:
+    g.user = None
+    header = request.headers.get("Authorization", "")
+    if header.startswith("Bearer "):
+        rows = get_db().call("authenticate_api_token", token_hash(header[7:].strip()), "api")
+        row = rows[0]
+        g.user = CurrentUser(row["user_id"], row["username"], row["role"], "token")
+        return
+    user_id = session.get("user_id")
+    if user_id is not None:
+        row = get_db().fetch_one(
+            "SELECT id, username, role FROM users WHERE id = %s AND disabled_at IS NULL", (user_id,)
+        )
+        if row is None:
+            session.clear()
+            return
+        g.user = CurrentUser(row["id"], row["username"], row["role"], "session")
+
+
+def current_user() -> CurrentUser | None:
+    return g.get("user")
+
+
+def login_required(view: Any) -> Any:
+    @wraps(view)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if current_user() is None:
+            if wants_json() or request.headers.get("Authorization"):
+                raise Refusal("authentication required: log in or send an API token", status=401)
+            if "auth.login" in current_app.view_functions:
+                return redirect(url_for("auth.login", next=request.full_path))
+            raise Refusal("authentication required: log in first", status=401)
+        return view(*args, **kwargs)
+
+    return wrapper
+
+
+def admin_required(view: Any) -> Any:
+    @wraps(view)
+    @login_required
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        user = current_user()
+        if user is None or not user.is_admin:
+            raise Refusal("this needs the admin role", status=403)
+        return view(*args, **kwargs)
+
+    return wrapper

