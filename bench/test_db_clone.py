@@ -15,11 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
-from pytest_postgresql.janitor import DatabaseJanitor  # noqa: E402
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from pytest_postgresql.janitor import DatabaseJanitor
 
-from app import embedded_pg  # noqa: E402
-from app.migrate import migrate  # noqa: E402
+from app import embedded_pg
+from app.migrate import migrate
 
 
 def main() -> None:

@@ -36,8 +36,9 @@ class ServerInfo:
     password: str | None
 
     def url(self, dbname: str) -> str:
-        return make_conninfo(host=self.host, port=self.port, user=self.user, password=self.password or "",
-                             dbname=dbname)
+        return make_conninfo(
+            host=self.host, port=self.port, user=self.user, password=self.password or "", dbname=dbname
+        )
 
 
 @pytest.fixture(scope="session")
@@ -45,8 +46,12 @@ def pg_server() -> Iterator[ServerInfo]:
     external = os.environ.get("TUNEPLANE_TEST_DATABASE_URL")
     if external:
         info = conninfo_to_dict(external)
-        yield ServerInfo(info.get("host", "localhost"), int(info.get("port", 5432)), info.get("user", "postgres"),
-                         info.get("password"))
+        yield ServerInfo(
+            info.get("host", "localhost"),
+            int(info.get("port", 5432)),
+            info.get("user", "postgres"),
+            info.get("password"),
+        )
         return
     from app import embedded_pg
 
@@ -72,8 +77,10 @@ def _pytest_postgresql_points_at_server(request: pytest.FixtureRequest, pg_serve
 
 
 def _load_schema(host: str, port: int, user: str, dbname: str, password: str | None, **_kw: object) -> None:
-    migrate(make_conninfo(host=host, port=port, user=user, dbname=dbname, password=password or ""),
-            progress=lambda _m: None)
+    migrate(
+        make_conninfo(host=host, port=port, user=user, dbname=dbname, password=password or ""),
+        progress=lambda _m: None,
+    )
 
 
 _postgresql_noproc = factories.postgresql_noproc(dbname="tuneplane_test", load=[_load_schema])
@@ -91,8 +98,9 @@ postgresql = factories.postgresql("postgresql_template")
 def db_url(postgresql: psycopg.Connection) -> str:
     """A fresh, fully migrated database for this test."""
     info = postgresql.info
-    return make_conninfo(host=info.host, port=info.port, user=info.user, dbname=info.dbname,
-                         password=info.password or "")
+    return make_conninfo(
+        host=info.host, port=info.port, user=info.user, dbname=info.dbname, password=info.password or ""
+    )
 
 
 @pytest.fixture
@@ -106,8 +114,13 @@ def db(db_url: str) -> Iterator[Database]:
 def empty_db_url(pg_server: ServerInfo, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh database with no schema at all (for migration tests)."""
     name = f"tp_empty_{abs(hash(request.node.nodeid)) % 10**8}"
-    janitor = DatabaseJanitor(user=pg_server.user, host=pg_server.host, port=pg_server.port, dbname=name,
-                              password=pg_server.password)
+    janitor = DatabaseJanitor(
+        user=pg_server.user,
+        host=pg_server.host,
+        port=pg_server.port,
+        dbname=name,
+        password=pg_server.password,
+    )
     janitor.drop()
     with janitor:
         yield pg_server.url(name)

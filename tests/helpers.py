@@ -49,8 +49,10 @@ class OutputWatcher:
                         return line
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise AssertionError(f"no line containing {needle!r} after {timeout}s; got:\n" +
-                                         "\n".join(self.lines[-40:]))
+                    raise AssertionError(
+                        f"no line containing {needle!r} after {timeout}s; got:\n"
+                        + "\n".join(self.lines[-40:])
+                    )
                 self._cond.wait(remaining)
 
     def text(self) -> str:

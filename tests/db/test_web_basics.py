@@ -10,8 +10,9 @@ def test_healthz_is_200_when_database_answers(db_url: str) -> None:
 
 
 def test_healthz_is_503_when_database_does_not_answer(tmp_path) -> None:
-    app = create_app(f"host={tmp_path} port=1 dbname=none user=none connect_timeout=1",
-                     config={"SECRET_KEY": "test"})
+    app = create_app(
+        f"host={tmp_path} port=1 dbname=none user=none connect_timeout=1", config={"SECRET_KEY": "test"}
+    )
     response = app.test_client().get("/healthz")
     assert response.status_code == 503 and response.get_json()["database"] == "unreachable"
 
