@@ -1,0 +1,147 @@
+"""JSONL tailing, file identity, rotation and the network-filesystem refusal."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from workers.collector.fs_check import NetworkFilesystemError, check_local, mount_of
+from workers.collector.sources import OutputTracker
+
+
+def _points(tracker: OutputTracker) -> list:
+    return [p for chunk in tracker.read(10_000) for p in chunk.points]
+
+
+def test_jsonl_torn_last_line_is_waited_for_not_parsed(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "loss": 0.5, "lr": 0.1}\n{"step": 2, "lo')
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    first = _points(tracker)
+    state = next(iter(tracker.states.values()))
+    assert [(p.name, p.step, p.value) for p in first] == [("loss", 1, 0.5), ("lr", 1, 0.1)]
+    assert state.offset == len(b'{"step": 1, "loss": 0.5, "lr": 0.1}\n') and state.bad_records == 0
+    with open(path, "ab") as handle:
+        handle.write(b'ss": 0.25, "eval": {"loss": 0.75}, "time": 1234.5}\n')
+    second = _points(tracker)
+    tracker.close()
+    assert [(p.name, p.step, p.value, p.wall_time) for p in second] == [
+        ("loss", 2, 0.25, 1234.5),
+        ("eval/loss", 2, 0.75, 1234.5),
+    ]
+    assert {p.source for p in first + second} == {"jsonl:metrics.jsonl"}
+
+
+def test_jsonl_lines_without_a_step_are_skipped_and_counted(tmp_path: Path) -> None:
+    (tmp_path / "m.jsonl").write_text('{"loss": 1}\nnot json\n[1,2]\n{"step": 3, "loss": 2, "ok": true}\n')
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    points = _points(tracker)
+    state = next(iter(tracker.states.values()))
+    tracker.close()
+    assert [(p.name, p.step) for p in points] == [("loss", 3)]
+    assert state.bad_records == 3
+
+
+def test_rotated_file_keeps_its_offset_and_the_new_file_starts_at_zero(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 1}\n')
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    assert [p.step for p in _points(tracker)] == [1]
+    with open(path, "a") as handle:
+        handle.write('{"step": 2, "loss": 2}\n')
+    os.rename(path, tmp_path / "metrics.jsonl.1")  # rotated before the collector read step 2
+    path.write_text('{"step": 3, "loss": 3}\n')
+    tracker.discover()
+    later = _points(tracker)
+    sources = {p.step: p.source for p in later}
+    tracker.close()
+    assert sorted(sources) == [2, 3]
+    assert set(sources.values()) == {"jsonl:metrics.jsonl"}
+
+
+def test_deleted_file_is_read_to_its_end_then_forgotten(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 1}\n')
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    with open(path, "a") as handle:
+        handle.write('{"step": 2, "loss": 2}\n')
+    path.unlink()
+    assert [p.step for p in _points(tracker)] == [1, 2]
+    _points(tracker)
+    assert tracker.states == {}
+    tracker.close()
+
+
+def test_recycled_inode_with_other_content_is_a_new_file(tmp_path: Path) -> None:
+    from workers.collector.file_identity import FileIdentity
+    from workers.collector.sources import FileState
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 5, "loss": 5}\n{"step": 6, "loss": 6}\n')
+    st = path.stat()
+    # A checkpoint for the same (device, inode) whose first bytes were different: another file.
+    stale = FileState(
+        FileIdentity(st.st_dev, st.st_ino, 23, "0" * 64),
+        "jsonl",
+        "jsonl:metrics.jsonl",
+        "metrics.jsonl",
+        offset=24,
+    )
+    tracker = OutputTracker(tmp_path, {(st.st_dev, st.st_ino): stale})
+    tracker.discover()
+    steps = [p.step for p in _points(tracker)]
+    tracker.close()
+    assert steps == [5, 6]
+
+
+def test_short_file_identity_widens_to_64_bytes_as_it_grows(tmp_path: Path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1, "a": 1}\n')
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    _points(tracker)
+    state = next(iter(tracker.states.values()))
+    assert state.identity.prefix_len == 20
+    with open(path, "a") as handle:
+        handle.write('{"step": 2, "a": 2}\n' * 5)
+    assert [p.step for p in _points(tracker)] == [2] * 5
+    assert state.identity.prefix_len == 64
+    tracker.close()
+
+
+MOUNTS = """\
+/dev/sda1 / ext4 rw,relatime 0 0
+server:/export /mnt/shared nfs4 rw,relatime 0 0
+//host/share /mnt/smb cifs rw 0 0
+user@h:/x /mnt/ssh fuse.sshfs rw 0 0
+/dev/sdb1 /mnt/shared/local\\040disk xfs rw 0 0
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "fstype"),
+    [
+        ("/var/spool/tp", "ext4"),
+        ("/mnt/shared/x", "nfs4"),
+        ("/mnt/smb", "cifs"),
+        ("/mnt/ssh/a/b", "fuse.sshfs"),
+        ("/mnt/shared/local disk/spool", "xfs"),
+        ("/mnt/sharedother", "ext4"),
+    ],
+)
+def test_mount_of_picks_the_longest_mount_point(path: str, fstype: str) -> None:
+    assert mount_of(Path(path), MOUNTS)[1] == fstype
+
+
+def test_spool_on_a_network_filesystem_is_refused(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/sda1 / ext4 rw 0 0\nsrv:/e {tmp_path} nfs rw 0 0\n")
+    with pytest.raises(NetworkFilesystemError, match="network filesystem"):
+        check_local(tmp_path / "spool", str(mounts))
+    assert check_local(tmp_path / "spool") not in ("nfs", "nfs4")

@@ -1,0 +1,127 @@
+"""The durable spool in the manner of the best disk buffers: torn tails, flipped bits, acks, segments."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from app.telemetry import wire
+from workers.collector.spool import Spool
+
+
+def _batch(seq: int) -> bytes:
+    return wire.encode("c", seq, [("jsonl:m", "loss", 2)], [seq, seq + 1], [0.5, 1.5], [1.0, 2.0])
+
+
+def _fill(spool: Spool, n: int) -> list[int]:
+    return [spool.append(_batch(i), {"1:2": {"offset": i * 10}}) for i in range(n)]
+
+
+def _pending_seqs(spool: Spool) -> list[int]:
+    seqs = []
+    while (record := spool.next_pending(0)) is not None:
+        seqs.append(record.seq)
+        spool._pending.popleft()  # walk the queue without acknowledging
+    return seqs
+
+
+def test_records_survive_reopen_with_their_file_positions(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, fsync_interval=0).open()
+    seqs = _fill(spool, 5)
+    spool.ack(2)
+    spool.close()
+    again = Spool(tmp_path).open()
+    record = again.next_pending(0)
+    assert record is not None and record.seq == 3
+    assert wire.decode(again.read(record)).steps.tolist() == [2, 3]
+    assert again.file_states["1:2"]["offset"] == 40
+    assert seqs == [1, 2, 3, 4, 5] and again.last_seq == 5
+
+
+def test_torn_tail_is_truncated_on_start(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, fsync_interval=0).open()
+    _fill(spool, 3)
+    segment = spool.segments()[-1]
+    spool.close()
+    good_size = segment.stat().st_size
+    with open(segment, "ab") as handle:
+        # A frame header promising 1000 bytes, and only part of them: the writer died mid-frame.
+        handle.write(b"TPS1" + (1000).to_bytes(4, "little") + b"\x00" * 8 + b"partial payload")
+    again = Spool(tmp_path).open()
+    assert segment.stat().st_size == good_size
+    assert again.stats.truncated_bytes > 0 and again.stats.corrupt_records == 0
+    assert _pending_seqs(again) == [1, 2, 3]
+    assert again.next_pending(0) is None
+
+
+def test_flipped_bit_in_a_record_is_detected_and_skipped(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, fsync_interval=0).open()
+    _fill(spool, 3)
+    second = spool._pending[1]
+    spool.close()
+    with open(second.segment, "r+b") as handle:
+        handle.seek(second.offset + 20)
+        byte = handle.read(1)
+        handle.seek(second.offset + 20)
+        handle.write(bytes([byte[0] ^ 0x10]))
+    again = Spool(tmp_path).open()
+    assert again.stats.corrupt_records == 1
+    assert _pending_seqs(again) == [1, 3]
+
+
+def test_crash_between_write_and_ack_resends_the_same_batch(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, fsync_interval=0).open()
+    _fill(spool, 2)
+    sent = spool.read(spool.next_pending(0))  # sent, and the process dies before the ack
+    del spool  # no close: the ledger never heard of it
+    again = Spool(tmp_path).open()
+    record = again.next_pending(0)
+    assert record.seq == 1 and again.read(record) == sent
+
+
+def test_records_are_not_offered_before_they_are_durable(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, fsync_interval=3600).open()
+    spool.append(_batch(0), {})
+    assert spool.next_pending(0) is None
+    spool.sync(force=True)
+    assert spool.next_pending(0).seq == 1
+
+
+def test_segment_is_deleted_only_after_all_its_records_are_acked(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, segment_bytes=400, fsync_interval=0).open()
+    _fill(spool, 12)
+    segments = spool.segments()
+    assert len(segments) > 3
+    # Ack everything but the last record: all but the segment holding it (and the active one) go away.
+    spool.ack(11)
+    remaining = spool.segments()
+    assert segments[-1] in remaining
+    assert all(not p.exists() for p in segments if p not in remaining)
+    assert int((tmp_path / "acked").read_text().split()[0]) == 11
+    spool.close()
+    again = Spool(tmp_path).open()
+    assert _pending_seqs(again) == [12]
+    assert again.file_states["1:2"]["offset"] == 110  # positions survive segment deletion
+
+
+def test_damaged_ack_ledger_resends_instead_of_losing(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, fsync_interval=0).open()
+    _fill(spool, 3)
+    spool.ack(1)
+    spool.close()
+    (tmp_path / "acked").write_text("3 deadbeef\n")
+    again = Spool(tmp_path).open()
+    assert _pending_seqs(again) == [1, 2, 3]
+
+
+def test_rejected_batch_is_kept_aside_and_no_longer_pending(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, fsync_interval=0).open()
+    _fill(spool, 2)
+    spool.reject(spool.next_pending(0), "400 bad batch")
+    assert spool.next_pending(0).seq == 2
+    assert (tmp_path / "rejected" / f"{1:020d}.reason").read_text() == "400 bad batch\n"
+
+
+def test_spool_directory_is_private(tmp_path: Path) -> None:
+    Spool(tmp_path / "sp").open().close()
+    assert os.stat(tmp_path / "sp").st_mode & 0o077 == 0

@@ -1,0 +1,197 @@
+"""Reading TensorBoard event files without TensorFlow: real writers, both value forms, damage and resumes."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensorboardX.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
+
+from workers.collector import tfrecord
+from workers.collector.sources import OutputTracker
+
+
+def _read_all(root: Path, max_points: int = 10_000) -> list:
+    tracker = OutputTracker(root)
+    tracker.discover()
+    points = []
+    for chunk in tracker.read(max_points):
+        points.extend(chunk.points)
+    tracker.close()
+    return points
+
+
+def _torch_events(root: Path, n: int = 300) -> Path:
+    SummaryWriter = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(root / "run"))
+    for step in range(n):
+        writer.add_scalar("train/loss", 1.0 / (step + 1), step)
+        if step % 10 == 0:
+            writer.add_scalar("lr", 0.001 * step, step)
+    writer.close()
+    return next((root / "run").glob("*tfevents*"))
+
+
+def test_reads_every_scalar_written_by_torch_summary_writer(tmp_path: Path) -> None:
+    _torch_events(tmp_path, 300)
+    points = _read_all(tmp_path)
+    loss = [(p.step, p.value) for p in points if p.name == "train/loss"]
+    lr = [(p.step, p.value) for p in points if p.name == "lr"]
+    assert [s for s, _ in loss] == list(range(300))
+    assert loss[7][1] == pytest.approx(np.float32(1.0 / 8), rel=1e-7)
+    assert [s for s, _ in lr] == list(range(0, 300, 10))
+    assert {p.source for p in points} == {"tensorboard:run"}
+
+
+def test_reads_tensorboardx_writer_output(tmp_path: Path) -> None:
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(logdir=str(tmp_path / "tbx"))
+    for step in range(50):
+        writer.add_scalar("eval/loss", step * 0.5, step)
+    writer.close()
+    points = _read_all(tmp_path)
+    assert [(p.step, p.value) for p in points] == [(s, s * 0.5) for s in range(50)]
+
+
+def test_file_cut_in_the_middle_of_a_record_yields_complete_records_then_resumes(tmp_path: Path) -> None:
+    full = _torch_events(tmp_path / "src", 200).read_bytes()
+    records = list(tfrecord.scan(full).records)
+    cut_at = records[120][0] - 7  # seven bytes short of the end of record 120
+    run = tmp_path / "out" / "run"
+    run.mkdir(parents=True)
+    target = run / "events.out.tfevents.1.host"
+    target.write_bytes(full[:cut_at])
+
+    tracker = OutputTracker(tmp_path / "out")
+    tracker.discover()
+    first = [p for chunk in tracker.read(10_000) for p in chunk.points]
+    state = next(iter(tracker.states.values()))
+    assert state.offset == records[119][0]  # stopped before the partial record
+    assert state.bad_records == 0 and not state.framing_lost
+
+    with open(target, "ab") as handle:  # the writer finishes the record and the rest of the file
+        handle.write(full[cut_at:])
+    second = [p for chunk in tracker.read(10_000) for p in chunk.points]
+    tracker.close()
+    steps = [p.step for p in first + second if p.name == "train/loss"]
+    assert steps == list(range(200))
+    assert state.offset == len(full)
+
+
+def _event(step: int, value: summary_pb2.Summary.Value) -> bytes:
+    event = event_pb2.Event(wall_time=1000.0 + step, step=step)
+    event.summary.value.append(value)
+    return event.SerializeToString()
+
+
+def _tf2_value(tag: str, number: float, first: bool, *, content: bool, dtype: int = types_pb2.DT_FLOAT):
+    tensor = tensor_pb2.TensorProto(dtype=dtype)
+    fmt = {types_pb2.DT_FLOAT: "<f", types_pb2.DT_DOUBLE: "<d"}[dtype]
+    if content:
+        tensor.tensor_content = struct.pack(fmt, number)
+    elif dtype == types_pb2.DT_FLOAT:
+        tensor.float_val.append(number)
+    else:
+        tensor.double_val.append(number)
+    value = summary_pb2.Summary.Value(tag=tag, tensor=tensor)
+    if first:  # TF2 attaches the plugin metadata to a tag's first value only
+        value.metadata.plugin_data.plugin_name = "scalars"
+    return value
+
+
+def test_tf2_tensor_values_in_tensor_content_and_float_val_are_decoded(tmp_path: Path) -> None:
+    header = event_pb2.Event(wall_time=999.0, file_version="brain.Event:2").SerializeToString()
+    records = [header]
+    for step in range(5):
+        records.append(_event(step, _tf2_value("c", step + 0.25, step == 0, content=True)))
+        records.append(_event(step, _tf2_value("f", step + 0.5, step == 0, content=False)))
+        records.append(
+            _event(step, _tf2_value("d", step + 0.125, step == 0, content=True, dtype=types_pb2.DT_DOUBLE))
+        )
+    # An image-like tensor tag must not become a scalar.
+    image = summary_pb2.Summary.Value(tag="img", tensor=tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING))
+    image.metadata.plugin_data.plugin_name = "images"
+    records.append(_event(9, image))
+    (tmp_path / "events.out.tfevents.2.tf").write_bytes(b"".join(tfrecord.frame(r) for r in records))
+    points = _read_all(tmp_path)
+    by_name: dict[str, list] = {}
+    for p in points:
+        by_name.setdefault(p.name, []).append((p.step, p.value, p.wall_time))
+    assert set(by_name) == {"c", "f", "d"}
+    assert [v for _, v, _ in by_name["c"]] == [s + 0.25 for s in range(5)]
+    assert [v for _, v, _ in by_name["f"]] == [s + 0.5 for s in range(5)]
+    assert [v for _, v, _ in by_name["d"]] == [s + 0.125 for s in range(5)]
+    assert by_name["c"][3][2] == 1003.0
+
+
+def test_tag_plugins_survive_a_resume_from_checkpoint(tmp_path: Path) -> None:
+    from workers.collector.sources import FileState
+
+    records = [_event(s, _tf2_value("c", float(s), s == 0, content=True)) for s in range(4)]
+    path = tmp_path / "events.out.tfevents.3.tf"
+    path.write_bytes(b"".join(tfrecord.frame(r) for r in records[:2]))
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    first = [p.step for c in tracker.read(100) for p in c.points]
+    saved = {k: FileState.from_checkpoint(s.checkpoint()) for k, s in tracker.states.items()}
+    tracker.close()
+    with open(path, "ab") as handle:
+        handle.write(b"".join(tfrecord.frame(r) for r in records[2:]))
+    resumed = OutputTracker(tmp_path, saved)
+    resumed.discover()
+    second = [p.step for c in resumed.read(100) for p in c.points]
+    resumed.close()
+    assert first == [0, 1]
+    assert second == [2, 3]  # later values have no metadata; the remembered plugin still marks them scalars
+
+
+def test_bad_data_crc_skips_and_counts_the_record(tmp_path: Path) -> None:
+    frames = [
+        tfrecord.frame(_event(s, summary_pb2.Summary.Value(tag="x", simple_value=s))) for s in range(10)
+    ]
+    broken = bytearray(frames[4])
+    broken[14] ^= 0x01  # a flipped bit inside the data
+    frames[4] = bytes(broken)
+    (tmp_path / "events.out.tfevents.4.x").write_bytes(b"".join(frames))
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    steps = [p.step for c in tracker.read(100) for p in c.points]
+    state = next(iter(tracker.states.values()))
+    tracker.close()
+    assert steps == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+    assert state.bad_records == 1 and not state.framing_lost
+
+
+def test_bad_length_crc_ends_the_file(tmp_path: Path) -> None:
+    frames = [
+        tfrecord.frame(_event(s, summary_pb2.Summary.Value(tag="x", simple_value=s))) for s in range(10)
+    ]
+    broken = bytearray(frames[6])
+    broken[2] ^= 0x40  # the length field
+    frames[6] = bytes(broken)
+    path = tmp_path / "events.out.tfevents.5.x"
+    path.write_bytes(b"".join(frames))
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    steps = [p.step for c in tracker.read(100) for p in c.points]
+    with open(path, "ab") as handle:
+        handle.write(tfrecord.frame(_event(99, summary_pb2.Summary.Value(tag="x", simple_value=1.0))))
+    later = [p.step for c in tracker.read(100) for p in c.points]
+    state = next(iter(tracker.states.values()))
+    tracker.close()
+    assert steps == [0, 1, 2, 3, 4, 5]
+    assert state.framing_lost and later == []
+
+
+def test_masked_crc_matches_the_tfrecord_definition() -> None:
+    # Known vector: the masked CRC32C of eight zero bytes as TensorFlow writes it for an empty record.
+    length = struct.pack("<Q", 0)
+    import google_crc32c
+
+    crc = google_crc32c.value(length)
+    assert tfrecord.masked_crc32c(length) == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    assert tfrecord.scan(tfrecord.frame(b"")).records == [(16, b"")]

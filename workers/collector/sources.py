@@ -1,0 +1,228 @@
+"""Following the files in a member's output directory: which ones, where each one's reading stands, and the
+points in the bytes written since.
+
+A tracked file is keyed by its identity (device, inode, first-64-bytes hash), not its path, so a renamed
+(rotated) file keeps its offset and source while a new file at the old path starts from 0. The file stays
+open while tracked, so a file deleted before it was fully read is still read to its end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workers.collector import jsonl, tb_events, tfrecord
+from workers.collector.file_identity import FileIdentity, identify, still_same
+from workers.collector.points import Point
+
+READ_CHUNK = 8 * 1024 * 1024
+
+
+def classify(name: str) -> str | None:
+    if "tfevents" in name:
+        return "tensorboard"
+    if name.endswith(".jsonl"):
+        return "jsonl"
+    stem, _, suffix = name.rpartition(".")
+    if stem.endswith(".jsonl") and suffix.isdigit():
+        return "jsonl"  # a rotated metrics.jsonl.1
+    return None
+
+
+def source_for(kind: str, relative: Path) -> str:
+    if kind == "tensorboard":
+        # A TensorBoard "run" is a directory; files of one run (one per writer restart) are one source.
+        parent = relative.parent.as_posix()
+        return f"tensorboard:{parent}"
+    name = relative.as_posix()
+    stem, _, suffix = name.rpartition(".")
+    if suffix.isdigit() and stem.endswith(".jsonl"):
+        name = stem
+    return f"jsonl:{name}"
+
+
+@dataclass
+class FileState:
+    identity: FileIdentity
+    kind: str
+    source: str
+    path: str
+    offset: int = 0
+    tags: dict[str, str] = field(default_factory=dict)
+    bad_records: int = 0
+    framing_lost: bool = False
+    last_data_at: float | None = None
+
+    def checkpoint(self) -> dict:
+        return {
+            "identity": self.identity.as_dict(),
+            "kind": self.kind,
+            "source": self.source,
+            "path": self.path,
+            "offset": self.offset,
+            "tags": self.tags,
+            "bad_records": self.bad_records,
+            "framing_lost": self.framing_lost,
+            "last_data_at": self.last_data_at,
+        }
+
+    @classmethod
+    def from_checkpoint(cls, data: dict) -> FileState:
+        return cls(
+            identity=FileIdentity.from_dict(data["identity"]),
+            kind=data["kind"],
+            source=data["source"],
+            path=data["path"],
+            offset=int(data["offset"]),
+            tags=dict(data.get("tags") or {}),
+            bad_records=int(data.get("bad_records") or 0),
+            framing_lost=bool(data.get("framing_lost")),
+            last_data_at=data.get("last_data_at"),
+        )
+
+
+@dataclass
+class Chunk:
+    """Points read from one file, and the offset (just past the last record they came from)."""
+
+    state: FileState
+    end_offset: int
+    points: list[Point]
+
+
+class OutputTracker:
+    def __init__(self, root: Path, states: dict[tuple[int, int], FileState] | None = None) -> None:
+        self.root = root
+        self.states: dict[tuple[int, int], FileState] = dict(states or {})
+        self.handles: dict[tuple[int, int], int] = {}
+
+    def close(self) -> None:
+        for fd in self.handles.values():
+            os.close(fd)
+        self.handles.clear()
+
+    def _candidates(self) -> Iterator[tuple[Path, str]]:
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                kind = classify(name)
+                if kind is not None:
+                    yield Path(dirpath) / name, kind
+
+    def discover(self) -> None:
+        """Open files not yet tracked; notice recycled inodes; pick up states restored from the spool."""
+        for path, kind in self._candidates():
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in self.handles:
+                state = self.states.get(key)
+                if state is not None:
+                    state.path = str(path.relative_to(self.root))
+                continue
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            known = self.states.get(key)
+            if known is not None:
+                same = still_same(known.identity, fd)
+                if same is None:
+                    known = None  # the inode was recycled for a new file
+                else:
+                    known.identity = same
+                    known.path = str(path.relative_to(self.root))
+            if known is None:
+                relative = path.relative_to(self.root)
+                self.states[key] = FileState(identify(fd), kind, source_for(kind, relative), str(relative))
+            self.handles[key] = fd
+
+    def _forget_gone(self, key: tuple[int, int], fd: int) -> bool:
+        """Close and forget a file that was deleted and has been read to its end."""
+        if os.fstat(fd).st_nlink == 0:
+            os.close(fd)
+            del self.handles[key]
+            del self.states[key]
+            return True
+        return False
+
+    def read(self, max_points: int) -> Iterator[Chunk]:
+        for key, fd in list(self.handles.items()):
+            state = self.states[key]
+            if state.framing_lost:
+                continue
+            size = os.fstat(fd).st_size
+            if size < state.offset:
+                # Truncated in place (copytruncate rotation): start over from the beginning.
+                state.offset = 0
+            if size == state.offset:
+                self._forget_gone(key, fd)
+                continue
+            if state.identity.prefix_len < 64:
+                widened = still_same(state.identity, fd)
+                if widened is not None:
+                    state.identity = widened
+            data = os.pread(fd, min(READ_CHUNK, size - state.offset), state.offset)
+            if state.kind == "tensorboard":
+                yield from self._read_tensorboard(state, data, max_points)
+            else:
+                yield from self._read_jsonl(state, data, max_points, full_chunk=len(data) == READ_CHUNK)
+
+    def _read_tensorboard(self, state: FileState, data: bytes, max_points: int) -> Iterator[Chunk]:
+        start = state.offset
+        found = tfrecord.scan(data, start)
+        state.bad_records += found.bad_data_crc
+        if found.framing_lost:
+            state.framing_lost = True
+        points: list[Point] = []
+        for record_end, record in found.records:
+            try:
+                for tag, step, wall, value in tb_events.event_scalars(record, state.source, state.tags):
+                    points.append(Point(state.source, tag, step, wall, value))
+            except tb_events.EventDecodeError:
+                state.bad_records += 1
+            if len(points) >= max_points:
+                yield self._chunk(state, record_end, points)
+                points = []
+        final = start + found.consumed
+        if points or final != state.offset:
+            yield self._chunk(state, final, points)
+
+    def _read_jsonl(
+        self, state: FileState, data: bytes, max_points: int, full_chunk: bool
+    ) -> Iterator[Chunk]:
+        now = time.time()
+        points: list[Point] = []
+        end = state.offset
+        for line_end, line in jsonl.split_lines(data, state.offset):
+            end = line_end
+            if not line.strip():
+                continue
+            parsed = jsonl.parse_line(line, now)
+            if parsed is None:
+                state.bad_records += 1
+                continue
+            step, wall, metrics = parsed
+            points.extend(Point(state.source, name, step, wall, value) for name, value in metrics)
+            if len(points) >= max_points:
+                yield self._chunk(state, end, points)
+                points = []
+        if end == state.offset and full_chunk:
+            # One line longer than a whole chunk: not a metrics line; skip past it.
+            state.bad_records += 1
+            end = state.offset + len(data)
+        if points or end != state.offset:
+            yield self._chunk(state, end, points)
+
+    @staticmethod
+    def _chunk(state: FileState, end: int, points: list[Point]) -> Chunk:
+        if points:
+            state.last_data_at = time.time()
+        chunk = Chunk(state, end, points)
+        state.offset = end
+        return chunk

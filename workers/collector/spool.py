@@ -1,0 +1,370 @@
+"""The durable spool: batches on private host-local disk between reading a file and the gateway's ack.
+
+Modelled on Vector's disk buffer. Segment files hold framed records:
+
+    b"TPS1" | u32 LE payload length | u32 masked CRC32C of the length | u32 masked CRC32C of the payload
+            | payload
+
+A payload is one of
+    b"B" | u64 seq | u32 state length | state JSON | batch bytes   (a batch, the file positions after it)
+    b"C" | state JSON                                                 (every position, at a segment's start)
+
+File positions travel inside the same record as the points read up to them (one store, not two), so after a
+crash the collector resumes reading exactly where its last durable batch ended. Each new segment starts with
+a checkpoint of every file's position, so deleting fully acknowledged older segments never loses a position.
+
+On open, a torn tail of the last segment (a frame cut short or garbage after the last good frame) is
+truncated; a damaged frame with good frames after it is skipped and counted. The ack ledger holds the
+highest acknowledged seq; it is synced before any segment is unlinked. Records are handed to the sender only
+once fsynced (about once a second, and at each roll), so a batch the gateway has seen is always still in the
+spool after a crash, and its re-send carries the same seq and content (the gateway skips it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.collector.tfrecord import masked_crc32c
+
+log = logging.getLogger(__name__)
+
+FRAME_MAGIC = b"TPS1"
+_FRAME = struct.Struct("<4sIII")
+_BATCH_HEAD = struct.Struct("<cQI")
+MAX_RECORD_BYTES = 128 * 1024 * 1024
+SEGMENT_SUFFIX = ".seg"
+
+
+@dataclass
+class PendingRecord:
+    seq: int
+    segment: Path
+    offset: int  # of the batch bytes inside the segment file
+    length: int
+
+
+@dataclass
+class _Segment:
+    path: Path
+    number: int
+    last_seq: int = 0  # highest batch seq inside (0: none)
+
+
+@dataclass
+class SpoolStats:
+    corrupt_records: int = 0
+    truncated_bytes: int = 0
+    rejected: int = 0
+
+
+def _frame(payload: bytes) -> bytes:
+    length = struct.pack("<I", len(payload))
+    return _FRAME.pack(FRAME_MAGIC, len(payload), masked_crc32c(length), masked_crc32c(payload)) + payload
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Spool:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        segment_bytes: int = 16 * 1024 * 1024,
+        fsync_interval: float = 1.0,
+        max_bytes: int = 2 * 1024 * 1024 * 1024,
+    ) -> None:
+        self.dir = Path(directory)
+        self.segment_bytes = segment_bytes
+        self.fsync_interval = fsync_interval
+        self.max_bytes = max_bytes
+        self.stats = SpoolStats()
+        self.file_states: dict[str, dict] = {}  # identity key "dev:ino" → checkpoint dict
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._segments: list[_Segment] = []
+        self._pending: deque[PendingRecord] = deque()
+        self._acked = 0
+        self._next_seq = 1
+        self._durable_seq = 0
+        self._last_sync = 0.0
+        self._fd: int | None = None
+        self._size = 0
+        self._total_bytes = 0
+        self.collector_uuid = ""
+
+    # ---------------------------------------------------------------- open and recovery
+    def open(self) -> Spool:
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.collector_uuid = self._load_uuid()
+        self._acked = self._read_ledger()
+        for path in self.dir.glob(f"*{SEGMENT_SUFFIX}"):
+            if path.stem.isdigit():
+                self._segments.append(_Segment(path, int(path.stem)))
+        self._segments.sort(key=lambda s: s.number)
+        for index, segment in enumerate(self._segments):
+            self._recover_segment(segment, last=index == len(self._segments) - 1)
+        highest = max([self._acked, *(s.last_seq for s in self._segments)])
+        self._next_seq = highest + 1
+        self._durable_seq = highest
+        self._total_bytes = sum(s.path.stat().st_size for s in self._segments)
+        self._roll()  # a fresh segment that starts with a checkpoint of every position
+        self._delete_acked_segments()
+        return self
+
+    def _load_uuid(self) -> str:
+        path = self.dir / "collector.id"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            value = uuid.uuid4().hex
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(value + "\n")
+            os.replace(tmp, path)
+            _fsync_dir(self.dir)
+            return value
+
+    def _read_ledger(self) -> int:
+        try:
+            raw = (self.dir / "acked").read_text().split()
+        except FileNotFoundError:
+            return 0
+        if len(raw) == 2 and raw[0].isdigit() and raw[1] == f"{masked_crc32c(raw[0].encode()):08x}":
+            return int(raw[0])
+        log.warning("spool ack ledger damaged; re-sending all that is spooled (duplicates are skipped)")
+        return 0
+
+    def _write_ledger(self, sync: bool) -> None:
+        text = str(self._acked).encode()
+        tmp = self.dir / "acked.tmp"
+        with open(tmp, "wb") as handle:
+            handle.write(text + b" " + f"{masked_crc32c(text):08x}".encode() + b"\n")
+            if sync:
+                handle.flush()
+                os.fsync(handle.fileno())
+        os.replace(tmp, self.dir / "acked")
+        if sync:
+            _fsync_dir(self.dir)
+
+    @staticmethod
+    def _find_next_frame(data: bytes, start: int) -> int | None:
+        """The offset of the next intact frame at or after `start`, if there is one."""
+        pos = data.find(FRAME_MAGIC, start)
+        while pos >= 0:
+            if _intact_frame_at(data, pos) is not None:
+                return pos
+            pos = data.find(FRAME_MAGIC, pos + 1)
+        return None
+
+    def _recover_segment(self, segment: _Segment, last: bool) -> None:
+        data = segment.path.read_bytes()
+        pos = 0
+        while pos < len(data):
+            payload = _intact_frame_at(data, pos)
+            if payload is None:
+                resume = self._find_next_frame(data, pos + 1)
+                if resume is None:
+                    if last:
+                        # A torn tail: the writer died mid-frame. Everything before it is good.
+                        self.stats.truncated_bytes += len(data) - pos
+                        log.warning("spool: truncating a torn tail of %d bytes", len(data) - pos)
+                        with open(segment.path, "r+b") as handle:
+                            handle.truncate(pos)
+                            os.fsync(handle.fileno())
+                    else:
+                        self.stats.corrupt_records += 1
+                        log.error("spool: damaged end of %s skipped", segment.path)
+                    break
+                self.stats.corrupt_records += 1
+                log.error("spool: damaged record at byte %d of %s skipped", pos, segment.path)
+                pos = resume
+                continue
+            frame_end = pos + _FRAME.size + len(payload)
+            self._apply_record(segment, payload, pos + _FRAME.size)
+            pos = frame_end
+
+    def _apply_record(self, segment: _Segment, payload: bytes, payload_offset: int) -> None:
+        kind = payload[:1]
+        if kind == b"C":
+            self.file_states = json.loads(payload[1:])
+            return
+        if kind != b"B":
+            self.stats.corrupt_records += 1
+            return
+        _, seq, state_len = _BATCH_HEAD.unpack_from(payload, 0)
+        body_start = _BATCH_HEAD.size + state_len
+        for key, state in json.loads(payload[_BATCH_HEAD.size : body_start]).items():
+            self.file_states[key] = state
+        segment.last_seq = max(segment.last_seq, seq)
+        if seq > self._acked:
+            self._pending.append(
+                PendingRecord(seq, segment.path, payload_offset + body_start, len(payload) - body_start)
+            )
+
+    # ---------------------------------------------------------------- writing
+    def _roll(self) -> None:
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._durable_seq = self._next_seq - 1
+        number = self._segments[-1].number + 1 if self._segments else 1
+        path = self.dir / f"{number:012d}{SEGMENT_SUFFIX}"
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self._segments.append(_Segment(path, number))
+        self._size = 0
+        frame = _frame(b"C" + json.dumps(self.file_states, separators=(",", ":")).encode())
+        os.write(self._fd, frame)
+        os.fsync(self._fd)
+        _fsync_dir(self.dir)
+        self._size += len(frame)
+        self._total_bytes += len(frame)
+        self._last_sync = time.monotonic()
+
+    def append(self, batch: bytes, states: dict[str, dict]) -> int:
+        """Spool one batch with the positions of the files it was read from; returns its seq."""
+        with self._lock:
+            seq = self._next_seq
+            state_bytes = json.dumps(states, separators=(",", ":")).encode()
+            payload = _BATCH_HEAD.pack(b"B", seq, len(state_bytes)) + state_bytes + batch
+            if len(payload) > MAX_RECORD_BYTES:
+                raise ValueError("batch too large for the spool")
+            if self._size > _FRAME.size and self._size + len(payload) > self.segment_bytes:
+                self._roll()
+            frame = _frame(payload)
+            os.write(self._fd, frame)  # type: ignore[arg-type]
+            offset = self._size + _FRAME.size + _BATCH_HEAD.size + len(state_bytes)
+            self._size += len(frame)
+            self._total_bytes += len(frame)
+            self._next_seq = seq + 1
+            self._segments[-1].last_seq = seq
+            self.file_states.update(states)
+            self._pending.append(PendingRecord(seq, self._segments[-1].path, offset, len(batch)))
+            if self.fsync_interval <= 0:
+                self._sync_locked()
+            return seq
+
+    def sync(self, force: bool = False) -> None:
+        """fsync the current segment if records are waiting and the interval has passed (or `force`)."""
+        with self._lock:
+            if self._durable_seq >= self._next_seq - 1:
+                return
+            if force or time.monotonic() - self._last_sync >= self.fsync_interval:
+                self._sync_locked()
+
+    def _sync_locked(self) -> None:
+        os.fsync(self._fd)  # type: ignore[arg-type]
+        self._durable_seq = self._next_seq - 1
+        self._last_sync = time.monotonic()
+        self._changed.notify_all()
+
+    @property
+    def full(self) -> bool:
+        return self._total_bytes >= self.max_bytes
+
+    # ---------------------------------------------------------------- sending side
+    def next_pending(self, timeout: float) -> PendingRecord | None:
+        """The oldest durable, unacknowledged record (waits up to `timeout` for one)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while True:
+                if self._pending and self._pending[0].seq <= self._durable_seq:
+                    return self._pending[0]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._changed.wait(remaining)
+
+    def read(self, record: PendingRecord) -> bytes:
+        fd = os.open(record.segment, os.O_RDONLY)
+        try:
+            return os.pread(fd, record.length, record.offset)
+        finally:
+            os.close(fd)
+
+    def ack(self, seq: int) -> None:
+        """The gateway stored (or had already stored) batch `seq`: record it, drop emptied segments."""
+        with self._lock:
+            while self._pending and self._pending[0].seq <= seq:
+                self._pending.popleft()
+            self._acked = max(self._acked, seq)
+            self._write_ledger(sync=False)
+            self._delete_acked_segments()
+            self._changed.notify_all()
+
+    def reject(self, record: PendingRecord, reason: str) -> None:
+        """The gateway refused the batch for good (malformed): keep a copy aside, then treat it as handled."""
+        rejected = self.dir / "rejected"
+        rejected.mkdir(exist_ok=True)
+        (rejected / f"{record.seq:020d}.batch").write_bytes(self.read(record))
+        (rejected / f"{record.seq:020d}.reason").write_text(reason + "\n")
+        self.stats.rejected += 1
+        self.ack(record.seq)
+
+    def _delete_acked_segments(self) -> None:
+        removable = [s for s in self._segments[:-1] if s.last_seq <= self._acked]
+        if not removable:
+            return
+        self._write_ledger(sync=True)  # the ledger is durable before anything it vouches for is unlinked
+        for segment in removable:
+            size = segment.path.stat().st_size
+            segment.path.unlink()
+            self._total_bytes -= size
+            self._segments.remove(segment)
+        _fsync_dir(self.dir)
+
+    # ---------------------------------------------------------------- introspection
+    def pending_count(self) -> int:
+        with self._lock:
+            return len(self._pending)
+
+    @property
+    def acked(self) -> int:
+        return self._acked
+
+    @property
+    def last_seq(self) -> int:
+        return self._next_seq - 1
+
+    def segments(self) -> list[Path]:
+        with self._lock:
+            return [s.path for s in self._segments]
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd = None
+                self._durable_seq = self._next_seq - 1
+                self._write_ledger(sync=True)
+
+
+def _intact_frame_at(data: bytes, pos: int) -> bytes | None:
+    if len(data) - pos < _FRAME.size:
+        return None
+    magic, length, length_crc, payload_crc = _FRAME.unpack_from(data, pos)
+    if magic != FRAME_MAGIC or length > MAX_RECORD_BYTES:
+        return None
+    if masked_crc32c(struct.pack("<I", length)) != length_crc:
+        return None
+    start = pos + _FRAME.size
+    if start + length > len(data):
+        return None
+    payload = data[start : start + length]
+    if masked_crc32c(payload) != payload_crc:
+        return None
+    return payload
