@@ -149,6 +149,10 @@ def test_tag_plugins_survive_a_resume_from_checkpoint(tmp_path: Path) -> None:
     assert second == [2, 3]  # later values have no metadata; the remembered plugin still marks them scalars
 
 
+def _simple_frames(n: int) -> list[bytes]:
+    return [tfrecord.frame(_event(s, summary_pb2.Summary.Value(tag="x", simple_value=s))) for s in range(n)]
+
+
 def test_bad_data_crc_skips_and_counts_the_record(tmp_path: Path) -> None:
     frames = [
         tfrecord.frame(_event(s, summary_pb2.Summary.Value(tag="x", simple_value=s))) for s in range(10)
