@@ -1,0 +1,1 @@
+"""Artifacts on the node side: manifests, verification, chunked uploads and input materialization."""

@@ -1,0 +1,177 @@
+"""Chunked, resumable uploads of an artifact's files (object delivery), client side.
+
+Every file is cut into fixed-size chunks (the size the server chose when the artifact was registered, so
+a resumed upload cuts the same way). Each chunk travels with its sha256; the server refuses a chunk whose
+bytes do not match it. Before sending anything the client asks which chunks the server already holds and
+which files it has already verified, so an interrupted upload (a killed agent, a dropped connection)
+resumes where the server's durable state says it stopped. The server, not the client, decides that a file
+and then the artifact are complete: it re-hashes each assembled file against the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from workers.artifacts.manifest import Manifest
+
+DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
+
+
+class UploadError(RuntimeError):
+    """The upload cannot go on; the message names the file or the server's reason."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    index: int
+    offset: int
+    length: int
+
+
+def chunk_plan(size: int, chunk_size: int) -> list[Chunk]:
+    """The chunks of a file of `size` bytes; an empty file has none."""
+    if chunk_size <= 0:
+        raise ValueError("chunk size must be positive")
+    return [Chunk(i, off, min(chunk_size, size - off)) for i, off in enumerate(range(0, size, chunk_size))]
+
+
+def chunk_count(size: int, chunk_size: int) -> int:
+    return (size + chunk_size - 1) // chunk_size
+
+
+def read_chunk(path: Path, chunk: Chunk) -> tuple[bytes, str]:
+    with open(path, "rb") as handle:
+        handle.seek(chunk.offset)
+        data = handle.read(chunk.length)
+    if len(data) != chunk.length:
+        raise UploadError(
+            f"{path}: file is shorter than its manifest entry (changed after the manifest was built)"
+        )
+    return data, hashlib.sha256(data).hexdigest()
+
+
+class ChunkTransport(Protocol):
+    """How an uploader talks to the server for one registered artifact."""
+
+    def status(self) -> dict[str, Any]:
+        """{"state", "chunk_size", "files": [{"index", "path", "size", "sha256", "verified", "chunks"}]}"""
+        ...
+
+    def put_chunk(self, file_index: int, chunk_index: int, data: bytes, sha256: str) -> dict[str, Any]: ...
+
+    def finish(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class UploadResult:
+    state: str
+    chunks_sent: int
+    chunks_skipped: int
+    bytes_sent: int
+    files_already_verified: int
+    reason: str | None = None
+
+
+def pending_chunks(status: dict[str, Any], manifest: Manifest) -> Iterator[tuple[dict, Chunk]]:
+    """(server file entry, chunk) for every chunk the server does not hold yet, in upload order."""
+    chunk_size = int(status["chunk_size"])
+    local = manifest.by_path()
+    for entry in status["files"]:
+        mine = local.get(entry["path"])
+        if mine is None or mine.sha256 != entry["sha256"] or mine.size != entry["size"]:
+            raise UploadError(f"{entry['path']}: the server's manifest differs from the local one")
+        if entry["verified"]:
+            continue
+        held = set(entry.get("chunks") or ())
+        for chunk in chunk_plan(mine.size, chunk_size):
+            if chunk.index not in held:
+                yield entry, chunk
+
+
+def upload_artifact(
+    root: Path | str,
+    manifest: Manifest,
+    transport: ChunkTransport,
+    *,
+    on_chunk: Callable[[str, int, int], None] | None = None,
+) -> UploadResult:
+    """Send every chunk the server lacks, then ask it to finish; resumable by calling it again."""
+    root_path = Path(root)
+    status = transport.status()
+    if status["state"] == "complete":
+        return UploadResult("complete", 0, 0, 0, len(status["files"]))
+    if status["state"] == "failed":
+        raise UploadError(f"artifact upload failed: {status.get('reason') or 'no reason recorded'}")
+    already = sum(1 for f in status["files"] if f["verified"])
+    total_chunks = sum(
+        chunk_count(f["size"], int(status["chunk_size"])) for f in status["files"] if not f["verified"]
+    )
+    sent = sent_bytes = 0
+    for entry, chunk in pending_chunks(status, manifest):
+        data, sha = read_chunk(root_path / entry["path"], chunk)
+        transport.put_chunk(entry["index"], chunk.index, data, sha)
+        sent += 1
+        sent_bytes += len(data)
+        if on_chunk is not None:
+            on_chunk(entry["path"], chunk.index, len(data))
+    final = transport.finish()
+    return UploadResult(final["state"], sent, total_chunks - sent, sent_bytes, already, final.get("reason"))
+
+
+class HttpChunkTransport:
+    """ChunkTransport over the server's artifact upload endpoints (docs/http.md, Artifacts)."""
+
+    def __init__(self, http: Any, artifact_id: int, *, retries: int = 4, backoff: float = 0.2) -> None:
+        # `http` is an httpx.Client whose base URL is the server and whose headers carry the credential.
+        self.http = http
+        self.artifact_id = artifact_id
+        self.retries = retries
+        self.backoff = backoff
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        import httpx
+
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                response = self.http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                last = exc
+            else:
+                if response.status_code < 500:
+                    body = _json_or_none(response)
+                    if response.is_success:
+                        return body or {}
+                    message = (body or {}).get("error") or f"HTTP {response.status_code}"
+                    raise UploadError(f"server refused {method} {path}: {message}")
+                last = UploadError(f"server answered HTTP {response.status_code} to {method} {path}")
+            # Transient: the server restarting or the network dropping. Back off and ask again.
+            time.sleep(self.backoff * (2**attempt))
+        raise UploadError(f"{method} {path} failed after {self.retries + 1} tries: {last}")
+
+    def status(self) -> dict[str, Any]:
+        return self._request("GET", f"/api/artifacts/{self.artifact_id}/upload")
+
+    def put_chunk(self, file_index: int, chunk_index: int, data: bytes, sha256: str) -> dict[str, Any]:
+        return self._request(
+            "PUT",
+            f"/api/artifacts/{self.artifact_id}/files/{file_index}/chunks/{chunk_index}",
+            content=data,
+            headers={"Content-Type": "application/octet-stream", "X-Chunk-Sha256": sha256},
+        )
+
+    def finish(self) -> dict[str, Any]:
+        return self._request("POST", f"/api/artifacts/{self.artifact_id}/finish")
+
+
+def _json_or_none(response: Any) -> dict | None:
+    try:
+        value = response.json()
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
