@@ -1,0 +1,253 @@
+-- 0041 placement: admission of queued jobs into launch reservations, one fleet at a time.
+--
+-- Order: priority (high first), then age. The whole envelope (every member's node, GPU indices, CPUs and
+-- memory) is reserved in one transaction or nothing is. One member per node.
+--
+-- Backfill rule (docs/scheduling.md): the first job in the queue that cannot be placed becomes the head.
+-- The head claims the nodes it would use once they free up (the capable, schedulable nodes with the most
+-- free GPUs now). A job behind the head may be placed on an unclaimed node freely, and on a claimed node
+-- only if the head's per-member need still fits in what stays free there. So a smaller job never takes
+-- capacity the head is waiting for; without run-time estimates this is the only backfill that provably
+-- cannot delay the head.
+
+-- Eligible nodes of a fleet with their free capacity right now.
+CREATE FUNCTION tuneplane.fleet_free_capacity(p_fleet_id bigint)
+RETURNS TABLE (node_id bigint, node_name text, address text, total_gpus integer, free_gpus integer,
+               free_cpus integer, free_memory bigint, cpus integer, memory_bytes bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT n.id, n.name, n.address, u.total_gpus, u.total_gpus - u.used_gpus,
+           n.cpus - u.used_cpus, n.memory_bytes - u.used_memory, n.cpus, n.memory_bytes
+      FROM tuneplane.nodes n
+      JOIN tuneplane.node_usage u ON u.node_id = n.id
+     WHERE n.fleet_id = p_fleet_id
+       AND n.scheduling_state = 'active'
+       AND n.fenced_at IS NULL
+       AND tuneplane.node_connectivity(n.last_heartbeat_at) = 'connected';
+$$;
+
+-- Human-readable resource request of a job.
+CREATE FUNCTION tuneplane.describe_request(p_job tuneplane.jobs)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('%s node%s × %s GPU%s, %s CPU%s, %s memory',
+                  p_job.nodes, CASE WHEN p_job.nodes = 1 THEN '' ELSE 's' END,
+                  p_job.gpus_per_node, CASE WHEN p_job.gpus_per_node = 1 THEN '' ELSE 's' END,
+                  p_job.cpus_per_node, CASE WHEN p_job.cpus_per_node = 1 THEN '' ELSE 's' END,
+                  pg_size_pretty(p_job.memory_per_node));
+$$;
+
+-- set_job_state: the one writer of jobs.state/state_reason outside submission. Writes only on change
+-- (each change is a job_events row, by trigger).
+CREATE FUNCTION tuneplane.set_job_state(p_job_id bigint, p_state text, p_reason text,
+                                        p_detail jsonb DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_detail IS NOT NULL THEN
+        PERFORM set_config('tuneplane.event_detail', p_detail::text, true);
+    END IF;
+    UPDATE tuneplane.jobs SET state = p_state, state_reason = p_reason
+     WHERE id = p_job_id AND (state IS DISTINCT FROM p_state OR state_reason IS DISTINCT FROM p_reason);
+    IF p_detail IS NOT NULL THEN
+        PERFORM set_config('tuneplane.event_detail', '', true);
+    END IF;
+END;
+$$;
+
+-- reserve_job_on: allocate the envelope of p_job on p_nodes (rank order) as a new attempt. Returns the
+-- attempt id. Enqueues the pgqueuer `launch` job in the same transaction.
+CREATE FUNCTION tuneplane.reserve_job_on(p_job tuneplane.jobs, p_nodes bigint[])
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_attempt   bigint;
+    v_number    integer;
+    v_member    bigint;
+    v_gpus      integer[];
+    v_settings  tuneplane.launch_settings;
+    v_rank      integer;
+BEGIN
+    SELECT * INTO v_settings FROM tuneplane.launch_settings;
+    SELECT coalesce(max(number), 0) + 1 INTO v_number FROM tuneplane.attempts WHERE job_id = p_job.id;
+    INSERT INTO tuneplane.attempts (job_id, number, fleet_id, reason, master_addr)
+    VALUES (p_job.id, v_number, p_job.fleet_id, 'reserved', (SELECT address FROM tuneplane.nodes WHERE id = p_nodes[1]))
+    RETURNING id INTO v_attempt;
+    UPDATE tuneplane.attempts
+       SET master_port = v_settings.rendezvous_port_base + (v_attempt % v_settings.rendezvous_port_span)
+     WHERE id = v_attempt;
+    FOR v_rank IN 0 .. array_length(p_nodes, 1) - 1 LOOP
+        SELECT coalesce(array_agg(g.gpu_index ORDER BY g.gpu_index), '{}') INTO v_gpus
+          FROM (SELECT ng.gpu_index
+                  FROM tuneplane.node_gpus ng
+                 WHERE ng.node_id = p_nodes[v_rank + 1]
+                   AND NOT EXISTS (SELECT 1 FROM tuneplane.gpu_allocations a
+                                    WHERE a.node_id = ng.node_id AND a.gpu_index = ng.gpu_index
+                                      AND a.released_at IS NULL)
+                 ORDER BY ng.gpu_index
+                 LIMIT p_job.gpus_per_node) g;
+        IF coalesce(array_length(v_gpus, 1), 0) < p_job.gpus_per_node THEN
+            RAISE EXCEPTION 'node % has fewer free GPUs than its usage row says', p_nodes[v_rank + 1]
+                USING ERRCODE = 'TP500';
+        END IF;
+        INSERT INTO tuneplane.members (attempt_id, job_id, rank, node_id, gpu_indices, cpus, memory_bytes)
+        VALUES (v_attempt, p_job.id, v_rank, p_nodes[v_rank + 1], v_gpus, p_job.cpus_per_node,
+                p_job.memory_per_node)
+        RETURNING id INTO v_member;
+        INSERT INTO tuneplane.gpu_allocations (member_id, node_id, gpu_index)
+        SELECT v_member, p_nodes[v_rank + 1], unnest(v_gpus);
+        UPDATE tuneplane.node_usage
+           SET used_gpus = used_gpus + p_job.gpus_per_node,
+               used_cpus = used_cpus + p_job.cpus_per_node,
+               used_memory = used_memory + p_job.memory_per_node
+         WHERE node_id = p_nodes[v_rank + 1];
+    END LOOP;
+    PERFORM tuneplane.set_job_state(p_job.id, 'reserved',
+        format('reserved %s on %s (attempt %s); waiting for a worker to prepare it',
+               tuneplane.describe_request(p_job),
+               (SELECT string_agg(name, ', ' ORDER BY array_position(p_nodes, id))
+                  FROM tuneplane.nodes WHERE id = ANY (p_nodes)),
+               v_number),
+        jsonb_build_object('attempt', v_number, 'nodes', to_jsonb(p_nodes)));
+    -- Same transaction as the reservation (GUIDE-postgres rule 6); the dedupe key makes it once.
+    INSERT INTO public.pgqueuer (priority, status, entrypoint, payload, dedupe_key)
+    VALUES (greatest(least(p_job.priority, 1000), -1000), 'queued', 'launch',
+            convert_to(jsonb_build_object('attempt_id', v_attempt)::text, 'UTF8'), 'launch:' || v_attempt)
+    ON CONFLICT DO NOTHING;
+    RETURN v_attempt;
+END;
+$$;
+
+-- reserve_next: one placement pass over a fleet's queue. Serialized per fleet by a transaction-level
+-- advisory lock. Reserves every job that fits (see the backfill rule above) and refreshes the reason of
+-- every job that does not. Returns the attempts it created.
+CREATE FUNCTION tuneplane.reserve_next(p_fleet_id bigint, p_max_jobs integer DEFAULT 1000)
+RETURNS TABLE (job_id bigint, attempt_id bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_job        tuneplane.jobs;
+    v_nodes      bigint[];
+    v_head       tuneplane.jobs;
+    v_claim      bigint[] := '{}';
+    v_fit        integer;
+    v_best       record;
+    v_reason     text;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
+    CREATE TEMP TABLE IF NOT EXISTS _free ON COMMIT DROP AS
+        SELECT * FROM tuneplane.fleet_free_capacity(p_fleet_id) WITH NO DATA;
+    TRUNCATE _free;
+    INSERT INTO _free SELECT * FROM tuneplane.fleet_free_capacity(p_fleet_id);
+
+    FOR v_job IN
+        SELECT * FROM tuneplane.jobs j
+         WHERE j.fleet_id = p_fleet_id AND j.state = 'queued'
+         ORDER BY j.priority DESC, j.created_at, j.id
+         LIMIT p_max_jobs
+         FOR UPDATE SKIP LOCKED
+    LOOP
+        SELECT array_agg(f.node_id ORDER BY f.ord) INTO v_nodes
+          FROM (SELECT c.node_id, row_number() OVER (ORDER BY c.free_gpus - v_job.gpus_per_node, c.node_id) AS ord
+                  FROM _free c
+                 WHERE c.free_gpus >= v_job.gpus_per_node
+                   AND c.free_cpus >= v_job.cpus_per_node
+                   AND c.free_memory >= v_job.memory_per_node
+                   AND (v_head.id IS NULL
+                        OR NOT c.node_id = ANY (v_claim)
+                        OR (c.free_gpus - v_job.gpus_per_node >= v_head.gpus_per_node
+                            AND c.free_cpus - v_job.cpus_per_node >= v_head.cpus_per_node
+                            AND c.free_memory - v_job.memory_per_node >= v_head.memory_per_node))
+                 ORDER BY c.free_gpus - v_job.gpus_per_node, c.node_id
+                 LIMIT v_job.nodes) f;
+
+        IF coalesce(array_length(v_nodes, 1), 0) = v_job.nodes THEN
+            attempt_id := tuneplane.reserve_job_on(v_job, v_nodes);
+            job_id := v_job.id;
+            UPDATE _free c SET free_gpus = c.free_gpus - v_job.gpus_per_node,
+                               free_cpus = c.free_cpus - v_job.cpus_per_node,
+                               free_memory = c.free_memory - v_job.memory_per_node
+             WHERE c.node_id = ANY (v_nodes);
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+
+        -- Why not: how many nodes could take one member now, and the best node.
+        SELECT count(*) INTO v_fit FROM _free c
+         WHERE c.free_gpus >= v_job.gpus_per_node AND c.free_cpus >= v_job.cpus_per_node
+           AND c.free_memory >= v_job.memory_per_node;
+        SELECT c.node_name, c.free_gpus, c.free_cpus INTO v_best FROM _free c
+         ORDER BY c.free_gpus DESC, c.free_cpus DESC, c.node_id LIMIT 1;
+        v_reason := format('waiting for resources: needs %s; best fit now: %s',
+                           tuneplane.describe_request(v_job),
+                           CASE WHEN v_best.node_name IS NULL
+                                THEN 'no schedulable connected node in the fleet'
+                                ELSE format('%s node%s can take a member (largest free: %s GPUs, %s CPUs on %s)',
+                                            v_fit, CASE WHEN v_fit = 1 THEN '' ELSE 's' END,
+                                            v_best.free_gpus, v_best.free_cpus, v_best.node_name) END);
+        IF v_head.id IS NULL THEN
+            v_head := v_job;
+            -- The head claims the capable nodes with the most free GPUs now.
+            SELECT coalesce(array_agg(x.node_id), '{}') INTO v_claim
+              FROM (SELECT c.node_id FROM _free c
+                     WHERE c.total_gpus >= v_job.gpus_per_node
+                       AND c.cpus >= v_job.cpus_per_node
+                       AND c.memory_bytes >= v_job.memory_per_node
+                     ORDER BY c.free_gpus DESC, c.free_cpus DESC, c.node_id
+                     LIMIT v_job.nodes) x;
+            IF coalesce(array_length(v_claim, 1), 0) < v_job.nodes THEN
+                v_reason := v_reason || format('; only %s schedulable node(s) could ever hold a member',
+                                               coalesce(array_length(v_claim, 1), 0));
+            END IF;
+        ELSE
+            v_reason := v_reason || format('; behind job %s at the head of the queue', v_head.id);
+        END IF;
+        PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
+    END LOOP;
+END;
+$$;
+
+-- release_member: give back a member's GPUs, CPUs and memory (idempotent). Called by the lifecycle
+-- functions once the member's node has confirmed it stopped, or when nothing ever started.
+CREATE FUNCTION tuneplane.release_member(p_member_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    v_gpus integer;
+BEGIN
+    UPDATE tuneplane.members SET released_at = clock_timestamp(), updated_at = clock_timestamp()
+     WHERE id = p_member_id AND released_at IS NULL
+    RETURNING * INTO m;
+    IF m.id IS NULL THEN
+        RETURN false;
+    END IF;
+    UPDATE tuneplane.gpu_allocations SET released_at = clock_timestamp()
+     WHERE member_id = m.id AND released_at IS NULL;
+    GET DIAGNOSTICS v_gpus = ROW_COUNT;
+    UPDATE tuneplane.node_usage
+       SET used_gpus = used_gpus - v_gpus, used_cpus = used_cpus - m.cpus, used_memory = used_memory - m.memory_bytes
+     WHERE node_id = m.node_id;
+    -- Capacity came free: wake the schedulers (debounced by NOTIFY's per-transaction de-duplication).
+    PERFORM pg_notify('tuneplane_placement', (SELECT fleet_id::text FROM tuneplane.nodes WHERE id = m.node_id));
+    RETURN true;
+END;
+$$;
+
+-- Operators: the queue with positions, and live reservations.
+CREATE VIEW tuneplane.v_queue AS
+SELECT j.id AS job_id, f.name AS fleet, j.priority,
+       row_number() OVER (PARTITION BY j.fleet_id ORDER BY j.priority DESC, j.created_at, j.id) AS position,
+       u.username AS owner, j.nodes, j.gpus_per_node, j.cpus_per_node, j.memory_per_node,
+       j.created_at, now() - j.created_at AS waiting, j.state_reason
+  FROM tuneplane.jobs j
+  JOIN tuneplane.fleets f ON f.id = j.fleet_id
+  JOIN tuneplane.users u ON u.id = j.owner_id
+ WHERE j.state = 'queued';
+
+CREATE VIEW tuneplane.v_reservations AS
+SELECT m.job_id, a.number AS attempt, a.state AS attempt_state, m.id AS member_id, m.rank, n.name AS node,
+       m.gpu_indices, m.cpus, m.memory_bytes, m.state AS member_state, m.reason,
+       tuneplane.node_connectivity(n.last_heartbeat_at) AS node_connectivity, a.created_at AS reserved_at
+  FROM tuneplane.members m
+  JOIN tuneplane.attempts a ON a.id = m.attempt_id
+  JOIN tuneplane.nodes n ON n.id = m.node_id
+ WHERE m.released_at IS NULL;

@@ -1,0 +1,139 @@
+"""Test setup for placement and launch: users, fleets, nodes with GPUs and jobs inserted with plain SQL.
+
+This is test setup only; the behaviour under test is always a stored-function call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+
+from app.db import Database
+
+
+def make_user(db: Database, name: str = "alice", role: str = "user") -> int:
+    return db.call("create_user", name, None, role)[0]["id"]
+
+
+def make_fleet(db: Database, name: str = "gpu") -> int:
+    row = db.fetch_one("INSERT INTO fleets (name, backend) VALUES (%s, 'node') RETURNING id", (name,))
+    return row["id"]
+
+
+def make_node(
+    db: Database,
+    fleet_id: int,
+    name: str,
+    gpus: int = 4,
+    cpus: int = 32,
+    memory: int = 256 * 2**30,
+    address: str = "127.0.0.1",
+) -> int:
+    with db.transaction() as conn:
+        node_id = conn.execute(
+            """INSERT INTO nodes (fleet_id, name, cpus, memory_bytes, address, last_heartbeat_at)
+               VALUES (%s, %s, %s, %s, %s, now()) RETURNING id""",
+            (fleet_id, name, cpus, memory, address),
+        ).fetchone()["id"]
+        if gpus:
+            conn.execute(
+                """INSERT INTO node_gpus (node_id, gpu_index, model, memory_bytes, simulated)
+                   SELECT %s, i, 'Simulated GPU', 80 * 2^30, true FROM generate_series(0, %s - 1) i""",
+                (node_id, gpus),
+            )
+    return node_id
+
+
+def make_job(
+    db: Database,
+    owner_id: int,
+    fleet_id: int,
+    nodes: int = 1,
+    gpus_per_node: int = 1,
+    cpus_per_node: int = 1,
+    memory_per_node: int = 0,
+    priority: int = 0,
+    max_attempts: int = 1,
+) -> int:
+    resolved = {"nonce": str(uuid.uuid4()), "nodes": nodes, "gpus_per_node": gpus_per_node}
+    canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"))
+    with db.transaction() as conn:
+        preview = conn.execute(
+            """INSERT INTO previews (owner_id, fleet_id, spec, resolved, canonical, digest, expires_at)
+               VALUES (%s, %s, '{}', %s, %s, %s, now() + interval '1 hour') RETURNING id""",
+            (
+                owner_id,
+                fleet_id,
+                json.dumps(resolved),
+                canonical,
+                hashlib.sha256(canonical.encode()).hexdigest(),
+            ),
+        ).fetchone()["id"]
+        return conn.execute(
+            """INSERT INTO jobs (owner_id, preview_id, fleet_id, state_reason, priority, nodes, gpus_per_node,
+                                 cpus_per_node, memory_per_node, max_attempts, spec)
+               VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+            (
+                owner_id,
+                preview,
+                fleet_id,
+                priority,
+                nodes,
+                gpus_per_node,
+                cpus_per_node,
+                memory_per_node,
+                max_attempts,
+                json.dumps(resolved),
+            ),
+        ).fetchone()["id"]
+
+
+def members_of(db: Database, job_id: int) -> list[dict]:
+    return db.fetch_all(
+        """SELECT m.*, a.number AS attempt FROM members m JOIN attempts a ON a.id = m.attempt_id
+            WHERE m.job_id = %s ORDER BY a.number, m.rank""",
+        (job_id,),
+    )
+
+
+def job(db: Database, job_id: int) -> dict:
+    return db.fetch_one("SELECT * FROM jobs WHERE id = %s", (job_id,))
+
+
+def report(db: Database, kind: str, member: dict, **payload) -> dict:
+    """A node's report about one of its members (epoch 0: nodes made here never opened a session)."""
+    body = {"member_id": member["id"], **payload}
+    return db.call(kind, member["node_id"], 0, json.dumps(body))[0]
+
+
+def run_to_running(db: Database, job_id: int) -> list[dict]:
+    """Drive a reserved job through claim, prepare and commit to running, as worker and agents would."""
+    attempt = db.fetch_one(
+        "SELECT id FROM attempts WHERE job_id = %s ORDER BY number DESC LIMIT 1", (job_id,)
+    )
+    claim = db.call("claim_launch", attempt["id"], "test-worker")[0]
+    db.call("begin_prepare", attempt["id"], claim["epoch"], "0" * 64)
+    members = [m for m in members_of(db, job_id) if m["attempt_id"] == attempt["id"]]
+    for m in members:
+        report(db, "member_prepared", m)
+    for m in members:
+        report(db, "member_started", m, pid=1000 + m["rank"])
+    return members
+
+
+def assert_no_gpu_allocated_twice(db: Database) -> None:
+    dupes = db.fetch_all(
+        """SELECT node_id, gpu_index, count(*) FROM gpu_allocations WHERE released_at IS NULL
+            GROUP BY 1, 2 HAVING count(*) > 1"""
+    )
+    assert dupes == []
+    drift = db.fetch_all(
+        """SELECT u.node_id FROM node_usage u
+            WHERE u.used_gpus <> (SELECT count(*) FROM gpu_allocations a
+                                   WHERE a.node_id = u.node_id AND a.released_at IS NULL)
+               OR u.used_cpus <> (SELECT coalesce(sum(cpus), 0) FROM members m
+                                   WHERE m.node_id = u.node_id AND m.released_at IS NULL)
+               OR u.used_gpus > u.total_gpus"""
+    )
+    assert drift == []
