@@ -1,0 +1,190 @@
+"""JobSpec: what a user asks for. Exactly one input kind, resources, fleet, env, attempts, priority.
+
+Unknown fields are errors everywhere. A validation failure becomes a Refusal (HTTP 422) whose fields
+name each offending field by its dotted path (`resources.gpus_per_node`).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from app.errors import Refusal
+from app.submission.images import ImageRefError, normalise_image_ref
+
+SHA256_REF = re.compile(r"^(sha256:)?([0-9a-f]{64})$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+LAUNCHERS = ("script", "torchrun")
+
+ParamValue = str | int | float | bool
+
+
+def parse_memory(value: Any) -> int:
+    """Bytes from an int or a size such as 16G, 16Gi, 16GB, 512M (all binary: 1G = 1024³ bytes)."""
+    if isinstance(value, bool):
+        raise ValueError("memory must be a number of bytes or a size such as 16G")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("memory cannot be negative")
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        match = _MEMORY.match(value)
+        if match:
+            number, unit = float(match.group(1)), match.group(2).upper()
+            return int(number * _UNITS[unit])
+    raise ValueError("memory must be a number of bytes or a size such as 16G, 512M, 1.5T")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, str_strip_whitespace=True)
+
+
+class RecipeInput(StrictModel):
+    name: str = Field(description="a registered integration of kind recipe, e.g. demo")
+    params: dict[str, ParamValue] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not NAME.match(value):
+            raise ValueError("must be a lowercase integration name such as demo")
+        return value
+
+
+class SourceInput(StrictModel):
+    archive: str = Field(description="sha256 of an uploaded source archive (POST /sources)")
+    entrypoint: str = Field(min_length=1, max_length=4096)
+    integration: Literal["script", "torchrun"] = "script"
+
+    @field_validator("archive")
+    @classmethod
+    def _archive(cls, value: str) -> str:
+        match = SHA256_REF.match(value.lower())
+        if not match:
+            raise ValueError("must be sha256:<64 hex digits> of an uploaded archive")
+        return "sha256:" + match.group(2)
+
+
+class ImageInput(StrictModel):
+    ref: str = Field(min_length=1, max_length=512)
+    command: str = Field(min_length=1, max_length=4096)
+    integration: Literal["script", "torchrun"] = "script"
+
+    @field_validator("ref")
+    @classmethod
+    def _ref(cls, value: str) -> str:
+        try:
+            normalise_image_ref(value)
+        except ImageRefError as exc:
+            raise ValueError(str(exc)) from exc
+        return value
+
+
+class Resources(StrictModel):
+    nodes: int = Field(1, ge=1, le=4096)
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    cpus_per_node: int = Field(1, ge=1, le=4096)
+    memory_per_node: Annotated[int, Field(ge=0, le=1024**5)] = 1024**3
+
+    @field_validator("memory_per_node", mode="before")
+    @classmethod
+    def _memory(cls, value: Any) -> int:
+        return parse_memory(value)
+
+
+class InputRef(StrictModel):
+    """A reference to an artifact to place into the job's input directory (pinned at preview)."""
+
+    name: str = Field(min_length=1, max_length=128)
+    artifact: str = Field(min_length=1, max_length=256)
+    path: str | None = Field(None, max_length=1024)
+
+
+class OutputSpec(StrictModel):
+    name: str = Field(min_length=1, max_length=128)
+    path: str = Field(min_length=1, max_length=1024)
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        parts = value.replace("\\", "/").split("/")
+        if value.startswith("/") or ".." in parts:
+            raise ValueError("must be a relative path inside the output directory, without ..")
+        return value
+
+
+class JobSpec(StrictModel):
+    recipe: RecipeInput | None = None
+    source: SourceInput | None = None
+    image: ImageInput | None = None
+    resources: Resources = Field(default_factory=Resources)
+    fleet: str | None = None
+    env: dict[str, Annotated[str, Field(max_length=32768)]] = Field(default_factory=dict)
+    max_attempts: int = Field(1, ge=1, le=20)
+    priority: int = Field(0, ge=-1000, le=1000)
+    inputs: list[InputRef] = Field(default_factory=list, max_length=64)
+    outputs: list[OutputSpec] = Field(default_factory=list, max_length=64)
+
+    @field_validator("fleet")
+    @classmethod
+    def _fleet(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        if not re.match(r"^[a-z0-9][a-z0-9-]{0,62}$", value):
+            raise ValueError("must be a fleet name (lowercase letters, digits, -)")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not ENV_NAME.match(key):
+                raise ValueError(f"{key!r} is not an environment variable name")
+            if key.upper().startswith("TUNEPLANE_"):
+                raise ValueError(f"{key}: TUNEPLANE_* variables are set by the runner")
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one_input(self) -> JobSpec:
+        given = [k for k in ("recipe", "source", "image") if getattr(self, k) is not None]
+        if len(given) != 1:
+            found = ", ".join(given) if given else "none"
+            raise ValueError(f"give exactly one input: recipe, source or image (found {found})")
+        return self
+
+    @property
+    def input_kind(self) -> str:
+        return next(k for k in ("recipe", "source", "image") if getattr(self, k) is not None)
+
+
+def refusal_from_validation(exc: ValidationError, prefix: str = "") -> Refusal:
+    """One Refusal naming every offending field (dotted path) with pydantic's message."""
+    fields: dict[str, str] = {}
+    for error in exc.errors(include_url=False):
+        path = ".".join(str(p) for p in error["loc"] if p != "__root__")
+        name = (prefix + path) if path else (prefix.rstrip(".") or "input")
+        message = error["msg"]
+        if error["type"] == "extra_forbidden":
+            message = "unknown field"
+        message = message.removeprefix("Value error, ")
+        fields.setdefault(name, message)
+    first_name, first_message = next(iter(fields.items()))
+    refusal = Refusal(f"invalid JobSpec: {first_name}: {first_message}", status=422, field=first_name)
+    refusal.fields.update(fields)
+    return refusal
+
+
+def parse_jobspec(data: Any) -> JobSpec:
+    if not isinstance(data, dict):
+        raise Refusal("a JobSpec is a JSON object", status=422, field="spec")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise refusal_from_validation(exc) from exc

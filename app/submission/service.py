@@ -1,0 +1,140 @@
+"""Submission calls: validate, pin, call the stored function, shape the answer. No rule lives here
+beyond JobSpec validation; create_preview and confirm_preview decide."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from app.db import Database
+from app.errors import Refusal
+from app.submission.jobspec import JobSpec, parse_jobspec
+from app.submission.pins import build_pins
+
+MAX_ID = 2**63 - 1
+
+
+def parse_preview_id(value: Any) -> str:
+    try:
+        return str(uuid.UUID(str(value)))
+    except ValueError:
+        raise Refusal(f"no preview {value}", status=404, field="preview_id") from None
+
+
+def parse_job_id(value: Any) -> int:
+    try:
+        job_id = int(str(value))
+    except ValueError:
+        raise Refusal(f"no job {value}", status=404, field="job_id") from None
+    if not 0 < job_id <= MAX_ID:
+        raise Refusal(f"no job {value}", status=404, field="job_id")
+    return job_id
+
+
+def create_preview(db: Database, user_id: int, data: Any) -> dict:
+    spec = data if isinstance(data, JobSpec) else parse_jobspec(data)
+    pins = build_pins(spec)
+    document = spec.model_dump(mode="json", exclude_none=True)
+    row = db.call("create_preview", user_id, Jsonb(document), Jsonb(pins))[0]
+    return preview_document(row)
+
+
+def get_preview(db: Database, user_id: int, preview_id: Any) -> dict:
+    row = db.call("get_preview", user_id, parse_preview_id(preview_id))[0]
+    return preview_document(row)
+
+
+def confirm(db: Database, user_id: int, preview_id: Any, digest: Any, retry_key: Any) -> dict:
+    pid = parse_preview_id(preview_id)
+    key = str(retry_key).strip() if retry_key not in (None, "") else f"preview-{pid}"
+    row = db.call("confirm_preview", user_id, pid, str(digest or "").strip().lower(), key)[0]
+    return {
+        "job_id": row["job_id"],
+        "preview_id": str(row["preview_id"]),
+        "digest": row["digest"],
+        "retry_key": row["retry_key"],
+        "state": row["state"],
+        "state_reason": row["state_reason"],
+        "created_at": row["created_at"],
+        "replayed": row["replayed"],
+    }
+
+
+def preview_document(row: dict) -> dict:
+    resolved = row["resolved"]
+    expires_at: dt.datetime = row["expires_at"]
+    return {
+        "id": str(row["id"]),
+        "digest": row["digest"],
+        "created_at": row["created_at"],
+        "expires_at": expires_at,
+        "expired": expires_at <= dt.datetime.now(dt.UTC),
+        "resolved": resolved,
+        "canonical": row["canonical"],
+        "observed": row["observed"],
+        "summary": summary(resolved),
+    }
+
+
+def format_bytes(value: int) -> str:
+    for unit, size in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if value >= size:
+            number = round(value / size, 1)
+            return f"{number:g} {unit}"
+    return f"{value} B"
+
+
+def describe_input(input_doc: dict) -> str:
+    kind = input_doc.get("kind")
+    if kind == "recipe":
+        params = ", ".join(f"{k}={v}" for k, v in sorted(input_doc.get("params", {}).items()))
+        return f"recipe {input_doc.get('name')}" + (f" ({params})" if params else "")
+    if kind == "source":
+        archive = input_doc.get("archive", {})
+        return (
+            f"source sha256:{archive.get('sha256', '')[:12]}… ({format_bytes(archive.get('size_bytes', 0))},"
+            f" {archive.get('member_count', 0)} members): {input_doc.get('entrypoint')}"
+            f" via {input_doc.get('integration')}"
+        )
+    if kind == "image":
+        return (
+            f"image {input_doc.get('image')}: {input_doc.get('command')} via {input_doc.get('integration')}"
+        )
+    return str(kind)
+
+
+def describe_runtime(runtime: dict) -> str:
+    if runtime.get("kind") == "image":
+        return f"image {runtime.get('image')}"
+    packages = ", ".join(
+        f"{name} {ver if ver else '(not pinned)'}"
+        for name, ver in sorted(runtime.get("packages", {}).items())
+    )
+    return f"python {runtime.get('python')}" + (f" with {packages}" if packages else "")
+
+
+def summary(resolved: dict) -> dict:
+    """The lines a person reads before confirming (CLI and console show the same)."""
+    res = resolved.get("resources", {})
+    fleet = resolved.get("fleet", {})
+    chosen = "named in the spec" if fleet.get("chosen") == "named" else "chosen automatically (the only fit)"
+    gpus = res.get("gpus_per_node", 0)
+    integration = resolved.get("integration", {})
+    memory = format_bytes(res.get("memory_per_node", 0))
+    return {
+        "input": describe_input(resolved.get("input", {})),
+        "fleet": f"{fleet.get('name')} ({chosen})",
+        "backend": fleet.get("backend"),
+        "nodes": res.get("nodes"),
+        "gpu_request": f"{res.get('total_gpus', 0)} GPU{'s' if res.get('total_gpus') != 1 else ''}"
+        f" ({res.get('nodes')} × {gpus})",
+        "per_node": f"{gpus} GPU, {res.get('cpus_per_node')} CPU, {memory}",
+        "runtime": describe_runtime(resolved.get("runtime", {})),
+        "integration": f"{integration.get('name')} sha256:{integration.get('sha256', '')[:16]}…",
+        "max_attempts": resolved.get("max_attempts"),
+        "priority": resolved.get("priority"),
+        "warnings": list(resolved.get("warnings", [])),
+    }

@@ -1,0 +1,143 @@
+"""The `demo` recipe: trains a small real model with NumPy and writes telemetry the collector reads.
+
+A two-layer MLP (tanh) learns a smooth 2-D function from synthetic data with SGD + momentum and a
+cosine learning-rate schedule with warm-up. Every `log_every` steps it writes
+  $TUNEPLANE_OUTPUT_DIR/metrics.jsonl            {"step": n, "loss": …, "lr": …} per line
+  $TUNEPLANE_OUTPUT_DIR/tensorboard/events.*     scalars loss and lr (tensorboardX)
+and at the end $TUNEPLANE_OUTPUT_DIR/model.npz. The output directory defaults to ./output.
+
+Parameters come from $TUNEPLANE_PARAMS (a JSON object, as the runner passes a recipe's params) and
+command-line flags, flags winning:  python -m workers.integrations.demo --steps 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DEFAULTS = {
+    "steps": 200,
+    "lr": 0.1,
+    "batch_size": 64,
+    "hidden": 32,
+    "seed": 0,
+    "log_every": 1,
+    "step_seconds": 0.02,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    params = dict(DEFAULTS)
+    raw = os.environ.get("TUNEPLANE_PARAMS")
+    if raw:
+        params.update(json.loads(raw))
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.integrations.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--steps", type=int, default=int(params["steps"]))
+    parser.add_argument("--lr", type=float, default=float(params["lr"]))
+    parser.add_argument("--batch-size", type=int, default=int(params["batch_size"]))
+    parser.add_argument("--hidden", type=int, default=int(params["hidden"]))
+    parser.add_argument("--seed", type=int, default=int(params["seed"]))
+    parser.add_argument("--log-every", type=int, default=int(params["log_every"]))
+    # Pacing only, so a person can watch the charts move; the model trains the same without it.
+    parser.add_argument("--step-seconds", type=float, default=float(params["step_seconds"]))
+    parser.add_argument("--output-dir", default=os.environ.get("TUNEPLANE_OUTPUT_DIR", "output"))
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.batch_size < 1 or args.hidden < 1 or args.log_every < 1 or args.lr <= 0:
+        parser.error("steps, batch-size, hidden and log-every must be at least 1; lr must be positive")
+    if args.step_seconds < 0:
+        parser.error("step-seconds cannot be negative")
+    return args
+
+
+def target(x: np.ndarray) -> np.ndarray:
+    """The function the model learns."""
+    return (np.sin(2.0 * x[:, 0]) + 0.5 * x[:, 1] ** 2 - 0.3 * x[:, 0] * x[:, 1])[:, None]
+
+
+def learning_rate(step: int, steps: int, peak: float) -> float:
+    warmup = max(1, steps // 20)
+    if step <= warmup:
+        return peak * step / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return peak * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+class MLP:
+    def __init__(self, hidden: int, rng: np.random.Generator) -> None:
+        self.params = {
+            "w1": rng.normal(0.0, 1.0 / math.sqrt(2), (2, hidden)),
+            "b1": np.zeros(hidden),
+            "w2": rng.normal(0.0, 1.0 / math.sqrt(hidden), (hidden, 1)),
+            "b2": np.zeros(1),
+        }
+        self.velocity = {k: np.zeros_like(v) for k, v in self.params.items()}
+
+    def loss_and_grads(self, x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
+        p = self.params
+        h = np.tanh(x @ p["w1"] + p["b1"])
+        pred = h @ p["w2"] + p["b2"]
+        err = pred - y
+        loss = float(np.mean(err**2))
+        d_pred = 2.0 * err / len(x)
+        d_h = (d_pred @ p["w2"].T) * (1.0 - h**2)
+        grads = {"w2": h.T @ d_pred, "b2": d_pred.sum(0), "w1": x.T @ d_h, "b1": d_h.sum(0)}
+        return loss, grads
+
+    def step(self, grads: dict[str, np.ndarray], lr: float, momentum: float = 0.9) -> None:
+        for name, grad in grads.items():
+            self.velocity[name] = momentum * self.velocity[name] - lr * grad
+            self.params[name] += self.velocity[name]
+
+
+def train(args: argparse.Namespace) -> float:
+    from tensorboardX import SummaryWriter
+
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rank = int(os.environ.get("RANK", "0"))
+    rng = np.random.default_rng(args.seed + rank)
+    model = MLP(args.hidden, rng)
+    writer = SummaryWriter(logdir=str(out / "tensorboard"), flush_secs=2)
+    loss = float("nan")
+    started = time.monotonic()
+    with open(out / "metrics.jsonl", "a", encoding="utf-8") as metrics:
+        for step in range(1, args.steps + 1):
+            x = rng.uniform(-2.0, 2.0, (args.batch_size, 2))
+            loss, grads = model.loss_and_grads(x, target(x))
+            lr = learning_rate(step, args.steps, args.lr)
+            model.step(grads, lr)
+            if step % args.log_every == 0 or step == args.steps:
+                metrics.write(json.dumps({"step": step, "loss": loss, "lr": lr}) + "\n")
+                metrics.flush()
+                writer.add_scalar("loss", loss, step)
+                writer.add_scalar("lr", lr, step)
+            if step % max(1, args.steps // 10) == 0 or step == args.steps:
+                print(f"step {step}/{args.steps} loss {loss:.5f} lr {lr:.5f}", flush=True)
+            if args.step_seconds:
+                time.sleep(args.step_seconds)
+    writer.close()
+    np.savez(out / "model.npz", **model.params)
+    elapsed = time.monotonic() - started
+    print(f"done: {args.steps} steps in {elapsed:.2f}s, final loss {loss:.5f}, output in {out}", flush=True)
+    return loss
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    loss = train(args)
+    return 0 if math.isfinite(loss) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
