@@ -38,6 +38,12 @@ def http_ok(url: str) -> bool:
         return False
 
 
+def telemetry_gateway_url(ctx: UpContext) -> str:
+    """`tuneplane up` runs the telemetry gateway on the console port + 2 (the node gateway has + 1)."""
+    host = "127.0.0.1" if ctx.host in ("0.0.0.0", "") else ctx.host
+    return f"http://{host}:{ctx.port + 2}"
+
+
 def up_components(ctx: UpContext) -> list[Component]:
     return [
         Component(
@@ -45,5 +51,11 @@ def up_components(ctx: UpContext) -> list[Component]:
             tuneplane_argv("server", "--host", ctx.host, "--port", str(ctx.port)),
             env=ctx.env(),
             ready=lambda: http_ok(f"{ctx.server_url}/healthz"),
+        ),
+        Component(
+            "telemetry-gateway",
+            tuneplane_argv("telemetry-gateway", "--host", ctx.host, "--port", str(ctx.port + 2)),
+            env=ctx.env(),
+            ready=lambda: http_ok(f"{telemetry_gateway_url(ctx)}/healthz"),
         ),
     ]

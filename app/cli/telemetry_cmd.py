@@ -1,0 +1,198 @@
+"""`tuneplane telemetry-gateway`, `tuneplane collector` and `tuneplane metrics`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import click
+
+from app.cli import ExpectedError
+from app.cli.options import json_option, print_json, print_table, server_side, settings_from
+
+
+@click.command("telemetry-gateway")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8090, show_default=True, type=int)
+@click.option("--pool-size", default=8, show_default=True, type=int, help="Database connections.")
+@server_side
+def telemetry_gateway_cmd(
+    host: str, port: int, pool_size: int, database_url: str | None, data_dir: str | None
+) -> None:
+    """Serve the telemetry gateway that collectors and the SDK push metric batches to."""
+    settings = settings_from(database_url, data_dir)
+    if not settings.database_url:
+        raise ExpectedError("tuneplane telemetry-gateway needs --database-url or TUNEPLANE_DATABASE_URL")
+    from app.migrate import require_current
+    from app.telemetry.gateway import serve
+
+    require_current(settings.database_url)
+    logging.getLogger("app.telemetry").setLevel(logging.INFO)
+    click.echo(f"telemetry gateway listening on http://{host}:{port}", err=True)
+    serve(settings.database_url, host, port, pool_max=pool_size)
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    return int(raw) if raw not in (None, "") else None
+
+
+@click.command("collector")
+@click.option(
+    "--output-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="The member's output directory (TensorBoard event files, *.jsonl).",
+)
+@click.option(
+    "--spool-dir",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Private host-local directory for the durable spool (network filesystems are refused).",
+)
+@click.option("--gateway", envvar="TUNEPLANE_TELEMETRY_URL", required=True, help="Telemetry gateway URL.")
+@click.option(
+    "--token",
+    envvar="TUNEPLANE_TELEMETRY_TOKEN",
+    required=True,
+    help="The member's telemetry token (env TUNEPLANE_TELEMETRY_TOKEN).",
+)
+@click.option("--collector-id", default=None, help="Name for this collector (default: host name).")
+@click.option("--job-id", type=int, default=None, envvar="TUNEPLANE_JOB_ID")
+@click.option("--attempt", type=int, default=None, envvar="TUNEPLANE_ATTEMPT")
+@click.option("--member", type=int, default=None, envvar="TUNEPLANE_MEMBER_RANK")
+@click.option("--poll-interval", type=float, default=0.5, show_default=True)
+@click.option(
+    "--fsync-interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between spool fsyncs (0: after every batch).",
+)
+@click.option(
+    "--drain-timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="On SIGTERM, keep shipping this long before exiting.",
+)
+@click.option("--ca-bundle", envvar="TUNEPLANE_CA_BUNDLE", default=None)
+def collector_cmd(
+    output_dir: Path,
+    spool_dir: Path,
+    gateway: str,
+    token: str,
+    collector_id: str | None,
+    job_id: int | None,
+    attempt: int | None,
+    member: int | None,
+    poll_interval: float,
+    fsync_interval: float,
+    drain_timeout: float,
+    ca_bundle: str | None,
+) -> None:
+    """Tail a member's metric files and ship them to the telemetry gateway through a durable spool."""
+    from app.client.http import ClientError
+    from workers.collector.collector import Collector, CollectorConfig, CollectorError
+    from workers.collector.fs_check import NetworkFilesystemError
+
+    logging.getLogger("workers.collector").setLevel(logging.INFO)
+    scope = None
+    if job_id is not None or attempt is not None or member is not None:
+        scope = {
+            k: v for k, v in (("job_id", job_id), ("attempt", attempt), ("member", member)) if v is not None
+        }
+    output_dir.mkdir(parents=True, exist_ok=True)
+    config = CollectorConfig(
+        output_dir=output_dir,
+        spool_dir=spool_dir,
+        gateway_url=gateway,
+        token=token,
+        collector_id=collector_id,
+        scope=scope,
+        poll_interval=poll_interval,
+        fsync_interval=fsync_interval,
+        drain_timeout=drain_timeout,
+        ca_bundle=ca_bundle,
+    )
+    try:
+        collector = Collector(config)
+    except (NetworkFilesystemError, CollectorError, ClientError) as exc:
+        raise ExpectedError(str(exc)) from exc
+
+    def _stop(_signum: int, _frame: object) -> None:
+        collector.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    click.echo(
+        f"collector {collector.collector_id} reading {output_dir}, spool {spool_dir}, "
+        f"{collector.spool.pending_count()} batches pending, shipping to {gateway}",
+        err=True,
+    )
+    collector.run()
+    click.echo(f"collector stopped; {collector.spool.pending_count()} batches left in the spool", err=True)
+
+
+@click.command("metrics")
+@click.argument("job_id", type=int)
+@click.option("--name", default=None, help="Raw or canonical metric name (default: all canonical metrics).")
+@click.option("--attempt", type=int, default=None)
+@click.option("--member", type=int, default=None)
+@click.option("--source", default=None)
+@click.option("--max-points", type=click.IntRange(1, 1000), default=500, show_default=True)
+@click.option("--server", default=None, help="Server URL (env TUNEPLANE_SERVER).")
+@click.option("--token", default=None, help="API token (env TUNEPLANE_TOKEN).")
+@json_option
+def metrics_cmd(
+    job_id: int,
+    name: str | None,
+    attempt: int | None,
+    member: int | None,
+    source: str | None,
+    max_points: int,
+    server: str | None,
+    token: str | None,
+    as_json: bool,
+) -> None:
+    """A job's metrics, downsampled to at most --max-points buckets per series."""
+    from app.client.config import resolve
+    from app.client.http import ApiClient
+
+    params = {"max_points": max_points}
+    for key, value in (("name", name), ("attempt", attempt), ("member", member), ("source", source)):
+        if value is not None:
+            params[key] = value
+    with ApiClient(resolve(server, token)) as client:
+        data = client.get(f"/jobs/{job_id}/metrics", params=params)
+    if as_json:
+        print_json(data)
+        return
+    rows = []
+    for series in data["series"]:
+        buckets = series["buckets"]
+        last = buckets[-1] if buckets else {}
+        rows.append(
+            {
+                "name": series["name"],
+                "canonical": series.get("canonical") or "",
+                "source": series["source"],
+                "attempt": series["attempt"],
+                "member": series["member"],
+                "points": series["point_count"],
+                "steps": f"{series['min_step']}..{series['max_step']}" if buckets else "",
+                "last": last.get("last_value"),
+                "min": min((b["min"] for b in buckets if b["min"] is not None), default=None),
+                "max": max((b["max"] for b in buckets if b["max"] is not None), default=None),
+            }
+        )
+    print_table(
+        rows,
+        ["name", "canonical", "source", "attempt", "member", "points", "steps", "last", "min", "max"],
+        empty="(no metrics yet)",
+    )
+
+
+COMMANDS = [telemetry_gateway_cmd, collector_cmd, metrics_cmd]

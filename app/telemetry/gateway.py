@@ -1,0 +1,217 @@
+"""The telemetry gateway: its own aiohttp process that collectors and the SDK push batches to.
+
+It talks to PostgreSQL only through the telemetry functions (scope check, ledger, series, rollups) plus a
+binary COPY of the points; it never calls the control path. Refusals from those functions become 4xx JSON
+answers with the reason; an unreachable database becomes 503 so that senders back off and retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import numpy as np
+import psycopg
+from aiohttp import web
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from pydantic import BaseModel, Field, ValidationError
+
+from app.db import SEARCH_PATH_OPTION
+from app.errors import Refusal, refusal_from_db
+from app.security import token_hash
+from app.telemetry import wire
+from app.telemetry.ingest import batch_digest, store_batch
+
+log = logging.getLogger(__name__)
+
+POOL_KEY = web.AppKey("pool", AsyncConnectionPool)
+PRUNE_EVERY_S = 3600.0
+
+
+class SdkPoint(BaseModel):
+    name: str = Field(min_length=1, max_length=wire.MAX_NAME_LEN)
+    step: int = Field(ge=-(2**63), lt=2**63)
+    value: float
+    wall_time: float | None = None
+
+
+class SdkBatch(BaseModel):
+    client: str = Field(min_length=1, max_length=200)
+    seq: int = Field(ge=0, lt=2**63)
+    source: str = Field(default="sdk", min_length=1, max_length=wire.MAX_NAME_LEN)
+    points: list[SdkPoint] = Field(max_length=100_000)
+
+
+def _error(status: int, message: str, fields: dict | None = None) -> web.Response:
+    return web.json_response({"error": message, "status": status, "fields": fields or {}}, status=status)
+
+
+def _bearer(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    if not header.startswith("Bearer ") or not header[7:].strip():
+        raise Refusal("a telemetry token is required (Authorization: Bearer …)", 401, "token")
+    return token_hash(header[7:].strip())
+
+
+@web.middleware
+async def refusals(request: web.Request, handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except Refusal as exc:
+        return _error(exc.status, exc.message, exc.fields)
+    except wire.WireError as exc:
+        return _error(400, str(exc), {exc.field: str(exc)})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "body"
+        return _error(400, f"{where}: {first.get('msg')}", {where: first.get("msg", "")})
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        log.warning("database unavailable: %s", str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
+        return _error(503, "the database is unavailable; retry later")
+    except psycopg.Error as exc:
+        refusal = refusal_from_db(exc)
+        if refusal is not None:
+            return _error(refusal.status, refusal.message, refusal.fields)
+        log.exception("database error")
+        return _error(503, "database error; retry later")
+    except web.HTTPException:
+        raise
+    except Exception:
+        log.exception("unexpected error")
+        return _error(500, "internal error; the gateway log has the details")
+
+
+async def _store(request: web.Request, batch: wire.Batch, digest: str) -> web.Response:
+    token = _bearer(request)
+    pool = request.app[POOL_KEY]
+    async with pool.connection() as conn:
+        result = await store_batch(conn, token, batch, digest)
+    return web.json_response(result)
+
+
+async def post_batch(request: web.Request) -> web.Response:
+    _bearer(request)  # refuse a missing token before reading a large body
+    payload = await request.read()
+    batch = wire.decode(payload)
+    return await _store(request, batch, batch_digest(payload))
+
+
+async def post_points(request: web.Request) -> web.Response:
+    _bearer(request)
+    raw = await request.read()
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise wire.WireError(f"body is not JSON: {exc}", "body") from exc
+    sdk = SdkBatch.model_validate(data)
+    order: dict[str, list[SdkPoint]] = {}
+    for point in sdk.points:
+        order.setdefault(point.name, []).append(point)
+    ordered = [p for points in order.values() for p in points]
+    now = time.time()
+    batch = wire.Batch(
+        collector=sdk.client,
+        seq=sdk.seq,
+        series=[(sdk.source, name, len(points)) for name, points in order.items()],
+        steps=np.fromiter((p.step for p in ordered), dtype=np.int64, count=len(ordered)),
+        values=np.fromiter((p.value for p in ordered), dtype=np.float64, count=len(ordered)),
+        wall_times=np.fromiter(
+            (now if p.wall_time is None else p.wall_time for p in ordered),
+            dtype=np.float64,
+            count=len(ordered),
+        ),
+    )
+    return await _store(request, batch, batch_digest(raw))
+
+
+async def get_scope(request: web.Request) -> web.Response:
+    token = _bearer(request)
+    async with request.app[POOL_KEY].connection() as conn:
+        cur = await conn.execute("SELECT * FROM tuneplane.authenticate_telemetry_token(%s)", (token,))
+        row = await cur.fetchone()
+    return web.json_response(
+        {
+            "job_id": row["job_id"],
+            "attempt": row["attempt"],
+            "member": row["member_rank"],
+            "expires_at": row["expires_at"].isoformat(),
+        }
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    try:
+        async with request.app[POOL_KEY].connection(timeout=2) as conn:
+            await conn.execute("SELECT 1")
+    except Exception:
+        return _error(503, "database unavailable")
+    return web.json_response({"ok": True})
+
+
+async def _prune_forever(pool: AsyncConnectionPool) -> None:
+    while True:
+        try:
+            async with pool.connection() as conn:
+                cur = await conn.execute("SELECT * FROM tuneplane.telemetry_prune()")
+                row = await cur.fetchone()
+                if row and row["series"]:
+                    log.info("retention removed %s series (%s points)", row["series"], row["points"])
+        except Exception as exc:  # the next round tries again
+            log.warning("retention pass failed: %s", exc)
+        await asyncio.sleep(PRUNE_EVERY_S)
+
+
+def create_app(database_url: str, *, pool_max: int = 8, prune: bool = True) -> web.Application:
+    app = web.Application(client_max_size=wire.MAX_BATCH_BYTES, middlewares=[refusals])
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        pool = AsyncConnectionPool(
+            database_url,
+            min_size=1,
+            max_size=pool_max,
+            open=False,
+            name="tuneplane-telemetry",
+            kwargs={
+                "row_factory": dict_row,
+                "options": SEARCH_PATH_OPTION,
+                "application_name": "tuneplane-telemetry-gateway",
+                "autocommit": True,
+            },
+            # A connection broken by a database restart is found and replaced before use.
+            check=AsyncConnectionPool.check_connection,
+            timeout=10,
+        )
+        await pool.open(wait=False)
+        app[POOL_KEY] = pool
+        pruner = asyncio.create_task(_prune_forever(pool)) if prune else None
+        yield
+        if pruner is not None:
+            pruner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pruner
+        await pool.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/telemetry/batches", post_batch)
+    app.router.add_post("/v1/telemetry/points", post_points)
+    app.router.add_get("/v1/telemetry/scope", get_scope)
+    app.router.add_get("/healthz", healthz)
+    return app
+
+
+def serve(database_url: str, host: str, port: int, pool_max: int = 8) -> None:
+    app = create_app(database_url, pool_max=pool_max)
+    web.run_app(
+        app,
+        host=host,
+        port=port,
+        print=lambda _m: None,
+        access_log=None,
+        handle_signals=True,
+        shutdown_timeout=10,
+    )

@@ -1,0 +1,122 @@
+"""Sending spooled batches to the telemetry gateway, oldest first, one at a time.
+
+2xx (stored, or already stored: a duplicate) acknowledges the batch. A batch the gateway refuses for its
+content (400, 409, 413, 422) is set aside in the spool's rejected/ folder so it cannot block the rest.
+Everything else (connection errors, 5xx, 401/403 while a token is being sorted out) is retried with a
+capped exponential backoff; the batch stays in the spool meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from app.client.http import check_transport, verify_setting
+from app.telemetry.wire import CONTENT_TYPE
+from workers.collector.spool import Spool
+
+log = logging.getLogger(__name__)
+
+REJECT_STATUSES = frozenset({400, 409, 413, 422})
+
+
+@dataclass
+class ShipperStats:
+    sent: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    failures: int = 0
+    last_error: str = ""
+    last_ok_at: float | None = None
+
+
+class Shipper(threading.Thread):
+    def __init__(
+        self,
+        spool: Spool,
+        gateway_url: str,
+        token: str,
+        *,
+        ca_bundle: str | None = None,
+        timeout: float = 60.0,
+        max_backoff: float = 10.0,
+    ) -> None:
+        super().__init__(name="telemetry-shipper", daemon=True)
+        check_transport(gateway_url)
+        self.spool = spool
+        self.url = gateway_url.rstrip("/") + "/v1/telemetry/batches"
+        self.stats = ShipperStats()
+        self.max_backoff = max_backoff
+        self._stop = threading.Event()
+        self._http = httpx.Client(
+            timeout=timeout,
+            verify=verify_setting(ca_bundle),
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": CONTENT_TYPE,
+                "User-Agent": "tuneplane-collector",
+            },
+        )
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        backoff = 0.0
+        try:
+            while not self._stop.is_set():
+                record = self.spool.next_pending(timeout=0.2)
+                if record is None:
+                    continue
+                ok = self._send(record)
+                if ok:
+                    backoff = 0.0
+                    continue
+                backoff = min(self.max_backoff, max(0.2, backoff * 2))
+                self._stop.wait(backoff * (0.5 + random.random() / 2))
+        finally:
+            self._http.close()
+
+    def _send(self, record) -> bool:
+        payload = self.spool.read(record)
+        try:
+            response = self._http.post(self.url, content=payload)
+        except httpx.HTTPError as exc:
+            self._failed(f"cannot reach the gateway: {exc}")
+            return False
+        status = response.status_code
+        if 200 <= status < 300:
+            body = _json(response)
+            if body.get("duplicate"):
+                self.stats.duplicates += 1
+            self.stats.sent += 1
+            self.stats.last_ok_at = time.time()
+            self.spool.ack(record.seq)
+            return True
+        reason = _json(response).get("error") or response.text[:200]
+        if status in REJECT_STATUSES:
+            log.error("gateway refused batch %d (%d: %s); kept in rejected/", record.seq, status, reason)
+            self.stats.rejected += 1
+            self.spool.reject(record, f"{status} {reason}")
+            return True
+        self._failed(f"gateway answered {status}: {reason}")
+        return False
+
+    def _failed(self, message: str) -> None:
+        if message != self.stats.last_error:
+            log.warning("%s; retrying with backoff (the spool keeps the data)", message)
+        self.stats.failures += 1
+        self.stats.last_error = message
+
+
+def _json(response: httpx.Response) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
