@@ -21,6 +21,7 @@ BLUEPRINTS = [
     "app.web.health",
     "app.web.home",
     "app.web.plugins_page",
+    "app.web.artifacts",
 ]
 
 

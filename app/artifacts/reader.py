@@ -1,0 +1,69 @@
+"""Reading an artifact's stored files back: for downloads (streamed, hashed on the way out) and for
+verification (every file recomputed against the manifest). Object delivery reads the blob store, shared
+delivery the fleet's shared path."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from app.artifacts.blobs import FsBlobStore
+from app.artifacts.receiver import shared_file_path
+from workers.artifacts.manifest import READ_BLOCK, Manifest
+from workers.artifacts.verify import VerifyReport, verify_with
+
+log = logging.getLogger(__name__)
+
+
+class StoredBytesMismatch(RuntimeError):
+    """Raised mid-stream when the bytes sent do not hash to the manifest entry (the response is cut)."""
+
+
+def open_stored(blobs: FsBlobStore, artifact: dict, entry: dict) -> BinaryIO | None:
+    """The stored bytes of one manifest entry, or None when they are missing."""
+    if artifact["delivery"] == "shared":
+        try:
+            return open(shared_file_path(artifact["shared_path"], entry["path"]), "rb")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+    return blobs.open(entry["sha256"])
+
+
+def verify_stored(blobs: FsBlobStore, artifact: dict) -> VerifyReport:
+    """Recompute every file of the artifact from the bytes the server holds or reads."""
+    manifest = Manifest.from_json(artifact["manifest"])
+    by_path = {f.path: {"path": f.path, "sha256": f.sha256, "size": f.size} for f in manifest.files}
+    present: list[str] = []
+    if artifact["delivery"] == "shared" and Path(artifact["shared_path"]).is_dir():
+        root = artifact["shared_path"]
+        for dirpath, _dirs, names in os.walk(root):
+            for name in names:
+                present.append(os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/"))
+    # Extra files next to a shared artifact are not part of it; they are listed, not counted as failures.
+    return verify_with(
+        manifest, lambda p: open_stored(blobs, artifact, by_path[p]), present, allow_extra=True
+    )
+
+
+def stream_verified(stream: BinaryIO, entry: dict, label: str) -> Iterator[bytes]:
+    """Yield the file's bytes, holding the last block back until the whole file's sha256 is known, so a
+    client never receives a complete-looking body for bytes that do not match the manifest."""
+    digest = hashlib.sha256()
+    size = 0
+    pending: bytes | None = None
+    with stream:
+        while block := stream.read(READ_BLOCK):
+            digest.update(block)
+            size += len(block)
+            if pending is not None:
+                yield pending
+            pending = block
+    if digest.hexdigest() != entry["sha256"] or size != entry["size"]:
+        log.error("%s: stored bytes do not match the manifest; download cut", label)
+        raise StoredBytesMismatch(f"{label}: stored bytes do not match the manifest")
+    if pending is not None:
+        yield pending

@@ -1,0 +1,222 @@
+"""Artifacts over HTTP: uploads from node agents, and listing, downloading and verifying for users.
+
+Node agents authenticate with `Authorization: Node <node credential>`; every agent-side call passes the
+credential's hash to a stored function that authenticates it and checks the node runs the member. Users
+authenticate as everywhere else (API token or session); the stored functions show them their own jobs'
+artifacts only (admins: all).
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+from flask import Blueprint, Response, current_app, request
+from psycopg.types.json import Jsonb
+
+from app.artifacts.blobs import FsBlobStore
+from app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified, verify_stored
+from app.artifacts.receiver import ArtifactReceiver, Registration
+from app.errors import Refusal
+from app.security import token_hash
+from app.web.auth import current_user, login_required
+from app.web.negotiate import json_response, respond
+from app.web.state import get_db
+
+bp = Blueprint("artifacts", __name__)
+
+NODE_SCHEME = "Node "
+MAX_CHUNK_BYTES = 256 * 1024 * 1024
+
+
+def blob_dir() -> Path:
+    configured = current_app.config.get("TP_BLOB_DIR")
+    if configured:
+        return Path(configured)
+    data_dir = current_app.config.get("TP_DATA_DIR")
+    if not data_dir:
+        from app.settings import load_settings
+
+        data_dir = load_settings().data_dir
+    return Path(data_dir) / "blobs"
+
+
+def receiver() -> ArtifactReceiver:
+    return ArtifactReceiver(get_db(), blob_dir())
+
+
+def node_credential_hash() -> str:
+    header = request.headers.get("Authorization", "")
+    if not header.startswith(NODE_SCHEME) or not header[len(NODE_SCHEME) :].strip():
+        raise Refusal("node agents authenticate with `Authorization: Node <credential>`", 401, "credential")
+    return token_hash(header[len(NODE_SCHEME) :].strip())
+
+
+def json_body() -> dict:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise Refusal("the request body must be a JSON object", 400)
+    return body
+
+
+def public(artifact: dict) -> dict:
+    keep = (
+        "id", "job_id", "attempt_id", "member_id", "rank", "name", "kind", "state", "reason", "delivery",
+        "shared_path", "manifest_digest", "file_count", "total_bytes", "chunk_size", "created_at",
+        "updated_at", "completed_at",
+    )  # fmt: skip
+    return {k: artifact[k] for k in keep if k in artifact}
+
+
+# -- node agents --------------------------------------------------------------------------------------
+
+
+@bp.post("/api/artifacts")
+def register():
+    cred = node_credential_hash()
+    body = json_body()
+    for field in ("member_id", "name", "manifest", "manifest_digest"):
+        if field not in body:
+            raise Refusal(f"{field} is required", 400, field)
+    if not isinstance(body["member_id"], int) or not isinstance(body["manifest"], dict):
+        raise Refusal("member_id must be an integer and manifest an object", 400, "member_id")
+    reg = Registration(
+        member_id=body["member_id"],
+        name=str(body["name"]),
+        manifest=body["manifest"],
+        manifest_digest=str(body["manifest_digest"]),
+        kind=str(body.get("kind") or "output"),
+        delivery=str(body.get("delivery") or "object"),
+        shared_path=body.get("shared_path"),
+    )
+    return json_response(public(receiver().register(cred, reg)), 201)
+
+
+@bp.get("/api/artifacts/<int:artifact_id>/upload")
+def upload_status(artifact_id: int):
+    return json_response(receiver().status(node_credential_hash(), artifact_id))
+
+
+@bp.put("/api/artifacts/<int:artifact_id>/files/<int:file_index>/chunks/<int:chunk_index>")
+def put_chunk(artifact_id: int, file_index: int, chunk_index: int):
+    cred = node_credential_hash()
+    length = request.content_length
+    if length is None or length > MAX_CHUNK_BYTES:
+        raise Refusal("a chunk needs a Content-Length of at most 256 MiB", 411 if length is None else 413)
+    data = request.get_data(cache=False)
+    answer = receiver().put_chunk(
+        cred, artifact_id, file_index, chunk_index, data, request.headers.get("X-Chunk-Sha256")
+    )
+    return json_response(answer)
+
+
+@bp.post("/api/artifacts/<int:artifact_id>/finish")
+def finish(artifact_id: int):
+    return json_response(public(receiver().finish(node_credential_hash(), artifact_id)))
+
+
+@bp.post("/api/artifacts/<int:artifact_id>/fail")
+def fail(artifact_id: int):
+    reason = str(json_body().get("reason") or "")
+    return json_response(public(receiver().fail(node_credential_hash(), artifact_id, reason)))
+
+
+@bp.get("/api/input-artifacts/<int:artifact_id>")
+def input_manifest(artifact_id: int):
+    """A node reads a pinned input's manifest before materializing it."""
+    artifact = get_db().call("artifact_input_for_node", node_credential_hash(), artifact_id)[0]
+    return json_response({**public(artifact), "manifest": artifact["manifest"]})
+
+
+@bp.get("/api/input-artifacts/<int:artifact_id>/files/<int:file_index>")
+def input_file(artifact_id: int, file_index: int):
+    artifact = get_db().call("artifact_input_for_node", node_credential_hash(), artifact_id)[0]
+    return _send_file(artifact, file_index)
+
+
+# -- users ----------------------------------------------------------------------------------------------
+
+
+def _user_id() -> int:
+    user = current_user()
+    assert user is not None
+    return user.id
+
+
+def _files(artifact_id: int) -> list[dict]:
+    return get_db().call("artifact_file_list", artifact_id)
+
+
+@bp.get("/jobs/<int:job_id>/artifacts")
+@login_required
+def job_artifacts(job_id: int):
+    rows = get_db().call("job_artifacts", _user_id(), job_id)
+    return respond("_artifacts.html", {"job_id": job_id, "artifacts": rows}, json_data={"artifacts": rows})
+
+
+@bp.get("/jobs/<int:job_id>/artifacts/<name>")
+@login_required
+def find(job_id: int, name: str):
+    rank = request.args.get("rank", type=int)
+    attempt = request.args.get("attempt", type=int)
+    artifact = get_db().call("find_artifact", _user_id(), job_id, name, rank, attempt)[0]
+    return _detail(artifact)
+
+
+@bp.get("/artifacts/<int:artifact_id>")
+@login_required
+def detail(artifact_id: int):
+    return _detail(get_db().call("artifact_for_user", _user_id(), artifact_id)[0])
+
+
+def _detail(artifact: dict):
+    files = _files(artifact["id"])
+    data = {**public(artifact), "manifest": artifact["manifest"], "files": files}
+    return respond("artifact.html", {"artifact": data, "files": files}, json_data=data)
+
+
+@bp.get("/artifacts/<int:artifact_id>/files/<int:file_index>")
+@login_required
+def download_file(artifact_id: int, file_index: int):
+    artifact = get_db().call("artifact_for_user", _user_id(), artifact_id)[0]
+    if artifact["state"] != "complete":
+        raise Refusal(f"artifact {artifact_id} is {artifact['state']}; only complete artifacts download", 409)
+    return _send_file(artifact, file_index)
+
+
+def _send_file(artifact: dict, file_index: int) -> Response:
+    entry = next((f for f in _files(artifact["id"]) if f["file_index"] == file_index), None)
+    if entry is None:
+        raise Refusal(f"artifact {artifact['id']} has no file {file_index}", 404, "file_index")
+    stream = open_stored(FsBlobStore(blob_dir()), artifact, entry)
+    if stream is None:
+        raise Refusal(f"{entry['path']}: the stored file is missing (run verify)", 410, "file")
+    label = f"artifact {artifact['id']} {entry['path']}"
+    body = stream_verified(stream, entry, label)
+    # Read the first block here: a file that fits in it is fully checked before any header is sent, so a
+    # damaged one is a clear refusal. A larger one is cut mid-body (its last block is held back).
+    try:
+        first = [next(body)]
+    except StopIteration:
+        first = []
+    except StoredBytesMismatch as exc:
+        raise Refusal(f"{entry['path']}: the stored bytes do not match the manifest (run verify)", 409) from exc
+    response = Response(itertools.chain(first, body), mimetype="application/octet-stream")
+    response.headers["Content-Length"] = str(entry["size"])
+    response.headers["X-Sha256"] = entry["sha256"]
+    response.headers["X-Artifact-Path"] = entry["path"]
+    return response
+
+
+@bp.post("/artifacts/<int:artifact_id>/verify")
+@login_required
+def verify(artifact_id: int):
+    db = get_db()
+    artifact = db.call("artifact_for_user", _user_id(), artifact_id)[0]
+    report = verify_stored(FsBlobStore(blob_dir()), artifact)
+    db.call(
+        "record_artifact_verification", _user_id(), artifact_id, report.ok, report.checked,
+        Jsonb(report.problems()),
+    )  # fmt: skip
+    data = {"artifact_id": artifact_id, "name": artifact["name"], **report.as_json()}
+    return respond("_artifact_verify.html", {"report": data}, json_data=data)

@@ -1,0 +1,159 @@
+"""Delivering a member's output directory as an artifact, the way the fleet declares: upload the files in
+chunks to the server (object delivery) or place them on the shared mount and register them there.
+
+`deliver_artifact` is what the node agent calls when a member finishes (and for checkpoints while it
+runs). Run as a module it delivers one directory, for operators and tests:
+
+    TUNEPLANE_NODE_CREDENTIAL=tpn_… python -m workers.artifacts.deliver \
+        --server http://127.0.0.1:8080 --member-id 12 --name model ./out/model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from workers.artifacts.manifest import Manifest, build_manifest
+from workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
+
+ENV_CREDENTIAL = "TUNEPLANE_NODE_CREDENTIAL"
+
+
+def node_http(
+    server: str, credential: str, *, ca_bundle: str | None = None, timeout: float = 60.0
+) -> httpx.Client:
+    """An HTTP client that authenticates as the node (TLS verification on; plain HTTP only to loopback)."""
+    from app.client.http import check_transport
+
+    check_transport(server)
+    return httpx.Client(
+        base_url=server.rstrip("/"),
+        headers={"Authorization": f"Node {credential}", "Accept": "application/json"},
+        timeout=timeout,
+        verify=ca_bundle or True,
+    )
+
+
+def _checked(response: httpx.Response) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if not response.is_success:
+        raise UploadError(f"server refused: {body.get('error') or f'HTTP {response.status_code}'}")
+    return body
+
+
+def register(
+    http: httpx.Client,
+    member_id: int,
+    name: str,
+    manifest: Manifest,
+    *,
+    kind: str = "output",
+    delivery: str = "object",
+    shared_path: str | None = None,
+) -> dict[str, Any]:
+    payload = {
+        "member_id": member_id,
+        "name": name,
+        "kind": kind,
+        "delivery": delivery,
+        "shared_path": shared_path,
+        "manifest": manifest.as_json(),
+        "manifest_digest": manifest.digest,
+    }
+    return _checked(http.post("/api/artifacts", json=payload))
+
+
+def place_on_shared_mount(root: Path, destination: Path) -> None:
+    """Copy the directory to its place on the shared mount (skipped when it already is that place)."""
+    if destination.exists() and os.path.samefile(root, destination):
+        return
+    if destination.exists():
+        shutil.rmtree(destination)
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(root, destination, symlinks=False)
+
+
+def deliver_artifact(
+    http: httpx.Client,
+    member_id: int,
+    name: str,
+    root: Path | str,
+    *,
+    kind: str = "output",
+    delivery: str = "object",
+    shared_path: str | None = None,
+    on_chunk: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Build the manifest, register, and deliver; returns the artifact as the server reports it.
+
+    Safe to call again after a crash: registering the same manifest returns the same artifact and the
+    upload resumes from the chunks the server already holds.
+    """
+    root = Path(root)
+    manifest = build_manifest(root)
+    if delivery == "shared":
+        if not shared_path:
+            raise UploadError("shared delivery needs the artifact's directory on the shared mount")
+        place_on_shared_mount(root, Path(shared_path))
+    artifact = register(
+        http, member_id, name, manifest, kind=kind, delivery=delivery, shared_path=shared_path
+    )
+    if artifact["state"] != "uploading" or delivery == "shared":
+        return artifact
+    transport = HttpChunkTransport(http, artifact["id"])
+    try:
+        result = upload_artifact(root, manifest, transport, on_chunk=on_chunk)
+    except UploadError as exc:
+        return {**artifact, "state": "uploading", "reason": str(exc)}
+    return {**artifact, "state": result.state, "reason": result.reason, "chunks_sent": result.chunks_sent}
+
+
+def fail_artifact(http: httpx.Client, artifact_id: int, reason: str) -> dict[str, Any]:
+    return _checked(http.post(f"/api/artifacts/{artifact_id}/fail", json={"reason": reason}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.artifacts.deliver")
+    parser.add_argument("--server", required=True)
+    parser.add_argument("--member-id", type=int, required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--kind", default="output")
+    parser.add_argument("--delivery", default="object", choices=["object", "shared"])
+    parser.add_argument("--shared-path")
+    parser.add_argument("--progress", action="store_true", help="print one line per chunk sent")
+    parser.add_argument("directory")
+    args = parser.parse_args(argv)
+    credential = os.environ.get(ENV_CREDENTIAL)
+    if not credential:
+        print(f"error: set {ENV_CREDENTIAL}", file=sys.stderr)
+        return 2
+
+    def progress(path: str, index: int, size: int) -> None:
+        print(f"chunk {path} {index} {size}", flush=True)
+
+    with node_http(args.server, credential) as http:
+        try:
+            result = deliver_artifact(
+                http, args.member_id, args.name, args.directory, kind=args.kind, delivery=args.delivery,
+                shared_path=args.shared_path, on_chunk=progress if args.progress else None,
+            )  # fmt: skip
+        except UploadError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+    print(json.dumps({k: result.get(k) for k in ("id", "state", "reason", "manifest_digest")}), flush=True)
+    return 0 if result.get("state") == "complete" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
