@@ -1,0 +1,202 @@
+"""`tuneplane fleet …`: fleets, enrollment tokens and node scheduling, through the server's HTTP API.
+
+These are client commands (--server/--token, env, config file) so that an admin uses the same endpoints
+and the same authorization as the console's Fleet page; an operator at psql calls the same stored
+functions directly (docs/runbook.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import quote
+
+import click
+
+from app.cli.options import json_option, print_json, print_table
+from app.client.config import resolve
+from app.client.http import ApiClient
+
+
+def client_options(func: Callable) -> Callable:
+    func = click.option(
+        "--ca-bundle", default=None, help="PEM bundle for a private CA (env TUNEPLANE_CA_BUNDLE)."
+    )(func)
+    func = click.option("--token", default=None, help="API token (env TUNEPLANE_TOKEN).")(func)
+    func = click.option("--server", default=None, help="Server URL (env TUNEPLANE_SERVER).")(func)
+    return func
+
+
+def _client(server: str | None, token: str | None, ca_bundle: str | None) -> ApiClient:
+    return ApiClient(resolve(server, token, ca_bundle))
+
+
+def _gib(value: int | None) -> str:
+    return f"{(value or 0) / 1024**3:.1f}G"
+
+
+@click.group("fleet")
+def fleet_group() -> None:
+    """Fleets of machines, node enrollment and node scheduling state."""
+
+
+@fleet_group.command("create")
+@click.argument("name")
+@click.option(
+    "--backend", default="node", show_default=True, help="Backend plugin that runs this fleet's jobs."
+)
+@click.option(
+    "--capability",
+    "capabilities",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Declared capability (repeatable), e.g. shared_mounts=true.",
+)
+@json_option
+@client_options
+def fleet_create(
+    name: str, backend: str, capabilities: tuple[str, ...], as_json: bool, server, token, ca_bundle
+) -> None:
+    """Create a fleet (admin)."""
+    declared: dict[str, object] = {}
+    for item in capabilities:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--capability")
+        declared[key] = {"true": True, "false": False}.get(value.lower(), value)
+    with _client(server, token, ca_bundle) as api:
+        row = api.post("/fleets", json={"name": name, "backend": backend, "capabilities": declared})
+    if as_json:
+        print_json(row)
+    else:
+        click.echo(f"created fleet {row['name']} (backend {row['backend']}, id {row['id']})")
+
+
+@fleet_group.command("list")
+@json_option
+@client_options
+def fleet_list(as_json: bool, server, token, ca_bundle) -> None:
+    """Fleets with node counts by connectivity and scheduling state."""
+    with _client(server, token, ca_bundle) as api:
+        fleets = api.get("/fleets")["fleets"]
+    if as_json:
+        print_json(fleets)
+        return
+    rows = [
+        {
+            **f,
+            "gpus": f"{f['allocated_gpus']}/{f['schedulable_gpus']}/{f['gpus']}"
+            + (f" ({f['simulated_gpus']} simulated)" if f["simulated_gpus"] else ""),
+        }
+        for f in fleets
+    ]
+    print_table(
+        rows,
+        ["fleet", "backend", "nodes", "connected", "stale", "lost", "active", "cordoned", "draining", "gpus"],
+        empty="no fleets",
+    )
+    if rows:
+        click.echo("gpus = allocated/schedulable/reported")
+
+
+@fleet_group.command("show")
+@click.argument("name")
+@json_option
+@client_options
+def fleet_show(name: str, as_json: bool, server, token, ca_bundle) -> None:
+    """One fleet's nodes: scheduling state, connectivity, heartbeat age and capacity."""
+    with _client(server, token, ca_bundle) as api:
+        data = api.get(f"/fleets/{quote(name, safe='')}")
+    if as_json:
+        print_json(data)
+        return
+    fleet = data["fleet"]
+    click.echo(
+        f"fleet {fleet['fleet']} (backend {fleet['backend']}): {fleet['nodes']} nodes, "
+        f"{fleet['connected']} connected; GPUs {fleet['allocated_gpus']} allocated / "
+        f"{fleet['schedulable_gpus']} schedulable / {fleet['gpus']} reported"
+    )
+    rows = []
+    for node in fleet["node_list"]:
+        gpus = ", ".join(
+            f"{g['gpu_index']}:{g['model']}" + (" (simulated)" if g["simulated"] else "")
+            for g in node["gpu_list"]
+        )
+        rows.append(
+            {
+                "node": node["node"],
+                "id": node["node_id"],
+                "scheduling": node["scheduling_state"],
+                "connectivity": node["connectivity"],
+                "heartbeat": "never" if node["heartbeat_age_s"] is None else f"{node['heartbeat_age_s']}s",
+                "cpus": node["cpus"],
+                "memory": _gib(node["memory_bytes"]),
+                "gpus": gpus or "-",
+                "runtimes": ",".join(node["container_runtimes"]) or "-",
+                "agent": node["agent_version"] or "-",
+            }
+        )
+    print_table(
+        rows,
+        [
+            "node",
+            "id",
+            "scheduling",
+            "connectivity",
+            "heartbeat",
+            "cpus",
+            "memory",
+            "gpus",
+            "runtimes",
+            "agent",
+        ],
+        empty="no nodes enrolled",
+    )
+
+
+@fleet_group.command("enroll-token")
+@click.argument("fleet")
+@click.option("--ttl", default="1h", show_default=True, help="Lifetime: 90s, 15m, 1h, 7d.")
+@json_option
+@client_options
+def fleet_enroll_token(fleet: str, ttl: str, as_json: bool, server, token, ca_bundle) -> None:
+    """Create a one-time enrollment token for FLEET (admin); printed once, stored only hashed."""
+    with _client(server, token, ca_bundle) as api:
+        data = api.post(f"/fleets/{quote(fleet, safe='')}/enrollment-tokens", json={"ttl": ttl})
+    if as_json:
+        print_json(data)
+        return
+    click.echo(data["token"])
+    click.echo(
+        f"one-time token for fleet {data['fleet']}, expires {data['expires_at']}; on the machine run:",
+        err=True,
+    )
+    click.echo(f"  {data['command']}", err=True)
+
+
+def _scheduling_command(action: str, summary: str) -> click.Command:
+    @click.command(action, help=f"{summary} (admin). NODE is an id, FLEET/NAME or a unique name.")
+    @click.argument("node")
+    @click.option("--reason", default=None, help="Why; recorded in the node's event.")
+    @json_option
+    @client_options
+    def command(node: str, reason: str | None, as_json: bool, server, token, ca_bundle) -> None:
+        with _client(server, token, ca_bundle) as api:
+            row = api.post("/nodes/scheduling", json={"node": node, "action": action, "reason": reason})
+        if as_json:
+            print_json(row)
+        elif row["changed"]:
+            click.echo(f"node {row['fleet']}/{row['node']} is now {row['scheduling_state']}")
+        else:
+            click.echo(f"node {row['fleet']}/{row['node']} was already {row['scheduling_state']}")
+
+    return command
+
+
+fleet_group.add_command(
+    _scheduling_command("cordon", "Stop placing new work on NODE; running work continues")
+)
+fleet_group.add_command(_scheduling_command("drain", "Let NODE's running work finish and place nothing new"))
+fleet_group.add_command(_scheduling_command("uncordon", "Make NODE schedulable again"))
+fleet_group.add_command(_scheduling_command("retire", "Retire NODE for good and revoke its credential"))
+
+COMMANDS = [fleet_group]

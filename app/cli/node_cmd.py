@@ -1,0 +1,145 @@
+"""`tuneplane node` (the agent on each machine) and `tuneplane node-gateway` (the endpoint agents dial)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import click
+
+from app.cli.options import server_side, settings_from
+from app.node_gateway.config import DEFAULT_PORT, ENV_NODE_GATEWAY_URL
+
+
+@click.command("node")
+@click.option(
+    "--server",
+    envvar=ENV_NODE_GATEWAY_URL,
+    required=True,
+    help=f"Node gateway URL, https:// (http:// only to loopback) (env {ENV_NODE_GATEWAY_URL}).",
+)
+@click.option(
+    "--enroll-token",
+    envvar="TUNEPLANE_ENROLL_TOKEN",
+    default=None,
+    help="One-time token from `tuneplane fleet enroll-token` (first start only).",
+)
+@click.option(
+    "--state-dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Private directory for the node credential (0700; the credential file is 0600).",
+)
+@click.option(
+    "--work-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where workloads get their directories (default: <state-dir>-work next to it).",
+)
+@click.option("--name", default=None, help="Node name in the fleet (default: the host name).")
+@click.option(
+    "--simulate-gpus",
+    type=click.IntRange(0, 64),
+    default=None,
+    help="Report N simulated GPUs instead of detecting real ones (tests and benchmarks only).",
+)
+@click.option(
+    "--ca-bundle",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="PEM bundle of a private CA that signed the gateway's certificate.",
+)
+@click.option(
+    "--max-backoff",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Longest wait between reconnection attempts, in seconds.",
+)
+def node_cmd(
+    server: str,
+    enroll_token: str | None,
+    state_dir: str,
+    work_dir: str | None,
+    name: str | None,
+    simulate_gpus: int | None,
+    ca_bundle: str | None,
+    max_backoff: float,
+) -> None:
+    """Run the Node agent: enroll once, then keep an outbound control connection to the gateway."""
+    from app.cli import ExpectedError
+    from workers.agent.main import AgentError, AgentOptions, main
+
+    options = AgentOptions(
+        server=server,
+        state_dir=state_dir,
+        enroll_token=enroll_token,
+        work_dir=work_dir,
+        name=name,
+        simulate_gpus=simulate_gpus,
+        ca_bundle=ca_bundle,
+        max_backoff=max_backoff,
+    )
+    try:
+        main(options)
+    except AgentError as exc:
+        raise ExpectedError(str(exc)) from exc
+
+
+@click.command("node-gateway")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
+@click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="PEM certificate chain; serve HTTPS (agents then need https://).",
+)
+@click.option("--tls-key", type=click.Path(dir_okay=False, exists=True), default=None)
+@click.option("--name", default=None, help="This gateway's name in events (default: host:port).")
+@click.option(
+    "--poll-interval",
+    default=2.0,
+    show_default=True,
+    type=float,
+    help="Seconds between outbox polls (the fallback to LISTEN/NOTIFY).",
+)
+@click.option("--pool-size", default=8, show_default=True, type=int, help="Database connections.")
+@server_side
+def node_gateway_cmd(
+    host: str,
+    port: int,
+    tls_cert: str | None,
+    tls_key: str | None,
+    name: str | None,
+    poll_interval: float,
+    pool_size: int,
+    database_url: str | None,
+    data_dir: str | None,
+) -> None:
+    """Serve the node control gateway that Node agents dial out to."""
+    from app.cli import ExpectedError
+    from app.migrate import require_current
+    from app.node_gateway.server import serve
+
+    settings = settings_from(database_url, data_dir)
+    if not settings.database_url:
+        raise ExpectedError("tuneplane node-gateway needs --database-url or TUNEPLANE_DATABASE_URL")
+    if bool(tls_cert) != bool(tls_key):
+        raise ExpectedError("--tls-cert and --tls-key go together")
+    require_current(settings.database_url)
+    asyncio.run(
+        serve(
+            settings.database_url,
+            host,
+            port,
+            name=name or f"{socket.gethostname()}:{port}",
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            poll_interval=poll_interval,
+            pool_size=pool_size,
+        )
+    )
+
+
+COMMANDS = [node_cmd, node_gateway_cmd]

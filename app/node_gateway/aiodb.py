@@ -1,0 +1,74 @@
+"""Async stored-function calls for the gateway (psycopg 3 AsyncConnectionPool, autocommit).
+
+Each call is one `SELECT * FROM function(...)` in its own transaction; a `TPnnn` error becomes a Refusal,
+exactly as app.db.Database does for the synchronous side.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from app.db import SEARCH_PATH_OPTION
+from app.errors import refusal_from_db
+
+
+def jsonb(value: Any) -> Jsonb:
+    return Jsonb(value)
+
+
+class AsyncDatabase:
+    def __init__(self, url: str, *, min_size: int = 2, max_size: int = 8, name: str = "tuneplane-gateway"):
+        self.url = url
+        self.name = name
+        self.pool = AsyncConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            name=name,
+            open=False,
+            kwargs={
+                "row_factory": dict_row,
+                "options": SEARCH_PATH_OPTION,
+                "application_name": name,
+                "autocommit": True,
+            },
+            timeout=30,
+        )
+
+    async def open(self) -> None:
+        await self.pool.open(wait=True, timeout=30)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def call(self, function: str, *args: Any) -> list[dict]:
+        placeholders = sql.SQL(", ").join(sql.Placeholder() for _ in args)
+        query = sql.SQL("SELECT * FROM {}({})").format(sql.Identifier(function), placeholders)
+        return await self.fetch_all(query, args)
+
+    async def call_one(self, function: str, *args: Any) -> dict:
+        rows = await self.call(function, *args)
+        return rows[0]
+
+    async def fetch_all(self, query: Any, params: Any = None) -> list[dict]:
+        async with self.pool.connection() as conn:
+            try:
+                cursor = await conn.execute(query, params)
+                return await cursor.fetchall() if cursor.description else []
+            except psycopg.Error as exc:
+                refusal = refusal_from_db(exc)
+                if refusal is not None:
+                    raise refusal from exc
+                raise
+
+    async def listen_connection(self) -> psycopg.AsyncConnection:
+        """A dedicated autocommit connection for LISTEN (outside the pool: it is held forever)."""
+        return await psycopg.AsyncConnection.connect(
+            self.url, autocommit=True, options=SEARCH_PATH_OPTION, application_name=f"{self.name}-listen"
+        )

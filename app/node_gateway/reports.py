@@ -1,0 +1,30 @@
+"""Report kinds agents may send, each dispatched to one stored function.
+
+Every function has the signature `fn(p_node_id bigint, p_epoch bigint, p_payload jsonb) RETURNS jsonb`,
+refuses a replaced session (require_node_session) and is idempotent, because a report can arrive twice.
+Other areas add their kinds here, one line each (the launch issue: member prepared/failed/running/…).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.errors import Refusal
+from app.node_gateway.aiodb import AsyncDatabase, jsonb
+
+REPORT_FUNCTIONS: dict[str, str] = {
+    "capacity": "report_node_capacity",
+    "note": "record_node_note",
+}
+
+
+def register_report(kind: str, function: str) -> None:
+    REPORT_FUNCTIONS[kind] = function
+
+
+async def dispatch_report(db: AsyncDatabase, node_id: int, epoch: int, kind: str, payload: dict) -> Any:
+    function = REPORT_FUNCTIONS.get(kind)
+    if function is None:
+        raise Refusal(f"unknown report kind {kind!r}", status=400, field="kind")
+    row = await db.call_one(function, node_id, epoch, jsonb(payload))
+    return next(iter(row.values()))

@@ -1,0 +1,520 @@
+"""The node control gateway process: agents dial out to it; it never dials a node.
+
+One asyncio event loop (aiohttp, see docs/adr/0004-node-gateway-websocket.md) holds every agent's
+WebSocket without a thread each. Per session: authenticate the credential (stored function), open a
+fenced session, deliver the node's outbox in order, dispatch reports to stored functions, rotate the
+credential on schedule. Background loops: heartbeats are written in batches (one statement per flush,
+never a NOTIFY); LISTEN on `tuneplane_node_commands` wakes delivery and a short poll backs it up;
+a sweep turns connectivity changes (computed from heartbeat age in SQL) into events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import ssl
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from aiohttp import WSMsgType, web
+from pydantic import ValidationError
+
+from app import __version__
+from app.errors import Refusal
+from app.node_gateway import files, protocol
+from app.node_gateway.aiodb import AsyncDatabase, jsonb
+from app.node_gateway.reports import dispatch_report
+from app.security import new_token, token_hash
+
+log = logging.getLogger("tuneplane.node_gateway")
+
+COMMANDS_CHANNEL = "tuneplane_node_commands"
+
+
+@dataclass
+class NodeSession:
+    node_id: int
+    node: str
+    fleet: str
+    epoch: int
+    credential_id: int
+    rotate_due: float  # time.time() at which the credential is due for rotation
+    heartbeat_interval: float
+    ws: web.WebSocketResponse
+    send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    last_running: list | None = None
+    delivering: bool = False
+    again: bool = False
+    rotation_pending: int | None = None
+    close_reason: str = ""
+
+    async def send(self, message: dict) -> None:
+        async with self.send_lock:
+            await self.ws.send_str(json.dumps(message))
+
+
+def _json_error(refusal: Refusal) -> web.Response:
+    return web.json_response(refusal.as_json(), status=refusal.status)
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("Authorization", "")
+    if header.startswith("Bearer "):
+        return header[7:].strip() or None
+    return None
+
+
+class Gateway:
+    def __init__(
+        self,
+        db: AsyncDatabase,
+        *,
+        name: str = "node-gateway",
+        poll_interval: float = 2.0,
+        sweep_interval: float = 1.0,
+    ) -> None:
+        self.db = db
+        self.name = name
+        self.poll_interval = poll_interval
+        self.sweep_interval = sweep_interval
+        self.sessions: dict[int, NodeSession] = {}
+        self.pending_heartbeats: dict[int, dict] = {}
+        self.settings: dict[str, float] = {"heartbeat_interval": 10.0, "credential_rotate_after": 86400.0}
+        self.tasks: list[asyncio.Task] = []
+        self.stats = {"commands_delivered": 0, "heartbeats_written": 0, "heartbeat_flushes": 0}
+
+    # ---- application wiring -------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_post(protocol.ENROLL_PATH, self.enroll)
+        app.router.add_get(protocol.CONTROL_PATH, self.control)
+        app.router.add_post(protocol.REPORTS_PATH, self.http_report)
+        app.router.add_get(protocol.FILES_PATH + "{kind}/{name:.+}", self.fetch_file)
+        app.router.add_get(protocol.HEALTH_PATH, self.health)
+        app.on_startup.append(self._on_startup)
+        app.on_shutdown.append(self._on_shutdown)
+        app.on_cleanup.append(self._on_cleanup)
+        return app
+
+    async def _on_startup(self, _app: web.Application) -> None:
+        await self.db.open()
+        await self._refresh_settings()
+        for loop_fn in (
+            self._listen_loop,
+            self._poll_loop,
+            self._flush_loop,
+            self._sweep_loop,
+            self._settings_loop,
+        ):
+            self.tasks.append(asyncio.create_task(loop_fn(), name=loop_fn.__name__))
+
+    async def _on_shutdown(self, _app: web.Application) -> None:
+        for session in list(self.sessions.values()):
+            session.close_reason = "gateway shutting down"
+            with contextlib.suppress(Exception):
+                await session.ws.close(code=1001, message=b"gateway shutting down")
+
+    async def _on_cleanup(self, _app: web.Application) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._flush_heartbeats()
+        await self.db.close()
+
+    # ---- HTTP endpoints -----------------------------------------------------------------------------
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "status": "ok",
+                "gateway": self.name,
+                "version": __version__,
+                "sessions": len(self.sessions),
+                **self.stats,
+            }
+        )
+
+    async def enroll(self, request: web.Request) -> web.Response:
+        try:
+            body = protocol.EnrollRequest.model_validate(await request.json())
+        except (ValueError, ValidationError) as exc:
+            return _json_error(Refusal(f"malformed enrollment request: {exc}", status=400))
+        credential, credential_hash = new_token(protocol.CREDENTIAL_PREFIX)
+        secret_hash = token_hash(body.token)
+        try:
+            row = await self.db.call_one(
+                "enroll_node", secret_hash, body.name, credential_hash, request.remote
+            )
+        except Refusal as refusal:
+            await self._record_refusal("enroll", secret_hash, refusal, request.remote, {"name": body.name})
+            return _json_error(refusal)
+        log.info("enrolled node %s in fleet %s", row["node"], row["fleet"])
+        answer = protocol.EnrollResponse(
+            node_id=row["node_id"], node=row["node"], fleet=row["fleet"], credential=credential
+        )
+        return web.json_response(answer.model_dump())
+
+    async def _authenticate(self, request: web.Request) -> dict:
+        credential = _bearer(request)
+        if credential is None:
+            raise Refusal("missing node credential (Authorization: Bearer …)", status=401, field="credential")
+        secret_hash = token_hash(credential)
+        try:
+            return await self.db.call_one("authenticate_node_credential", secret_hash)
+        except Refusal as refusal:
+            await self._record_refusal("authenticate", secret_hash, refusal, request.remote, {})
+            raise
+
+    async def _record_refusal(
+        self, action: str, secret_hash: str, refusal: Refusal, address: str | None, details: dict
+    ) -> None:
+        # Its own transaction: the refusing function's writes rolled back with its error.
+        try:
+            await self.db.call(
+                "record_node_refusal", action, secret_hash, refusal.message, address, jsonb(details)
+            )
+        except Exception:
+            log.exception("could not record a %s refusal", action)
+
+    async def http_report(self, request: web.Request) -> web.Response:
+        try:
+            node = await self._authenticate(request)
+            try:
+                body = protocol.HttpReport.model_validate(await request.json())
+            except (ValueError, ValidationError) as exc:
+                raise Refusal(f"malformed report: {exc}", status=400) from exc
+            result = await dispatch_report(self.db, node["node_id"], body.epoch, body.kind, body.payload)
+        except Refusal as refusal:
+            return _json_error(refusal)
+        return web.json_response({"ok": True, "result": result})
+
+    async def fetch_file(self, request: web.Request) -> web.StreamResponse:
+        try:
+            node = await self._authenticate(request)
+        except Refusal as refusal:
+            return _json_error(refusal)
+        provider = files.FILE_PROVIDERS.get(request.match_info["kind"])
+        if provider is None:
+            return _json_error(Refusal(f"no file provider for {request.match_info['kind']!r}", status=404))
+        return await provider(request, node, request.match_info["name"])
+
+    # ---- the control session ------------------------------------------------------------------------
+
+    async def _refuse_socket(self, request: web.Request, refusal: Refusal) -> web.StreamResponse:
+        ws = web.WebSocketResponse()
+        if not ws.can_prepare(request).ok:
+            return _json_error(refusal)
+        await ws.prepare(request)
+        await ws.send_json({"type": "error", "status": refusal.status, "message": refusal.message})
+        await ws.close(
+            code=protocol.CLOSE_REFUSED_BASE + refusal.status, message=refusal.message[:120].encode()
+        )
+        return ws
+
+    async def control(self, request: web.Request) -> web.StreamResponse:
+        try:
+            ident = await self._authenticate(request)
+        except Refusal as refusal:
+            return await self._refuse_socket(request, refusal)
+        ws = web.WebSocketResponse(max_msg_size=4 * 1024 * 1024)
+        if not ws.can_prepare(request).ok:
+            return _json_error(Refusal("this endpoint speaks WebSocket only", status=400))
+        await ws.prepare(request)
+        node_id = ident["node_id"]
+        opened = await self.db.call_one("node_session_opened", node_id, request.remote, self.name)
+        rotate_due = ident["rotate_due_at"].timestamp()
+        session = NodeSession(
+            node_id=node_id,
+            node=ident["node"],
+            fleet=ident["fleet"],
+            epoch=opened["epoch"],
+            credential_id=ident["credential_id"],
+            rotate_due=rotate_due,
+            heartbeat_interval=float(opened["heartbeat_interval_s"]),
+            ws=ws,
+        )
+        previous = self.sessions.get(node_id)
+        self.sessions[node_id] = session
+        if previous is not None:
+            previous.close_reason = "replaced by a newer session of the same node"
+            with contextlib.suppress(Exception):
+                await previous.ws.close(code=4409, message=b"replaced by a newer session")
+        reason = "agent closed the connection"
+        try:
+            await session.send(
+                {
+                    "type": "hello",
+                    "node_id": node_id,
+                    "node": session.node,
+                    "fleet": session.fleet,
+                    "epoch": session.epoch,
+                    "heartbeat_interval_s": session.heartbeat_interval,
+                    "gateway": self.name,
+                    "gateway_version": __version__,
+                }
+            )
+            self.wake(node_id)
+            await self._maybe_rotate(session)
+            silence = max(3 * session.heartbeat_interval, 5.0)
+            while True:
+                try:
+                    message = await ws.receive(timeout=silence)
+                except TimeoutError:
+                    reason = f"no message from the agent for {silence:.0f}s"
+                    break
+                if message.type == WSMsgType.TEXT:
+                    await self._on_message(session, message.data)
+                elif message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                    break
+                elif message.type == WSMsgType.ERROR:
+                    reason = f"socket error: {ws.exception()}"
+                    break
+        except (ConnectionError, RuntimeError) as exc:
+            reason = f"connection error: {exc}"
+        finally:
+            if self.sessions.get(node_id) is session:
+                del self.sessions[node_id]
+            with contextlib.suppress(Exception):
+                await ws.close()
+            try:
+                await self.db.call(
+                    "node_session_closed", node_id, session.epoch, session.close_reason or reason
+                )
+            except Exception:
+                log.exception("could not record the end of session %s of node %s", session.epoch, node_id)
+        return ws
+
+    async def _on_message(self, session: NodeSession, raw: str) -> None:
+        try:
+            message = protocol.AgentMessage.validate_json(raw)
+        except ValidationError as exc:
+            await session.send({"type": "error", "status": 400, "message": f"malformed message: {exc}"})
+            return
+        if isinstance(message, protocol.Heartbeat):
+            beat: dict[str, Any] = {"node_id": session.node_id, "epoch": session.epoch}
+            if message.running != session.last_running:
+                beat["running"] = message.running
+                session.last_running = message.running
+            previous = self.pending_heartbeats.get(session.node_id)
+            if previous is not None and "running" in previous and "running" not in beat:
+                beat["running"] = previous["running"]
+            self.pending_heartbeats[session.node_id] = beat
+            await self._maybe_rotate(session)
+        elif isinstance(message, protocol.Ack):
+            try:
+                await self.db.call(
+                    "ack_node_command",
+                    session.node_id,
+                    message.id,
+                    jsonb(message.result) if message.result is not None else None,
+                    message.error,
+                )
+            except Refusal as refusal:
+                log.warning("ack from node %s refused: %s", session.node, refusal.message)
+        elif isinstance(message, protocol.Report):
+            try:
+                result = await dispatch_report(
+                    self.db, session.node_id, session.epoch, message.kind, message.payload
+                )
+                await session.send(
+                    {"type": "report_result", "ref": message.ref, "ok": True, "result": result}
+                )
+            except Refusal as refusal:
+                await session.send(
+                    {
+                        "type": "report_result",
+                        "ref": message.ref,
+                        "ok": False,
+                        "status": refusal.status,
+                        "error": refusal.message,
+                    }
+                )
+        elif (
+            isinstance(message, protocol.CredentialSaved)
+            and message.credential_id == session.rotation_pending
+        ):
+            await self.db.call("confirm_node_credential", session.node_id, message.credential_id)
+            session.credential_id = message.credential_id
+            session.rotation_pending = None
+            session.rotate_due = time.time() + self.settings["credential_rotate_after"]
+            log.info("node %s saved its rotated credential %s", session.node, message.credential_id)
+
+    async def _maybe_rotate(self, session: NodeSession) -> None:
+        """Issue a new credential over the socket when the current one is due (plaintext never stored)."""
+        if session.rotation_pending is not None or time.time() < session.rotate_due:
+            return
+        credential, credential_hash = new_token(protocol.CREDENTIAL_PREFIX)
+        try:
+            new_id = (
+                await self.db.call_one(
+                    "rotate_node_credential", session.node_id, session.credential_id, credential_hash
+                )
+            )["rotate_node_credential"]
+        except Refusal as refusal:
+            log.warning("rotation for node %s refused: %s", session.node, refusal.message)
+            session.rotate_due = time.time() + self.settings["heartbeat_interval"]
+            return
+        session.rotation_pending = new_id
+        await session.send({"type": "rotate_credential", "credential_id": new_id, "credential": credential})
+
+    # ---- command delivery ---------------------------------------------------------------------------
+
+    def wake(self, node_id: int) -> None:
+        session = self.sessions.get(node_id)
+        if session is None:
+            return
+        if session.delivering:
+            session.again = True
+            return
+        session.delivering = True
+        asyncio.get_running_loop().create_task(self._deliver(session))
+
+    async def _deliver(self, session: NodeSession) -> None:
+        try:
+            while not session.ws.closed:
+                session.again = False
+                rows = await self.db.call("claim_node_commands", session.node_id, session.epoch, 100)
+                for row in rows:
+                    await session.send(
+                        {"type": "command", "id": row["id"], "kind": row["kind"], "payload": row["payload"]}
+                    )
+                    self.stats["commands_delivered"] += 1
+                if not rows and not session.again:
+                    break
+        except Refusal as refusal:
+            log.info("delivery to node %s stopped: %s", session.node, refusal.message)
+        except (ConnectionError, RuntimeError) as exc:
+            log.info("delivery to node %s interrupted: %s", session.node, exc)
+        except Exception:
+            log.exception("delivery to node %s failed", session.node)
+        finally:
+            session.delivering = False
+
+    # ---- background loops ---------------------------------------------------------------------------
+
+    async def _listen_loop(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                conn = await self.db.listen_connection()
+                async with conn:
+                    await conn.execute(f"LISTEN {COMMANDS_CHANNEL}")
+                    delay = 0.5
+                    # Anything written while we were not listening is found now, not at the next poll.
+                    for node_id in list(self.sessions):
+                        self.wake(node_id)
+                    async for notify in conn.notifies():
+                        with contextlib.suppress(ValueError):
+                            self.wake(int(notify.payload))
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, OSError) as exc:
+                log.warning("LISTEN connection lost (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_interval)
+            ids = list(self.sessions)
+            try:
+                for start in range(0, len(ids), 5000):
+                    rows = await self.db.call("nodes_with_pending_commands", ids[start : start + 5000])
+                    for row in rows:
+                        self.wake(row["node_id"])
+            except (psycopg.Error, OSError) as exc:
+                log.warning("outbox poll failed: %s", exc)
+
+    def flush_interval(self) -> float:
+        return max(0.1, min(1.0, self.settings["heartbeat_interval"] / 4))
+
+    async def _flush_heartbeats(self) -> None:
+        if not self.pending_heartbeats:
+            return
+        batch, self.pending_heartbeats = list(self.pending_heartbeats.values()), {}
+        await self.db.call("node_heartbeats", jsonb(batch))
+        self.stats["heartbeats_written"] += len(batch)
+        self.stats["heartbeat_flushes"] += 1
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.flush_interval())
+            try:
+                await self._flush_heartbeats()
+            except (psycopg.Error, OSError) as exc:
+                log.warning("heartbeat flush failed: %s", exc)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            try:
+                await self.db.call("note_connectivity_changes")
+            except (psycopg.Error, OSError) as exc:
+                log.warning("connectivity sweep failed: %s", exc)
+
+    async def _refresh_settings(self) -> None:
+        row = (
+            await self.db.fetch_all(
+                "SELECT extract(epoch FROM heartbeat_interval)::float8 AS heartbeat_interval,"
+                " extract(epoch FROM credential_rotate_after)::float8 AS credential_rotate_after"
+                " FROM node_settings"
+            )
+        )[0]
+        self.settings.update(row)
+
+    async def _settings_loop(self) -> None:
+        while True:
+            await asyncio.sleep(10)
+            with contextlib.suppress(psycopg.Error, OSError):
+                await self._refresh_settings()
+
+
+def server_ssl_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    return context
+
+
+async def serve(
+    database_url: str,
+    host: str,
+    port: int,
+    *,
+    name: str,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
+    poll_interval: float = 2.0,
+    pool_size: int = 8,
+    stop: asyncio.Event | None = None,
+) -> None:
+    import signal
+
+    db = AsyncDatabase(database_url, max_size=pool_size, name="tuneplane-node-gateway")
+    gateway = Gateway(db, name=name, poll_interval=poll_interval)
+    runner = web.AppRunner(gateway.make_app(), access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    context = server_ssl_context(tls_cert, tls_key)
+    site = web.TCPSite(runner, host, port, ssl_context=context, backlog=4096)
+    await site.start()
+    scheme = "https" if context else "http"
+    print(
+        f"node gateway listening on {scheme}://{host}:{port} "
+        f"(started {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')})",
+        flush=True,
+    )
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()

@@ -1,0 +1,202 @@
+"""The Fleet page and the fleet/node HTTP API (the CLI's `tuneplane fleet …` uses the same endpoints).
+
+Reads come from the operator views v_fleet, v_nodes and v_node_events; every change is one stored
+function (create_fleet, create_enrollment_token, change_node_scheduling) with the user as the actor.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+
+from flask import Blueprint, current_app, render_template, request
+
+from app.errors import Refusal
+from app.node_gateway.config import gateway_url
+from app.node_gateway.protocol import ENROLL_TOKEN_PREFIX
+from app.plugins import load_plugins
+from app.security import new_token
+from app.web.auth import admin_required, current_user, login_required
+from app.web.negotiate import json_response, respond, wants_json
+from app.web.state import get_db
+
+bp = Blueprint("fleet", __name__)
+
+SCHEDULING_ACTIONS = ("cordon", "drain", "uncordon", "retire")
+# The buttons the console offers per scheduling state (retire stays a deliberate CLI/psql act).
+BUTTONS = {
+    "active": ["cordon", "drain"],
+    "cordoned": ["drain", "uncordon"],
+    "draining": ["cordon", "uncordon"],
+    "retired": [],
+}
+STATE_DIR_HINT = "/var/lib/tuneplane/node"
+_TTL = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_ttl(raw: str | int | None) -> dt.timedelta:
+    """`90`, `90s`, `15m`, `1h`, `7d` -> timedelta; refuses anything else (400, field ttl)."""
+    match = _TTL.match(str(raw if raw is not None else "1h"))
+    if not match:
+        raise Refusal("ttl must look like 90s, 15m, 1h or 7d", status=400, field="ttl")
+    return dt.timedelta(seconds=int(match.group(1)) * _TTL_UNITS[match.group(2)])
+
+
+def init_app(app) -> None:
+    @app.template_filter("gib")
+    def _gib(value: int | None) -> str:
+        return f"{(value or 0) / 1024**3:.1f} GiB"
+
+
+def _actor() -> str:
+    user = current_user()
+    return f"user:{user.username}" if user else "anonymous"
+
+
+def _body() -> dict:
+    return request.get_json(silent=True) or request.form.to_dict()
+
+
+def _fleets(name: str | None = None) -> list[dict]:
+    db = get_db()
+    if name is None:
+        fleets = db.fetch_all("SELECT * FROM v_fleet ORDER BY fleet")
+        nodes = db.fetch_all("SELECT * FROM v_nodes ORDER BY fleet, node")
+        gpus = db.fetch_all(
+            "SELECT node_id, gpu_index, model, memory_bytes, simulated FROM node_gpus"
+            " ORDER BY node_id, gpu_index"
+        )
+    else:
+        fleets = db.fetch_all("SELECT * FROM v_fleet WHERE fleet = %s", (name,))
+        if not fleets:
+            raise Refusal(f"no fleet named {name}", status=404, field="fleet")
+        nodes = db.fetch_all("SELECT * FROM v_nodes WHERE fleet = %s ORDER BY node", (name,))
+        gpus = db.fetch_all(
+            "SELECT g.node_id, g.gpu_index, g.model, g.memory_bytes, g.simulated"
+            " FROM node_gpus g JOIN nodes n ON n.id = g.node_id JOIN fleets f ON f.id = n.fleet_id"
+            " WHERE f.name = %s ORDER BY g.node_id, g.gpu_index",
+            (name,),
+        )
+    by_node: dict[int, list[dict]] = {}
+    for gpu in gpus:
+        by_node.setdefault(gpu.pop("node_id"), []).append(gpu)
+    by_fleet: dict[str, list[dict]] = {}
+    for node in nodes:
+        node["gpu_list"] = by_node.get(node["node_id"], [])
+        node["actions"] = BUTTONS.get(node["scheduling_state"], [])
+        by_fleet.setdefault(node["fleet"], []).append(node)
+    for fleet in fleets:
+        fleet["node_list"] = by_fleet.get(fleet["fleet"], [])
+    return fleets
+
+
+def _events(name: str | None, limit: int = 30) -> list[dict]:
+    where, params = ("WHERE fleet = %s", (name, limit)) if name else ("", (limit,))
+    return get_db().fetch_all(f"SELECT * FROM v_node_events {where} ORDER BY id DESC LIMIT %s", params)
+
+
+def _render(name: str | None, status: int = 200):
+    fleets = _fleets(name)
+    events = _events(name)
+    data = {
+        "fleets": fleets,
+        "events": events,
+        "fleet_name": name,
+        "gateway_url": _gateway_url(),
+        "actions": SCHEDULING_ACTIONS,
+    }
+    if wants_json():
+        if name is not None:
+            return json_response({"fleet": fleets[0], "events": events}, status)
+        return json_response({"fleets": fleets}, status)
+    if request.headers.get("HX-Request") and request.headers.get("HX-Target") == "fleet-live":
+        return render_template("_fleet_live.html", **data), status
+    return render_template("fleet.html", title="Fleet", **data), status
+
+
+def _gateway_url() -> str:
+    return current_app.config.get("TP_NODE_GATEWAY_URL") or gateway_url() or "https://NODE-GATEWAY-HOST:8081"
+
+
+@bp.get("/fleets")
+@login_required
+def fleet_page():
+    return _render(None)
+
+
+@bp.get("/fleets/<name>")
+@login_required
+def fleet_show(name: str):
+    return _render(name)
+
+
+@bp.post("/fleets")
+@admin_required
+def fleet_create():
+    body = _body()
+    backend = (body.get("backend") or "node").strip()
+    known = {item.plugin.name for item in load_plugins().get("backends", []) if item.plugin}
+    if backend not in known:
+        raise Refusal(
+            f"unknown backend {backend!r}; installed: {', '.join(sorted(known)) or 'none'}",
+            status=400,
+            field="backend",
+        )
+    capabilities = body.get("capabilities") or {}
+    if not isinstance(capabilities, dict):
+        raise Refusal("capabilities must be a JSON object", status=400, field="capabilities")
+    user = current_user()
+    row = get_db().call(
+        "create_fleet",
+        (body.get("name") or "").strip(),
+        backend,
+        _jsonb(capabilities),
+        user.id if user else None,
+    )[0]
+    if wants_json():
+        return json_response(row, 201)
+    return _render(None, 201)
+
+
+def _jsonb(value: dict):
+    from psycopg.types.json import Jsonb
+
+    return Jsonb(value)
+
+
+@bp.post("/fleets/<name>/enrollment-tokens")
+@admin_required
+def enrollment_token_create(name: str):
+    ttl = parse_ttl(_body().get("ttl"))
+    plaintext, digest = new_token(ENROLL_TOKEN_PREFIX)
+    row = get_db().call("create_enrollment_token", name, digest, ttl, _actor())[0]
+    url = _gateway_url()
+    data = {
+        "fleet": row["fleet"],
+        "token": plaintext,
+        "token_id": row["token_id"],
+        "expires_at": row["expires_at"],
+        "gateway_url": url,
+        "command": f"tuneplane node --server {url} --enroll-token {plaintext} --state-dir {STATE_DIR_HINT}",
+    }
+    return respond("_enrollment_token.html", data, 201)
+
+
+@bp.post("/nodes/scheduling")
+@admin_required
+def node_scheduling():
+    body = _body()
+    action = (body.get("action") or "").strip()
+    if action not in SCHEDULING_ACTIONS:
+        raise Refusal(f"action must be one of {', '.join(SCHEDULING_ACTIONS)}", status=400, field="action")
+    node = str(body.get("node") or "").strip()
+    if not node:
+        raise Refusal("which node? give its id, FLEET/NAME or a unique name", status=400, field="node")
+    # The console's buttons ask for the reason with hx-prompt, which arrives as a header.
+    reason = body.get("reason") or request.headers.get("HX-Prompt") or None
+    row = get_db().call("change_node_scheduling", node, action, reason, _actor())[0]
+    if wants_json():
+        return json_response(row)
+    # The console's buttons swap the live part of the page.
+    return _render(body.get("fleet") or None)

@@ -1,0 +1,219 @@
+"""The node gateway in this process (aiohttp on a loopback port) with real agent sessions against it."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import stat
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+from psycopg.types.json import Jsonb
+
+from app.db import Database
+from app.node_gateway.aiodb import AsyncDatabase
+from app.node_gateway.reports import REPORT_FUNCTIONS
+from app.node_gateway.server import Gateway
+from app.security import token_hash
+from tests.node_helpers import events, fast_thresholds, make_fleet, make_token
+from workers.agent import capacity
+from workers.agent.handlers import COMMAND_HANDLERS, AgentContext, command
+from workers.agent.session import ControlSession, Refused, enroll
+from workers.agent.state import AgentPaths, FileCredentialStore, MemoryCredentialStore
+
+
+@asynccontextmanager
+async def running_gateway(db_url: str) -> AsyncIterator[tuple[Gateway, str]]:
+    gateway = Gateway(
+        AsyncDatabase(db_url, max_size=4), name="test-gw", poll_interval=0.5, sweep_interval=0.2
+    )
+    server = TestServer(gateway.make_app(), host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield gateway, f"http://127.0.0.1:{server.port}"
+    finally:
+        await server.close()
+
+
+async def until(predicate: Callable[[], object], timeout: float = 10.0) -> object:
+    """Bounded poll inside the event loop (the async twin of tests.helpers.wait_for)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s")
+        await asyncio.sleep(0.02)
+
+
+def _capacity() -> dict:
+    found, _ = capacity.detect(simulate_gpus=2, agent_version="test")
+    return found
+
+
+def test_agent_enrolls_connects_reports_capacity_and_runs_commands_in_order(
+    db_url: str, db: Database, tmp_path: Path
+) -> None:
+    fast_thresholds(db, heartbeat=0.2, stale=2, lost=4)
+    make_fleet(db)
+    token = make_token(db)
+    seen: list[int] = []
+
+    @command("test.record")
+    async def record(ctx: AgentContext, payload: dict) -> dict:
+        seen.append(payload["i"])
+        return {"i": payload["i"], "node": ctx.node}
+
+    async def scenario() -> None:
+        async with running_gateway(db_url) as (_gateway, url), aiohttp.ClientSession() as http:
+            paths = AgentPaths.prepare(tmp_path / "state")
+            store = FileCredentialStore(paths.credential_path)
+            store.save(await enroll(http, url, token, "n1"))
+            assert stat.S_IMODE(os.stat(paths.credential_path).st_mode) == 0o600
+            session = ControlSession(
+                http, url, store, AgentContext(paths=paths), _capacity, say=lambda _m: None
+            )
+            task = asyncio.create_task(session.run())
+            await asyncio.wait_for(session.connected.wait(), 10)
+            node_id = session.ctx.node_id
+            for i in range(5):
+                await asyncio.to_thread(
+                    db.call, "enqueue_node_command", node_id, "test.record", Jsonb({"i": i}), "t"
+                )
+            await until(lambda: len(seen) == 5)
+
+            def acked() -> bool:
+                return (
+                    db.fetch_one("SELECT count(*) AS n FROM node_commands WHERE acked_at IS NOT NULL")["n"]
+                    == 5
+                )
+
+            await until(acked)
+            await until(lambda: db.fetch_one("SELECT gpus FROM v_nodes")["gpus"] == 2)
+            await until(
+                lambda: db.fetch_one("SELECT connectivity FROM v_nodes")["connectivity"] == "connected"
+            )
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        COMMAND_HANDLERS.pop("test.record", None)
+    assert seen == [0, 1, 2, 3, 4]
+    result = db.fetch_one("SELECT result FROM node_commands ORDER BY id DESC LIMIT 1")["result"]
+    assert result == {"i": 4, "node": "n1"}
+    node = db.fetch_one("SELECT * FROM v_nodes")
+    assert node["simulated_gpus"] == 2 and node["agent_version"] == "test"
+    kinds = [e["kind"] for e in events(db)]
+    assert "enrolled" in kinds and "session_opened" in kinds and "capacity" in kinds
+
+
+def test_refused_enrollments_answer_clearly_and_leave_events(db_url: str, db: Database) -> None:
+    make_fleet(db)
+    token = make_token(db)
+    expired = make_token(db, ttl=dt.timedelta(milliseconds=1))
+
+    async def scenario() -> list[str]:
+        messages = []
+        async with running_gateway(db_url) as (_gateway, url), aiohttp.ClientSession() as http:
+            await enroll(http, url, token, "n1")
+            for attempt_token, name in ((token, "n2"), (expired, "n3"), ("tpe_never_issued", "n4")):
+                with pytest.raises(Refused) as refused:
+                    await enroll(http, url, attempt_token, name)
+                assert refused.value.status == 401
+                messages.append(refused.value.message)
+        return messages
+
+    reused_msg, expired_msg, unknown_msg = asyncio.run(scenario())
+    assert "already used" in reused_msg and "expired" in expired_msg and "unknown" in unknown_msg
+    refused = events(db, "refused")
+    assert len(refused) == 3
+    assert refused[0]["fleet"] == "gpu" and "already used" in refused[0]["reason"]
+    assert refused[1]["fleet"] == "gpu" and "expired" in refused[1]["reason"]
+
+
+def test_wrong_credential_gets_an_error_message_and_an_event(db_url: str, db: Database) -> None:
+    async def scenario() -> Refused:
+        async with running_gateway(db_url) as (_gateway, url), aiohttp.ClientSession() as http:
+            from workers.agent.state import StoredCredential
+
+            store = MemoryCredentialStore(StoredCredential(1, "ghost", "gpu", "tpn_not_a_real_credential"))
+            session = ControlSession(http, url, store, AgentContext(), _capacity, say=lambda _m: None)
+            with pytest.raises(Refused) as refused:
+                await session.run()
+            return refused.value
+
+    refusal = asyncio.run(scenario())
+    assert refusal.status == 401 and refusal.message == "unknown node credential"
+    assert "authenticate: unknown node credential" in events(db, "refused")[-1]["reason"]
+
+
+def test_gateway_rotates_the_credential_over_the_session_and_the_old_one_expires(
+    db_url: str, db: Database, tmp_path: Path
+) -> None:
+    fast_thresholds(db, heartbeat=0.2, stale=2, lost=4, rotate=0.5, grace=1.0)
+    make_fleet(db)
+    token = make_token(db)
+
+    async def scenario() -> tuple[str, str]:
+        async with running_gateway(db_url) as (_gateway, url), aiohttp.ClientSession() as http:
+            paths = AgentPaths.prepare(tmp_path / "state")
+            store = FileCredentialStore(paths.credential_path)
+            store.save(await enroll(http, url, token, "n1"))
+            original = store.load().credential
+            lines: list[str] = []
+            session = ControlSession(http, url, store, AgentContext(paths=paths), _capacity, say=lines.append)
+            task = asyncio.create_task(session.run())
+            await until(lambda: any("credential rotated" in line for line in lines))
+            await until(lambda: events(db, "credential_rotated"))
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return original, store.load().credential
+
+    original, rotated = asyncio.run(scenario())
+    assert original != rotated
+    assert stat.S_IMODE(os.stat(tmp_path / "state" / "node-credential.json").st_mode) == 0o600
+    assert db.call("authenticate_node_credential", token_hash(rotated))
+
+    def old_is_refused() -> bool:
+        try:
+            db.call("authenticate_node_credential", token_hash(original))
+        except Exception as exc:
+            return "rotated out" in str(exc)
+        return False
+
+    from tests.helpers import wait_for
+
+    wait_for(old_is_refused, timeout=10)
+
+
+def test_reports_dispatch_through_the_registry_and_unknown_kinds_are_refused(
+    db_url: str, db: Database
+) -> None:
+    make_fleet(db)
+    token = make_token(db)
+    assert REPORT_FUNCTIONS["capacity"] == "report_node_capacity"
+
+    async def scenario() -> None:
+        async with running_gateway(db_url) as (_gateway, url), aiohttp.ClientSession() as http:
+            store = MemoryCredentialStore(await enroll(http, url, token, "n1"))
+            session = ControlSession(http, url, store, AgentContext(), _capacity, say=lambda _m: None)
+            task = asyncio.create_task(session.run())
+            await asyncio.wait_for(session.connected.wait(), 10)
+            result = await session.report("note", {"message": "GPU 3 fell off the bus"})
+            assert "event_id" in result
+            with pytest.raises(Refused) as unknown:
+                await session.report("no.such.kind", {})
+            assert unknown.value.status == 400
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert events(db, "note")[-1]["reason"] == "GPU 3 fell off the bus"

@@ -1,0 +1,176 @@
+"""`tuneplane node`: enroll once, then keep one outbound control session alive (backoff with jitter).
+
+Transport rules: https:// with verification always on (`--ca-bundle` adds a private CA; nothing turns
+verification off), plain http:// only to a loopback address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import re
+import signal
+import socket
+import ssl
+import time
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from app import __version__
+from app.client.http import ClientError, check_transport
+from workers.agent import capacity as capacity_probe
+from workers.agent.handlers import AgentContext
+from workers.agent.session import ControlSession, Refused, enroll
+from workers.agent.state import AgentPaths, FileCredentialStore, StateError
+
+# Modules that register more command handlers (the launch issue adds its own here).
+HANDLER_MODULES: list[str] = []
+
+
+class AgentError(Exception):
+    """Fatal for the agent: printed as one line, exit status 1."""
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    server: str
+    state_dir: str
+    enroll_token: str | None = None
+    work_dir: str | None = None
+    name: str | None = None
+    simulate_gpus: int | None = None
+    ca_bundle: str | None = None
+    max_backoff: float = 30.0
+
+
+def default_node_name() -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname().split(".")[0])[:63].strip("-._")
+    return name or "node"
+
+
+def client_ssl(server: str, ca_bundle: str | None) -> ssl.SSLContext | bool:
+    """Verification on, always. With --ca-bundle, that bundle is the trust store (a private CA)."""
+    if urlsplit(server).scheme != "https":
+        if ca_bundle:
+            raise AgentError("--ca-bundle is for https:// servers")
+        return False  # plain http to loopback only (checked by check_transport)
+    try:
+        return ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
+    except (OSError, ssl.SSLError) as exc:
+        raise AgentError(f"cannot use CA bundle {ca_bundle}: {exc}") from exc
+
+
+def backoff_delay(attempt: int, maximum: float, base: float = 0.5) -> float:
+    """Exponential backoff with jitter (half to full of the cap), so a fleet does not reconnect in step."""
+    cap = min(maximum, base * (2 ** min(attempt, 16)))
+    return random.uniform(cap / 2, cap)
+
+
+def _tls_failure(exc: BaseException) -> bool:
+    return isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError | ssl.SSLError)
+
+
+async def run_agent(options: AgentOptions, *, say=print) -> None:
+    import importlib
+
+    for module in HANDLER_MODULES:
+        importlib.import_module(module)
+    try:
+        check_transport(options.server)
+    except ClientError as exc:
+        raise AgentError(exc.message) from exc
+    try:
+        paths = AgentPaths.prepare(options.state_dir, options.work_dir)
+        store = FileCredentialStore(paths.credential_path)
+        stored = store.load()
+    except StateError as exc:
+        raise AgentError(str(exc)) from exc
+    ssl_setting = client_ssl(options.server, options.ca_bundle)
+    connector = aiohttp.TCPConnector(limit=0, ssl=ssl_setting)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        if stored is None:
+            stored = await _enroll(http, options, store, say)
+        elif options.enroll_token:
+            say(f"already enrolled as node {stored.fleet}/{stored.node}; --enroll-token ignored")
+        ctx = AgentContext(paths=paths)
+
+        def probe() -> dict:
+            found, problem = capacity_probe.detect(options.simulate_gpus, __version__)
+            return {**found, "_problem": problem}
+
+        attempt = 0
+        while True:
+            session = ControlSession(http, options.server, store, ctx, probe, say=say)
+            started = time.monotonic()
+            try:
+                reason = await session.run()
+            except Refused as exc:
+                raise AgentError(
+                    f"the gateway refused node {stored.fleet}/{stored.node}: {exc.message}"
+                ) from exc
+            except Exception as exc:
+                if _tls_failure(exc):
+                    raise AgentError(
+                        f"TLS verification of {options.server} failed ({exc}); for a private CA pass "
+                        "--ca-bundle PEM (verification is never switched off)"
+                    ) from exc
+                if not isinstance(
+                    exc, aiohttp.ClientError | OSError | asyncio.TimeoutError | ConnectionError
+                ):
+                    raise
+                reason = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() - started > 30:
+                attempt = 0
+            delay = backoff_delay(attempt, options.max_backoff)
+            attempt += 1
+            say(f"disconnected ({reason}); reconnecting in {delay:.1f}s")
+            await asyncio.sleep(delay)
+
+
+async def _enroll(http: aiohttp.ClientSession, options: AgentOptions, store: FileCredentialStore, say):
+    if not options.enroll_token:
+        raise AgentError(
+            f"this node is not enrolled yet ({store.path} does not exist): pass --enroll-token "
+            "(from `tuneplane fleet enroll-token FLEET`)"
+        )
+    name = options.name or default_node_name()
+    attempt = 0
+    while True:
+        try:
+            stored = await enroll(http, options.server, options.enroll_token, name, socket.gethostname())
+            break
+        except Refused as exc:
+            raise AgentError(exc.message) from exc
+        except Exception as exc:
+            if _tls_failure(exc):
+                raise AgentError(
+                    f"TLS verification of {options.server} failed ({exc}); for a private CA pass "
+                    "--ca-bundle PEM (verification is never switched off)"
+                ) from exc
+            if not isinstance(exc, aiohttp.ClientError | OSError | asyncio.TimeoutError):
+                raise
+            delay = backoff_delay(attempt, options.max_backoff)
+            attempt += 1
+            say(f"cannot reach {options.server} to enroll ({exc}); retrying in {delay:.1f}s")
+            await asyncio.sleep(delay)
+    store.save(stored)
+    say(f"enrolled as node {stored.fleet}/{stored.node} (id {stored.node_id}); credential in {store.path}")
+    return stored
+
+
+def main(options: AgentOptions) -> None:
+    """Run until SIGTERM/SIGINT; AgentError leaves as the caller's one-line error."""
+
+    async def runner() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await run_agent(options, say=lambda line: print(line, flush=True))
+
+    asyncio.run(runner())
