@@ -21,7 +21,13 @@ BLUEPRINTS = [
     "app.web.health",
     "app.web.home",
     "app.web.plugins_page",
+    "app.web.fleet",
     "app.web.artifacts",
+]
+
+# Top navigation: (endpoint, label); entries whose blueprint is not registered are left out.
+NAV = [
+    ("fleet.fleet_page", "Fleet"),
 ]
 
 
@@ -60,6 +66,9 @@ def create_app(database_url: str, *, pool_max: int = 8, config: dict | None = No
 
     app.before_request(load_current_user)
     app.context_processor(lambda: {"current_user": current_user()})
+    app.context_processor(
+        lambda: {"nav_links": [(end, label) for end, label in NAV if end in app.view_functions]}
+    )
     _register_error_handlers(app)
     return app
 
