@@ -41,7 +41,8 @@ def make_fleet_with(db: Database, name: str, capabilities: dict) -> int:
 def give_credential(db: Database, node_id: int) -> tuple[str, str]:
     plaintext, digest = new_token("tpn")
     db.fetch_one(
-        "INSERT INTO node_credentials (node_id, credential_hash) VALUES (%s, %s) RETURNING id", (node_id, digest)
+        "INSERT INTO node_credentials (node_id, credential_hash) VALUES (%s, %s) RETURNING id",
+        (node_id, digest),
     )
     return plaintext, digest
 

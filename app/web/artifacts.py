@@ -29,6 +29,13 @@ NODE_SCHEME = "Node "
 MAX_CHUNK_BYTES = 256 * 1024 * 1024
 
 
+def node_endpoint(view):
+    """Agent endpoints authenticate with `Authorization: Node …`, which a browser never attaches on its
+    own, so they need no CSRF token (app.web.csrf reads this attribute)."""
+    view.csrf_exempt = True
+    return view
+
+
 def blob_dir() -> Path:
     configured = current_app.config.get("TP_BLOB_DIR")
     if configured:
@@ -72,6 +79,7 @@ def public(artifact: dict) -> dict:
 
 
 @bp.post("/api/artifacts")
+@node_endpoint
 def register():
     cred = node_credential_hash()
     body = json_body()
@@ -93,11 +101,13 @@ def register():
 
 
 @bp.get("/api/artifacts/<int:artifact_id>/upload")
+@node_endpoint
 def upload_status(artifact_id: int):
     return json_response(receiver().status(node_credential_hash(), artifact_id))
 
 
 @bp.put("/api/artifacts/<int:artifact_id>/files/<int:file_index>/chunks/<int:chunk_index>")
+@node_endpoint
 def put_chunk(artifact_id: int, file_index: int, chunk_index: int):
     cred = node_credential_hash()
     length = request.content_length
@@ -111,17 +121,20 @@ def put_chunk(artifact_id: int, file_index: int, chunk_index: int):
 
 
 @bp.post("/api/artifacts/<int:artifact_id>/finish")
+@node_endpoint
 def finish(artifact_id: int):
     return json_response(public(receiver().finish(node_credential_hash(), artifact_id)))
 
 
 @bp.post("/api/artifacts/<int:artifact_id>/fail")
+@node_endpoint
 def fail(artifact_id: int):
     reason = str(json_body().get("reason") or "")
     return json_response(public(receiver().fail(node_credential_hash(), artifact_id, reason)))
 
 
 @bp.get("/api/input-artifacts/<int:artifact_id>")
+@node_endpoint
 def input_manifest(artifact_id: int):
     """A node reads a pinned input's manifest before materializing it."""
     artifact = get_db().call("artifact_input_for_node", node_credential_hash(), artifact_id)[0]
@@ -129,6 +142,7 @@ def input_manifest(artifact_id: int):
 
 
 @bp.get("/api/input-artifacts/<int:artifact_id>/files/<int:file_index>")
+@node_endpoint
 def input_file(artifact_id: int, file_index: int):
     artifact = get_db().call("artifact_input_for_node", node_credential_hash(), artifact_id)[0]
     return _send_file(artifact, file_index)
@@ -200,7 +214,9 @@ def _send_file(artifact: dict, file_index: int) -> Response:
     except StopIteration:
         first = []
     except StoredBytesMismatch as exc:
-        raise Refusal(f"{entry['path']}: the stored bytes do not match the manifest (run verify)", 409) from exc
+        raise Refusal(
+            f"{entry['path']}: the stored bytes do not match the manifest (run verify)", 409
+        ) from exc
     response = Response(itertools.chain(first, body), mimetype="application/octet-stream")
     response.headers["Content-Length"] = str(entry["size"])
     response.headers["X-Sha256"] = entry["sha256"]

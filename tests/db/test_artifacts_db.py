@@ -30,7 +30,7 @@ def register(db: Database, setup, manifest, name="model", delivery="object", sha
 def test_database_computes_the_same_manifest_digest_as_python(db: Database, tmp_path: Path) -> None:
     manifest = write_tree(
         tmp_path,
-        {"b.bin": os.urandom(1000), "a/naïve ü \\ \"q\".txt": b"x", "a/empty": b"", "Z": b"upper"},
+        {"b.bin": os.urandom(1000), 'a/naïve ü \\ "q".txt': b"x", "a/empty": b"", "Z": b"upper"},
     )
     row = db.fetch_one(
         "SELECT artifact_manifest_canonical(%s) AS text, artifact_manifest_digest(%s) AS digest",
@@ -48,16 +48,23 @@ def test_register_refuses_a_digest_that_does_not_match_the_manifest(db: Database
     assert err.value.status == 400 and err.value.field == "manifest_digest"
 
 
-@pytest.mark.parametrize(
-    "bad_path", ["../escape", "/abs", "a//b", "a/./b", "ctl\u0001"]
-)
+@pytest.mark.parametrize("bad_path", ["../escape", "/abs", "a//b", "a/./b", "ctl\u0001"])
 def test_register_refuses_unsafe_manifest_paths(db: Database, bad_path: str) -> None:
     setup = make_member(db)
     manifest = {"files": [{"path": bad_path, "sha256": "0" * 64, "size": 1}], "version": 1}
     digest = db.fetch_one("SELECT artifact_manifest_digest(%s) AS d", (Jsonb(manifest),))["d"]
     with pytest.raises(Refusal) as err:
-        db.call("register_artifact", setup.credential_hash, setup.member["id"], "m", "output", "object",
-                Jsonb(manifest), digest, None)
+        db.call(
+            "register_artifact",
+            setup.credential_hash,
+            setup.member["id"],
+            "m",
+            "output",
+            "object",
+            Jsonb(manifest),
+            digest,
+            None,
+        )
     assert err.value.status == 400 and "unsafe manifest path" in err.value.message
 
 
@@ -66,12 +73,30 @@ def test_another_nodes_credential_cannot_register_for_a_member(db: Database, tmp
     other = make_member(db, user_id=setup.user_id, fleet_id=setup.fleet_id, fleet="gpu2")
     manifest = write_tree(tmp_path, {"w.bin": b"weights"})
     with pytest.raises(Refusal) as err:
-        db.call("register_artifact", other.credential_hash, setup.member["id"], "m", "output", "object",
-                Jsonb(manifest.as_json()), manifest.digest, None)
+        db.call(
+            "register_artifact",
+            other.credential_hash,
+            setup.member["id"],
+            "m",
+            "output",
+            "object",
+            Jsonb(manifest.as_json()),
+            manifest.digest,
+            None,
+        )
     assert err.value.status == 403
     with pytest.raises(Refusal) as err:
-        db.call("register_artifact", "f" * 64, setup.member["id"], "m", "output", "object",
-                Jsonb(manifest.as_json()), manifest.digest, None)
+        db.call(
+            "register_artifact",
+            "f" * 64,
+            setup.member["id"],
+            "m",
+            "output",
+            "object",
+            Jsonb(manifest.as_json()),
+            manifest.digest,
+            None,
+        )
     assert err.value.status == 401
 
 
@@ -86,8 +111,13 @@ def test_complete_needs_every_file_verified_and_then_nothing_changes(db: Databas
     assert err.value.status == 409
     first = db.call("record_artifact_file", setup.credential_hash, art["id"], 0, files["a.bin"].sha256, 3)[0]
     assert first["state"] == "uploading"
-    with pytest.raises(Refusal, match="cannot be complete while a file is unverified"), db.transaction() as conn:
-        conn.execute("UPDATE artifacts SET state = 'complete', completed_at = now() WHERE id = %s", (art["id"],))
+    with (
+        pytest.raises(Refusal, match="cannot be complete while a file is unverified"),
+        db.transaction() as conn,
+    ):
+        conn.execute(
+            "UPDATE artifacts SET state = 'complete', completed_at = now() WHERE id = %s", (art["id"],)
+        )
     done = db.call("record_artifact_file", setup.credential_hash, art["id"], 1, files["b.bin"].sha256, 4)[0]
     assert done["state"] == "complete" and done["completed_at"] is not None
     for statement in (
@@ -144,7 +174,9 @@ def test_shared_delivery_needs_a_fleet_with_a_shared_mount(db: Database, tmp_pat
         register(db, setup, manifest, delivery="shared", shared_path="/mnt/shared/x")
     assert err.value.status == 409
     shared = make_member(
-        db, user_id=setup.user_id, fleet="nfs",
+        db,
+        user_id=setup.user_id,
+        fleet="nfs",
         capabilities={"object_delivery": False, "shared_mounts": True, "shared_path": "/mnt/shared"},
     )
     with pytest.raises(Refusal, match="does not declare object_delivery"):
@@ -162,7 +194,9 @@ def test_users_see_only_their_own_jobs_artifacts(db: Database, tmp_path: Path) -
     manifest = write_tree(tmp_path, {"a.bin": b"aaa"})
     art = register(db, setup, manifest)
     listed = db.call("job_artifacts", setup.user_id, setup.job_id)
-    assert [(a["name"], a["state"], a["attempt"], a["rank"]) for a in listed] == [("model", "uploading", 1, 0)]
+    assert [(a["name"], a["state"], a["attempt"], a["rank"]) for a in listed] == [
+        ("model", "uploading", 1, 0)
+    ]
     assert db.call("find_artifact", setup.user_id, setup.job_id, "model", None, None)[0]["id"] == art["id"]
     mallory = make_user(db, "mallory")
     admin = make_user(db, "root", "admin")

@@ -39,8 +39,10 @@ def files_of_all_shapes() -> dict[str, bytes]:
 
 
 def user_client(db: Database, url: str, user_id: int) -> httpx.Client:
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {api_token(db, user_id)}",
-                                               "Accept": "application/json"})
+    return httpx.Client(
+        base_url=url,
+        headers={"Authorization": f"Bearer {api_token(db, user_id)}", "Accept": "application/json"},
+    )
 
 
 def test_object_upload_completes_and_every_file_downloads_verified(db: Database, env) -> None:
@@ -76,9 +78,11 @@ def test_tampered_and_deleted_blobs_are_named_by_verify_and_downloads_are_cut(db
     write_tree(src, files)
     with node_http(env["url"], setup.credential) as http:
         art = deliver_artifact(http, setup.member["id"], "model", src)
-    blob = lambda data: env["blob_dir"] / "sha256" / hashlib.sha256(data).hexdigest()[:2] / hashlib.sha256(  # noqa: E731
-        data
-    ).hexdigest()
+
+    def blob(data: bytes) -> Path:
+        sha = hashlib.sha256(data).hexdigest()
+        return env["blob_dir"] / "sha256" / sha[:2] / sha
+
     weights = blob(files["model/weights.bin"])
     damaged = bytearray(weights.read_bytes())
     damaged[7777] ^= 0x40
@@ -107,8 +111,11 @@ def test_a_chunk_whose_bytes_do_not_match_its_sha256_is_refused(db: Database, en
         from workers.artifacts.deliver import register
 
         art = register(http, setup.member["id"], "a", manifest)
-        response = http.put(f"/api/artifacts/{art['id']}/files/0/chunks/0", content=b"x" * 100,
-                            headers={"X-Chunk-Sha256": manifest.files[0].sha256})
+        response = http.put(
+            f"/api/artifacts/{art['id']}/files/0/chunks/0",
+            content=b"x" * 100,
+            headers={"X-Chunk-Sha256": manifest.files[0].sha256},
+        )
         assert response.status_code == 422 and "send it again" in response.json()["error"]
         status = http.get(f"/api/artifacts/{art['id']}/upload").json()
     assert status["files"][0]["chunks"] == [] and status["state"] == "uploading"
@@ -165,7 +172,10 @@ def test_bytes_changed_after_the_manifest_never_complete(db: Database, env) -> N
             upload_artifact(src, manifest, HttpChunkTransport(http, art["id"]))
     row = db.fetch_one("SELECT state, reason FROM artifacts WHERE id = %s", (art["id"],))
     assert row["state"] == "uploading" and "all its chunks were dropped" in row["reason"]
-    assert db.fetch_one("SELECT count(*) AS n FROM artifact_chunks WHERE artifact_id = %s", (art["id"],))["n"] == 0
+    assert (
+        db.fetch_one("SELECT count(*) AS n FROM artifact_chunks WHERE artifact_id = %s", (art["id"],))["n"]
+        == 0
+    )
 
 
 def test_a_staged_chunk_damaged_on_the_server_is_sent_again(db: Database, env) -> None:
@@ -200,7 +210,9 @@ def test_shared_mount_delivery_is_verified_on_the_shared_path(db: Database, env)
     write_tree(src, files)
     place = shared_root / "jobs" / str(setup.job_id) / "model"
     with node_http(env["url"], setup.credential) as http:
-        art = deliver_artifact(http, setup.member["id"], "model", src, delivery="shared", shared_path=str(place))
+        art = deliver_artifact(
+            http, setup.member["id"], "model", src, delivery="shared", shared_path=str(place)
+        )
     assert art["state"] == "complete" and art["shared_path"] == str(place)
     assert (place / "model" / "weights.bin").read_bytes() == files["model/weights.bin"]
     (place / "config.json").write_bytes(b'{"lr": 0.002}')
@@ -234,6 +246,8 @@ def test_other_users_cannot_see_or_download_artifacts(db: Database, env) -> None
         assert client.get(f"/jobs/{setup.job_id}/artifacts").status_code == 404
         assert client.get(f"/artifacts/{art['id']}/files/0").status_code == 404
         assert client.post(f"/artifacts/{art['id']}/verify").status_code == 404
-    anonymous = httpx.get(f"{env['url']}/artifacts/{art['id']}/files/0", headers={"Accept": "application/json"})
+    anonymous = httpx.get(
+        f"{env['url']}/artifacts/{art['id']}/files/0", headers={"Accept": "application/json"}
+    )
     assert anonymous.status_code == 401
     assert build_manifest(src).digest == art["manifest_digest"]

@@ -1,0 +1,215 @@
+"""`tuneplane artifacts list|download|verify`: client commands over the artifact HTTP endpoints.
+
+NAME is an artifact name, or NAME@RANK when several members of the job produced one by that name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from app.cli import ExpectedError
+from app.cli.options import json_option, print_json, print_table
+from app.client.config import resolve
+from app.client.http import ApiClient, ClientError
+from workers.artifacts.manifest import Manifest, ManifestError
+from workers.artifacts.verify import verify_directory
+
+PARTIAL_DIR = ".tuneplane-partial"
+LIST_COLUMNS = [
+    "name",
+    "attempt",
+    "kind",
+    "state",
+    "file_count",
+    "total_bytes",
+    "delivery",
+    "digest",
+    "verified",
+]
+
+
+def client_options(func: Callable) -> Callable:
+    func = click.option(
+        "--ca-bundle", default=None, help="CA bundle for a private CA (env TUNEPLANE_CA_BUNDLE)."
+    )(func)
+    func = click.option("--token", default=None, help="API token (env TUNEPLANE_TOKEN).")(func)
+    func = click.option("--server", default=None, help="Server URL (env TUNEPLANE_SERVER).")(func)
+    return func
+
+
+def api(server: str | None, token: str | None, ca_bundle: str | None) -> ApiClient:
+    return ApiClient(resolve(server, token, ca_bundle), timeout=300.0)
+
+
+def split_name(name: str) -> tuple[str, int | None]:
+    if "@" not in name:
+        return name, None
+    base, _, rank = name.rpartition("@")
+    if not rank.isdigit():
+        raise ExpectedError(f"{name}: write NAME or NAME@RANK (RANK a member's rank number)")
+    return base, int(rank)
+
+
+def find(client: ApiClient, job: int, name: str, attempt: int | None) -> dict:
+    base, rank = split_name(name)
+    params = {k: v for k, v in (("rank", rank), ("attempt", attempt)) if v is not None}
+    return client.get(f"/jobs/{job}/artifacts/{base}", params=params)
+
+
+@click.group("artifacts")
+def artifacts_group() -> None:
+    """Artifacts jobs produced: list them, download them verified, verify what the server stores."""
+
+
+@artifacts_group.command("list")
+@click.argument("job", type=int)
+@json_option
+@client_options
+def list_cmd(job: int, as_json: bool, server: str | None, token: str | None, ca_bundle: str | None) -> None:
+    """List the artifacts of JOB (every attempt)."""
+    with api(server, token, ca_bundle) as client:
+        rows = client.get(f"/jobs/{job}/artifacts")["artifacts"]
+    if as_json:
+        print_json(rows)
+        return
+    for row in rows:
+        row["digest"] = row["manifest_digest"][:16]
+        row["verified"] = (
+            "" if row["last_verify_ok"] is None else ("ok" if row["last_verify_ok"] else "FAILED")
+        )
+        row["name"] = f"{row['name']}@{row['rank']}"
+    print_table(rows, LIST_COLUMNS, empty=f"job {job} has no artifacts yet")
+
+
+@artifacts_group.command("download")
+@click.argument("job", type=int)
+@click.argument("name")
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option("--attempt", type=int, default=None, help="Attempt number (default: the latest that has NAME).")
+@client_options
+def download_cmd(
+    job: int,
+    name: str,
+    dest: str,
+    attempt: int | None,
+    server: str | None,
+    token: str | None,
+    ca_bundle: str | None,
+) -> None:
+    """Download artifact NAME of JOB into DEST, verifying every file's sha256 while writing it."""
+    dest_path = Path(dest)
+    with api(server, token, ca_bundle) as client:
+        artifact = find(client, job, name, attempt)
+        if artifact["state"] != "complete":
+            raise ExpectedError(f"artifact {name} of job {job} is {artifact['state']}: {artifact['reason']}")
+        try:
+            manifest = Manifest.from_json(artifact["manifest"])
+        except ManifestError as exc:
+            raise ExpectedError(f"the server sent an unusable manifest: {exc}") from exc
+        if manifest.digest != artifact["manifest_digest"]:
+            raise ExpectedError(
+                "the manifest does not hash to the artifact's manifest digest; not downloading"
+            )
+        dest_path.mkdir(parents=True, exist_ok=True)
+        problems: list[str] = []
+        total = 0
+        for entry in artifact["files"]:
+            try:
+                total += download_file(client, artifact["id"], entry, dest_path)
+            except (DownloadMismatch, ClientError) as exc:
+                problems.append(f"{entry['path']}: {exc}")
+    if problems:
+        raise ExpectedError(f"{len(problems)} file(s) failed verification: " + "; ".join(problems))
+    click.echo(
+        f"downloaded {len(artifact['files'])} files ({total} bytes) into {dest_path}; "
+        f"every sha256 matches manifest {artifact['manifest_digest']}"
+    )
+
+
+class DownloadMismatch(Exception):
+    pass
+
+
+def download_file(client: ApiClient, artifact_id: int, entry: dict, dest: Path) -> int:
+    """Stream one file into DEST/.tuneplane-partial, hashing it; move it into place only if it matches."""
+    target = dest / entry["path"]
+    # Manifest paths are relative and free of '..'; a symlink already inside DEST must not redirect them.
+    if not os.path.realpath(target).startswith(os.path.realpath(dest).rstrip(os.sep) + os.sep):
+        raise DownloadMismatch("path leaves the destination directory")
+    partial = dest / PARTIAL_DIR / f"{artifact_id}-{entry['file_index']}"
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with client.http.stream("GET", f"/artifacts/{artifact_id}/files/{entry['file_index']}") as response:
+            if not response.is_success:
+                response.read()
+                ApiClient._decode(response)
+            with open(partial, "wb") as handle:
+                for block in response.iter_bytes(1024 * 1024):
+                    digest.update(block)
+                    size += len(block)
+                    handle.write(block)
+    except Exception as exc:
+        partial.unlink(missing_ok=True)
+        if isinstance(exc, ClientError):
+            raise
+        raise DownloadMismatch(f"transfer failed ({exc.__class__.__name__}: {exc})") from exc
+    if digest.hexdigest() != entry["sha256"] or size != entry["size"]:
+        partial.unlink(missing_ok=True)
+        raise DownloadMismatch(f"received {size} bytes with sha256 {digest.hexdigest()[:16]}…, manifest says "
+                               f"{entry['size']} bytes with {entry['sha256'][:16]}…")  # fmt: skip
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(partial, target)
+    try:
+        partial.parent.rmdir()
+    except OSError:
+        pass
+    return size
+
+
+@artifacts_group.command("verify")
+@click.argument("job", type=int)
+@click.argument("name")
+@click.option("--attempt", type=int, default=None)
+@click.option(
+    "--dir",
+    "local_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Verify a local copy (e.g. a download) against the manifest instead of the server's stored files.",
+)
+@json_option
+@client_options
+def verify_cmd(
+    job: int, name: str, attempt: int | None, local_dir: str | None, as_json: bool, server: str | None,
+    token: str | None, ca_bundle: str | None,
+) -> None:  # fmt: skip
+    """Recompute every file of artifact NAME of JOB and compare with its manifest.
+
+    Exits non-zero naming every mismatching, missing (and, for --dir, extra) file.
+    """
+    with api(server, token, ca_bundle) as client:
+        artifact = find(client, job, name, attempt)
+        if local_dir is None:
+            report = client.post(f"/artifacts/{artifact['id']}/verify")
+        else:
+            manifest = Manifest.from_json(artifact["manifest"])
+            report = verify_directory(local_dir, manifest).as_json()
+    if as_json:
+        print_json({"artifact_id": artifact["id"], "manifest_digest": artifact["manifest_digest"], **report})
+    if not report["ok"]:
+        raise ExpectedError(
+            f"artifact {name} of job {job} does not match its manifest: " + "; ".join(report["problems"])
+        )
+    if not as_json:
+        where = local_dir or "the server's stored files"
+        click.echo(f"ok: {report['checked']} files in {where} match manifest {artifact['manifest_digest']}")
+
+
+COMMANDS = [artifacts_group]
