@@ -1,0 +1,63 @@
+"""Real processes for the node tests: `tuneplane node-gateway` and `tuneplane node` agents."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import OutputWatcher
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def env() -> dict[str, str]:
+    values = {**os.environ, "PYTHONUNBUFFERED": "1", "TUNEPLANE_LOG_LEVEL": "INFO"}
+    for name in ("TUNEPLANE_DATABASE_URL", "TUNEPLANE_NODE_GATEWAY_URL", "TUNEPLANE_ENROLL_TOKEN"):
+        values.pop(name, None)
+    return values
+
+
+class Proc:
+    """A child process whose output is collected (stdout and stderr together)."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "app", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env(),
+        )
+        self.out = OutputWatcher(self.process)
+
+    def wait_line(self, needle: str, timeout: float = 30.0) -> str:
+        return self.out.wait_for_line(needle, timeout)
+
+    def exit_code(self, timeout: float = 30.0) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_gateway(db_url: str, port: int, *extra: str) -> Proc:
+    proc = Proc(
+        ["node-gateway", "--database-url", db_url, "--port", str(port), "--poll-interval", "0.5", *extra]
+    )
+    proc.wait_line("node gateway listening on")
+    return proc
+
+
+def start_agent(server: str, state_dir: Path, *extra: str, token: str | None = None) -> Proc:
+    argv = ["node", "--server", server, "--state-dir", str(state_dir), "--max-backoff", "1", *extra]
+    if token:
+        argv += ["--enroll-token", token]
+    return Proc(argv)
