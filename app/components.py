@@ -38,6 +38,12 @@ def http_ok(url: str) -> bool:
         return False
 
 
+def node_gateway_url(ctx: UpContext) -> str:
+    """`tuneplane up` runs the node gateway on the console port + 1 (agents dial it)."""
+    host = "127.0.0.1" if ctx.host in ("0.0.0.0", "") else ctx.host
+    return f"http://{host}:{ctx.port + 1}"
+
+
 def telemetry_gateway_url(ctx: UpContext) -> str:
     """`tuneplane up` runs the telemetry gateway on the console port + 2 (the node gateway has + 1)."""
     host = "127.0.0.1" if ctx.host in ("0.0.0.0", "") else ctx.host
@@ -45,11 +51,14 @@ def telemetry_gateway_url(ctx: UpContext) -> str:
 
 
 def up_components(ctx: UpContext) -> list[Component]:
+    from app.node_gateway.local import node_components
+
     return [
         Component(
             "server",
             tuneplane_argv("server", "--host", ctx.host, "--port", str(ctx.port)),
-            env=ctx.env(),
+            # The Fleet page shows agents where to dial (the node gateway, console port + 1).
+            env={**ctx.env(), "TUNEPLANE_NODE_GATEWAY_URL": node_gateway_url(ctx)},
             ready=lambda: http_ok(f"{ctx.server_url}/healthz"),
         ),
         Component(
@@ -58,4 +67,5 @@ def up_components(ctx: UpContext) -> list[Component]:
             env=ctx.env(),
             ready=lambda: http_ok(f"{telemetry_gateway_url(ctx)}/healthz"),
         ),
+        *node_components(ctx),
     ]
