@@ -23,10 +23,15 @@ BLUEPRINTS = [
     "app.web.plugins_page",
     "app.web.fleet",
     "app.web.artifacts",
+    "app.web.login",
+    "app.web.submit",
+    "app.web.jobs",
 ]
 
 # Top navigation: (endpoint, label); entries whose blueprint is not registered are left out.
 NAV = [
+    ("jobs.jobs_list", "Jobs"),
+    ("submit.dialog", "Submit"),
     ("fleet.fleet_page", "Fleet"),
 ]
 

@@ -1,0 +1,90 @@
+"""Content-addressed blobs (source archives, later capsules): an interface and a filesystem store.
+
+A blob is named by the sha256 of its bytes. `stage()` gives a private temporary file on the store's own
+filesystem; `commit_staged()` moves it into place atomically under its digest, so a reader never sees
+a half-written blob and a crash leaves only a temporary file. An object store (S3, GCS) implements the
+same four methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class BlobStore(Protocol):
+    def exists(self, sha256: str) -> bool: ...
+
+    def open(self, sha256: str) -> BinaryIO: ...
+
+    def stage(self) -> contextlib.AbstractContextManager[tuple[Path, BinaryIO]]: ...
+
+    def commit_staged(self, staged: Path, sha256: str) -> bool: ...
+
+
+def _check(sha256: str) -> str:
+    if not _SHA256.match(sha256):
+        raise ValueError(f"not a sha256 hex digest: {sha256!r}")
+    return sha256
+
+
+class FilesystemBlobStore:
+    """Blobs at ROOT/sha256/ab/abcdef…; temporary uploads at ROOT/tmp (same filesystem, for rename)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.tmp = self.root / "tmp"
+
+    def path(self, sha256: str) -> Path:
+        digest = _check(sha256)
+        return self.root / "sha256" / digest[:2] / digest
+
+    def exists(self, sha256: str) -> bool:
+        return self.path(sha256).is_file()
+
+    def open(self, sha256: str) -> BinaryIO:
+        return open(self.path(sha256), "rb")
+
+    @contextlib.contextmanager
+    def stage(self) -> Iterator[tuple[Path, BinaryIO]]:
+        """A temporary file to write; removed on exit unless committed."""
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=self.tmp, prefix="upload-")
+        path = Path(name)
+        try:
+            with os.fdopen(fd, "w+b") as handle:
+                yield path, handle
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+    def commit_staged(self, staged: Path, sha256: str) -> bool:
+        """Move a staged file into place under its digest (verified); False if it was already there."""
+        target = self.path(sha256)
+        if target.is_file():
+            return False
+        actual = file_sha256(staged)
+        if actual != sha256:
+            raise ValueError(f"staged blob has sha256 {actual}, not {sha256}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(staged, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.chmod(staged, 0o444)
+        os.replace(staged, target)
+        return True
+
+
+def file_sha256(path: Path, chunk: int = 1024 * 1024) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,70 @@
+"""Jobs: the list and the job page. Users see their own jobs, admins everyone's (decided in SQL).
+
+GET /jobs[?state=queued&limit=100&before=ID]   the list, newest first
+GET /jobs/<id>                                  one job with its event timeline
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, render_template, request
+
+from app.errors import Refusal
+from app.submission import service
+from app.web.auth import current_user, login_required
+from app.web.negotiate import json_response, wants_json
+from app.web.state import get_db
+
+bp = Blueprint("jobs", __name__)
+
+JOB_STATES = ("queued", "reserved", "preparing", "running", "succeeded", "failed", "cancelled")
+
+
+def _int_arg(name: str, default: int | None) -> int | None:
+    raw = request.args.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise Refusal(f"{name} must be an integer", status=400, field=name) from None
+    if not 0 < value <= service.MAX_ID:
+        raise Refusal(f"{name} must be a positive integer", status=400, field=name)
+    return value
+
+
+def job_json(row: dict, with_spec: bool = False) -> dict:
+    data = {k: v for k, v in row.items() if k != "spec"}
+    data["preview_id"] = str(row["preview_id"])
+    if with_spec:
+        data["spec"] = row["spec"]
+    return data
+
+
+@bp.get("/jobs")
+@login_required
+def jobs_list():
+    state = request.args.get("state") or None
+    limit = _int_arg("limit", 100)
+    before = _int_arg("before", None)
+    rows = get_db().call("list_jobs", current_user().id, state, limit, before)
+    jobs = [job_json(r) for r in rows]
+    if wants_json():
+        return json_response({"jobs": jobs})
+    return render_template(
+        "jobs/list.html", title="Jobs", jobs=jobs, state=state, states=JOB_STATES, limit=limit
+    )
+
+
+@bp.get("/jobs/<job_id>")
+@login_required
+def job_page(job_id: str):
+    jid = service.parse_job_id(job_id)
+    db = get_db()
+    job = db.call("get_job", current_user().id, jid)[0]
+    events = db.call("job_events_of", current_user().id, jid)
+    data = job_json(job, with_spec=True)
+    data["events"] = events
+    if wants_json():
+        return json_response(data)
+    summary = service.summary(job["spec"])
+    return render_template("jobs/job.html", title=f"Job {jid}", job=data, events=events, summary=summary)

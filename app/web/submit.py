@@ -1,0 +1,212 @@
+"""Submission over HTTP: the console's dialog and the forms that are also the CLI's API.
+
+    GET  /submit                      the submission dialog (a fresh retry key per dialog)
+    POST /sources                     a tar.gz (raw body or multipart field `archive`) → 201 archive facts
+    POST /previews                    a JobSpec (JSON) or the dialog's fields (form) → 201 preview
+    GET  /previews/<id>               a preview (owner or admin)
+    POST /previews/<id>/confirm       digest + retry_key → 201 receipt (200 when replayed)
+
+Browsers get HTML (htmx requests get the partial that replaces the preview area), `Accept:
+application/json` gets JSON. Refusals are 4xx naming each offending field in both forms.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+from typing import Any
+
+from flask import Blueprint, Flask, current_app, redirect, render_template, request, url_for
+from werkzeug.datastructures import FileStorage, MultiDict
+
+from app.blobstore import FilesystemBlobStore
+from app.errors import Refusal
+from app.settings import load_settings
+from app.submission import archives, service
+from app.submission.jobspec import LAUNCHERS
+from app.submission.pins import recipes
+from app.web.auth import current_user, login_required
+from app.web.negotiate import json_response, wants_json
+from app.web.state import get_db
+
+bp = Blueprint("submit", __name__)
+
+INPUT_KINDS = ("recipe", "source", "image")
+
+
+def init_app(app: Flask) -> None:
+    data_dir = app.config.get("TP_DATA_DIR")
+    blob_dir = Path(data_dir) / "blobs" if data_dir else load_settings().blob_dir
+    app.extensions["tuneplane_blobstore"] = FilesystemBlobStore(blob_dir)
+
+
+def get_blobstore() -> FilesystemBlobStore:
+    return current_app.extensions["tuneplane_blobstore"]
+
+
+def _is_htmx() -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def new_retry_key() -> str:
+    return f"dialog-{secrets.token_urlsafe(12)}"
+
+
+def _pairs(text: str, field: str) -> dict[str, str]:
+    """`K=V` per line (blank lines and # comments ignored)."""
+    result: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.strip():
+            raise Refusal(f"{field}: line {number} is not KEY=VALUE", status=422, field=field)
+        result[key.strip()] = value.strip()
+    return result
+
+
+def spec_from_form(form: MultiDict, files: MultiDict | None = None) -> dict[str, Any]:
+    """The dialog's fields as a JobSpec document; empty fields take the JobSpec defaults."""
+
+    def value(name: str) -> str:
+        return (form.get(name) or "").strip()
+
+    kind = value("input_kind") or "recipe"
+    if kind not in INPUT_KINDS:
+        raise Refusal("input_kind must be recipe, source or image", status=422, field="input_kind")
+    spec: dict[str, Any] = {}
+    if kind == "recipe":
+        spec["recipe"] = {
+            "name": value("recipe.name"),
+            "params": _pairs(form.get("recipe.params", ""), "recipe.params"),
+        }
+    elif kind == "source":
+        archive = value("source.archive")
+        upload: FileStorage | None = files.get("archive_file") if files else None
+        if upload is not None and upload.filename:
+            facts = archives.receive_archive(get_db(), get_blobstore(), current_user().id, upload.stream)
+            archive = facts.sha256
+        spec["source"] = {"archive": archive, "entrypoint": value("source.entrypoint")}
+        if value("source.integration"):
+            spec["source"]["integration"] = value("source.integration")
+    else:
+        spec["image"] = {"ref": value("image.ref"), "command": value("image.command")}
+        if value("image.integration"):
+            spec["image"]["integration"] = value("image.integration")
+    resources = {
+        name: value(f"resources.{name}")
+        for name in ("nodes", "gpus_per_node", "cpus_per_node", "memory_per_node")
+        if value(f"resources.{name}")
+    }
+    if resources:
+        spec["resources"] = resources
+    for name in ("fleet", "max_attempts", "priority"):
+        if value(name):
+            spec[name] = value(name)
+    env = _pairs(form.get("env", ""), "env")
+    if env:
+        spec["env"] = env
+    return spec
+
+
+def _dialog_context(form: MultiDict | None = None, **extra: Any) -> dict[str, Any]:
+    fleets = get_db().fetch_all("SELECT name, backend FROM fleets ORDER BY name")
+    values = {k: v for k, v in (form or MultiDict()).items() if k != "csrf_token"}
+    return {
+        "title": "Submit a job",
+        "recipes": sorted(recipes(), key=lambda r: r.name),
+        "launchers": LAUNCHERS,
+        "fleets": fleets,
+        "values": values,
+        "retry_key": values.get("retry_key") or new_retry_key(),
+        "preview": None,
+        "refusal": None,
+        **extra,
+    }
+
+
+@bp.get("/submit")
+@login_required
+def dialog():
+    return render_template("submit/dialog.html", **_dialog_context())
+
+
+@bp.post("/previews")
+@login_required
+def create_preview():
+    user = current_user()
+    if request.is_json:
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            raise Refusal("the body must be a JobSpec JSON object", status=400, field="spec")
+        return json_response(service.create_preview(get_db(), user.id, body), 201)
+    try:
+        preview = service.create_preview(get_db(), user.id, spec_from_form(request.form, request.files))
+    except Refusal as refusal:
+        if wants_json():
+            raise
+        retry_key = request.form.get("retry_key") or new_retry_key()
+        if _is_htmx():
+            return render_template(
+                "submit/_refused.html", refusal=refusal, retry_key=retry_key
+            ), refusal.status
+        page = render_template("submit/dialog.html", **_dialog_context(request.form, refusal=refusal))
+        return page, refusal.status
+    if wants_json():
+        return json_response(preview, 201)
+    retry_key = request.form.get("retry_key") or new_retry_key()
+    if _is_htmx():
+        return render_template("submit/_preview.html", preview=preview, retry_key=retry_key), 201
+    page = render_template("submit/dialog.html", **_dialog_context(request.form, preview=preview))
+    return page, 201
+
+
+@bp.get("/previews/<preview_id>")
+@login_required
+def show_preview(preview_id: str):
+    preview = service.get_preview(get_db(), current_user().id, preview_id)
+    if wants_json():
+        return json_response(preview)
+    return render_template(
+        "submit/preview_page.html", title="Preview", preview=preview, retry_key=new_retry_key()
+    )
+
+
+@bp.post("/previews/<preview_id>/confirm")
+@login_required
+def confirm(preview_id: str):
+    if request.is_json:
+        body = request.get_json(silent=True)
+        if not isinstance(body, dict):
+            raise Refusal(
+                "the body must be a JSON object with digest and retry_key", status=400, field="body"
+            )
+    else:
+        body = request.form
+    digest, retry_key = body.get("digest"), body.get("retry_key")
+    if digest is not None and not isinstance(digest, str):
+        raise Refusal("digest must be a string", status=400, field="digest")
+    if retry_key is not None and not isinstance(retry_key, str):
+        raise Refusal("retry_key must be a string", status=400, field="retry_key")
+    receipt = service.confirm(get_db(), current_user().id, preview_id, digest, retry_key)
+    status = 200 if receipt["replayed"] else 201
+    if wants_json():
+        return json_response(receipt, status)
+    target = url_for("jobs.job_page", job_id=receipt["job_id"])
+    if _is_htmx():
+        response = current_app.response_class("", status=status)
+        response.headers["HX-Redirect"] = target
+        return response
+    return redirect(target, code=303)
+
+
+@bp.post("/sources")
+@login_required
+def upload_source():
+    upload = request.files.get("archive") if request.mimetype == "multipart/form-data" else None
+    stream = upload.stream if upload is not None else request.stream
+    facts = archives.receive_archive(get_db(), get_blobstore(), current_user().id, stream)
+    if wants_json():
+        return json_response(facts.as_json(), 201)
+    return render_template("submit/source_uploaded.html", title="Source archive", facts=facts.as_json()), 201
