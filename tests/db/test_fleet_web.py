@@ -1,0 +1,119 @@
+"""The Fleet page and the fleet/node HTTP API: HTML and JSON from one endpoint, admin-only changes."""
+
+from __future__ import annotations
+
+from psycopg.types.json import Jsonb
+
+from app.db import Database
+from app.security import hash_password, new_token
+from app.web import create_app
+from tests.node_helpers import enroll, events, make_fleet, make_token
+
+
+def _user(db: Database, name: str, role: str) -> tuple[int, dict]:
+    user = db.call("create_user", name, hash_password("pw"), role)[0]
+    plaintext, digest = new_token("tpu")
+    db.call("issue_api_token", user["id"], "test", digest, None)
+    return user["id"], {"Authorization": f"Bearer {plaintext}", "Accept": "application/json"}
+
+
+def _connected_node(db: Database) -> dict:
+    make_fleet(db)
+    node, _ = enroll(db, make_token(db), "n1")
+    epoch = db.call("node_session_opened", node["node_id"], "127.0.0.1", "t")[0]["epoch"]
+    gpus = [{"index": 0, "model": "Simulated GPU", "memory_bytes": 80 << 30, "simulated": True}]
+    db.call(
+        "report_node_capacity",
+        node["node_id"],
+        epoch,
+        Jsonb(
+            {
+                "cpus": 16,
+                "memory_bytes": 64 << 30,
+                "gpus": gpus,
+                "agent_version": "0.1.0",
+                "container_runtimes": ["podman"],
+            }
+        ),
+    )
+    return node
+
+
+def test_fleet_page_shows_scheduling_and_connectivity_as_separate_columns(db_url: str, db: Database) -> None:
+    _connected_node(db)
+    db.call("cordon_node", "n1", "disk check", "user:ops")
+    admin_id, _ = _user(db, "root", "admin")
+    client = create_app(db_url).test_client()
+    with client.session_transaction() as session:
+        session["user_id"] = admin_id
+    page = client.get("/fleets")
+    html = page.get_data(as_text=True)
+    assert page.status_code == 200
+    assert "<th>Scheduling</th><th>Connectivity</th>" in html
+    assert 'class="state scheduling cordoned"' in html and 'class="state connectivity connected"' in html
+    assert "simulated" in html and "64.0 GiB" in html and "podman" in html
+    assert 'hx-trigger="every 3s"' in html and ">Uncordon</button>" in html and "disk check" in html
+    assert 'href="/fleets"' in html  # the navigation entry
+    # The htmx refresh gets only the live part, rendered by the same view.
+    partial = client.get("/fleets", headers={"HX-Request": "true", "HX-Target": "fleet-live"})
+    text = partial.get_data(as_text=True)
+    assert text.lstrip().startswith('<div id="fleet-live"') and "<html" not in text
+
+
+def test_users_see_the_fleet_but_have_no_buttons_and_cannot_change_it(db_url: str, db: Database) -> None:
+    _connected_node(db)
+    user_id, headers = _user(db, "alice", "user")
+    client = create_app(db_url).test_client()
+    with client.session_transaction() as session:
+        session["user_id"] = user_id
+    html = client.get("/fleets").get_data(as_text=True)
+    assert "n1" in html and ">Cordon</button>" not in html and "New enrollment token" not in html
+    refused = client.post("/nodes/scheduling", json={"node": "n1", "action": "cordon"}, headers=headers)
+    assert refused.status_code == 403
+    assert client.post("/fleets", json={"name": "x"}, headers=headers).status_code == 403
+    anonymous = create_app(db_url).test_client().get("/fleets", headers={"Accept": "application/json"})
+    assert anonymous.status_code == 401
+
+
+def test_admin_api_creates_fleets_tokens_and_changes_scheduling_with_who_and_why(
+    db_url: str, db: Database
+) -> None:
+    _, headers = _user(db, "root", "admin")
+    client = create_app(db_url, config={"TP_NODE_GATEWAY_URL": "https://gw.example:8081"}).test_client()
+    created = client.post(
+        "/fleets",
+        json={"name": "train", "backend": "node", "capabilities": {"nvlink": True}},
+        headers=headers,
+    )
+    assert created.status_code == 201 and created.get_json()["capabilities"] == {"nvlink": True}
+    duplicate = client.post("/fleets", json={"name": "train"}, headers=headers)
+    assert duplicate.status_code == 409 and duplicate.get_json()["fields"] == {
+        "name": duplicate.get_json()["error"]
+    }
+    unknown_backend = client.post("/fleets", json={"name": "k8s", "backend": "nomad"}, headers=headers)
+    assert unknown_backend.status_code == 400 and "backend" in unknown_backend.get_json()["fields"]
+
+    token = client.post("/fleets/train/enrollment-tokens", json={"ttl": "10m"}, headers=headers).get_json()
+    assert token["token"].startswith("tpe_") and "--server https://gw.example:8081" in token["command"]
+    bad_ttl = client.post("/fleets/train/enrollment-tokens", json={"ttl": "soon"}, headers=headers)
+    assert bad_ttl.status_code == 400 and bad_ttl.get_json()["fields"].keys() == {"ttl"}
+    enroll(db, token["token"], "box1")
+
+    changed = client.post(
+        "/nodes/scheduling",
+        json={"node": "train/box1", "action": "drain", "reason": "reboot"},
+        headers=headers,
+    )
+    assert changed.status_code == 200 and changed.get_json()["scheduling_state"] == "draining"
+    assert (events(db, "drain")[-1]["actor"], events(db, "drain")[-1]["reason"]) == ("user:root", "reboot")
+    bad = client.post("/nodes/scheduling", json={"node": "train/box1", "action": "explode"}, headers=headers)
+    assert bad.status_code == 400
+    missing = client.post("/nodes/scheduling", json={"node": "nope", "action": "cordon"}, headers=headers)
+    assert missing.status_code == 404
+
+    listing = client.get("/fleets", headers=headers).get_json()["fleets"]
+    train = next(f for f in listing if f["fleet"] == "train")
+    assert train["draining"] == 1 and train["node_list"][0]["connectivity"] == "lost"
+    shown = client.get("/fleets/train", headers=headers).get_json()
+    assert shown["fleet"]["node_list"][0]["node"] == "box1" and shown["events"]
+    assert client.get("/fleets/nope", headers=headers).status_code == 404
