@@ -110,6 +110,10 @@ class InputRef(StrictModel):
 class OutputSpec(StrictModel):
     name: str = Field(min_length=1, max_length=128)
     path: str = Field(min_length=1, max_length=1024)
+    # How the finished directory reaches the platform (artifacts issue): "object" uploads it to the
+    # server's blob store, "shared" registers it on the fleet's shared mount; unset: the fleet's default
+    # (object delivery when declared, else its shared mount). The preview refuses what the fleet lacks.
+    delivery: Literal["object", "shared"] | None = None
 
     @field_validator("path")
     @classmethod

@@ -137,4 +137,9 @@ def summary(resolved: dict) -> dict:
         "max_attempts": resolved.get("max_attempts"),
         "priority": resolved.get("priority"),
         "warnings": list(resolved.get("warnings", [])),
+        "inputs": [
+            f"{i.get('name')}: {i.get('artifact_name')} of job {i.get('job_id')}"
+            f" (rank {i.get('rank')}, attempt {i.get('attempt')}), manifest sha256:{i.get('manifest_digest')}"
+            for i in resolved.get("inputs", [])
+        ],
     }

@@ -212,11 +212,12 @@ def test_source_archive_must_be_uploaded_by_the_owner(db: Database) -> None:
     assert preview["resolved"]["integration"]["name"] == "script"
 
 
-def test_inputs_cannot_be_pinned_yet_and_are_refused_not_dropped(db: Database) -> None:
+def test_an_unresolvable_input_is_refused_not_dropped(db: Database) -> None:
+    # Input pinning itself is tested in tests/db/test_artifact_preview.py (artifacts issue).
     user = add_user(db, "alice")
     one_local_fleet(db)
     err = refused(db, user, {**DEMO, "inputs": [{"name": "data", "artifact": "job-1/model"}]})
-    assert err.field == "inputs"
+    assert err.field == "inputs.0.artifact"
 
 
 def test_unknown_recipe_and_bad_params_are_refused_by_field(db: Database) -> None:
