@@ -1,0 +1,154 @@
+"""The artifact endpoints for node agents on the node gateway (aiohttp), at the same paths as the
+server's (app/web/artifacts.py), so an agent that only reaches the gateway delivers and fetches
+artifacts there. The agent authenticates with its node credential (`Authorization: Bearer …` as for
+every gateway call, or `Node …`); the stored functions check it.
+
+Wiring (node gateway): `add_artifact_routes(app, database_url, blob_dir)` in Gateway.make_app, with
+blob_dir the same blob store the server reads (Settings.blob_dir; `tuneplane up` shares one data dir).
+The file work is blocking and runs in threads (asyncio.to_thread) on a small synchronous pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from app.artifacts.blobs import FsBlobStore
+from app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified
+from app.artifacts.receiver import ArtifactReceiver, Registration
+from app.db import Database
+from app.errors import Refusal
+from app.security import token_hash
+
+RECEIVER_KEY = web.AppKey("artifact_receiver", ArtifactReceiver)
+
+
+def credential_hash(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    for scheme in ("Bearer ", "Node "):
+        if header.startswith(scheme) and header[len(scheme) :].strip():
+            return token_hash(header[len(scheme) :].strip())
+    raise Refusal("node agents authenticate with their node credential", 401, "credential")
+
+
+def _error(refusal: Refusal) -> web.Response:
+    return web.json_response(refusal.as_json(), status=refusal.status)
+
+
+def _public(artifact: dict) -> dict:
+    from app.web.negotiate import _default
+
+    keep = ("id", "job_id", "attempt_id", "member_id", "rank", "name", "kind", "state", "reason", "delivery",
+            "shared_path", "manifest_digest", "file_count", "total_bytes", "chunk_size")  # fmt: skip
+    return {k: (_default(v) if hasattr(v, "isoformat") else v) for k, v in artifact.items() if k in keep}
+
+
+def _handler(fn: Any) -> Any:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await fn(request, request.app[RECEIVER_KEY], credential_hash(request))
+        except Refusal as refusal:
+            return _error(refusal)
+
+    return wrapped
+
+
+async def _register(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    try:
+        body = await request.json()
+    except ValueError as exc:
+        raise Refusal("the request body must be a JSON object", 400) from exc
+    if not isinstance(body, dict) or not isinstance(body.get("member_id"), int):
+        raise Refusal("member_id (an integer), name, manifest and manifest_digest are required", 400)
+    reg = Registration(
+        member_id=body["member_id"], name=str(body.get("name") or ""), manifest=body.get("manifest") or {},
+        manifest_digest=str(body.get("manifest_digest") or ""), kind=str(body.get("kind") or "output"),
+        delivery=str(body.get("delivery") or "object"), shared_path=body.get("shared_path"),
+    )  # fmt: skip
+    row = await asyncio.to_thread(rx.register, cred, reg)
+    return web.json_response(_public(row), status=201)
+
+
+async def _status(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    return web.json_response(await asyncio.to_thread(rx.status, cred, int(request.match_info["artifact_id"])))
+
+
+async def _put_chunk(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    data = await request.read()
+    info = request.match_info
+    answer = await asyncio.to_thread(
+        rx.put_chunk, cred, int(info["artifact_id"]), int(info["file_index"]), int(info["chunk_index"]), data,
+        request.headers.get("X-Chunk-Sha256"),
+    )  # fmt: skip
+    return web.json_response(answer)
+
+
+async def _finish(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    row = await asyncio.to_thread(rx.finish, cred, int(request.match_info["artifact_id"]))
+    return web.json_response(_public(row))
+
+
+async def _fail(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    body = await request.json()
+    reason = str((body or {}).get("reason") or "")
+    row = await asyncio.to_thread(rx.fail, cred, int(request.match_info["artifact_id"]), reason)
+    return web.json_response(_public(row))
+
+
+async def _input_manifest(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    rows = await asyncio.to_thread(
+        rx.db.call, "artifact_input_for_node", cred, int(request.match_info["artifact_id"])
+    )
+    return web.json_response({**_public(rows[0]), "manifest": rows[0]["manifest"]})
+
+
+async def _input_file(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    artifact_id = int(request.match_info["artifact_id"])
+    index = int(request.match_info["file_index"])
+    artifact = (await asyncio.to_thread(rx.db.call, "artifact_input_for_node", cred, artifact_id))[0]
+    files = await asyncio.to_thread(rx.db.call, "artifact_file_list", artifact_id)
+    entry = next((f for f in files if f["file_index"] == index), None)
+    if entry is None:
+        raise Refusal(f"artifact {artifact_id} has no file {index}", 404, "file_index")
+    stream = open_stored(FsBlobStore(rx.blob_dir), artifact, entry)
+    if stream is None:
+        raise Refusal(f"{entry['path']}: the stored file is missing", 410, "file")
+    blocks = stream_verified(stream, entry, f"artifact {artifact_id} {entry['path']}")
+    try:
+        first = await asyncio.to_thread(next, blocks, None)
+    except StoredBytesMismatch as exc:
+        raise Refusal(f"{entry['path']}: the stored bytes do not match the manifest", 409) from exc
+    response = web.StreamResponse(headers={"Content-Length": str(entry["size"]), "X-Sha256": entry["sha256"]})
+    await response.prepare(request)
+    while first is not None:
+        await response.write(first)
+        # A mismatch found at the end raises here and cuts the body short of Content-Length.
+        first = await asyncio.to_thread(next, blocks, None)
+    await response.write_eof()
+    return response
+
+
+def add_artifact_routes(
+    app: web.Application, database_url: str, blob_dir: Path | str, *, pool_max: int = 4
+) -> None:
+    db = Database(database_url, max_size=pool_max, name="tuneplane-gateway-artifacts")
+    app[RECEIVER_KEY] = ArtifactReceiver(db, blob_dir)
+
+    async def close(_app: web.Application) -> None:
+        db.close()
+
+    app.on_cleanup.append(close)
+    r = app.router
+    r.add_post("/api/artifacts", _handler(_register))
+    r.add_get("/api/artifacts/{artifact_id:\\d+}/upload", _handler(_status))
+    r.add_put(
+        "/api/artifacts/{artifact_id:\\d+}/files/{file_index:\\d+}/chunks/{chunk_index:\\d+}",
+        _handler(_put_chunk),
+    )
+    r.add_post("/api/artifacts/{artifact_id:\\d+}/finish", _handler(_finish))
+    r.add_post("/api/artifacts/{artifact_id:\\d+}/fail", _handler(_fail))
+    r.add_get("/api/input-artifacts/{artifact_id:\\d+}", _handler(_input_manifest))
+    r.add_get("/api/input-artifacts/{artifact_id:\\d+}/files/{file_index:\\d+}", _handler(_input_file))

@@ -1,0 +1,124 @@
+"""Materializing a job's pinned inputs on a node and verifying them before the member reports PREPARED.
+
+The pin comes from the job's preview (resolved `inputs`: artifact id and manifest digest). The node
+fetches the manifest, checks that it hashes to the pinned digest (the server's word is not enough),
+places every file (a copy from the fleet's shared mount when the artifact lies there and is visible,
+else a download through the artifact endpoints), and then re-hashes the whole directory against the
+manifest. Calling it again on a directory that already verifies does nothing, so a retried PREPARE is
+cheap.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from workers.artifacts.manifest import Manifest, ManifestError
+from workers.artifacts.verify import VerifyReport, verify_directory
+
+PARTIAL = ".tuneplane-partial"
+
+
+class MaterializeError(RuntimeError):
+    """An input could not be placed or does not verify; the message names the input and every file."""
+
+
+def fetch_manifest(http: httpx.Client, pinned: dict[str, Any]) -> Manifest:
+    response = http.get(f"/api/input-artifacts/{pinned['artifact_id']}")
+    if not response.is_success:
+        raise MaterializeError(f"input {pinned['name']}: the server refused the manifest: {_error(response)}")
+    try:
+        manifest = Manifest.from_json(response.json()["manifest"])
+    except (ManifestError, KeyError, ValueError) as exc:
+        raise MaterializeError(f"input {pinned['name']}: unusable manifest ({exc})") from exc
+    if manifest.digest != pinned["manifest_digest"]:
+        raise MaterializeError(
+            f"input {pinned['name']}: the manifest hashes to {manifest.digest}, "
+            f"the job pinned {pinned['manifest_digest']}; refusing it"
+        )
+    return manifest
+
+
+def _error(response: httpx.Response) -> str:
+    try:
+        return response.json().get("error") or f"HTTP {response.status_code}"
+    except ValueError:
+        return f"HTTP {response.status_code}"
+
+
+def _download(http: httpx.Client, artifact_id: int, index: int, entry_sha: str, target: Path) -> None:
+    partial = target.parent / f"{PARTIAL}-{target.name}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    try:
+        with http.stream("GET", f"/api/input-artifacts/{artifact_id}/files/{index}") as response:
+            if not response.is_success:
+                response.read()
+                raise MaterializeError(_error(response))
+            with open(partial, "wb") as handle:
+                for block in response.iter_bytes(1024 * 1024):
+                    digest.update(block)
+                    handle.write(block)
+    except httpx.HTTPError as exc:
+        partial.unlink(missing_ok=True)
+        raise MaterializeError(f"transfer failed: {exc}") from exc
+    if digest.hexdigest() != entry_sha:
+        partial.unlink(missing_ok=True)
+        raise MaterializeError("downloaded bytes do not match the manifest")
+    os.replace(partial, target)
+
+
+def materialize_input(http: httpx.Client, pinned: dict[str, Any], dest: Path | str) -> VerifyReport:
+    """Place one pinned input at dest and verify it; raises MaterializeError naming every bad file."""
+    dest = Path(dest)
+    manifest = fetch_manifest(http, pinned)
+    if dest.is_dir():
+        report = verify_directory(dest, manifest)
+        if report.ok:
+            return report
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    shared = pinned.get("shared_path")
+    use_shared = pinned.get("delivery") == "shared" and shared and Path(shared).is_dir()
+    problems: list[str] = []
+    for index, entry in enumerate(manifest.files):
+        target = dest / entry.path
+        try:
+            if use_shared:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(Path(shared) / entry.path, target)
+            else:
+                _download(http, pinned["artifact_id"], index, entry.sha256, target)
+        except (MaterializeError, OSError) as exc:
+            problems.append(f"{entry.path}: {exc}")
+    if problems:
+        raise MaterializeError(f"input {pinned['name']}: " + "; ".join(problems))
+    report = verify_directory(dest, manifest)
+    if not report.ok:
+        raise MaterializeError(f"input {pinned['name']} does not verify: " + "; ".join(report.problems()))
+    return report
+
+
+def materialize_inputs(http: httpx.Client, inputs: list[dict[str, Any]], input_root: Path | str) -> dict:
+    """Every pinned input of a job under input_root/<name> (or input_root/<path>); returns per input what
+    was verified. The agent calls this in PREPARE and reports FAILED with the error's message."""
+    root = Path(input_root)
+    done: dict[str, Any] = {}
+    for pinned in inputs:
+        relative = pinned.get("path") or pinned["name"]
+        target = (root / relative).resolve()
+        if not str(target).startswith(str(root.resolve()) + os.sep):
+            raise MaterializeError(f"input {pinned['name']}: path {relative} leaves the input directory")
+        report = materialize_input(http, pinned, target)
+        done[pinned["name"]] = {
+            "path": str(target),
+            "manifest_digest": pinned["manifest_digest"],
+            "files": report.checked,
+            "bytes": report.bytes_checked,
+        }
+    return done
