@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "app.cli.server_cmd",
     "app.cli.plugins_cmd",
     "app.cli.admin_cmd",
+    "app.cli.submit_cmd",
     "app.cli.telemetry_cmd",
     "app.cli.artifacts_cmd",
     "app.cli.node_cmd",

@@ -120,7 +120,7 @@ def summary(resolved: dict) -> dict:
     """The lines a person reads before confirming (CLI and console show the same)."""
     res = resolved.get("resources", {})
     fleet = resolved.get("fleet", {})
-    chosen = "named in the spec" if fleet.get("chosen") == "named" else "chosen automatically (the only fit)"
+    chosen = "named in the spec" if fleet.get("chosen") == "named" else "chosen: the only fleet that fits"
     gpus = res.get("gpus_per_node", 0)
     integration = resolved.get("integration", {})
     memory = format_bytes(res.get("memory_per_node", 0))

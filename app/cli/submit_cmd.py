@@ -1,0 +1,384 @@
+"""`tuneplane preview|confirm|submit|jobs`: client commands over the HTTP forms (no database access).
+
+INPUT is one of --recipe NAME [--param K=V …], --source DIR|FILE.tar.gz --entrypoint CMD, or
+--image REF --command CMD; or a whole JobSpec from --spec FILE.yaml|json (flags override its fields).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from app.cli import ExpectedError
+from app.cli.options import json_option, print_json, print_table
+from app.client.archive_pack import PackError, pack_directory
+from app.client.config import resolve
+from app.client.http import ApiClient
+
+_SHA256 = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
+
+
+def client_options(func: Callable) -> Callable:
+    func = click.option(
+        "--ca-bundle", default=None, help="CA bundle for a private CA (env TUNEPLANE_CA_BUNDLE)."
+    )(func)
+    func = click.option("--token", default=None, help="API token (env TUNEPLANE_TOKEN).")(func)
+    func = click.option("--server", default=None, help="Server URL (env TUNEPLANE_SERVER).")(func)
+    return func
+
+
+def _client(server: str | None, token: str | None, ca_bundle: str | None) -> ApiClient:
+    return ApiClient(resolve(server, token, ca_bundle))
+
+
+def spec_options(func: Callable) -> Callable:
+    options = [
+        click.option(
+            "--spec",
+            "spec_file",
+            type=click.Path(dir_okay=False, exists=True),
+            help="A JobSpec in YAML or JSON; flags override its fields.",
+        ),
+        click.option("--recipe", help="Input: a recipe (integration) by name, e.g. demo."),
+        click.option(
+            "--param", "params", multiple=True, metavar="K=V", help="A recipe parameter (repeatable)."
+        ),
+        click.option(
+            "--source",
+            type=click.Path(exists=True),
+            help="Input: a source directory (packed, skipping .git, caches, venvs, .tuneplaneignore) "
+            "or a .tar.gz.",
+        ),
+        click.option("--entrypoint", help="The command that runs the source, e.g. 'python train.py'."),
+        click.option("--image", help="Input: a container image reference."),
+        click.option("--command", "image_command", help="The command to run in the image."),
+        click.option(
+            "--integration",
+            type=click.Choice(["script", "torchrun"]),
+            help="How a source or image command runs (default script).",
+        ),
+        click.option("--nodes", type=int, help="Number of nodes (one member each)."),
+        click.option("--gpus-per-node", type=int, help="GPUs per node."),
+        click.option("--cpus", type=int, help="CPUs per node."),
+        click.option("--memory", help="Memory per node, e.g. 16G."),
+        click.option("--fleet", help="Fleet name (default: the one fleet that can satisfy the request)."),
+        click.option("--max-attempts", type=int, help="Attempts before the job fails."),
+        click.option("--priority", type=int, help="Queue priority (higher first)."),
+        click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable (repeatable)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
+    result = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ExpectedError(f"{flag} takes KEY=VALUE, got {item!r}")
+        result[key] = value
+    return result
+
+
+def _load_spec_file(path: str) -> dict:
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ExpectedError(
+            f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'} ({exc})"
+        ) from exc
+    if not isinstance(data, dict):
+        raise ExpectedError(f"{path}: a JobSpec is a mapping of fields")
+    return data
+
+
+def upload_source(client: ApiClient, source: Path) -> dict:
+    """Pack a directory (or take a .tar.gz) and upload it; returns the server's archive facts."""
+    with tempfile.TemporaryFile() as packed:
+        if source.is_dir():
+            try:
+                result = pack_directory(source, packed)
+            except PackError as exc:
+                raise ExpectedError(str(exc)) from exc
+            click.echo(f"packed {result.files} files ({result.bytes} bytes) from {source}", err=True)
+        else:
+            if not source.name.endswith((".tar.gz", ".tgz")):
+                raise ExpectedError(f"{source}: --source takes a directory or a .tar.gz file")
+            packed.write(source.read_bytes())
+        packed.seek(0)
+        facts = client.post("/sources", content=packed, headers={"Content-Type": "application/gzip"})
+    click.echo(f"uploaded source archive {facts['archive']} ({facts['member_count']} members)", err=True)
+    return facts
+
+
+def build_spec(client: ApiClient, opts: dict[str, Any]) -> dict:
+    spec: dict[str, Any] = _load_spec_file(opts["spec_file"]) if opts.get("spec_file") else {}
+    inputs = [k for k in ("recipe", "source", "image") if opts.get(k)]
+    if len(inputs) > 1:
+        raise ExpectedError("give one input: --recipe, --source or --image")
+    if inputs:
+        for key in ("recipe", "source", "image"):
+            spec.pop(key, None)
+    if opts.get("recipe"):
+        spec["recipe"] = {"name": opts["recipe"], "params": _pairs(opts.get("params") or (), "--param")}
+    elif opts.get("params"):
+        if "recipe" not in spec:
+            raise ExpectedError("--param needs --recipe")
+        spec["recipe"].setdefault("params", {}).update(_pairs(opts["params"], "--param"))
+    if opts.get("source"):
+        if not opts.get("entrypoint"):
+            raise ExpectedError("--source needs --entrypoint (the command that runs it)")
+        facts = upload_source(client, Path(opts["source"]))
+        spec["source"] = {"archive": facts["archive"], "entrypoint": opts["entrypoint"]}
+    elif isinstance(spec.get("source"), dict):
+        archive = str(spec["source"].get("archive", ""))
+        if archive and not _SHA256.match(archive) and Path(archive).exists():
+            spec["source"]["archive"] = upload_source(client, Path(archive))["archive"]
+        if opts.get("entrypoint"):
+            spec["source"]["entrypoint"] = opts["entrypoint"]
+    if opts.get("image"):
+        if not opts.get("image_command"):
+            raise ExpectedError("--image needs --command")
+        spec["image"] = {"ref": opts["image"], "command": opts["image_command"]}
+    if opts.get("integration"):
+        target = spec.get("source") or spec.get("image")
+        if target is None:
+            raise ExpectedError("--integration applies to --source or --image")
+        target["integration"] = opts["integration"]
+    if not any(k in spec for k in ("recipe", "source", "image")):
+        raise ExpectedError(
+            "give an input: --recipe NAME, --source DIR --entrypoint CMD, --image REF --command "
+            "CMD, or --spec FILE"
+        )
+    resources = dict(spec.get("resources") or {})
+    for flag, field in (
+        ("nodes", "nodes"),
+        ("gpus_per_node", "gpus_per_node"),
+        ("cpus", "cpus_per_node"),
+        ("memory", "memory_per_node"),
+    ):
+        if opts.get(flag) is not None:
+            resources[field] = opts[flag]
+    if resources:
+        spec["resources"] = resources
+    for field in ("fleet", "max_attempts", "priority"):
+        if opts.get(field) is not None:
+            spec[field] = opts[field]
+    if opts.get("env"):
+        spec["env"] = {**(spec.get("env") or {}), **_pairs(opts["env"], "--env")}
+    return spec
+
+
+SPEC_KEYS = (
+    "spec_file",
+    "recipe",
+    "params",
+    "source",
+    "entrypoint",
+    "image",
+    "image_command",
+    "integration",
+    "nodes",
+    "gpus_per_node",
+    "cpus",
+    "memory",
+    "fleet",
+    "max_attempts",
+    "priority",
+    "env",
+)
+
+
+def echo_preview(preview: dict, err: bool = False) -> None:
+    s = preview["summary"]
+    out = lambda text: click.echo(text, err=err)  # noqa: E731
+    out(f"Preview {preview['id']} (expires {preview['expires_at']})")
+    for label, value in (
+        ("input", s["input"]),
+        ("fleet", s["fleet"]),
+        ("backend", s["backend"]),
+        ("GPU request", s["gpu_request"]),
+        ("nodes", f"{s['nodes']} (each: {s['per_node']})"),
+        ("runtime", s["runtime"]),
+        ("integration", s["integration"]),
+        ("attempts", s["max_attempts"]),
+        ("priority", s["priority"]),
+    ):
+        out(f"  {label:<12} {value}")
+    for pinned in s.get("inputs", []):
+        out(f"  {'input':<12} {pinned}")
+    for warning in s["warnings"]:
+        out(f"  {'warning':<12} {warning}")
+    out(f"  {'digest':<12} {preview['digest']}")
+
+
+def echo_receipt(receipt: dict) -> None:
+    again = " (this confirmation was already made: same job)" if receipt.get("replayed") else ""
+    click.echo(f"job {receipt['job_id']} {receipt['state']}{again}")
+    click.echo(f"  reason     {receipt['state_reason']}")
+    click.echo(f"  preview    {receipt['preview_id']}")
+    click.echo(f"  digest     {receipt['digest']}")
+    click.echo(f"  retry key  {receipt['retry_key']}")
+    click.echo(f"  created    {receipt['created_at']}")
+
+
+@click.command("preview")
+@spec_options
+@json_option
+@client_options
+def preview_cmd(as_json: bool, server, token, ca_bundle, **opts: Any) -> None:
+    """Resolve a job without creating it: prints the summary, preview id and digest."""
+    with _client(server, token, ca_bundle) as client:
+        preview = client.post("/previews", json=build_spec(client, opts))
+    if as_json:
+        print_json(preview)
+        return
+    echo_preview(preview)
+    click.echo(f"confirm with: tuneplane confirm {preview['id']} --digest {preview['digest']}")
+
+
+@click.command("confirm")
+@click.argument("preview_id")
+@click.option("--digest", required=True, help="The digest the preview printed.")
+@click.option("--retry-key", default=None, help="Idempotency key (default: derived from the preview id).")
+@json_option
+@client_options
+def confirm_cmd(
+    preview_id: str, digest: str, retry_key: str | None, as_json: bool, server, token, ca_bundle
+) -> None:
+    """Confirm a preview: creates the job (once) and prints its receipt."""
+    body = {"digest": digest, "retry_key": retry_key}
+    with _client(server, token, ca_bundle) as client:
+        receipt = client.post(f"/previews/{preview_id}/confirm", json=body)
+    print_json(receipt) if as_json else echo_receipt(receipt)
+
+
+@click.command("submit")
+@spec_options
+@click.option("--yes", "-y", is_flag=True, help="Confirm without asking.")
+@click.option(
+    "--retry-key",
+    default=None,
+    help="Idempotency key: the same key and the same resolved job return the same receipt.",
+)
+@json_option
+@client_options
+def submit_cmd(
+    yes: bool, retry_key: str | None, as_json: bool, server, token, ca_bundle, **opts: Any
+) -> None:
+    """Preview, show the summary, ask, and confirm."""
+    with _client(server, token, ca_bundle) as client:
+        preview = client.post("/previews", json=build_spec(client, opts))
+        echo_preview(preview, err=as_json)
+        if not yes and not click.confirm("Confirm this job?", default=False, err=True):
+            raise ExpectedError("not confirmed; nothing was created")
+        body = {"digest": preview["digest"], "retry_key": retry_key}
+        receipt = client.post(f"/previews/{preview['id']}/confirm", json=body)
+    print_json(receipt) if as_json else echo_receipt(receipt)
+
+
+@click.group("jobs")
+def jobs_group() -> None:
+    """Your jobs (an admin sees everyone's)."""
+
+
+@jobs_group.command("list")
+@click.option("--state", default=None, help="Only jobs in this state.")
+@click.option("--limit", default=100, show_default=True, type=int)
+@json_option
+@client_options
+def jobs_list(state: str | None, limit: int, as_json: bool, server, token, ca_bundle) -> None:
+    """List jobs, newest first."""
+    params: dict[str, Any] = {"limit": limit}
+    if state:
+        params["state"] = state
+    with _client(server, token, ca_bundle) as client:
+        jobs = client.get("/jobs", params=params)["jobs"]
+    if as_json:
+        print_json(jobs)
+        return
+    rows = [{**j, "gpus": j["total_gpus"], "created": str(j["created_at"])[:19]} for j in jobs]
+    print_table(
+        rows,
+        ["id", "state", "fleet", "gpus", "input_summary", "owner", "created", "state_reason"],
+        empty="(no jobs)",
+    )
+
+
+@jobs_group.command("show")
+@click.argument("job_id")
+@json_option
+@client_options
+def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
+    """One job with its event timeline."""
+    with _client(server, token, ca_bundle) as client:
+        job = client.get(f"/jobs/{job_id}")
+    if as_json:
+        print_json(job)
+        return
+    click.echo(f"job {job['id']} {job['state']}: {job['state_reason']}")
+    for label in (
+        "owner",
+        "fleet",
+        "backend",
+        "input_summary",
+        "nodes",
+        "gpus_per_node",
+        "cpus_per_node",
+        "memory_per_node",
+        "max_attempts",
+        "priority",
+        "preview_id",
+        "digest",
+        "retry_key",
+        "created_at",
+    ):
+        click.echo(f"  {label:<16} {job[label]}")
+    click.echo("events:")
+    for event in job["events"]:
+        click.echo(
+            f"  {str(event['at'])[:19]}  {event['from_state'] or '-':>9} → {event['to_state']:<9} "
+            f"{event['reason']}"
+        )
+
+
+@click.command("login")
+@click.option("--server", required=True, help="Server URL, e.g. https://tuneplane.example.com")
+@click.option("--username", default=None, help="Default: asked.")
+@click.option("--password-stdin", is_flag=True, help="Read the password from standard input.")
+@click.option("--ca-bundle", default=None, help="CA bundle for a private CA; saved in the config.")
+@click.option("--name", default="tuneplane login", show_default=True, help="A name for the token.")
+def login_cmd(
+    server: str, username: str | None, password_stdin: bool, ca_bundle: str | None, name: str
+) -> None:
+    """Log in: obtains an API token and writes it, with the server URL, to the config file."""
+    from app.client.config import ClientConfig, read_config_file, write_config_file
+
+    username = username or click.prompt("Username")
+    password = (
+        sys.stdin.readline().rstrip("\n") if password_stdin else click.prompt("Password", hide_input=True)
+    )
+    config = ClientConfig(server=server.rstrip("/"), token=None, ca_bundle=ca_bundle)
+    with ApiClient(config, require_token=False) as client:
+        issued = client.post("/api/tokens", json={"username": username, "password": password, "name": name})
+    current = read_config_file()
+    values = {**current, "server": config.server, "token": issued["token"]}
+    if ca_bundle:
+        values["ca_bundle"] = ca_bundle
+    path = write_config_file(values)
+    click.echo(
+        f"logged in to {config.server} as {issued['username']} ({issued['role']}); token saved in {path}"
+    )
+
+
+COMMANDS = [preview_cmd, confirm_cmd, submit_cmd, jobs_group, login_cmd]

@@ -1,0 +1,115 @@
+"""A browser (Playwright driving Debian's Chromium) logs in, fills the submission dialog, sees the preview
+summary, confirms, and lands on the job page. Screenshots of each step go to $TUNEPLANE_SCREENSHOT_DIR."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from werkzeug.serving import make_server
+
+from app.db import Database
+from app.web import create_app
+from tests.submission_setup import add_user, one_local_fleet
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.fixture
+def server_url(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[str]:
+    one_local_fleet(db)
+    add_user(db, "alice", password="alice-pw")
+    app = create_app(db_url, config={"TP_DATA_DIR": str(tmp_path / "data"), "SECRET_KEY": "test"})
+    server = make_server("127.0.0.1", port, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}"
+    server.shutdown()
+    thread.join(10)
+
+
+@pytest.fixture
+def page():
+    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
+        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        yield context.new_page()
+        context.close()
+        browser.close()
+
+
+def shot(page, name: str) -> None:
+    folder = os.environ.get("TUNEPLANE_SCREENSHOT_DIR")
+    if folder:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(folder) / f"submit-{name}.png"), full_page=True)
+
+
+def test_login_fill_preview_confirm_and_land_on_the_job_page(page, server_url: str, db: Database) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{server_url}/submit")
+    expect(page).to_have_url(re.compile(r"/login"))
+    page.fill("#username", "alice")
+    page.fill("#password", "alice-pw")
+    shot(page, "1-login")
+    page.click("button[type=submit]")
+    expect(page).to_have_url(re.compile(r"/submit$"))
+
+    page.check("input[name=input_kind][value=recipe]")
+    page.select_option("#recipe-name", "demo")
+    page.fill("#recipe-params", "steps=30")
+    page.fill("#gpus", "0")
+    page.fill("#memory", "512M")
+    shot(page, "2-dialog")
+    page.click("#preview-button")
+    preview = page.locator("#preview-result")
+    expect(preview).to_have_attribute("data-preview-id", re.compile(r"^[0-9a-f-]{36}$"))
+    expect(preview.locator("[data-summary=fleet]")).to_contain_text("local")
+    expect(preview.locator("[data-summary=backend]")).to_have_text("node")
+    expect(preview.locator("[data-summary=gpus]")).to_contain_text("0 GPUs")
+    expect(preview.locator(".digest")).to_have_text(re.compile(r"^[0-9a-f]{64}$"))
+    shot(page, "3-preview")
+
+    # Editing any field discards the preview: nothing stale can be confirmed.
+    page.fill("#recipe-params", "steps=40")
+    expect(page.locator("#preview-result")).to_have_count(0)
+    page.click("#preview-button")
+    expect(page.locator("#preview-result [data-summary=fleet]")).to_contain_text("local")
+
+    # A refused preview names the field inside the dialog.
+    page.fill("#memory", "lots")
+    page.click("#preview-button")
+    expect(page.locator(".preview-refused [data-field='resources.memory_per_node']")).to_be_visible()
+    shot(page, "4-refused")
+    page.fill("#memory", "512M")
+    page.click("#preview-button")
+    expect(page.locator("#confirm-button")).to_be_visible()
+
+    page.dblclick("#confirm-button")  # a double click makes one job
+    expect(page).to_have_url(re.compile(r"/jobs/\d+$"))
+    expect(page.locator("#job-state")).to_have_text("queued")
+    expect(page.locator("#job-reason")).to_contain_text("waiting for resources")
+    shot(page, "5-job")
+    assert db.fetch_one("SELECT count(*) AS n FROM jobs")["n"] == 1
+    job = db.fetch_one("SELECT spec FROM jobs")
+    assert job["spec"]["input"]["params"]["steps"] == 40

@@ -1,0 +1,134 @@
+"""The CLI wraps the HTTP forms: login, preview, confirm, submit, jobs — against a real HTTP server."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from werkzeug.serving import make_server
+
+from app.cli import main
+from app.client.config import read_config_file
+from app.db import Database
+from app.web import create_app
+from tests.submission_setup import add_user, one_local_fleet
+
+
+@pytest.fixture
+def server_url(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[str]:
+    one_local_fleet(db)
+    add_user(db, "alice", password="alice-pw")
+    app = create_app(db_url, config={"TP_DATA_DIR": str(tmp_path / "data"), "SECRET_KEY": "test"})
+    server = make_server("127.0.0.1", port, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{port}"
+    server.shutdown()
+    thread.join(10)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("TUNEPLANE_CONFIG", str(tmp_path / "config.toml"))
+    for name in ("TUNEPLANE_SERVER", "TUNEPLANE_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    runner = CliRunner()
+
+    def run(*args: str, input: str | None = None) -> Result:
+        return runner.invoke(main, list(args), input=input, catch_exceptions=False)
+
+    return run
+
+
+@pytest.fixture
+def logged_in(cli, server_url: str) -> str:
+    result = cli("login", "--server", server_url, input="alice\nalice-pw\n")
+    assert result.exit_code == 0, result.output
+    return server_url
+
+
+def test_login_prompts_and_writes_the_config(cli, server_url: str, tmp_path: Path) -> None:
+    result = cli("login", "--server", server_url, input="alice\nalice-pw\n")
+    assert result.exit_code == 0 and "logged in" in result.output
+    config = read_config_file(tmp_path / "config.toml")
+    assert config["server"] == server_url and config["token"].startswith("tpu_")
+    assert (tmp_path / "config.toml").stat().st_mode & 0o777 == 0o600
+    wrong = cli("login", "--server", server_url, "--username", "alice", "--password-stdin", input="nope\n")
+    assert wrong.exit_code == 1 and "wrong username or password" in wrong.output
+
+
+def test_preview_then_confirm_prints_id_digest_and_receipt(cli, logged_in: str) -> None:
+    shown = cli("preview", "--recipe", "demo", "--param", "steps=20", "--memory", "512M")
+    assert shown.exit_code == 0, shown.output
+    assert "fleet        local" in shown.output and "digest" in shown.output
+    preview = json.loads(
+        cli("preview", "--recipe", "demo", "--param", "steps=20", "--memory", "512M", "--json").output
+    )
+    assert preview["resolved"]["resources"]["memory_per_node"] == 512 * 1024**2
+    first = cli("confirm", preview["id"], "--digest", preview["digest"], "--json")
+    again = cli("confirm", preview["id"], "--digest", preview["digest"], "--json")
+    assert json.loads(first.output)["job_id"] == json.loads(again.output)["job_id"]
+    human = cli("confirm", preview["id"], "--digest", preview["digest"])
+    assert "already made" in human.output and "queued" in human.output
+
+
+def test_submit_with_the_same_retry_key_prints_the_same_job(cli, logged_in: str) -> None:
+    first = cli("submit", "--recipe", "demo", "--yes", "--json", "--retry-key", "k1")
+    second = cli("submit", "--recipe", "demo", "--yes", "--json", "--retry-key", "k1")
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    assert json.loads(first.stdout)["job_id"] == json.loads(second.stdout)["job_id"]
+    other = cli("submit", "--recipe", "demo", "--param", "steps=3", "--yes", "--retry-key", "k1")
+    assert other.exit_code == 1 and "already used to confirm preview" in other.output
+
+
+def test_submit_asks_and_a_no_creates_nothing(cli, logged_in: str) -> None:
+    result = cli("submit", "--recipe", "demo", input="n\n")
+    assert result.exit_code == 1 and "nothing was created" in result.output
+    assert json.loads(cli("jobs", "list", "--json").output) == []
+
+
+def test_bad_fields_are_one_line_errors_naming_the_field(cli, logged_in: str) -> None:
+    result = cli("preview", "--recipe", "demo", "--gpus-per-node", "-2")
+    assert result.exit_code == 1 and "resources.gpus_per_node" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_jobs_list_and_show(cli, logged_in: str) -> None:
+    receipt = json.loads(cli("submit", "--recipe", "demo", "--yes", "--json").stdout)
+    listed = cli("jobs", "list")
+    assert str(receipt["job_id"]) in listed.output and "queued" in listed.output
+    shown = cli("jobs", "show", str(receipt["job_id"]))
+    assert "waiting for resources" in shown.output and "→ queued" in shown.output
+    data = json.loads(cli("jobs", "show", str(receipt["job_id"]), "--json").output)
+    assert data["events"][0]["to_state"] == "queued"
+    assert cli("jobs", "show", "999999").exit_code == 1
+
+
+def test_source_directory_is_packed_uploaded_and_pinned(cli, logged_in: str, tmp_path: Path) -> None:
+    src = tmp_path / "project"
+    (src / ".git").mkdir(parents=True)
+    (src / ".git" / "HEAD").write_text("ref")
+    (src / "train.py").write_text("print('hi')\n")
+    result = cli("preview", "--source", str(src), "--entrypoint", "python train.py", "--json")
+    assert result.exit_code == 0, result.output
+    preview = json.loads(result.stdout)
+    archive = preview["resolved"]["input"]["archive"]
+    assert archive["member_count"] == 1 and preview["resolved"]["integration"]["name"] == "script"
+
+
+def test_spec_file_with_flag_overrides(cli, logged_in: str, tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "recipe:\n  name: demo\n  params: {steps: 11}\nresources:\n  cpus_per_node: 2\npriority: 5\n"
+    )
+    preview = json.loads(cli("preview", "--spec", str(spec), "--priority", "7", "--json").stdout)
+    assert preview["resolved"]["priority"] == 7 and preview["resolved"]["resources"]["cpus_per_node"] == 2
+    assert preview["resolved"]["input"]["params"]["steps"] == 11
+    broken = tmp_path / "bad.yaml"
+    broken.write_text("recipe: {name: demo}\nwhat: ever\n")
+    result = cli("preview", "--spec", str(broken))
+    assert result.exit_code == 1 and "what" in result.output
