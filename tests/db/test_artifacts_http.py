@@ -251,3 +251,30 @@ def test_other_users_cannot_see_or_download_artifacts(db: Database, env) -> None
     )
     assert anonymous.status_code == 401
     assert build_manifest(src).digest == art["manifest_digest"]
+
+
+def test_the_console_lists_artifacts_with_a_verify_button_and_the_job_page_loads_them(
+    db: Database, env
+) -> None:
+    setup = make_member(db)
+    src = env["tmp"] / "out"
+    manifest = write_tree(src, {"a.bin": b"abc"})
+    with node_http(env["url"], setup.credential) as http:
+        art = deliver_artifact(http, setup.member["id"], "model", src)
+    token = api_token(db, setup.user_id)
+    html = httpx.get(
+        f"{env['url']}/jobs/{setup.job_id}/artifacts",
+        headers={"Authorization": f"Bearer {token}", "Accept": "text/html"},
+    )
+    assert html.status_code == 200
+    assert "model" in html.text and manifest.digest[:16] in html.text and ">Verify</button>" in html.text
+    assert f"/artifacts/{art['id']}/verify" in html.text
+    result = httpx.post(
+        f"{env['url']}/artifacts/{art['id']}/verify",
+        headers={"Authorization": f"Bearer {token}", "Accept": "text/html"},
+    )
+    assert result.status_code == 200 and "1 files recomputed" in result.text
+    page = httpx.get(f"{env['url']}/artifacts/{art['id']}", headers={"Authorization": f"Bearer {token}"})
+    assert page.status_code == 200 and "a.bin" in page.text and manifest.digest in page.text
+    job_page = httpx.get(f"{env['url']}/jobs/{setup.job_id}", headers={"Authorization": f"Bearer {token}"})
+    assert job_page.status_code == 200 and f"/jobs/{setup.job_id}/artifacts" in job_page.text
