@@ -6,6 +6,7 @@ name each offending field by its dotted path (`resources.gpus_per_node`).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
@@ -48,7 +49,17 @@ class StrictModel(BaseModel):
 
 class RecipeInput(StrictModel):
     name: str = Field(description="a registered integration of kind recipe, e.g. demo")
-    params: dict[str, ParamValue] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, item in value.items():
+            if not isinstance(item, ParamValue):
+                raise ValueError(f"{key}: a parameter is a string, number or boolean")
+            if isinstance(item, float) and not math.isfinite(item):
+                raise ValueError(f"{key}: a parameter must be finite")
+        return value
 
     @field_validator("name")
     @classmethod
