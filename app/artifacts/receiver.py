@@ -13,6 +13,7 @@ chunk's sha256) and turns into a re-upload of exactly those chunks.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -181,10 +182,23 @@ class ArtifactReceiver:
         """Re-read the staged file chunk by chunk: every recorded chunk's sha256 and the whole file's are
         checked, and the file is recorded verified only if it matches the manifest. Bad chunks (lost or
         damaged on the server) are dropped so the uploader resends just those."""
+        staged = self._staging_file(target)
+        # Two last chunks arriving together both see "all chunks": one assembles, the other waits and
+        # then finds the file verified (a lock file beside the staged file works across server processes).
+        lock_path = staged.with_suffix(".lock")
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            status = self.status(credential_hash, target["artifact_id"])
+            entry = next(f for f in status["files"] if f["index"] == target["file_index"])
+            if entry["verified"]:
+                return self.db.call("finish_artifact", credential_hash, target["artifact_id"])[0]
+            return self._assemble_locked(credential_hash, target, staged)
+
+    def _assemble_locked(self, credential_hash: str, target: dict, staged: Path) -> dict:
         chunks = self.db.call(
             "artifact_file_chunks", credential_hash, target["artifact_id"], target["file_index"]
         )
-        staged = self._staging_file(target)
         chunk_size = int(target["chunk_size"])
         bad: list[int] = []
         digest = hashlib.sha256()

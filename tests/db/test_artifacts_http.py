@@ -150,7 +150,7 @@ def test_an_interrupted_upload_resumes_with_only_the_missing_chunks(db: Database
 
         art = register(http, setup.member["id"], "model", manifest)
         with pytest.raises(UploadError, match="connection lost"):
-            upload_artifact(src, manifest, StopAfter(HttpChunkTransport(http, art["id"]), 4))
+            upload_artifact(src, manifest, StopAfter(HttpChunkTransport(http, art["id"]), 4), parallel=1)
         assert db.fetch_one("SELECT state FROM artifacts WHERE id = %s", (art["id"],))["state"] == "uploading"
         result = deliver_artifact(http, setup.member["id"], "model", src)
     assert result["id"] == art["id"] and result["state"] == "complete"
@@ -189,7 +189,7 @@ def test_a_staged_chunk_damaged_on_the_server_is_sent_again(db: Database, env) -
         art = register(http, setup.member["id"], "a", manifest)
         transport = HttpChunkTransport(http, art["id"])
         with pytest.raises(UploadError):
-            upload_artifact(src, manifest, StopAfter(transport, 2))
+            upload_artifact(src, manifest, StopAfter(transport, 2), parallel=1)
         staged = next((env["blob_dir"] / "staging" / "artifacts" / str(art["id"])).rglob("*.part"))
         with open(staged, "r+b") as handle:
             handle.seek(10)

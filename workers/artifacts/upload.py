@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -99,8 +100,10 @@ def upload_artifact(
     transport: ChunkTransport,
     *,
     on_chunk: Callable[[str, int, int], None] | None = None,
+    parallel: int = 4,
 ) -> UploadResult:
-    """Send every chunk the server lacks, then ask it to finish; resumable by calling it again."""
+    """Send every chunk the server lacks (`parallel` at a time), then ask it to finish; resumable by
+    calling it again. The first failed chunk stops the upload (chunks already sent stay on the server)."""
     root_path = Path(root)
     status = transport.status()
     if status["state"] == "complete":
@@ -111,14 +114,27 @@ def upload_artifact(
     total_chunks = sum(
         chunk_count(f["size"], int(status["chunk_size"])) for f in status["files"] if not f["verified"]
     )
-    sent = sent_bytes = 0
-    for entry, chunk in pending_chunks(status, manifest):
+    work = list(pending_chunks(status, manifest))
+
+    def send(item: tuple[dict, Chunk]) -> int:
+        entry, chunk = item
         data, sha = read_chunk(root_path / entry["path"], chunk)
         transport.put_chunk(entry["index"], chunk.index, data, sha)
-        sent += 1
-        sent_bytes += len(data)
         if on_chunk is not None:
             on_chunk(entry["path"], chunk.index, len(data))
+        return len(data)
+
+    sent = sent_bytes = 0
+    with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="chunk-upload") as pool:
+        futures = [pool.submit(send, item) for item in work]
+        try:
+            for future in as_completed(futures):
+                sent_bytes += future.result()
+                sent += 1
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
     final = transport.finish()
     return UploadResult(final["state"], sent, total_chunks - sent, sent_bytes, already, final.get("reason"))
 
