@@ -218,3 +218,22 @@ def test_a_second_credential_of_the_same_node_may_continue(db: Database, tmp_pat
     _plain, second = give_credential(db, setup.node_id)
     status = db.call("artifact_upload_status", second, art["id"])[0]["artifact_upload_status"]
     assert status["state"] == "uploading" and json.dumps(status)
+
+
+def test_an_operator_can_fail_an_abandoned_upload_but_not_a_complete_artifact(
+    db: Database, tmp_path: Path
+) -> None:
+    setup = make_member(db)
+    manifest = write_tree(tmp_path, {"a.bin": b"aaa"})
+    art = register(db, setup, manifest)
+    failed = db.call("operator_fail_artifact", art["id"], "node retired")[0]
+    assert failed["state"] == "failed" and failed["reason"] == "operator: node retired"
+    again = register(db, setup, manifest)
+    assert again["id"] == art["id"] and again["state"] == "uploading"
+    done = db.call("record_artifact_file", setup.credential_hash, art["id"], 0, manifest.files[0].sha256, 3)[
+        0
+    ]
+    assert done["state"] == "complete"
+    with pytest.raises(Refusal) as err:
+        db.call("operator_fail_artifact", art["id"], "oops")
+    assert err.value.status == 409
