@@ -78,6 +78,13 @@ def _env_int(name: str) -> int | None:
     show_default=True,
     help="On SIGTERM, keep shipping this long before exiting.",
 )
+@click.option(
+    "--batch-points",
+    type=click.IntRange(1, 100_000),
+    default=16384,
+    show_default=True,
+    help="Most points in one batch.",
+)
 @click.option("--ca-bundle", envvar="TUNEPLANE_CA_BUNDLE", default=None)
 def collector_cmd(
     output_dir: Path,
@@ -91,6 +98,7 @@ def collector_cmd(
     poll_interval: float,
     fsync_interval: float,
     drain_timeout: float,
+    batch_points: int,
     ca_bundle: str | None,
 ) -> None:
     """Tail a member's metric files and ship them to the telemetry gateway through a durable spool."""
@@ -99,6 +107,7 @@ def collector_cmd(
     from workers.collector.fs_check import NetworkFilesystemError
 
     logging.getLogger("workers.collector").setLevel(logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per batch is noise
     scope = None
     if job_id is not None or attempt is not None or member is not None:
         scope = {
@@ -116,6 +125,7 @@ def collector_cmd(
         fsync_interval=fsync_interval,
         drain_timeout=drain_timeout,
         ca_bundle=ca_bundle,
+        batch_points=batch_points,
     )
     try:
         collector = Collector(config)

