@@ -26,6 +26,7 @@ BLUEPRINTS = [
     "app.web.login",
     "app.web.submit",
     "app.web.jobs",
+    "app.web.telemetry_charts",
 ]
 
 # Top navigation: (endpoint, label); entries whose blueprint is not registered are left out.

@@ -1,0 +1,124 @@
+"""Job Charts: canonical metrics with attempts and members overlaid, the raw scalar inspector, and the
+bounded metric endpoints the charts, the CLI and API clients read (`/jobs/<id>/metrics`, `/…/raw`)."""
+
+from __future__ import annotations
+
+import psycopg
+from flask import Blueprint, request
+
+from app.errors import Refusal
+from app.telemetry import queries
+from app.web.auth import current_user, login_required
+from app.web.negotiate import json_response, respond
+from app.web.state import get_db
+
+bp = Blueprint("telemetry", __name__)
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def _int_arg(name: str, default: int | None = None) -> int | None:
+    raw = request.args.get(name, "")
+    if raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise Refusal(f"{name} must be an integer", 400, name) from None
+
+
+def _job_state(job_id: int) -> str | None:
+    try:
+        row = get_db().fetch_one("SELECT state FROM jobs WHERE id = %s", (job_id,))
+    except psycopg.errors.UndefinedTable:
+        return None
+    return row["state"] if row else None
+
+
+def _live_version(job_id: int) -> str:
+    row = get_db().fetch_one(
+        "SELECT coalesce(sum(point_count), 0) AS n, max(last_at) AS at"
+        " FROM telemetry_series WHERE job_id = %s",
+        (job_id,),
+    )
+    return f"{row['n']}:{row['at'].timestamp() if row['at'] else 0}"
+
+
+@bp.get("/jobs/<int:job_id>/metrics")
+@login_required
+def metrics(job_id: int):
+    data = queries.job_metrics(
+        get_db(),
+        current_user().id,
+        job_id,
+        name=request.args.get("name") or None,
+        attempt=_int_arg("attempt"),
+        member=_int_arg("member"),
+        source=request.args.get("source") or None,
+        max_points=_int_arg("max_points", 500),
+        step_from=_int_arg("step_from"),
+        step_to=_int_arg("step_to"),
+    )
+    return json_response(data)
+
+
+@bp.get("/jobs/<int:job_id>/metrics/raw")
+@login_required
+def raw(job_id: int):
+    series_id = _int_arg("series")
+    if series_id is None:
+        raise Refusal("series is required", 400, "series")
+    page = queries.raw_page(
+        get_db(),
+        current_user().id,
+        series_id,
+        step_from=_int_arg("step_from"),
+        step_to=_int_arg("step_to"),
+        limit=_int_arg("limit", 200),
+        skip=_int_arg("skip", 0),
+    )
+    series = [s for s in queries.job_series(get_db(), current_user().id, job_id) if s["id"] == series_id]
+    if not series:
+        raise Refusal(f"no such series in job {job_id}", 404, "series")
+    page["series"] = series[0]
+    return respond("telemetry/_raw_page.html", {"job_id": job_id, **page}, json_data=page)
+
+
+@bp.get("/jobs/<int:job_id>/charts")
+@login_required
+def charts(job_id: int):
+    series = queries.job_series(get_db(), current_user().id, job_id)
+    state = _job_state(job_id)
+    groups: dict[str, list[dict]] = {}
+    for entry in series:
+        if entry["canonical"]:
+            groups.setdefault(entry["canonical"], []).append(entry)
+    ordered = [(c, queries.CANONICAL_LABELS[c], groups[c]) for c in queries.CANONICAL_LABELS if c in groups]
+    last_at = max((s["last_at"] for s in series if s["last_at"]), default=None)
+    data = {
+        "title": f"Job {job_id} charts",
+        "job_id": job_id,
+        "job_state": state,
+        "live": state not in TERMINAL,
+        "canonical": ordered,
+        "series": series,
+        "attempts": sorted({s["attempt"] for s in series}),
+        "sources": sorted({s["source"] for s in series}),
+        "last_at": last_at,
+        "version": _live_version(job_id),
+    }
+    return respond("telemetry/charts.html", data, json_data={"job_id": job_id, "series": series})
+
+
+@bp.get("/jobs/<int:job_id>/charts/tick")
+@login_required
+def tick(job_id: int):
+    queries.job_series(get_db(), current_user().id, job_id, name="-")  # authorization only
+    state = _job_state(job_id)
+    data = {
+        "job_id": job_id,
+        "version": _live_version(job_id),
+        "live": state not in TERMINAL,
+        "job_state": state,
+    }
+    return respond("telemetry/_tick.html", data)

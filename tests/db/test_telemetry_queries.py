@@ -1,0 +1,237 @@
+"""Bounded metric queries: rollups agree with raw points, raw pages are exact, readers see only their jobs,
+canonical names, retention, the charts page and `tuneplane metrics`."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from werkzeug.serving import make_server
+
+from app.db import Database
+from app.telemetry import wire
+from tests.telemetry_support import (
+    GatewayThread,
+    make_job,
+    make_user,
+    member_token,
+    running_gateway,
+    user_api_token,
+)
+
+
+@pytest.fixture
+def gateway(db_url: str) -> Iterator[GatewayThread]:
+    with running_gateway(db_url) as gw:
+        yield gw
+
+
+def _send(
+    gateway: GatewayThread, token: str, name: str, steps, values, *, seq: int, source: str = "jsonl:m"
+) -> None:
+    steps = np.asarray(steps, dtype=np.int64)
+    payload = wire.encode(f"c-{name}", seq, [(source, name, len(steps))], steps, values, np.zeros(len(steps)))
+    response = httpx.post(
+        f"{gateway.url}/v1/telemetry/batches",
+        content=payload,
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
+    assert response.status_code == 200, response.text
+
+
+def _series_id(db: Database, job: int, name: str, attempt: int = 1) -> int:
+    return db.fetch_one(
+        "SELECT id FROM telemetry_series WHERE job_id = %s AND name = %s AND attempt = %s",
+        (job, name, attempt),
+    )["id"]
+
+
+def _buckets(db: Database, series: int, n: int, rollups: bool, lo=None, hi=None) -> list[dict]:
+    return db.fetch_all(
+        "SELECT * FROM telemetry_series_buckets(%s, %s, %s, %s, %s)", (series, n, lo, hi, rollups)
+    )
+
+
+def test_rollup_buckets_equal_raw_aggregation(db: Database, gateway: GatewayThread) -> None:
+    job = make_job(db, make_user(db, "alice"))
+    token = member_token(db, job)
+    rng = np.random.default_rng(3)
+    values = rng.normal(size=64_000)
+    # Sent in uneven batches so rollup rows are merged across batches.
+    for seq, (a, b) in enumerate([(0, 10_001), (10_001, 40_000), (40_000, 64_000)], start=1):
+        _send(gateway, token, "loss", range(a, b), values[a:b], seq=seq)
+    series = _series_id(db, job, "loss")
+    fast = _buckets(db, series, 1000, True)
+    slow = _buckets(db, series, 1000, False)
+    assert len(fast) == len(slow) == 1000
+    for f, s in zip(fast, slow, strict=True):
+        assert (f["bucket_start"], f["bucket_end"], f["n"], f["last_step"]) == (
+            s["bucket_start"],
+            s["bucket_end"],
+            s["n"],
+            s["last_step"],
+        )
+        assert f["min"] == s["min"] and f["max"] == s["max"] and f["last_value"] == s["last_value"]
+        assert f["mean"] == pytest.approx(s["mean"], rel=1e-9, abs=1e-12)
+    coarse = _buckets(db, series, 10, True)
+    assert len(coarse) <= 10 and sum(b["n"] for b in coarse) == 64_000
+    assert min(b["min"] for b in coarse) == values.min() and coarse[-1]["last_value"] == values[-1]
+
+
+def test_non_finite_values_stay_out_of_min_max_mean(db: Database, gateway: GatewayThread) -> None:
+    job = make_job(db, make_user(db, "alice"))
+    token = member_token(db, job)
+    _send(gateway, token, "loss", range(128), [math.nan if s % 2 else float(s) for s in range(128)], seq=1)
+    series = _series_id(db, job, "loss")
+    for rollups in (True, False):
+        (bucket,) = _buckets(db, series, 1, rollups)
+        assert (bucket["min"], bucket["max"], bucket["n"]) == (0.0, 126.0, 64)
+        assert math.isnan(bucket["last_value"])
+
+
+def test_raw_inspector_pages_exact_points_by_step(db: Database, gateway: GatewayThread) -> None:
+    from app.telemetry.queries import raw_page
+
+    owner = make_user(db, "alice")
+    job = make_job(db, owner)
+    token = member_token(db, job)
+    steps = [s // 2 for s in range(2_000)]  # every step twice: page edges fall inside a step
+    _send(gateway, token, "loss", steps, [float(i) for i in range(2_000)], seq=1)
+    series = _series_id(db, job, "loss")
+    seen, cursor = [], {"step_from": 100, "skip": 0}
+    while cursor:
+        page = raw_page(
+            db, owner, series, step_from=cursor["step_from"], step_to=599, limit=333, skip=cursor["skip"]
+        )
+        assert len(page["points"]) <= 333
+        seen.extend((p["step"], p["value"]) for p in page["points"])
+        cursor = page["next"]
+    assert seen == [(i // 2, float(i)) for i in range(200, 1_200)]
+
+
+def test_users_read_only_their_own_jobs_metrics(db: Database, db_url: str, gateway: GatewayThread) -> None:
+    from app.web import create_app
+
+    alice, bob, admin = make_user(db, "alice"), make_user(db, "bob"), make_user(db, "root", "admin")
+    job = make_job(db, alice)
+    _send(gateway, member_token(db, job), "train/loss", range(5_000), np.linspace(1, 0, 5_000), seq=1)
+    client = create_app(db_url).test_client()
+
+    def get(user: int, path: str):
+        return client.get(
+            path,
+            headers={"Authorization": f"Bearer {user_api_token(db, user)}", "Accept": "application/json"},
+        )
+
+    mine = get(alice, f"/jobs/{job}/metrics?max_points=100")
+    assert mine.status_code == 200
+    (series,) = mine.json["series"]
+    assert series["canonical"] == "loss" and 0 < len(series["buckets"]) <= 100
+    assert get(admin, f"/jobs/{job}/metrics").status_code == 200
+    theirs = get(bob, f"/jobs/{job}/metrics")
+    assert theirs.status_code == 404 and theirs.json["fields"] == {"job_id": theirs.json["error"]}
+    assert get(bob, f"/jobs/{job}/metrics/raw?series={series['id']}").status_code == 404
+    assert get(alice, f"/jobs/{job}/metrics?max_points=1001").status_code == 400
+    raw = get(alice, f"/jobs/{job}/metrics/raw?series={series['id']}&limit=10&step_from=20")
+    assert [p["step"] for p in raw.json["points"]] == list(range(20, 30))
+
+
+def test_charts_page_serves_uplot_from_static_and_lists_series(
+    db: Database, db_url: str, gateway: GatewayThread
+) -> None:
+    from app.web import create_app
+
+    alice = make_user(db, "alice")
+    job = make_job(db, alice)
+    token = member_token(db, job)
+    _send(gateway, token, "train/loss", range(100), np.ones(100), seq=1)
+    _send(gateway, token, "custom_metric", range(10), np.ones(10), seq=2)
+    client = create_app(db_url).test_client()
+    headers = {"Authorization": f"Bearer {user_api_token(db, alice)}"}
+    page = client.get(f"/jobs/{job}/charts", headers=headers)
+    html = page.get_data(as_text=True)
+    assert page.status_code == 200
+    assert "uPlot.iife.min.js" in html and "cdn" not in html.lower()
+    assert f"/jobs/{job}/metrics?name=loss" in html and "custom_metric" in html
+    assert 'hx-trigger="every 5s"' in html  # the job is running: live refresh
+    assert client.get("/static/uPlot.iife.min.js").status_code == 200
+    tick = client.get(f"/jobs/{job}/charts/tick", headers=headers)
+    assert tick.status_code == 200 and "data-version=" in tick.get_data(as_text=True)
+
+
+def test_canonical_names_map_common_framework_names(db: Database) -> None:
+    cases = {
+        "loss": "loss",
+        "train/loss": "loss",
+        "Loss/train": "loss",
+        "train_loss": "loss",
+        "eval/loss": "eval_loss",
+        "val_loss": "eval_loss",
+        "eval_loss": "eval_loss",
+        "lr": "learning_rate",
+        "train/learning_rate": "learning_rate",
+        "lr-AdamW": "learning_rate",
+        "train_samples_per_second": "throughput",
+        "throughput": "throughput",
+        "tokens_per_sec": "throughput",
+        "grad_norm": "grad_norm",
+        "train/grad_norm": "grad_norm",
+        "gpu_util": "gpu_utilization",
+        "system/gpu.0.gpu": "gpu_utilization",
+        "gpu/memory_used": "gpu_memory",
+        "torch/max_memory_allocated": "gpu_memory",
+        "kl_loss": None,
+        "accuracy": None,
+    }
+    got = {n: db.fetch_one("SELECT telemetry_canonical(%s) AS c", (n,))["c"] for n in cases}
+    assert got == cases
+
+
+def test_retention_prunes_old_series_only(db: Database, gateway: GatewayThread) -> None:
+    admin = make_user(db, "root", "admin")
+    job = make_job(db, admin)
+    _send(gateway, member_token(db, job), "loss", range(100), np.ones(100), seq=1)
+    db.call("set_telemetry_settings", admin, "30 days", None, None)
+    assert db.fetch_one("SELECT * FROM telemetry_prune(now() + interval '29 days')")["series"] == 0
+    pruned = db.fetch_one("SELECT * FROM telemetry_prune(now() + interval '31 days')")
+    assert (pruned["series"], pruned["points"]) == (1, 100)
+    assert db.fetch_one("SELECT count(*) FROM telemetry_rollups")["count"] == 0
+
+
+def test_metrics_cli_prints_bounded_series(db: Database, db_url: str, gateway: GatewayThread) -> None:
+    from app.cli import main
+    from app.web import create_app
+
+    alice = make_user(db, "alice")
+    job = make_job(db, alice)
+    token = member_token(db, job)
+    _send(gateway, token, "loss", range(3_000), np.linspace(2, 1, 3_000), seq=1)
+    server = make_server("127.0.0.1", 0, create_app(db_url), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        env = {
+            "TUNEPLANE_SERVER": f"http://127.0.0.1:{server.server_port}",
+            "TUNEPLANE_TOKEN": user_api_token(db, alice),
+            "TUNEPLANE_CONFIG": "/nonexistent",
+        }
+        table = CliRunner().invoke(main, ["metrics", str(job)], env=env)
+        assert table.exit_code == 0, table.output
+        assert "loss" in table.output and "0..2999" in table.output
+        as_json = CliRunner().invoke(
+            main, ["metrics", str(job), "--name", "loss", "--max-points", "50", "--json"], env=env
+        )
+        import json
+
+        data = json.loads(as_json.output)
+        assert len(data["series"][0]["buckets"]) <= 50 and data["series"][0]["point_count"] == 3_000
+        refused = CliRunner().invoke(main, ["metrics", "999999"], env=env)
+        assert refused.exit_code == 1 and "no such job" in refused.output
+    finally:
+        server.shutdown()
