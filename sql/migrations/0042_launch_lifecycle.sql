@@ -104,6 +104,8 @@ DECLARE
     d tuneplane.launch_decisions;
     m tuneplane.members;
 BEGIN
+    -- Every decision is taken under the attempt's row lock, so COMMIT and ABORT cannot race.
+    PERFORM 1 FROM tuneplane.attempts WHERE id = p_attempt_id FOR UPDATE;
     INSERT INTO tuneplane.launch_decisions (attempt_id, decision, reason)
     VALUES (p_attempt_id, 'abort', p_reason)
     ON CONFLICT (attempt_id) DO NOTHING;
@@ -249,7 +251,11 @@ BEGIN
     END IF;
     INSERT INTO tuneplane.launch_decisions (attempt_id, decision, reason)
     VALUES (a.id, 'commit', format('all %s member(s) prepared',
-                                   (SELECT count(*) FROM tuneplane.members WHERE attempt_id = a.id)));
+                                   (SELECT count(*) FROM tuneplane.members WHERE attempt_id = a.id)))
+    ON CONFLICT (attempt_id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('ignored', true, 'state', 'decided');
+    END IF;
     UPDATE tuneplane.attempts SET state = 'running', committed_at = clock_timestamp(), reason = 'committed'
      WHERE id = a.id;
     FOR v_member IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY rank LOOP
