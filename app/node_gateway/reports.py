@@ -15,6 +15,8 @@ from app.node_gateway.aiodb import AsyncDatabase, jsonb
 REPORT_FUNCTIONS: dict[str, str] = {
     "capacity": "report_node_capacity",
     "note": "record_node_note",
+    # Launch (issue 5): a bounded chunk of a member's stdout/stderr (0045_member_logs.sql).
+    "member_log": "member_log",
 }
 
 
