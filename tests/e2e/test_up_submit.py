@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,29 @@ from pathlib import Path
 import pytest
 
 from app.db import Database
+from tests.conftest import free_port
 from tests.helpers import OutputWatcher, wait_for
 
 pytestmark = pytest.mark.e2e
+
+
+def free_port_run(count: int = 3) -> int:
+    """A port P with P..P+count-1 all free: `up` uses the console port and the next two."""
+    for _ in range(50):
+        base = free_port()
+        sockets = []
+        try:
+            for offset in range(count):
+                s = socket.socket()
+                sockets.append(s)
+                s.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise AssertionError("no run of free ports")
 
 
 def test_submit_demo_twice_with_one_retry_key_is_one_job(
