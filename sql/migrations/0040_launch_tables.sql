@@ -98,18 +98,22 @@ CREATE UNIQUE INDEX gpu_allocations_active ON tuneplane.gpu_allocations (node_id
 -- summing allocations (the CHECKs refuse accounting that would go negative).
 CREATE TABLE tuneplane.node_usage (
     node_id      bigint PRIMARY KEY REFERENCES tuneplane.nodes (id) ON DELETE CASCADE,
+    fleet_id     bigint  NOT NULL,
     total_gpus   integer NOT NULL DEFAULT 0 CHECK (total_gpus >= 0),
     used_gpus    integer NOT NULL DEFAULT 0 CHECK (used_gpus >= 0),
     used_cpus    integer NOT NULL DEFAULT 0 CHECK (used_cpus >= 0),
-    used_memory  bigint  NOT NULL DEFAULT 0 CHECK (used_memory >= 0)
+    used_memory  bigint  NOT NULL DEFAULT 0 CHECK (used_memory >= 0),
+    free_gpus    integer GENERATED ALWAYS AS (total_gpus - used_gpus) STORED
 );
-INSERT INTO tuneplane.node_usage (node_id, total_gpus)
-SELECT n.id, (SELECT count(*) FROM tuneplane.node_gpus g WHERE g.node_id = n.id) FROM tuneplane.nodes n;
+-- Best fit is "fewest free GPUs that still fit": an index range scan that stops after the first match.
+CREATE INDEX node_usage_fit ON tuneplane.node_usage (fleet_id, free_gpus, node_id);
+INSERT INTO tuneplane.node_usage (node_id, fleet_id, total_gpus)
+SELECT n.id, n.fleet_id, (SELECT count(*) FROM tuneplane.node_gpus g WHERE g.node_id = n.id) FROM tuneplane.nodes n;
 
 CREATE FUNCTION tuneplane.node_usage_follow_nodes() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO tuneplane.node_usage (node_id) VALUES (NEW.id) ON CONFLICT DO NOTHING;
+    INSERT INTO tuneplane.node_usage (node_id, fleet_id) VALUES (NEW.id, NEW.fleet_id) ON CONFLICT DO NOTHING;
     RETURN NULL;
 END;
 $$;
@@ -119,9 +123,11 @@ CREATE TRIGGER node_usage_on_node AFTER INSERT ON tuneplane.nodes
 CREATE FUNCTION tuneplane.node_usage_follow_gpus() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO tuneplane.node_usage AS u (node_id, total_gpus)
-    SELECT d.node_id, (SELECT count(*) FROM tuneplane.node_gpus g WHERE g.node_id = d.node_id)
+    INSERT INTO tuneplane.node_usage AS u (node_id, fleet_id, total_gpus)
+    SELECT d.node_id, (SELECT n.fleet_id FROM tuneplane.nodes n WHERE n.id = d.node_id),
+           (SELECT count(*) FROM tuneplane.node_gpus g WHERE g.node_id = d.node_id)
       FROM (SELECT DISTINCT node_id FROM changed) d
+     WHERE EXISTS (SELECT 1 FROM tuneplane.nodes n WHERE n.id = d.node_id)
     ON CONFLICT (node_id) DO UPDATE SET total_gpus = EXCLUDED.total_gpus;
     RETURN NULL;
 END;

@@ -55,52 +55,53 @@ END;
 $$;
 
 -- reserve_job_on: allocate the envelope of p_job on p_nodes (rank order) as a new attempt. Returns the
--- attempt id. Enqueues the pgqueuer `launch` job in the same transaction.
+-- attempt id. Enqueues the pgqueuer `launch` job in the same transaction. Set-based (one statement for
+-- all members and their GPUs) because placement throughput is bounded by statements per placement.
 CREATE FUNCTION tuneplane.reserve_job_on(p_job tuneplane.jobs, p_nodes bigint[])
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
     v_attempt   bigint;
     v_number    integer;
-    v_member    bigint;
-    v_gpus      integer[];
     v_settings  tuneplane.launch_settings;
-    v_rank      integer;
 BEGIN
     SELECT * INTO v_settings FROM tuneplane.launch_settings;
     SELECT coalesce(max(number), 0) + 1 INTO v_number FROM tuneplane.attempts WHERE job_id = p_job.id;
-    INSERT INTO tuneplane.attempts (job_id, number, fleet_id, reason, master_addr)
-    VALUES (p_job.id, v_number, p_job.fleet_id, 'reserved', (SELECT address FROM tuneplane.nodes WHERE id = p_nodes[1]))
+    INSERT INTO tuneplane.attempts (job_id, number, fleet_id, reason, master_addr, master_port)
+    VALUES (p_job.id, v_number, p_job.fleet_id, 'reserved',
+            (SELECT address FROM tuneplane.nodes WHERE id = p_nodes[1]),
+            v_settings.rendezvous_port_base + ((p_job.id * 31 + v_number) % v_settings.rendezvous_port_span))
     RETURNING id INTO v_attempt;
-    UPDATE tuneplane.attempts
-       SET master_port = v_settings.rendezvous_port_base + (v_attempt % v_settings.rendezvous_port_span)
-     WHERE id = v_attempt;
-    FOR v_rank IN 0 .. array_length(p_nodes, 1) - 1 LOOP
-        SELECT coalesce(array_agg(g.gpu_index ORDER BY g.gpu_index), '{}') INTO v_gpus
-          FROM (SELECT ng.gpu_index
-                  FROM tuneplane.node_gpus ng
-                 WHERE ng.node_id = p_nodes[v_rank + 1]
-                   AND NOT EXISTS (SELECT 1 FROM tuneplane.gpu_allocations a
-                                    WHERE a.node_id = ng.node_id AND a.gpu_index = ng.gpu_index
-                                      AND a.released_at IS NULL)
-                 ORDER BY ng.gpu_index
-                 LIMIT p_job.gpus_per_node) g;
-        IF coalesce(array_length(v_gpus, 1), 0) < p_job.gpus_per_node THEN
-            RAISE EXCEPTION 'node % has fewer free GPUs than its usage row says', p_nodes[v_rank + 1]
-                USING ERRCODE = 'TP500';
-        END IF;
+
+    WITH picks AS (
+        SELECT r.ord - 1 AS rank, r.node_id,
+               (SELECT coalesce(array_agg(x.gpu_index ORDER BY x.gpu_index), '{}')
+                  FROM (SELECT ng.gpu_index FROM tuneplane.node_gpus ng
+                         WHERE ng.node_id = r.node_id
+                           AND NOT EXISTS (SELECT 1 FROM tuneplane.gpu_allocations a
+                                            WHERE a.node_id = ng.node_id AND a.gpu_index = ng.gpu_index
+                                              AND a.released_at IS NULL)
+                         ORDER BY ng.gpu_index
+                         LIMIT p_job.gpus_per_node) x) AS gpus
+          FROM unnest(p_nodes) WITH ORDINALITY AS r (node_id, ord)
+    ), added AS (
         INSERT INTO tuneplane.members (attempt_id, job_id, rank, node_id, gpu_indices, cpus, memory_bytes)
-        VALUES (v_attempt, p_job.id, v_rank, p_nodes[v_rank + 1], v_gpus, p_job.cpus_per_node,
-                p_job.memory_per_node)
-        RETURNING id INTO v_member;
-        INSERT INTO tuneplane.gpu_allocations (member_id, node_id, gpu_index)
-        SELECT v_member, p_nodes[v_rank + 1], unnest(v_gpus);
-        UPDATE tuneplane.node_usage
-           SET used_gpus = used_gpus + p_job.gpus_per_node,
-               used_cpus = used_cpus + p_job.cpus_per_node,
-               used_memory = used_memory + p_job.memory_per_node
-         WHERE node_id = p_nodes[v_rank + 1];
-    END LOOP;
+        SELECT v_attempt, p_job.id, picks.rank, picks.node_id, picks.gpus, p_job.cpus_per_node, p_job.memory_per_node
+          FROM picks
+        RETURNING id, node_id, gpu_indices
+    )
+    INSERT INTO tuneplane.gpu_allocations (member_id, node_id, gpu_index)
+    SELECT added.id, added.node_id, unnest(added.gpu_indices) FROM added;
+
+    IF EXISTS (SELECT 1 FROM tuneplane.members
+                WHERE attempt_id = v_attempt AND cardinality(gpu_indices) < p_job.gpus_per_node) THEN
+        RAISE EXCEPTION 'a node has fewer free GPUs than its usage row says' USING ERRCODE = 'TP500';
+    END IF;
+    UPDATE tuneplane.node_usage
+       SET used_gpus = used_gpus + p_job.gpus_per_node,
+           used_cpus = used_cpus + p_job.cpus_per_node,
+           used_memory = used_memory + p_job.memory_per_node
+     WHERE node_id = ANY (p_nodes);
     PERFORM tuneplane.set_job_state(p_job.id, 'reserved',
         format('reserved %s on %s (attempt %s); waiting for a worker to prepare it',
                tuneplane.describe_request(p_job),
@@ -120,6 +121,8 @@ $$;
 -- reserve_next: one placement pass over a fleet's queue. Serialized per fleet by a transaction-level
 -- advisory lock. Reserves every job that fits (see the backfill rule above) and refreshes the reason of
 -- every job that does not. Returns the attempts it created.
+-- Why no snapshot table: each candidate search is an index range scan on node_usage_fit that sees this
+-- transaction's own allocations, and stops at the first nodes that fit (best fit = fewest free GPUs).
 CREATE FUNCTION tuneplane.reserve_next(p_fleet_id bigint, p_max_jobs integer DEFAULT 1000)
 RETURNS TABLE (job_id bigint, attempt_id bigint)
 LANGUAGE plpgsql AS $$
@@ -129,14 +132,15 @@ DECLARE
     v_head       tuneplane.jobs;
     v_claim      bigint[] := '{}';
     v_fit        integer;
-    v_best       record;
+    v_best       text;
     v_reason     text;
+    v_fresh      timestamptz;
+    v_fits       jsonb := '{}';
+    v_shape      text;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
-    CREATE TEMP TABLE IF NOT EXISTS _free ON COMMIT DROP AS
-        SELECT * FROM tuneplane.fleet_free_capacity(p_fleet_id) WITH NO DATA;
-    TRUNCATE _free;
-    INSERT INTO _free SELECT * FROM tuneplane.fleet_free_capacity(p_fleet_id);
+    -- Connected = heartbeat younger than stale_after (the same rule as node_connectivity()).
+    SELECT now() - s.stale_after INTO v_fresh FROM tuneplane.node_settings s;
 
     FOR v_job IN
         SELECT * FROM tuneplane.jobs j
@@ -145,53 +149,72 @@ BEGIN
          LIMIT p_max_jobs
          FOR UPDATE SKIP LOCKED
     LOOP
-        SELECT array_agg(f.node_id ORDER BY f.ord) INTO v_nodes
-          FROM (SELECT c.node_id, row_number() OVER (ORDER BY c.free_gpus - v_job.gpus_per_node, c.node_id) AS ord
-                  FROM _free c
-                 WHERE c.free_gpus >= v_job.gpus_per_node
-                   AND c.free_cpus >= v_job.cpus_per_node
-                   AND c.free_memory >= v_job.memory_per_node
+        SELECT coalesce(array_agg(c.node_id ORDER BY c.free_gpus, c.node_id), '{}') INTO v_nodes
+          FROM (SELECT u.node_id, u.free_gpus
+                  FROM tuneplane.node_usage u
+                  JOIN tuneplane.nodes n ON n.id = u.node_id
+                 WHERE u.fleet_id = p_fleet_id
+                   AND u.free_gpus >= v_job.gpus_per_node
+                   AND n.cpus - u.used_cpus >= v_job.cpus_per_node
+                   AND n.memory_bytes - u.used_memory >= v_job.memory_per_node
+                   AND n.scheduling_state = 'active' AND n.fenced_at IS NULL AND n.last_heartbeat_at > v_fresh
                    AND (v_head.id IS NULL
-                        OR NOT c.node_id = ANY (v_claim)
-                        OR (c.free_gpus - v_job.gpus_per_node >= v_head.gpus_per_node
-                            AND c.free_cpus - v_job.cpus_per_node >= v_head.cpus_per_node
-                            AND c.free_memory - v_job.memory_per_node >= v_head.memory_per_node))
-                 ORDER BY c.free_gpus - v_job.gpus_per_node, c.node_id
-                 LIMIT v_job.nodes) f;
+                        OR NOT u.node_id = ANY (v_claim)
+                        OR (u.free_gpus - v_job.gpus_per_node >= v_head.gpus_per_node
+                            AND n.cpus - u.used_cpus - v_job.cpus_per_node >= v_head.cpus_per_node
+                            AND n.memory_bytes - u.used_memory - v_job.memory_per_node >= v_head.memory_per_node))
+                 ORDER BY u.free_gpus, u.node_id
+                 LIMIT v_job.nodes) c;
 
         IF coalesce(array_length(v_nodes, 1), 0) = v_job.nodes THEN
             attempt_id := tuneplane.reserve_job_on(v_job, v_nodes);
             job_id := v_job.id;
-            UPDATE _free c SET free_gpus = c.free_gpus - v_job.gpus_per_node,
-                               free_cpus = c.free_cpus - v_job.cpus_per_node,
-                               free_memory = c.free_memory - v_job.memory_per_node
-             WHERE c.node_id = ANY (v_nodes);
+            -- Capacity changed: recompute the "why not" figures when next needed.
+            v_best := NULL;
+            v_fits := '{}';
             RETURN NEXT;
             CONTINUE;
         END IF;
 
-        -- Why not: how many nodes could take one member now, and the best node.
-        SELECT count(*) INTO v_fit FROM _free c
-         WHERE c.free_gpus >= v_job.gpus_per_node AND c.free_cpus >= v_job.cpus_per_node
-           AND c.free_memory >= v_job.memory_per_node;
-        SELECT c.node_name, c.free_gpus, c.free_cpus INTO v_best FROM _free c
-         ORDER BY c.free_gpus DESC, c.free_cpus DESC, c.node_id LIMIT 1;
-        v_reason := format('waiting for resources: needs %s; best fit now: %s',
-                           tuneplane.describe_request(v_job),
-                           CASE WHEN v_best.node_name IS NULL
-                                THEN 'no schedulable connected node in the fleet'
-                                ELSE format('%s node%s can take a member (largest free: %s GPUs, %s CPUs on %s)',
-                                            v_fit, CASE WHEN v_fit = 1 THEN '' ELSE 's' END,
-                                            v_best.free_gpus, v_best.free_cpus, v_best.node_name) END);
+        -- Why not: how many nodes could take one member now (counted once per request shape while
+        -- capacity is unchanged), and the roomiest node.
+        v_shape := format('%s/%s/%s', v_job.gpus_per_node, v_job.cpus_per_node, v_job.memory_per_node);
+        v_fit := (v_fits ->> v_shape)::integer;
+        IF v_fit IS NULL THEN
+            SELECT count(*) INTO v_fit
+              FROM tuneplane.node_usage u JOIN tuneplane.nodes n ON n.id = u.node_id
+             WHERE u.fleet_id = p_fleet_id AND u.free_gpus >= v_job.gpus_per_node
+               AND n.cpus - u.used_cpus >= v_job.cpus_per_node
+               AND n.memory_bytes - u.used_memory >= v_job.memory_per_node
+               AND n.scheduling_state = 'active' AND n.fenced_at IS NULL AND n.last_heartbeat_at > v_fresh;
+            v_fits := v_fits || jsonb_build_object(v_shape, v_fit);
+        END IF;
+        IF v_best IS NULL THEN
+            SELECT coalesce(max(format('largest free: %s GPUs, %s CPUs on %s', u.free_gpus, n.cpus - u.used_cpus,
+                                       n.name)), 'no schedulable connected node in the fleet')
+              INTO v_best
+              FROM (SELECT u2.node_id FROM tuneplane.node_usage u2 JOIN tuneplane.nodes n2 ON n2.id = u2.node_id
+                     WHERE u2.fleet_id = p_fleet_id AND n2.scheduling_state = 'active' AND n2.fenced_at IS NULL
+                       AND n2.last_heartbeat_at > v_fresh
+                     ORDER BY u2.free_gpus DESC, n2.cpus - u2.used_cpus DESC, u2.node_id
+                     LIMIT 1) b
+              JOIN tuneplane.node_usage u ON u.node_id = b.node_id
+              JOIN tuneplane.nodes n ON n.id = b.node_id;
+        END IF;
+        v_reason := format('waiting for resources: needs %s; best fit now: %s node%s can take a member (%s)',
+                           tuneplane.describe_request(v_job), v_fit, CASE WHEN v_fit = 1 THEN '' ELSE 's' END,
+                           v_best);
         IF v_head.id IS NULL THEN
             v_head := v_job;
             -- The head claims the capable nodes with the most free GPUs now.
             SELECT coalesce(array_agg(x.node_id), '{}') INTO v_claim
-              FROM (SELECT c.node_id FROM _free c
-                     WHERE c.total_gpus >= v_job.gpus_per_node
-                       AND c.cpus >= v_job.cpus_per_node
-                       AND c.memory_bytes >= v_job.memory_per_node
-                     ORDER BY c.free_gpus DESC, c.free_cpus DESC, c.node_id
+              FROM (SELECT u.node_id FROM tuneplane.node_usage u JOIN tuneplane.nodes n ON n.id = u.node_id
+                     WHERE u.fleet_id = p_fleet_id
+                       AND n.scheduling_state = 'active' AND n.fenced_at IS NULL AND n.last_heartbeat_at > v_fresh
+                       AND u.total_gpus >= v_job.gpus_per_node
+                       AND n.cpus >= v_job.cpus_per_node
+                       AND n.memory_bytes >= v_job.memory_per_node
+                     ORDER BY u.free_gpus DESC, n.cpus - u.used_cpus DESC, u.node_id
                      LIMIT v_job.nodes) x;
             IF coalesce(array_length(v_claim, 1), 0) < v_job.nodes THEN
                 v_reason := v_reason || format('; only %s schedulable node(s) could ever hold a member',

@@ -1,0 +1,132 @@
+"""Placements per second in SQL with 1,000 simulated nodes in one fleet (target: 1,000/s or more).
+
+Two measurements in the same run, both against the real stored functions on an embedded PostgreSQL:
+  batch  - 4,000 queued jobs (mostly 1 node, some 2; 1, 2 or 4 GPUs), reserve_next passes of --pass-size
+           jobs until the fleet is full;
+  single - one job queued at a time, one reserve_next call per job (the latency-bound path).
+Run: .venv/bin/python bench/placement_rate.py [--nodes 1000] [--jobs 4000] [--pass-size 250]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+from app import embedded_pg
+from app.migrate import migrate
+
+TARGET = 1000.0
+
+SETUP = """
+INSERT INTO tuneplane.users (username, role) VALUES ('bench', 'user');
+INSERT INTO tuneplane.fleets (name, backend) VALUES ('bench', 'node');
+INSERT INTO tuneplane.nodes (fleet_id, name, cpus, memory_bytes, address, last_heartbeat_at)
+SELECT 1, 'n' || i, 128, 1024::bigint ^ 4, '10.0.0.1', now() + interval '1 hour'
+  FROM generate_series(1, {nodes}) i;
+INSERT INTO tuneplane.node_gpus (node_id, gpu_index, model, simulated)
+SELECT n.id, g, 'Simulated GPU', true FROM tuneplane.nodes n, generate_series(0, 7) g;
+"""
+
+JOBS = """
+WITH p AS (
+  INSERT INTO tuneplane.previews (owner_id, fleet_id, spec, resolved, canonical, digest, expires_at)
+  SELECT 1, 1, '{{}}', jsonb_build_object('i', i, 'tag', t.tag), t.tag || i,
+         md5(t.tag || i) || md5(i || t.tag), now() + interval '1 hour'
+    FROM generate_series(1, {jobs}) i, (SELECT %(tag)s::text AS tag) t
+  RETURNING id
+)
+INSERT INTO tuneplane.jobs (owner_id, preview_id, fleet_id, state_reason, nodes, gpus_per_node,
+                            cpus_per_node, memory_per_node, max_attempts, spec)
+SELECT 1, p.id, 1, 'queued', {nodes_expr}, {gpus_expr}, 1, 0, 1, '{{}}' FROM p;
+"""
+MIXED = {
+    "nodes_expr": "CASE WHEN random() < 0.1 THEN 2 ELSE 1 END",
+    "gpus_expr": "(ARRAY[1, 2, 4])[1 + floor(random() * 3)]",
+}
+SINGLE = {"nodes_expr": "1", "gpus_expr": "1"}
+
+RESET = [
+    "UPDATE tuneplane.jobs SET state = 'cancelled', state_reason = 'bench reset'"
+    " WHERE state IN ('queued', 'reserved')",
+    "SELECT tuneplane.release_member(id) FROM tuneplane.members WHERE released_at IS NULL",
+    "DELETE FROM public.pgqueuer",
+]
+DOUBLE = """SELECT count(*) FROM (SELECT node_id, gpu_index FROM tuneplane.gpu_allocations
+                                 WHERE released_at IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d"""
+
+
+def measure(url: str, args: argparse.Namespace) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(SETUP.format(nodes=int(args.nodes)))
+        conn.execute(JOBS.format(jobs=int(args.jobs), **MIXED), {"tag": "b"})
+        conn.execute("ANALYZE")
+        passes: list[tuple[int, float]] = []
+        while True:
+            t0 = time.perf_counter()
+            n = conn.execute(
+                "SELECT count(*) FROM tuneplane.reserve_next(1, %s)", (args.pass_size,)
+            ).fetchone()[0]
+            passes.append((n, time.perf_counter() - t0))
+            if n == 0 and len(passes) > 1 and passes[-2][0] == 0:
+                break
+        placed = sum(n for n, _ in passes)
+        placing_time = sum(t for n, t in passes if n)
+        for statement in RESET:
+            conn.execute(statement)
+        single: list[float] = []
+        for i in range(args.single):
+            conn.execute(JOBS.format(jobs=1, **SINGLE), {"tag": f"s{i}"})
+            t0 = time.perf_counter()
+            got = conn.execute("SELECT count(*) FROM tuneplane.reserve_next(1, 10)").fetchone()[0]
+            single.append(time.perf_counter() - t0)
+            assert got == 1, f"single placement {i} placed {got}"
+        doubles = conn.execute(DOUBLE).fetchone()[0]
+    batch_rate = placed / placing_time
+    single_rate = len(single) / sum(single)
+    single.sort()
+    p50, p99 = single[len(single) // 2] * 1000, single[int(len(single) * 0.99) - 1] * 1000
+    print(f"{args.nodes} nodes × 8 GPUs, {args.jobs} queued jobs, passes of {args.pass_size}")
+    print(
+        f"batch:  {placed} placements in {placing_time:.2f} s = {batch_rate:,.0f}/s "
+        f"(ratio to the {TARGET:,.0f}/s target: {batch_rate / TARGET:.2f})"
+    )
+    print(
+        f"        a pass over {args.pass_size} jobs that cannot be placed (reasons only): "
+        f"{min(t for n, t in passes if n == 0) * 1000:.0f} ms"
+    )
+    print(
+        f"single: {len(single)} calls, one job each: {single_rate:,.0f}/s "
+        f"(ratio to target: {single_rate / TARGET:.2f}); p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+    )
+    print(f"GPUs allocated twice: {doubles}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--jobs", type=int, default=4000)
+    parser.add_argument("--pass-size", type=int, default=250)
+    parser.add_argument("--single", type=int, default=500)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        pg = embedded_pg.start(Path(tmp) / "pg")
+        try:
+            with psycopg.connect(pg.url, autocommit=True) as conn:
+                conn.execute("CREATE DATABASE bench")
+            url = make_conninfo(pg.url, dbname="bench")
+            migrate(url, progress=lambda _m: None)
+            measure(url, args)
+        finally:
+            pg.stop()
+
+
+if __name__ == "__main__":
+    main()
