@@ -26,6 +26,7 @@ BLUEPRINTS = [
     "app.web.login",
     "app.web.submit",
     "app.web.jobs",
+    "app.web.jobs_launch",
     "app.web.telemetry_charts",
 ]
 

@@ -2,6 +2,7 @@
 
 GET /jobs[?state=queued&limit=100&before=ID]   the list, newest first
 GET /jobs/<id>                                  one job with its event timeline
+GET /jobs/<id>?part=live|logs                   the job page's htmx-refreshed parts (app/web/jobs_launch.py)
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from flask import Blueprint, render_template, request
 
 from app.errors import Refusal
 from app.submission import service
+from app.web import jobs_launch
 from app.web.auth import current_user, login_required
 from app.web.negotiate import json_response, wants_json
 from app.web.state import get_db
@@ -64,7 +66,11 @@ def job_page(job_id: str):
     events = db.call("job_events_of", current_user().id, jid)
     data = job_json(job, with_spec=True)
     data["events"] = events
+    # Launch (issue 5): members, attempts, queue position; the page's live parts come from this view too.
+    data.update(jobs_launch.launch_details(db, current_user().id, jid, job["state"]))
     if wants_json():
         return json_response(data)
+    if request.args.get("part"):
+        return jobs_launch.render_part(request.args["part"], data, events)
     summary = service.summary(job["spec"])
     return render_template("jobs/job.html", title=f"Job {jid}", job=data, events=events, summary=summary)

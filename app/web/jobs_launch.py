@@ -1,0 +1,168 @@
+"""The launch side of a job: members, attempts, why it waits, logs and cancel (visibility decided in SQL).
+
+GET  /jobs/<id>/logs?member=R&stream=stdout|stderr&after=OFFSET&limit=BYTES[&attempt=N][&tail=BYTES]
+     a bounded read of one member's output: JSON, an htmx partial (appends to the page's <pre>), or a page
+POST /jobs/<id>/cancel   [reason]   → cancel_job; JSON, or 303 back to the job page
+The job page (app/web/jobs.py) takes members, attempts and the queue position from `launch_details` and
+renders its live parts (`?part=live`, `?part=logs`) with the same view.
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, flash, redirect, render_template, request, url_for
+
+from app.db import Database
+from app.errors import Refusal
+from app.submission import service
+from app.web.auth import current_user, login_required
+from app.web.negotiate import json_response, wants_json
+from app.web.state import get_db
+
+bp = Blueprint("jobs_launch", __name__)
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+STREAMS = ("stdout", "stderr")
+LOG_LIMIT = 64 * 1024
+# The job page starts each log at most this far from its end (the CLI reads everything).
+PAGE_TAIL = 256 * 1024
+MAX_REASON = 500
+INT4 = 2**31 - 1
+INT8 = 2**63 - 1
+
+
+def is_htmx() -> bool:
+    return request.headers.get("HX-Request") == "true"
+
+
+def int_arg(name: str, default: int | None, maximum: int = INT8) -> int | None:
+    raw = request.args.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise Refusal(f"{name} must be an integer", status=400, field=name) from None
+    if not -maximum <= value <= maximum:
+        raise Refusal(f"{name} is out of range (at most {maximum})", status=400, field=name)
+    return value
+
+
+def ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def waiting_text(row: dict) -> str:
+    where = (
+        f"{ordinal(row['queue_position'])} in queue (fleet {row['fleet']}, {row['queued_in_fleet']} waiting"
+    )
+    if row["queue_position"] > 1 and row["head_job_id"] is not None:
+        where += f"; job {row['head_job_id']} is at the head"
+    return f"{where}); {row['state_reason']}"
+
+
+def launch_details(db: Database, user_id: int, job_id: int, state: str) -> dict:
+    """Members, attempts and (while queued) the queue position of a job the user may see."""
+    attempts = db.call("job_attempts_of", user_id, job_id)
+    members = db.call("job_members_of", user_id, job_id)
+    waiting = None
+    if state == "queued":
+        rows = db.call("job_queue_position", user_id, job_id)
+        if rows:
+            row = rows[0]
+            waiting = {
+                "position": row["queue_position"],
+                "ordinal": ordinal(row["queue_position"]),
+                "queued_in_fleet": row["queued_in_fleet"],
+                "fleet": row["fleet"],
+                "head_job_id": row["head_job_id"],
+                "waiting_seconds": row["waiting"].total_seconds(),
+                "reason": row["state_reason"],
+                "text": waiting_text(row),
+            }
+    latest = attempts[0]["number"] if attempts else None
+    return {
+        "terminal": state in TERMINAL,
+        "attempts": attempts,
+        "members": members,
+        "latest_attempt": latest,
+        "waiting": waiting,
+    }
+
+
+def render_part(part: str, job: dict, events: list[dict]):
+    """The job page's live parts, rendered by the job view for htmx polls."""
+    if part == "live":
+        return render_template("jobs/_live.html", job=job, events=events, oob_events=True)
+    if part == "logs":
+        known = int_arg("attempt", None, INT4)
+        # Nothing changed since the page drew its log panes: no swap (htmx ignores 204).
+        if not job["terminal"] and known == (job["latest_attempt"] or 0):
+            return "", 204
+        return render_template("jobs/_logs.html", job=job)
+    raise Refusal("part must be live or logs", status=400, field="part")
+
+
+def log_url(
+    job_id: int, rank: int, stream: str, attempt: int | None, after: int, tail: int | None = None
+) -> str:
+    args = {"member": rank, "stream": stream, "after": after, "limit": LOG_LIMIT}
+    if attempt is not None:
+        args["attempt"] = attempt
+    if tail is not None:
+        args["tail"] = tail
+    return url_for("jobs_launch.logs", job_id=job_id, **args)
+
+
+@bp.app_template_global()
+def job_log_url(job_id: int, rank: int, stream: str, attempt: int | None, after: int = 0, tail=None) -> str:
+    return log_url(job_id, rank, stream, attempt, after, tail)
+
+
+@bp.get("/jobs/<job_id>/logs")
+@login_required
+def logs(job_id: str):
+    jid = service.parse_job_id(job_id)
+    rank = int_arg("member", 0, INT4)
+    if rank < 0:
+        raise Refusal("member must be a rank, 0 or more", status=400, field="member")
+    stream = request.args.get("stream", "stdout")
+    if stream not in STREAMS:
+        raise Refusal("stream must be stdout or stderr", status=400, field="stream")
+    data = get_db().call(
+        "job_member_log",
+        current_user().id,
+        jid,
+        rank,
+        stream,
+        int_arg("after", 0),
+        int_arg("limit", LOG_LIMIT, INT4),
+        int_arg("attempt", None, INT4),
+        int_arg("tail", None),
+    )[0]["job_member_log"]
+    data["text"] = "".join(chunk["text"] for chunk in data["chunks"])
+    if wants_json():
+        return json_response(data)
+    if is_htmx():
+        return render_template("jobs/_log_chunk.html", log=data, first=request.args.get("tail") is not None)
+    return render_template("jobs/log.html", title=f"Job {jid} rank {rank} {stream}", log=data)
+
+
+@bp.post("/jobs/<job_id>/cancel")
+@login_required
+def cancel(job_id: str):
+    jid = service.parse_job_id(job_id)
+    body = request.get_json(silent=True) if request.is_json else request.form
+    reason = (body or {}).get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise Refusal("reason must be text", status=400, field="reason")
+    reason = (reason or "").strip() or None
+    if reason is not None and len(reason) > MAX_REASON:
+        raise Refusal(f"reason may be at most {MAX_REASON} characters", status=400, field="reason")
+    row = get_db().call("cancel_job", jid, current_user().id, reason)[0]
+    job = {k: v for k, v in row.items() if k != "spec"}
+    job["preview_id"] = str(job["preview_id"])
+    if wants_json():
+        return json_response({"job": job})
+    flash(f"Cancel requested: {job['state_reason']}", "ok")
+    return redirect(url_for("jobs.job_page", job_id=jid), 303)
