@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "app.cli.plugins_cmd",
     "app.cli.admin_cmd",
     "app.cli.submit_cmd",
+    "app.cli.jobs_launch_cmd",
     "app.cli.telemetry_cmd",
     "app.cli.artifacts_cmd",
     "app.cli.node_cmd",

@@ -320,13 +320,17 @@ def jobs_list(state: str | None, limit: int, as_json: bool, server, token, ca_bu
 @json_option
 @client_options
 def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
-    """One job with its event timeline."""
+    """One job: why it waits, attempts, members and the event timeline."""
     with _client(server, token, ca_bundle) as client:
         job = client.get(f"/jobs/{job_id}")
     if as_json:
         print_json(job)
         return
+    # Launch (issue 5): why it waits, attempts and members come from app.cli.jobs_launch_cmd.
+    from app.cli.jobs_launch_cmd import echo_launch, echo_waiting
+
     click.echo(f"job {job['id']} {job['state']}: {job['state_reason']}")
+    echo_waiting(job)
     for label in (
         "owner",
         "fleet",
@@ -344,6 +348,7 @@ def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
         "created_at",
     ):
         click.echo(f"  {label:<16} {job[label]}")
+    echo_launch(job)
     click.echo("events:")
     for event in job["events"]:
         click.echo(

@@ -1,0 +1,168 @@
+"""`tuneplane jobs show|cancel|logs` against a real HTTP server on loopback (click's runner, and a real
+subprocess for --follow)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from werkzeug.serving import make_server
+
+from app.cli import main
+from app.db import Database
+from app.security import new_token
+from app.web import create_app
+from tests.helpers import OutputWatcher
+from tests.launch_fixtures import report, run_to_running
+from tests.submission_setup import add_user, one_local_fleet
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
+    info: dict = {"fleet": one_local_fleet(db), "url": f"http://127.0.0.1:{port}"}
+    for name in ("alice", "bob"):
+        user = add_user(db, name)
+        plaintext, digest = new_token("tpu")
+        db.call("issue_api_token", user, "test", digest, None)
+        info[name] = plaintext
+    app = create_app(db_url, config={"TP_DATA_DIR": str(tmp_path / "data"), "SECRET_KEY": "test"})
+    httpd = make_server("127.0.0.1", port, app, threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield info
+    httpd.shutdown()
+    thread.join(10)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict):
+    monkeypatch.setenv("TUNEPLANE_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.setenv("TUNEPLANE_SERVER", server["url"])
+    monkeypatch.delenv("TUNEPLANE_TOKEN", raising=False)
+    runner = CliRunner()
+
+    def run(*args: str, user: str = "alice") -> Result:
+        return runner.invoke(main, [*args, "--token", server[user]], catch_exceptions=False)
+
+    return run
+
+
+def submit(cli) -> int:
+    result = cli("submit", "--recipe", "demo", "--yes", "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["job_id"]
+
+
+def start(db: Database, server: dict, job_id: int) -> dict:
+    db.call("reserve_next", server["fleet"], 1000)
+    (member,) = run_to_running(db, job_id)
+    return member
+
+
+def test_show_of_a_queued_job_says_why_it_waits_and_its_place(cli) -> None:
+    submit(cli)
+    second = submit(cli)
+    shown = cli("jobs", "show", str(second))
+    assert shown.exit_code == 0, shown.output
+    assert "why it waits     2nd in queue (fleet local, 2 waiting; job" in shown.output
+    assert "attempts: none yet" in shown.output
+    data = json.loads(cli("jobs", "show", str(second), "--json").stdout)
+    assert data["waiting"]["position"] == 2 and data["members"] == []
+
+
+def test_show_of_a_running_job_lists_attempts_and_members(cli, db: Database, server: dict) -> None:
+    job_id = submit(cli)
+    member = start(db, server, job_id)
+    report(db, "member_exited", member, exit_code=3)
+    shown = cli("jobs", "show", str(job_id)).output
+    assert f"job {job_id} failed" in shown and "why it waits" not in shown
+    assert "#1   failed" in shown and "[commit: all 1 member(s) prepared]" in shown
+    member_line = next(line for line in shown.splitlines() if "local-1" in line)
+    assert member_line.split()[:7] == ["1", "0", "local-1", "-", "failed", "3", "released"]
+
+
+def test_cancel_prints_the_outcome_and_a_second_cancel_is_refused(cli, db: Database, server: dict) -> None:
+    job_id = submit(cli)
+    other = cli("jobs", "cancel", str(job_id), user="bob")
+    assert other.exit_code == 1 and f"no job {job_id} of yours" in other.output
+    done = cli("jobs", "cancel", str(job_id), "--reason", "typo in params")
+    assert done.exit_code == 0 and f"job {job_id} cancelled" in done.output
+    events = json.loads(cli("jobs", "show", str(job_id), "--json").stdout)["events"]
+    assert "typo in params" in events[-1]["reason"]
+    again = cli("jobs", "cancel", str(job_id))
+    assert again.exit_code == 1 and "already cancelled" in again.output
+
+
+def test_logs_print_everything_stored_in_bounded_reads(cli, db: Database, server: dict) -> None:
+    job_id = submit(cli)
+    member = start(db, server, job_id)
+    offset, expected = 0, ""
+    for i in range(40):
+        line = f"{i:03d} " + "x" * 9000 + "\n"  # 40 × 9 KB: several 256 KiB reads
+        report(db, "member_log", member, stream="stdout", offset=offset, text=line)
+        offset += len(line)
+        expected += line
+    report(db, "member_log", member, stream="stderr", offset=0, text="warn\n")
+    out = cli("jobs", "logs", str(job_id))
+    assert out.exit_code == 0 and out.stdout == expected
+    assert cli("jobs", "logs", str(job_id), "--stream", "stderr").stdout == "warn\n"
+    assert cli("jobs", "logs", str(job_id), "--tail", "9005").stdout == expected[-9005:]
+    bad = cli("jobs", "logs", str(job_id), "--member", "3")
+    assert bad.exit_code == 1 and "no member rank 3" in bad.output
+    neg = cli("jobs", "logs", str(job_id), "--tail", "-1")
+    assert neg.exit_code == 1 and "tail" in neg.output
+    hidden = cli("jobs", "logs", str(job_id), user="bob")
+    assert hidden.exit_code == 1 and "no job" in hidden.output and "xxx" not in hidden.output
+
+
+def test_logs_follow_prints_new_output_and_stops_when_the_job_ends(
+    db: Database, server: dict, tmp_path: Path
+) -> None:
+    env = {
+        **os.environ,
+        "TUNEPLANE_CONFIG": str(tmp_path / "none.toml"),
+        "TUNEPLANE_SERVER": server["url"],
+        "TUNEPLANE_TOKEN": server["alice"],
+        "PYTHONUNBUFFERED": "1",
+    }
+    submitted = subprocess.run(
+        [sys.executable, "-m", "app", "submit", "--recipe", "demo", "--yes", "--json"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    job_id = json.loads(submitted.stdout)["job_id"]
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "app", "jobs", "logs", str(job_id), "--follow", "--poll", "0.1"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        watcher = OutputWatcher(follower)
+        member = start(db, server, job_id)  # the job was queued when the follower started
+        report(db, "member_log", member, stream="stdout", offset=0, text="first line\n")
+        watcher.wait_for_line("first line", timeout=30)
+        report(db, "member_log", member, stream="stdout", offset=11, text="second line\n")
+        watcher.wait_for_line("second line", timeout=30)
+        assert follower.poll() is None  # still following: the job runs
+        report(db, "member_exited", member, exit_code=0)
+        assert follower.wait(timeout=30) == 0
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert watcher.text() == "first line\nsecond line"
