@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "app.cli.artifacts_cmd",
     "app.cli.node_cmd",
     "app.cli.fleet_cmd",
+    "app.cli.launch_cmd",
 ]
 
 

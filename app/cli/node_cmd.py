@@ -56,6 +56,25 @@ from app.node_gateway.config import DEFAULT_PORT, ENV_NODE_GATEWAY_URL
     show_default=True,
     help="Longest wait between reconnection attempts, in seconds.",
 )
+@click.option(
+    "--telemetry-url",
+    envvar="TUNEPLANE_TELEMETRY_URL",
+    default=None,
+    help="Telemetry gateway for the members' collectors (env TUNEPLANE_TELEMETRY_URL); none: no collector.",
+)
+@click.option(
+    "--probe-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="TCP port of the peer-network probe other nodes must reach (0: any free port, reported).",
+)
+@click.option("--probe-host", default="0.0.0.0", show_default=True, help="Address the probe listens on.")
+@click.option(
+    "--advertise-address",
+    default=None,
+    help="Address peers use to reach this node (default: the address the gateway sees).",
+)
 def node_cmd(
     server: str,
     enroll_token: str | None,
@@ -65,6 +84,10 @@ def node_cmd(
     simulate_gpus: int | None,
     ca_bundle: str | None,
     max_backoff: float,
+    telemetry_url: str | None,
+    probe_port: int,
+    probe_host: str,
+    advertise_address: str | None,
 ) -> None:
     """Run the Node agent: enroll once, then keep an outbound control connection to the gateway."""
     from app.cli import ExpectedError
@@ -79,6 +102,10 @@ def node_cmd(
         simulate_gpus=simulate_gpus,
         ca_bundle=ca_bundle,
         max_backoff=max_backoff,
+        telemetry_url=telemetry_url,
+        probe_host=probe_host,
+        probe_port=probe_port,
+        advertise_address=advertise_address,
     )
     try:
         main(options)
@@ -138,6 +165,7 @@ def node_gateway_cmd(
             tls_key=tls_key,
             poll_interval=poll_interval,
             pool_size=pool_size,
+            blob_dir=settings.blob_dir,
         )
     )
 

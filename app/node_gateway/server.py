@@ -18,6 +18,7 @@ import logging
 import ssl
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -26,7 +27,7 @@ from pydantic import ValidationError
 
 from app import __version__
 from app.errors import Refusal
-from app.node_gateway import files, protocol
+from app.node_gateway import files, launch, protocol
 from app.node_gateway.aiodb import AsyncDatabase, jsonb
 from app.node_gateway.reports import dispatch_report
 from app.security import new_token, token_hash
@@ -77,8 +78,11 @@ class Gateway:
         name: str = "node-gateway",
         poll_interval: float = 2.0,
         sweep_interval: float = 1.0,
+        blob_dir: Path | None = None,
     ) -> None:
         self.db = db
+        # The blob store (Settings.blob_dir) serves capsules and the artifact routes; None: neither.
+        self.blob_dir = blob_dir
         self.name = name
         self.poll_interval = poll_interval
         self.sweep_interval = sweep_interval
@@ -97,6 +101,7 @@ class Gateway:
         app.router.add_post(protocol.REPORTS_PATH, self.http_report)
         app.router.add_get(protocol.FILES_PATH + "{kind}/{name:.+}", self.fetch_file)
         app.router.add_get(protocol.HEALTH_PATH, self.health)
+        launch.install(app, self.db, self.blob_dir)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
         app.on_cleanup.append(self._on_cleanup)
@@ -495,11 +500,12 @@ async def serve(
     poll_interval: float = 2.0,
     pool_size: int = 8,
     stop: asyncio.Event | None = None,
+    blob_dir: Path | None = None,
 ) -> None:
     import signal
 
     db = AsyncDatabase(database_url, max_size=pool_size, name="tuneplane-node-gateway")
-    gateway = Gateway(db, name=name, poll_interval=poll_interval)
+    gateway = Gateway(db, name=name, poll_interval=poll_interval, blob_dir=blob_dir)
     runner = web.AppRunner(gateway.make_app(), access_log=None, shutdown_timeout=5)
     await runner.setup()
     context = server_ssl_context(tls_cert, tls_key)

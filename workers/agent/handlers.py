@@ -39,6 +39,10 @@ CommandHandler = Callable[[AgentContext, dict], Awaitable[dict | None]]
 
 COMMAND_HANDLERS: dict[str, CommandHandler] = {}
 
+# Run (each as its own task) whenever a control session opens, after the hello: the launch code's
+# reconcile report goes here.
+SESSION_HOOKS: list[Callable[[AgentContext], Awaitable[None]]] = []
+
 
 def command(kind: str) -> Callable[[CommandHandler], CommandHandler]:
     def register(handler: CommandHandler) -> CommandHandler:

@@ -27,7 +27,7 @@ from workers.agent.session import ControlSession, Refused, enroll
 from workers.agent.state import AgentPaths, FileCredentialStore, StateError
 
 # Modules that register more command handlers (the launch issue adds its own here).
-HANDLER_MODULES: list[str] = []
+HANDLER_MODULES: list[str] = ["workers.agent.launch"]
 
 
 class AgentError(Exception):
@@ -44,6 +44,12 @@ class AgentOptions:
     simulate_gpus: int | None = None
     ca_bundle: str | None = None
     max_backoff: float = 30.0
+    # Launch: where members' collectors ship telemetry (none: members run without a collector), and the
+    # peer-network probe (bind host, port 0 = any free one, the address peers should dial).
+    telemetry_url: str | None = None
+    probe_host: str = "0.0.0.0"
+    probe_port: int = 0
+    advertise_address: str | None = None
 
 
 def default_node_name() -> str:
@@ -96,6 +102,20 @@ async def run_agent(options: AgentOptions, *, say=print) -> None:
         elif options.enroll_token:
             say(f"already enrolled as node {stored.fleet}/{stored.node}; --enroll-token ignored")
         ctx = AgentContext(paths=paths)
+        ctx.extra.update(
+            server=options.server,
+            http=http,
+            credential_store=store,
+            ca_bundle=options.ca_bundle,
+            telemetry_url=options.telemetry_url,
+            simulated_gpus=options.simulate_gpus is not None,
+            probe={
+                "host": options.probe_host,
+                "port": options.probe_port,
+                "advertise_address": options.advertise_address,
+            },
+            say=say,
+        )
 
         def probe() -> dict:
             found, problem = capacity_probe.detect(options.simulate_gpus, __version__)

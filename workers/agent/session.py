@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 
 from app.node_gateway import protocol
-from workers.agent.handlers import COMMAND_HANDLERS, AgentContext, CommandFailed
+from workers.agent.handlers import COMMAND_HANDLERS, SESSION_HOOKS, AgentContext, CommandFailed
 from workers.agent.state import CredentialStore, StoredCredential
 
 log = logging.getLogger("tuneplane.agent")
@@ -134,6 +134,7 @@ class ControlSession:
             tasks.append(asyncio.create_task(self._heartbeats(interval)))
             tasks.append(asyncio.create_task(self._run_commands()))
             tasks.append(asyncio.create_task(self._report_capacity()))
+            tasks.extend(asyncio.create_task(hook(self.ctx)) for hook in SESSION_HOOKS)
             self.connected.set()
             return await self._receive_loop()
         finally:

@@ -1,0 +1,80 @@
+"""What the node gateway does for launches: the agents' launch report kinds, and the `capsule` file.
+
+Report kinds (each one stored function, fenced by the session epoch, idempotent):
+  probe            report_node_probe              the agent's peer-network probe port
+  member_prepared  member_prepared                PREPARE succeeded (with the peer/storage checks)
+  member_prepare_failed  member_prepare_failed    PREPARE failed: ABORT with the node's reason
+  member_started   member_started                 the runner runs (pid)
+  member_exited    member_exited                  the member ended (exit code, reason)
+  reconcile        reconcile_node                 after (re)connecting: what runs, what ended meanwhile
+  telemetry_token  issue_member_telemetry_token   the hash of a token the agent made for a member
+
+GET /v1/files/capsule/<sha256>: the capsule blob, only to a node that holds a member using it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from aiohttp import web
+
+from app.blobstore import FilesystemBlobStore
+from app.errors import Refusal
+from app.node_gateway.aiodb import AsyncDatabase
+from app.node_gateway.files import register_file_provider
+from app.node_gateway.reports import register_report
+
+LAUNCH_REPORTS = {
+    "probe": "report_node_probe",
+    "member_prepared": "member_prepared",
+    "member_prepare_failed": "member_prepare_failed",
+    "member_started": "member_started",
+    "member_exited": "member_exited",
+    "reconcile": "reconcile_node",
+    "telemetry_token": "issue_member_telemetry_token",
+}
+for _kind, _function in LAUNCH_REPORTS.items():
+    register_report(_kind, _function)
+
+DB_KEY = web.AppKey("launch_db", AsyncDatabase)
+BLOBS_KEY = web.AppKey("launch_blobs", FilesystemBlobStore)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _refuse(refusal: Refusal) -> web.Response:
+    return web.json_response(refusal.as_json(), status=refusal.status)
+
+
+async def capsule_provider(request: web.Request, node: dict, name: str) -> web.StreamResponse:
+    db = request.app.get(DB_KEY)
+    blobs = request.app.get(BLOBS_KEY)
+    if db is None or blobs is None:
+        return _refuse(Refusal("this gateway has no blob store configured (--data-dir)", status=404))
+    if not _SHA256.match(name):
+        return _refuse(
+            Refusal("a capsule is named by its sha256 (64 hex digits)", status=404, field="capsule")
+        )
+    allowed = (await db.call_one("node_may_read_capsule", node["node_id"], name))["node_may_read_capsule"]
+    if not allowed:
+        return _refuse(
+            Refusal(f"capsule {name} belongs to no member placed on this node", status=403, field="capsule")
+        )
+    path = blobs.path(name)
+    if not path.is_file():
+        return _refuse(Refusal(f"capsule {name} is not in the blob store", status=404, field="capsule"))
+    return web.FileResponse(path, headers={"Content-Type": "application/x-tar", "X-Capsule-Digest": name})
+
+
+register_file_provider("capsule", capsule_provider)
+
+
+def install(app: web.Application, db: AsyncDatabase, blob_dir: Path | None) -> None:
+    """Give the capsule provider its database and blob store; wire the artifact routes (issue 7)."""
+    app[DB_KEY] = db
+    if blob_dir is None:
+        return
+    from app.artifacts.gateway_routes import add_artifact_routes
+
+    app[BLOBS_KEY] = FilesystemBlobStore(Path(blob_dir))
+    add_artifact_routes(app, db.url, blob_dir)

@@ -1,0 +1,193 @@
+"""A small real cluster for the launch end-to-end tests: a node gateway, node agents and backend workers
+as subprocesses on loopback, one real database, jobs submitted through the submission functions.
+
+Thresholds are short (heartbeat 0.3 s, lost after 3 s, stop grace 3 s) so crash tests finish quickly.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import gzip
+import io
+import signal
+import socket
+import tarfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.blobstore import FilesystemBlobStore
+from app.db import Database
+from app.submission import archives, service
+from tests.e2e.node_processes import Proc, start_gateway
+from tests.helpers import wait_for
+from tests.node_helpers import fast_thresholds, make_token
+from tests.submission_setup import add_user
+
+HEARTBEAT, STALE, LOST = 0.3, 1.5, 3.0
+MIB = 1024**2
+
+
+def free_port_block(span: int = 50) -> int:
+    """A base port whose next `span` ports were free a moment ago (the rendezvous ports)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + span > 65000:
+            continue
+        ok = True
+        for offset in range(0, span, 7):
+            with socket.socket() as s:
+                try:
+                    s.bind(("0.0.0.0", base + offset))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no free port block")
+
+
+def source_archive(files: dict[str, str]) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        for name, text in sorted(files.items()):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return gzip.compress(raw.getvalue(), mtime=0)
+
+
+@dataclass
+class Cluster:
+    db_url: str
+    db: Database
+    root: Path
+    gateway_port: int
+    fleet: str = "gpu"
+    gateway: Proc | None = None
+    agents: dict[str, Proc] = field(default_factory=dict)
+    workers: list[Proc] = field(default_factory=list)
+    user_id: int = 0
+
+    @property
+    def data_dir(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    def start(self, *, stop_grace: float = 3.0, prepare_timeout: float = 40.0) -> None:
+        fast_thresholds(self.db, heartbeat=HEARTBEAT, stale=STALE, lost=LOST)
+        self.db.fetch_all(
+            """UPDATE launch_settings SET stop_grace = %s, prepare_timeout = %s, rendezvous_port_base = %s,
+                      rendezvous_port_span = 40 RETURNING 1""",
+            (dt.timedelta(seconds=stop_grace), dt.timedelta(seconds=prepare_timeout), free_port_block()),
+        )
+        self.db.call("create_fleet", self.fleet, "node", None, None)
+        self.user_id = add_user(self.db, "alice")
+        self.gateway = start_gateway(self.db_url, self.gateway_port, "--data-dir", str(self.data_dir))
+
+    def agent_dirs(self, name: str) -> tuple[Path, Path]:
+        return self.root / name / "state", self.root / name / "work"
+
+    def start_agent(self, name: str, *extra: str, enroll: bool = True) -> Proc:
+        state, work = self.agent_dirs(name)
+        argv = ["node", "--server", self.url, "--state-dir", str(state), "--work-dir", str(work),
+                "--name", name, "--max-backoff", "1", "--simulate-gpus", "0", *extra]  # fmt: skip
+        if enroll and not (state / "node-credential.json").exists():
+            argv += ["--enroll-token", make_token(self.db, self.fleet)]
+        proc = Proc(argv)
+        self.agents[name] = proc
+        proc.wait_line(f"connected to {self.url} as node {self.fleet}/{name}")
+        wait_for(lambda: self.node(name)["probe_port"] is not None and self.node(name)["cpus"] > 0,
+                 timeout=20, what=f"{name} reported its capacity and probe port")  # fmt: skip
+        return proc
+
+    def start_worker(self, *extra: str) -> Proc:
+        argv = ["worker", "--backend", "node", "--database-url", self.db_url, "--data-dir", str(self.data_dir),
+                "--poll-interval", "0.3", "--heartbeat-timeout", "15", *extra]  # fmt: skip
+        proc = Proc(argv)
+        proc.wait_line("consuming `launch`")
+        self.workers.append(proc)
+        return proc
+
+    def node(self, name: str) -> dict:
+        return self.db.fetch_one(
+            "SELECT n.*, tuneplane.node_connectivity(n.last_heartbeat_at) AS connectivity FROM nodes n"
+            " WHERE name = %s",
+            (name,),
+        )
+
+    def kill9(self, proc: Proc) -> None:
+        proc.process.send_signal(signal.SIGKILL)
+        proc.process.wait(10)
+
+    def stop_all(self) -> None:
+        for proc in [*self.workers, *self.agents.values()]:
+            proc.stop()
+        if self.gateway is not None:
+            self.gateway.stop()
+
+    # ---- jobs ---------------------------------------------------------------------------------------
+
+    def upload_source(self, files: dict[str, str]) -> str:
+        blobs = FilesystemBlobStore(self.data_dir / "blobs")
+        facts = archives.receive_archive(self.db, blobs, self.user_id, io.BytesIO(source_archive(files)))
+        return facts.sha256
+
+    def submit(self, spec: dict) -> int:
+        spec = {"fleet": self.fleet, **spec}
+        preview = service.create_preview(self.db, self.user_id, spec)
+        receipt = service.confirm(self.db, self.user_id, preview["id"], preview["digest"], str(uuid.uuid4()))
+        return int(receipt["job_id"])
+
+    def job(self, job_id: int) -> dict:
+        return self.db.fetch_one("SELECT * FROM jobs WHERE id = %s", (job_id,))
+
+    def members(self, job_id: int) -> list[dict]:
+        return self.db.fetch_all(
+            "SELECT m.*, n.name AS node FROM members m JOIN nodes n ON n.id = m.node_id"
+            " WHERE m.job_id = %s ORDER BY m.attempt_id, m.rank",
+            (job_id,),
+        )
+
+    def wait_job(self, job_id: int, states: tuple[str, ...], timeout: float = 60.0) -> dict:
+        def reached() -> dict | None:
+            row = self.job(job_id)
+            return row if row["state"] in states else None
+
+        try:
+            return wait_for(reached, timeout=timeout, what=f"job {job_id} in {states}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnose(job_id)}") from None
+
+    def wait_members(self, job_id: int, state: str, timeout: float = 60.0) -> list[dict]:
+        def reached() -> list[dict] | None:
+            rows = self.members(job_id)
+            return rows if rows and all(m["state"] == state for m in rows) else None
+
+        try:
+            return wait_for(reached, timeout=timeout, what=f"members of job {job_id} {state}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnose(job_id)}") from None
+
+    def held(self) -> int:
+        return self.db.fetch_one("SELECT count(*) AS n FROM members WHERE released_at IS NULL")["n"]
+
+    def member_dir(self, agent: str, member_id: int) -> Path:
+        return self.agent_dirs(agent)[1] / "members" / str(member_id)
+
+    def diagnose(self, job_id: int) -> str:
+        lines = [f"job: {self.job(job_id)}"]
+        lines += [f"member: {m}" for m in self.members(job_id)]
+        for event in self.db.fetch_all("SELECT * FROM job_events WHERE job_id = %s ORDER BY id", (job_id,)):
+            lines.append(f"event: {event}")
+        for name, proc in self.agents.items():
+            lines.append(f"--- agent {name}:\n" + "\n".join(proc.out.lines[-30:]))
+        for index, proc in enumerate(self.workers):
+            lines.append(f"--- worker {index}:\n" + "\n".join(proc.out.lines[-15:]))
+        return "\n".join(lines)

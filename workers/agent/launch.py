@@ -1,0 +1,773 @@
+"""The agent's launch handlers: prepare, start, stop, abort, kill, and reconcile on every new session.
+
+prepare  runs as its own asyncio task (a cold preparation never blocks heartbeats or other members):
+         fetch the capsule over the gateway's HTTP side, verify and unpack it into the member directory,
+         unpack the source, materialize the pinned inputs, check the runtime pin, the peer network and the
+         shared storage, then report member_prepared or member_prepare_failed with the reason.
+start    spawns `tuneplane runner` in its own session (it survives an agent crash), records member → pid
+         in the state directory before reporting member_started, starts the member's collector with a
+         token scoped to the member, and watches it; the exit is reported with the status the runner
+         wrote to the member directory (readable by an agent restarted after kill -9).
+stop     SIGTERM to every process of the member, SIGKILL after the grace period.
+abort    cancels an in-flight prepare and deletes the member's workspace (nothing was started).
+kill     stops members the control plane no longer considers live here (orphans after a fence).
+On every new control session the agent first reports `reconcile` (what still runs, what ended while it
+was away) and then re-sends any report the control plane has not acknowledged.
+Every handler is idempotent per member id: a command delivered twice does its work once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from app.node_gateway import protocol
+from app.security import new_token
+from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
+from workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
+from workers.agent.members import MemberRecord, MemberStore, member_dir, member_tag, tag_suffix
+from workers.agent.probe import ProbeServer, peer_check, storage_check
+from workers.agent.session import Refused
+from workers.capsule import CapsuleError, unpack_capsule
+from workers.proctree import TAG_VARIABLE, alive, member_processes, signal_all, start_time, tagged
+from workers.runner.process import read_exit_status
+from workers.runner.runtime import RuntimeRefused, check_runtime
+
+log = logging.getLogger("tuneplane.agent.launch")
+
+# Never handed to a runner (which strips every TUNEPLANE_* for the workload anyway).
+RUNNER_ENV_DROP = (
+    "TUNEPLANE_DATABASE_URL",
+    "TUNEPLANE_ENROLL_TOKEN",
+    "TUNEPLANE_NODE_CREDENTIAL",
+    "TUNEPLANE_TOKEN",
+    "TUNEPLANE_TELEMETRY_TOKEN",
+    TAG_VARIABLE,
+)
+WATCH_INTERVAL = 0.2
+
+
+class PrepareFailed(Exception):
+    pass
+
+
+def _say(ctx: AgentContext, line: str) -> None:
+    say = ctx.extra.get("say")
+    if say is not None:
+        say(line)
+    else:
+        log.info(line)
+
+
+class LaunchAgent:
+    """Per-agent launch state: member records, in-flight prepares, watchers and the probe server."""
+
+    def __init__(self, ctx: AgentContext) -> None:
+        assert ctx.paths is not None
+        self.ctx = ctx
+        self.paths = ctx.paths
+        self.store = MemberStore(self.paths.state_dir / "members")
+        self.prepares: dict[int, asyncio.Task] = {}
+        self.watchers: dict[int, asyncio.Task] = {}
+        self.killers: dict[int, asyncio.Task] = {}
+        self.runners: dict[int, subprocess.Popen] = {}
+        self.collectors: dict[int, subprocess.Popen] = {}
+        self.probe: ProbeServer | None = None
+        self.publish()
+
+    # ---- reports ------------------------------------------------------------------------------------
+
+    async def send(self, kind: str, payload: dict) -> Any:
+        """Send now, or raise ConnectionError (not connected / connection lost) or Refused."""
+        if self.ctx.report is None:
+            raise ConnectionError("no control session")
+        return await self.ctx.report(kind, payload)
+
+    async def report(self, record: MemberRecord | None, kind: str, payload: dict) -> Any:
+        """Send a member's report; if it cannot be sent now, keep it in the record for the next session."""
+        if record is not None:
+            record.unreported[kind] = payload
+            self.store.save(record)
+        try:
+            result = await self.send(kind, payload)
+        except (ConnectionError, TimeoutError, RuntimeError) as exc:
+            _say(self.ctx, f"member {payload.get('member_id')}: {kind} not sent yet ({exc}); will resend")
+            return None
+        except Refused as exc:
+            if exc.status == 409 and "session" in exc.message:
+                return None  # a newer session replaced ours; that session re-sends it
+            _say(self.ctx, f"member {payload.get('member_id')}: {kind} refused: {exc.message}")
+            result = {"refused": exc.message}
+        if record is not None and self.store.get(record.member_id) is record:
+            record.unreported.pop(kind, None)
+            self.store.save(record)
+        return result
+
+    def publish(self) -> None:
+        """What heartbeats carry: the members this agent runs."""
+        self.ctx.running = [
+            {"member_id": r.member_id, "pid": r.pid, "state": r.state}
+            for r in self.store.all()
+            if r.state == "running"
+        ]
+
+    # ---- prepare ------------------------------------------------------------------------------------
+
+    def accept_prepare(self, payload: dict) -> dict:
+        member_id = int(payload["member_id"])
+        record = self.store.get(member_id)
+        task = self.prepares.get(member_id)
+        if task is not None and not task.done():
+            return {"state": "preparing"}
+        if record is not None and record.state != "preparing":
+            if record.state in ("prepared", "failed"):
+                kind = "member_prepared" if record.state == "prepared" else "member_prepare_failed"
+                outcome = record.unreported.get(kind) or {"member_id": member_id, "reason": record.reason}
+                asyncio.get_running_loop().create_task(self.report(record, kind, outcome))
+            return {"state": record.state}
+        record = MemberRecord(
+            member_id=member_id,
+            attempt_id=int(payload["attempt_id"]),
+            job_id=int(payload["job_id"]),
+            attempt=int(payload["attempt"]),
+            rank=int(payload["rank"]),
+        )
+        self.store.save(record)
+        self.prepares[member_id] = asyncio.get_running_loop().create_task(
+            self.prepare_member(record, payload), name=f"prepare-{member_id}"
+        )
+        return {"state": "preparing", "accepted": True}
+
+    async def prepare_member(self, record: MemberRecord, payload: dict) -> None:
+        checks: dict[str, Any] = {}
+        directory = member_dir(self.paths, record.member_id)
+        try:
+            await self._prepare(record, payload, directory, checks)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # every failure is the member's prepare failure, with its reason
+            reason = (
+                str(exc)
+                if isinstance(exc, PrepareFailed | CapsuleError | RuntimeRefused)
+                else (f"{type(exc).__name__}: {exc}")
+            )
+            record.state, record.reason = "failed", reason
+            self.store.save(record)
+            _say(self.ctx, f"member {record.member_id}: prepare failed: {reason}")
+            await self.report(
+                record, "member_prepare_failed", {"member_id": record.member_id, "reason": reason, **checks}
+            )
+            return
+        record.state, record.reason = "prepared", "prepared"
+        self.store.save(record)
+        _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
+        await self.report(record, "member_prepared", {"member_id": record.member_id, **checks})
+
+    async def _prepare(self, record: MemberRecord, payload: dict, directory: Path, checks: dict) -> None:
+        digest = str(payload["capsule_digest"])
+        directory.mkdir(parents=True, exist_ok=True)
+        capsule_dir = directory / "capsule"
+        if not (capsule_dir / "manifest.json").is_file():
+            tar_path = await self.fetch_capsule(digest)
+            await asyncio.to_thread(unpack_capsule, tar_path, digest, capsule_dir)
+        spec = json.loads((capsule_dir / "spec.json").read_text())
+        await asyncio.to_thread(self._unpack_source, spec, directory)
+        inputs = spec.get("inputs") or []
+        if inputs:
+            await asyncio.to_thread(self._materialize, inputs, directory / "input")
+        pin = spec.get("runtime") or {}
+        runtime = await asyncio.to_thread(check_runtime, pin)
+        if runtime is not None and pin.get("image"):
+            await self._pull_image(runtime, str(pin["image"]))
+        checks["peer_check"] = await peer_check(
+            record.rank, payload.get("peers") or [], payload.get("master_port")
+        )
+        storage = await asyncio.to_thread(
+            storage_check, payload.get("shared_path"), f"{self.ctx.node or 'node'}-{record.member_id}"
+        )
+        if storage is not None:
+            checks["storage_check"] = storage
+        problems = [c["error"] for c in checks.values() if c and not c.get("ok")]
+        if problems:
+            raise PrepareFailed("; ".join(problems))
+        member = {
+            key: payload.get(key)
+            for key in (
+                "member_id",
+                "attempt_id",
+                "attempt",
+                "job_id",
+                "rank",
+                "world_size",
+                "gpu_indices",
+                "cpus",
+                "memory_bytes",
+                "capsule_digest",
+                "master_addr",
+                "master_port",
+                "shared_path",
+            )
+        }
+        member.update(
+            local_rank=0,
+            node_rank=payload.get("rank"),
+            simulated_gpus=bool(self.ctx.extra.get("simulated_gpus")),
+            node=self.ctx.node,
+        )
+        (directory / "output").mkdir(exist_ok=True)
+        (directory / "logs").mkdir(exist_ok=True)
+        tmp = directory / "member.json.tmp"
+        tmp.write_text(json.dumps(member, indent=2))
+        os.replace(tmp, directory / "member.json")
+
+    async def fetch_capsule(self, digest: str) -> Path:
+        """The capsule tar in the agent's cache (work dir), fetched once per digest and verified."""
+        cache = self.paths.work_dir / "capsules"
+        cache.mkdir(parents=True, exist_ok=True)
+        target = cache / f"{digest}.tar"
+        if target.is_file():
+            return target  # verified again by unpack_capsule
+        http: aiohttp.ClientSession = self.ctx.extra["http"]
+        url = self.ctx.extra["server"].rstrip("/") + protocol.FILES_PATH + f"capsule/{digest}"
+        partial = cache / f"{digest}.{os.getpid()}.{id(asyncio.current_task())}.partial"
+        hasher = hashlib.sha256()
+        try:
+            async with http.get(
+                url,
+                headers={"Authorization": f"Bearer {self._credential()}"},
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
+            ) as response:
+                if response.status != 200:
+                    try:
+                        message = (await response.json(content_type=None)).get("error")
+                    except ValueError:
+                        message = None
+                    raise PrepareFailed(
+                        f"fetching capsule {digest} failed: {message or f'HTTP {response.status}'}"
+                    )
+                with open(partial, "wb") as handle:
+                    async for block in response.content.iter_chunked(1024 * 1024):
+                        hasher.update(block)
+                        handle.write(block)
+        except aiohttp.ClientError as exc:
+            partial.unlink(missing_ok=True)
+            raise PrepareFailed(f"fetching capsule {digest} failed: {exc}") from exc
+        if hasher.hexdigest() != digest:
+            partial.unlink(missing_ok=True)
+            raise PrepareFailed(f"capsule digest mismatch: fetched {hasher.hexdigest()}, expected {digest}")
+        os.replace(partial, target)
+        return target
+
+    def _credential(self) -> str:
+        stored = self.ctx.extra["credential_store"].load()
+        if stored is None:
+            raise PrepareFailed("this agent has no node credential")
+        return stored.credential
+
+    def _unpack_source(self, spec: dict, directory: Path) -> None:
+        src = directory / "src"
+        archive = directory / "capsule" / "source" / "archive.tar.gz"
+        if (spec.get("input") or {}).get("kind") != "source":
+            return
+        if (src / ".tuneplane-unpacked").is_file():
+            return
+        if src.exists():
+            shutil.rmtree(src)
+        partial = directory / "src.partial"
+        if partial.exists():
+            shutil.rmtree(partial)
+        partial.mkdir()
+        try:
+            with tarfile.open(archive, "r:gz") as tar:
+                tar.extractall(partial, filter="data")  # refuses absolute paths, .., links leaving the tree
+        except (tarfile.TarError, OSError) as exc:
+            raise PrepareFailed(f"cannot unpack the source archive: {exc}") from exc
+        (partial / ".tuneplane-unpacked").write_text("")
+        os.replace(partial, src)
+
+    def _materialize(self, inputs: list[dict], root: Path) -> None:
+        from workers.artifacts.deliver import node_http
+        from workers.artifacts.materialize import MaterializeError, materialize_inputs
+
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            with node_http(
+                self.ctx.extra["server"], self._credential(), ca_bundle=self.ctx.extra.get("ca_bundle")
+            ) as http:
+                materialize_inputs(http, inputs, root)
+        except MaterializeError as exc:
+            raise PrepareFailed(str(exc)) from exc
+
+    async def _pull_image(self, runtime: str, image: str) -> None:
+        """A cold image: pulled here, asynchronously (other members and heartbeats go on meanwhile)."""
+        check = await asyncio.create_subprocess_exec(
+            runtime,
+            "image",
+            "inspect",
+            image,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        if await check.wait() == 0:
+            return
+        pull = await asyncio.create_subprocess_exec(
+            runtime, "pull", image, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+        output, _ = await pull.communicate()
+        if pull.returncode != 0:
+            last = output.decode(errors="replace").strip().splitlines()[-1:] or [""]
+            raise PrepareFailed(f"cannot pull image {image}: {last[0][:200]}")
+
+    # ---- abort --------------------------------------------------------------------------------------
+
+    async def abort(self, member_id: int, reason: str) -> dict:
+        task = self.prepares.pop(member_id, None)
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        record = self.store.get(member_id)
+        if record is not None and record.state == "running":
+            # Cannot happen by the protocol (START only after COMMIT); be safe rather than leave it running.
+            await self.stop(member_id, reason, grace=2.0)
+            return {"member_id": member_id, "stopping": True}
+        directory = member_dir(self.paths, member_id)
+        await asyncio.to_thread(shutil.rmtree, directory, True)
+        self.store.forget(member_id)
+        self.publish()
+        _say(self.ctx, f"member {member_id}: aborted ({reason}); workspace removed")
+        return {"member_id": member_id, "cleaned": True}
+
+    # ---- start --------------------------------------------------------------------------------------
+
+    async def start(self, member_id: int) -> dict:
+        record = self.store.get(member_id)
+        if record is None:
+            raise CommandFailed(f"member {member_id} was never prepared on this node")
+        if record.state == "running":
+            self.ensure_watcher(record)
+            await self.report(record, "member_started", {"member_id": member_id, "pid": record.pid})
+            return {"member_id": member_id, "pid": record.pid, "already": True}
+        if record.state == "ended":
+            return {"member_id": member_id, "already": "ended"}
+        if record.state != "prepared":
+            raise CommandFailed(f"member {member_id} is {record.state} here, not prepared")
+        directory = member_dir(self.paths, member_id)
+        if (directory / "exit_status.json").exists():
+            raise CommandFailed(f"member {member_id} already ran on this node")
+        token = await self._telemetry_token(record)
+        env = self._runner_env(member_id, token)
+        logs = directory / "logs"
+        logs.mkdir(exist_ok=True)
+        with open(logs / "runner.log", "ab") as out:
+            runner = subprocess.Popen(
+                [sys.executable, "-m", "app", "runner", "--member-dir", str(directory)],
+                cwd=directory,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        record.pid, record.pid_started = runner.pid, start_time(runner.pid)
+        record.state, record.reason = "running", "running"
+        self.runners[member_id] = runner
+        self.store.save(record)  # before the report: a restarted agent must find this pid
+        self.publish()
+        if token:
+            self._start_collector(record, directory, token)
+        _say(
+            self.ctx,
+            f"member {member_id} (job {record.job_id} rank {record.rank}) started, runner pid {runner.pid}",
+        )
+        self.ensure_watcher(record)
+        await self.report(record, "member_started", {"member_id": member_id, "pid": runner.pid})
+        return {"member_id": member_id, "pid": runner.pid}
+
+    def _runner_env(self, member_id: int, token: str | None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in RUNNER_ENV_DROP}
+        env[TAG_VARIABLE] = member_tag(self.paths, member_id)
+        url = self.ctx.extra.get("telemetry_url")
+        if token and url:
+            env["TUNEPLANE_TELEMETRY_URL"] = url
+            env["TUNEPLANE_TELEMETRY_TOKEN"] = token
+        return env
+
+    async def _telemetry_token(self, record: MemberRecord) -> str | None:
+        """A token scoped to this member: made here, only its hash goes to the control plane."""
+        if not self.ctx.extra.get("telemetry_url"):
+            return None
+        plaintext, digest = new_token(TELEMETRY_TOKEN_PREFIX)
+        try:
+            await self.send("telemetry_token", {"member_id": record.member_id, "token_hash": digest})
+        except (ConnectionError, TimeoutError, RuntimeError, Refused) as exc:
+            _say(
+                self.ctx,
+                f"member {record.member_id}: no telemetry token ({exc}); running without a collector",
+            )
+            return None
+        return plaintext
+
+    def _start_collector(self, record: MemberRecord, directory: Path, token: str) -> None:
+        spool = self.paths.state_dir / "spool" / str(record.member_id)
+        spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+        env = {k: v for k, v in os.environ.items() if k not in RUNNER_ENV_DROP}
+        env["TUNEPLANE_TELEMETRY_TOKEN"] = token
+        argv = [
+            sys.executable,
+            "-m",
+            "app",
+            "collector",
+            "--output-dir",
+            str(directory / "output"),
+            "--spool-dir",
+            str(spool),
+            "--gateway",
+            self.ctx.extra["telemetry_url"],
+            "--collector-id",
+            f"{self.ctx.node or 'node'}-m{record.member_id}",
+            "--job-id",
+            str(record.job_id),
+            "--attempt",
+            str(record.attempt),
+            "--member",
+            str(record.rank),
+        ]
+        ca = self.ctx.extra.get("ca_bundle")
+        if ca:
+            argv += ["--ca-bundle", ca]
+        try:
+            with open(directory / "logs" / "collector.log", "ab") as out:
+                collector = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            _say(self.ctx, f"member {record.member_id}: collector not started ({exc})")
+            return
+        self.collectors[record.member_id] = collector
+        record.collector_pid, record.collector_started = collector.pid, start_time(collector.pid)
+        self.store.save(record)
+
+    def _stop_collector(self, record: MemberRecord) -> None:
+        if record.collector_pid and alive(record.collector_pid, record.collector_started):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(record.collector_pid, signal.SIGTERM)  # it drains its spool, then exits
+
+    # ---- watching, exits ----------------------------------------------------------------------------
+
+    def ensure_watcher(self, record: MemberRecord) -> None:
+        task = self.watchers.get(record.member_id)
+        if task is None or task.done():
+            self.watchers[record.member_id] = asyncio.get_running_loop().create_task(
+                self.watch(record.member_id), name=f"watch-{record.member_id}"
+            )
+
+    def running_now(self, record: MemberRecord) -> bool:
+        runner = self.runners.get(record.member_id)
+        if runner is not None and runner.poll() is None:
+            return True
+        if record.pid and alive(record.pid, record.pid_started):
+            return True
+        return bool(tagged(member_tag(self.paths, record.member_id)))
+
+    async def watch(self, member_id: int) -> None:
+        while True:
+            record = self.store.get(member_id)
+            if record is None or record.state != "running":
+                return
+            if not await asyncio.to_thread(self.running_now, record):
+                break
+            await asyncio.sleep(WATCH_INTERVAL)
+        await self.member_ended(record)
+
+    def exit_of(self, record: MemberRecord) -> tuple[int | None, str]:
+        status = read_exit_status(member_dir(self.paths, record.member_id))
+        if status is not None:
+            return status.get("exit_code"), status.get("reason") or ""
+        runner = self.runners.get(record.member_id)
+        if runner is not None and runner.returncode is not None:
+            return (
+                runner.returncode,
+                f"the runner ended without an exit status (its own status {runner.returncode})",
+            )
+        return None, "the runner ended while the agent was away and left no exit status"
+
+    async def member_ended(self, record: MemberRecord) -> None:
+        code, reason = self.exit_of(record)
+        if code == 0:
+            delivered = await asyncio.to_thread(self._deliver_outputs, record)
+            if delivered:
+                code, reason = 1, f"exited with status 0, but delivering its outputs failed: {delivered}"
+        record.state, record.exit_code, record.reason = "ended", code, reason
+        self.store.save(record)
+        self.runners.pop(record.member_id, None)
+        self.publish()
+        self._stop_collector(record)
+        _say(self.ctx, f"member {record.member_id}: {reason}")
+        await self.report(
+            record, "member_exited", {"member_id": record.member_id, "exit_code": code, "reason": reason}
+        )
+
+    def _deliver_outputs(self, record: MemberRecord) -> str | None:
+        """Deliver the spec's outputs (object upload or the fleet's shared mount); a problem or None."""
+        directory = member_dir(self.paths, record.member_id)
+        try:
+            spec = json.loads((directory / "capsule" / "spec.json").read_text())
+            member = json.loads((directory / "member.json").read_text())
+        except (OSError, ValueError):
+            return None
+        outputs = spec.get("outputs") or []
+        if not outputs:
+            return None
+        from workers.artifacts.deliver import deliver_artifact, node_http
+        from workers.artifacts.upload import UploadError
+
+        problems = []
+        with node_http(
+            self.ctx.extra["server"], self._credential(), ca_bundle=self.ctx.extra.get("ca_bundle")
+        ) as http:
+            for output in outputs:
+                root = directory / "output" / output["path"]
+                if not root.is_dir():
+                    problems.append(f"output {output['name']}: {output['path']} is not a directory")
+                    continue
+                delivery = output.get("delivery") or (
+                    "shared"
+                    if member.get("shared_path") and self.ctx.extra.get("prefer_shared")
+                    else "object"
+                )
+                shared = None
+                if delivery == "shared":
+                    shared = (
+                        f"{str(member['shared_path']).rstrip('/')}/jobs/{record.job_id}/"
+                        f"attempt-{record.attempt}/rank-{record.rank}/{output['name']}"
+                    )
+                try:
+                    result = deliver_artifact(
+                        http, record.member_id, output["name"], root, delivery=delivery, shared_path=shared
+                    )
+                except (UploadError, OSError) as exc:
+                    problems.append(f"output {output['name']}: {exc}")
+                    continue
+                if result.get("state") != "complete":
+                    problems.append(f"output {output['name']}: {result.get('reason') or result.get('state')}")
+        return "; ".join(problems) or None
+
+    # ---- stop, kill ---------------------------------------------------------------------------------
+
+    async def stop(self, member_id: int, reason: str, grace: float) -> dict:
+        record = self.store.get(member_id)
+        if record is None or record.state in ("preparing", "prepared", "failed"):
+            # Never started here (or long forgotten): nothing to stop; say so so its resources can go.
+            if record is not None:
+                await self.abort(member_id, reason)
+            await self.report(
+                None,
+                "member_exited",
+                {
+                    "member_id": member_id,
+                    "exit_code": None,
+                    "reason": f"never started on this node ({reason})",
+                },
+            )
+            return {"member_id": member_id, "running": False}
+        if record.state == "ended":
+            await self.report(
+                record,
+                "member_exited",
+                {"member_id": member_id, "exit_code": record.exit_code, "reason": record.reason},
+            )
+            return {"member_id": member_id, "running": False}
+        pids = await asyncio.to_thread(self.processes_of, record)
+        signal_all(pids, signal.SIGTERM)
+        _say(
+            self.ctx,
+            f"member {member_id}: SIGTERM to {len(pids)} process(es) ({reason}); SIGKILL in {grace:g}s",
+        )
+        if member_id not in self.killers or self.killers[member_id].done():
+            self.killers[member_id] = asyncio.get_running_loop().create_task(self._kill_after(record, grace))
+        self.ensure_watcher(record)
+        return {"member_id": member_id, "signalled": len(pids)}
+
+    def processes_of(self, record: MemberRecord) -> set[int]:
+        return member_processes(record.pid, record.pid_started, member_tag(self.paths, record.member_id))
+
+    async def _kill_after(self, record: MemberRecord, grace: float) -> None:
+        deadline = asyncio.get_running_loop().time() + grace
+        while asyncio.get_running_loop().time() < deadline:
+            if not await asyncio.to_thread(self.processes_of, record):
+                return
+            await asyncio.sleep(0.1)
+        pids = await asyncio.to_thread(self.processes_of, record)
+        if pids:
+            _say(self.ctx, f"member {record.member_id}: grace over, SIGKILL to {len(pids)} process(es)")
+            signal_all(pids, signal.SIGKILL)
+
+    async def kill(self, member_ids: list[int], reason: str) -> dict:
+        killed = {}
+        for member_id in member_ids:
+            record = self.store.get(member_id)
+            if record is not None and record.state == "running":
+                await self.stop(member_id, reason, grace=2.0)
+                killed[str(member_id)] = "stopping"
+                continue
+            pids = await asyncio.to_thread(tagged, member_tag(self.paths, member_id))
+            signal_all(pids, signal.SIGKILL)
+            killed[str(member_id)] = f"{len(pids)} process(es) killed"
+            if record is None:
+                await self.report(
+                    None,
+                    "member_exited",
+                    {"member_id": member_id, "exit_code": None, "reason": f"killed: {reason}"},
+                )
+        _say(self.ctx, f"kill {member_ids}: {reason}")
+        return {"killed": killed}
+
+    # ---- reconcile ----------------------------------------------------------------------------------
+
+    async def on_session(self) -> None:
+        """A new control session: probe port, reconcile, then whatever is still unreported."""
+        await self._report_probe()
+        running, exited = [], []
+        for record in self.store.all():
+            if record.state == "running":
+                if await asyncio.to_thread(self.running_now, record):
+                    running.append({"member_id": record.member_id, "pid": record.pid})
+                    self.ensure_watcher(record)
+                    continue
+                task = self.watchers.get(record.member_id)
+                if task is not None and not task.done():
+                    await task  # it is reporting the exit right now
+                    record = self.store.get(record.member_id) or record
+                else:
+                    code, reason = self.exit_of(record)
+                    record.state, record.exit_code, record.reason = "ended", code, reason
+                    self.store.save(record)
+                    self._stop_collector(record)
+            if record.state == "ended" and "member_exited" in record.unreported:
+                exited.append(
+                    {"member_id": record.member_id, "exit_code": record.exit_code, "reason": record.reason}
+                )
+            elif record.state == "ended" and not record.unreported:
+                # Reported and acknowledged: nothing left to remember.
+                self.store.forget(record.member_id)
+        running += await asyncio.to_thread(self._untracked_members, {r["member_id"] for r in running})
+        self.publish()
+        try:
+            result = await self.send("reconcile", {"running": running, "exited": exited})
+        except (ConnectionError, TimeoutError, RuntimeError, Refused) as exc:
+            _say(self.ctx, f"reconcile not sent ({exc})")
+            return
+        _say(
+            self.ctx,
+            f"reconciled: running {[r['member_id'] for r in running]}, ended "
+            f"{[e['member_id'] for e in exited]}: {json.dumps(result)}",
+        )
+        for item in exited:
+            record = self.store.get(item["member_id"])
+            if record is not None:
+                record.unreported.pop("member_exited", None)
+                self.store.save(record)
+        for record in self.store.all():
+            for kind, payload in list(record.unreported.items()):
+                await self.report(record, kind, payload)
+
+    def _untracked_members(self, known: set[int]) -> list[dict]:
+        """Processes carrying one of this agent's member tags but without a record (a crash between spawn
+        and record): reported as running so the control plane decides (keep or kill)."""
+        suffix = "." + tag_suffix(self.paths)
+        found: dict[int, int] = {}
+        proc = Path("/proc")
+        for entry in proc.iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            for item in environ.split(b"\0"):
+                if item.startswith(TAG_VARIABLE.encode() + b"=m") and item.endswith(suffix.encode()):
+                    with contextlib.suppress(ValueError):
+                        member_id = int(item.split(b"=", 1)[1][1:].split(b".")[0])
+                        if member_id not in known and self.store.get(member_id) is None:
+                            found.setdefault(member_id, int(entry.name))
+        return [{"member_id": m, "pid": p} for m, p in found.items()]
+
+    async def _report_probe(self) -> None:
+        options = self.ctx.extra.get("probe", {})
+        if self.probe is None:
+            self.probe = ProbeServer(options.get("host", "0.0.0.0"), options.get("port", 0))
+            try:
+                await self.probe.start()
+            except OSError as exc:
+                _say(
+                    self.ctx,
+                    f"peer-network probe could not listen ({exc}); peers will fail to reach this node",
+                )
+                self.probe = None
+                return
+            _say(self.ctx, f"peer-network probe listening on {self.probe.host}:{self.probe.port}")
+        payload: dict[str, Any] = {"port": self.probe.port}
+        if options.get("advertise_address"):
+            payload["address"] = options["advertise_address"]
+        with contextlib.suppress(ConnectionError, TimeoutError, RuntimeError, Refused):
+            await self.send("probe", payload)
+
+
+def launch_agent(ctx: AgentContext) -> LaunchAgent:
+    agent = ctx.extra.get("launch")
+    if agent is None:
+        agent = ctx.extra["launch"] = LaunchAgent(ctx)
+    return agent
+
+
+@command("prepare")
+async def prepare(ctx: AgentContext, payload: dict) -> dict:
+    return launch_agent(ctx).accept_prepare(payload)
+
+
+@command("start")
+async def start(ctx: AgentContext, payload: dict) -> dict:
+    return await launch_agent(ctx).start(int(payload["member_id"]))
+
+
+@command("stop")
+async def stop(ctx: AgentContext, payload: dict) -> dict:
+    grace = float(payload.get("grace_seconds") or 10.0)
+    return await launch_agent(ctx).stop(int(payload["member_id"]), payload.get("reason") or "stop", grace)
+
+
+@command("abort")
+async def abort(ctx: AgentContext, payload: dict) -> dict:
+    return await launch_agent(ctx).abort(int(payload["member_id"]), payload.get("reason") or "launch aborted")
+
+
+@command("kill")
+async def kill(ctx: AgentContext, payload: dict) -> dict:
+    ids = [int(m) for m in payload.get("member_ids") or []]
+    return await launch_agent(ctx).kill(ids, payload.get("reason") or "kill")
+
+
+async def reconcile_on_session(ctx: AgentContext) -> None:
+    await launch_agent(ctx).on_session()
+
+
+SESSION_HOOKS.append(reconcile_on_session)

@@ -1,0 +1,85 @@
+"""The agent's record of each member it prepares or runs: one JSON file per member in the state
+directory (`<state-dir>/members/<id>.json`, written atomically), so an agent restarted after kill -9
+still knows which runner pid belongs to which member and what it has not yet told the control plane.
+
+The member's own files live under the work directory (`<work-dir>/members/<id>/`, see docs/launch.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workers.agent.state import AgentPaths
+
+
+def member_dir(paths: AgentPaths, member_id: int) -> Path:
+    """The member directory (not created): what the runner gets as --member-dir, where logs/ lives."""
+    return paths.work_dir / "members" / str(int(member_id))
+
+
+def member_tag(paths: AgentPaths, member_id: int) -> str:
+    """A marker unique to this member on this machine, put into the environment of its processes."""
+    return f"m{int(member_id)}.{hashlib.sha256(str(paths.work_dir).encode()).hexdigest()[:12]}"
+
+
+def tag_suffix(paths: AgentPaths) -> str:
+    return member_tag(paths, 0).split(".", 1)[1]
+
+
+@dataclass
+class MemberRecord:
+    member_id: int
+    attempt_id: int
+    job_id: int
+    attempt: int
+    rank: int
+    # preparing | prepared | failed | running | ended
+    state: str = "preparing"
+    reason: str = ""
+    pid: int | None = None
+    pid_started: int | None = None
+    collector_pid: int | None = None
+    collector_started: int | None = None
+    exit_code: int | None = None
+    # Reports not yet acknowledged by the control plane, by kind (sent again after a reconnect).
+    unreported: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+class MemberStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.records: dict[int, MemberRecord] = {}
+        for path in sorted(directory.glob("*.json")):
+            try:
+                record = MemberRecord(**json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):
+                continue
+            self.records[record.member_id] = record
+
+    def get(self, member_id: int) -> MemberRecord | None:
+        return self.records.get(int(member_id))
+
+    def all(self) -> list[MemberRecord]:
+        return list(self.records.values())
+
+    def save(self, record: MemberRecord) -> None:
+        self.records[record.member_id] = record
+        path = self.directory / f"{record.member_id}.json"
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, json.dumps(asdict(record)).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+    def forget(self, member_id: int) -> None:
+        self.records.pop(int(member_id), None)
+        (self.directory / f"{int(member_id)}.json").unlink(missing_ok=True)

@@ -1,0 +1,70 @@
+"""Building a job's capsule on the worker and storing it in the blob store under its digest.
+
+The integration files are read from the integration package installed next to the worker and must hash
+to the job's pin (a worker with another version of an integration refuses rather than launching code the
+user did not preview). The source archive comes from the blob store it was uploaded to.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from app.blobstore import FilesystemBlobStore, file_sha256
+from app.submission.canonical import digest_of
+from workers.capsule import CapsuleEntry, CapsuleError, file_entry, spec_entries, write_capsule
+
+
+def integration_dir(pin: dict) -> Path:
+    module = pin.get("module") or ""
+    package = module.rsplit(".", 1)[0] if "." in module else "workers.integrations"
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise CapsuleError(f"integration {pin.get('name')}: package {package} is not installed on the worker")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def integration_entries(pin: dict) -> list[CapsuleEntry]:
+    files = pin.get("files") or {}
+    if not files or digest_of(files) != pin.get("sha256"):
+        raise CapsuleError(f"integration {pin.get('name')}: the pin's files do not hash to its sha256")
+    base = integration_dir(pin)
+    entries = []
+    for name, sha in sorted(files.items()):
+        path = base / name
+        if not path.is_file():
+            raise CapsuleError(f"integration {pin.get('name')}: {name} is missing on the worker")
+        try:
+            entries.append(file_entry(f"integration/{name}", path, sha))
+        except CapsuleError as exc:
+            raise CapsuleError(
+                f"integration {pin.get('name')}: the worker's {name} differs from the pinned artifact ({exc})"
+            ) from exc
+    return entries
+
+
+def capsule_entries(spec: dict, blobs: FilesystemBlobStore) -> list[CapsuleEntry]:
+    entries = spec_entries(spec) + integration_entries(spec.get("integration") or {})
+    input_doc = spec.get("input") or {}
+    if input_doc.get("kind") == "source":
+        sha = (input_doc.get("archive") or {}).get("sha256") or ""
+        try:
+            path = blobs.path(sha)
+        except ValueError as exc:
+            raise CapsuleError(f"source archive: {exc}") from exc
+        if not path.is_file():
+            raise CapsuleError(f"source archive sha256:{sha} is not in the blob store {blobs.root}")
+        entries.append(file_entry("source/archive.tar.gz", path, sha))
+    return entries
+
+
+def build_capsule(spec: dict, blobs: FilesystemBlobStore) -> str:
+    """Write the capsule into the blob store (atomically, under its digest) and return the digest. The same
+    spec always gives the same bytes, so a re-run finds the blob already there."""
+    entries = capsule_entries(spec, blobs)
+    with blobs.stage() as (staged, handle):
+        write_capsule(spec, entries, handle)
+        handle.flush()
+        digest = file_sha256(staged)
+        blobs.commit_staged(staged, digest)
+    return digest

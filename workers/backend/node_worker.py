@@ -1,0 +1,230 @@
+"""`tuneplane worker --backend node`: the pgqueuer consumer of `launch` jobs and the placement loop.
+
+Launch (one pgqueuer job per attempt, enqueued by reserve_next in the reservation's transaction):
+claim_launch takes the lease (a new fencing epoch), the capsule is built and stored under its digest,
+and begin_prepare records it and sends PREPARE to every member's node in one transaction. A worker that
+dies half-way leaves the pgqueuer job `picked`; pgqueuer hands it to another worker once its heartbeat is
+older than --heartbeat-timeout, and that worker's claim fences the dead one off. Several workers may run.
+
+Placement loop (in the same process): LISTEN on `tuneplane_placement` (capacity came free) and
+`tuneplane_job_queued` (a confirmation), with a bounded poll as the fallback (GUIDE-postgres rule 1).
+Each pass runs reserve_next for the node-backend fleets with queued jobs, then the sweeps:
+expire_prepare_deadlines, sweep_lost_nodes and requeue_stalled_launches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+from pgqueuer import QueueManager
+from pgqueuer.models import Job
+from pgqueuer.queries import Queries
+
+from app.blobstore import FilesystemBlobStore
+from app.errors import Refusal
+from app.node_gateway.aiodb import AsyncDatabase
+from workers.backend.capsule_build import build_capsule
+from workers.capsule import CapsuleError
+
+log = logging.getLogger("tuneplane.worker")
+
+CHANNELS = ("tuneplane_placement", "tuneplane_job_queued")
+BACKEND = "node"
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    database_url: str
+    blob_dir: Path
+    name: str
+    poll_interval: float = 1.0
+    heartbeat_timeout: float = 30.0
+    batch_size: int = 4
+    # Tests only: wait this long between building the capsule and begin_prepare (a window to kill -9 in).
+    hold_before_prepare: float = 0.0
+
+
+class NodeWorker:
+    def __init__(self, options: WorkerOptions, *, say=print) -> None:
+        self.options = options
+        self.say = say
+        self.db = AsyncDatabase(options.database_url, min_size=1, max_size=4, name="tuneplane-worker")
+        self.blobs = FilesystemBlobStore(options.blob_dir)
+        self.stop = asyncio.Event()
+        self.wake = asyncio.Event()
+        self.stats = {"launches": 0, "placements": 0, "passes": 0}
+
+    # ---- launch -------------------------------------------------------------------------------------
+
+    async def launch_attempt(self, attempt_id: int) -> str:
+        """Claim, build, begin_prepare. Returns what happened, for logs and tests."""
+        claimed = await self.db.call("claim_launch", attempt_id, self.options.name)
+        if not claimed:
+            return "nothing to do"
+        claim = claimed[0]
+        epoch = claim["epoch"]
+        if claim["state"] != "reserved":
+            return f"already {claim['state']}"
+        row = await self.db.fetch_all("SELECT spec FROM jobs WHERE id = %s", (claim["job_id"],))
+        spec = row[0]["spec"]
+        try:
+            digest = await asyncio.to_thread(build_capsule, spec, self.blobs)
+        except (CapsuleError, OSError) as exc:
+            try:
+                await self.db.call("abort_launch", attempt_id, epoch, str(exc))
+            except Refusal as refusal:
+                return f"taken over ({refusal.message})"
+            self.say(f"attempt {attempt_id} of job {claim['job_id']}: aborted, {exc}")
+            return f"aborted: {exc}"
+        if self.options.hold_before_prepare > 0:
+            self.say(
+                f"attempt {attempt_id}: capsule {digest} built; holding {self.options.hold_before_prepare}s"
+            )
+            await asyncio.sleep(self.options.hold_before_prepare)
+        try:
+            state = (await self.db.call_one("begin_prepare", attempt_id, epoch, digest))["begin_prepare"]
+        except Refusal as refusal:
+            if refusal.status == 409:
+                self.say(f"attempt {attempt_id}: {refusal.message}")
+                return "taken over"
+            raise
+        self.stats["launches"] += 1
+        self.say(f"attempt {attempt_id} of job {claim['job_id']}: capsule {digest}, {state} (epoch {epoch})")
+        return state
+
+    async def _on_launch_job(self, job: Job) -> None:
+        try:
+            attempt_id = int(json.loads(bytes(job.payload or b"{}"))["attempt_id"])
+        except (ValueError, KeyError, TypeError):
+            log.error("launch job %s has an unusable payload %r", job.id, job.payload)
+            return
+        await self.launch_attempt(attempt_id)
+
+    # ---- placement ----------------------------------------------------------------------------------
+
+    async def placement_pass(self) -> int:
+        placed = 0
+        for fleet in await self.db.call("placement_fleets", BACKEND):
+            placed += len(await self.db.call("reserve_next", fleet["fleet_id"], 1000))
+        self.stats["placements"] += placed
+        return placed
+
+    async def sweeps(self) -> None:
+        expired = (await self.db.call_one("expire_prepare_deadlines"))["expire_prepare_deadlines"]
+        unknown = (await self.db.call_one("sweep_lost_nodes"))["sweep_lost_nodes"]
+        requeued = (await self.db.call_one("requeue_stalled_launches"))["requeue_stalled_launches"]
+        if expired or unknown or requeued:
+            self.say(
+                f"sweep: {expired} launch(es) past their prepare deadline aborted, {unknown} member(s) "
+                f"now unknown, {requeued} stalled launch(es) re-enqueued"
+            )
+
+    async def _listen(self) -> None:
+        delay = 0.5
+        while not self.stop.is_set():
+            try:
+                conn = await self.db.listen_connection()
+                async with conn:
+                    for channel in CHANNELS:
+                        await conn.execute(f"LISTEN {channel}")
+                    delay = 0.5
+                    self.wake.set()  # whatever happened while we were not listening
+                    async for _notify in conn.notifies():
+                        self.wake.set()
+            except asyncio.CancelledError:
+                raise
+            except (psycopg.Error, OSError) as exc:
+                log.warning("LISTEN connection lost (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def _schedule(self) -> None:
+        last_sweep = 0.0
+        while not self.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), self.options.poll_interval)
+            self.wake.clear()
+            try:
+                await self.placement_pass()
+                if time.monotonic() - last_sweep >= self.options.poll_interval:
+                    await self.sweeps()
+                    last_sweep = time.monotonic()
+                self.stats["passes"] += 1
+            except (psycopg.Error, OSError) as exc:
+                log.warning("placement pass failed: %s", exc)
+                await asyncio.sleep(self.options.poll_interval)
+            except Refusal as refusal:
+                log.warning("placement pass refused: %s", refusal.message)
+
+    # ---- the process --------------------------------------------------------------------------------
+
+    async def _consume(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            self.options.database_url, autocommit=True, application_name="tuneplane-worker-queue"
+        )
+        async with conn:
+            qm = QueueManager(Queries.from_psycopg_connection(conn))
+            qm.entrypoint("launch")(self._on_launch_job)
+            stopper = asyncio.create_task(self._forward_stop(qm))
+            try:
+                await qm.run(
+                    dequeue_timeout=timedelta(seconds=max(self.options.poll_interval, 0.5)),
+                    batch_size=self.options.batch_size,
+                    heartbeat_timeout=timedelta(seconds=self.options.heartbeat_timeout),
+                    log_aggregation_interval=timedelta(0),
+                )
+            finally:
+                stopper.cancel()
+
+    async def _forward_stop(self, qm: QueueManager) -> None:
+        await self.stop.wait()
+        qm.shutdown.set()
+
+    async def run(self) -> None:
+        await self.db.open()
+        tasks = [
+            asyncio.create_task(self._listen(), name="listen"),
+            asyncio.create_task(self._schedule(), name="schedule"),
+            asyncio.create_task(self._consume(), name="consume"),
+        ]
+        self.say(
+            f"worker {self.options.name} (backend {BACKEND}) consuming `launch`; placement loop every "
+            f"{self.options.poll_interval}s or on NOTIFY"
+        )
+        try:
+            done, _pending = await asyncio.wait(
+                [*tasks, asyncio.create_task(self.stop.wait())], return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                if task in tasks and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        finally:
+            self.stop.set()
+            consume = tasks[2]
+            with contextlib.suppress(TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(consume), 10)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.db.close()
+
+
+def main(options: WorkerOptions) -> None:
+    async def runner() -> None:
+        worker = NodeWorker(options, say=lambda line: print(line, flush=True))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, worker.stop.set)
+        await worker.run()
+
+    asyncio.run(runner())

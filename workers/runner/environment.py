@@ -1,0 +1,174 @@
+"""The workload's command and environment for one member, from member.json and the capsule.
+
+The environment starts from the runner's own minus every TUNEPLANE_* variable (so no database URL, user
+token, enrollment token or node credential can pass through), then adds the job's env and the member's
+variables. The only secret a workload gets is its member-scoped telemetry token.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# Set by the runner from what the agent passes it (and nothing else named TUNEPLANE_* passes through).
+PASSED_THROUGH = ("TUNEPLANE_TELEMETRY_URL", "TUNEPLANE_TELEMETRY_TOKEN", "TUNEPLANE_MEMBER_TAG")
+# Names that must never reach a workload, whatever their prefix.
+NEVER = (
+    "TUNEPLANE_DATABASE_URL",
+    "TUNEPLANE_NODE_CREDENTIAL",
+    "TUNEPLANE_ENROLL_TOKEN",
+    "TUNEPLANE_TOKEN",
+    "PGPASSWORD",
+    "PGSERVICEFILE",
+    "PGPASSFILE",
+)
+
+
+@dataclass(frozen=True)
+class MemberPaths:
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "member.json"
+
+    @property
+    def capsule(self) -> Path:
+        return self.root / "capsule"
+
+    @property
+    def src(self) -> Path:
+        return self.root / "src"
+
+    @property
+    def input(self) -> Path:
+        return self.root / "input"
+
+    @property
+    def output(self) -> Path:
+        return self.root / "output"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def exit_status(self) -> Path:
+        return self.root / "exit_status.json"
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    cwd: Path
+    env: dict[str, str]
+
+
+def member_variables(member: dict, spec: dict, paths: MemberPaths) -> dict[str, str]:
+    resources = spec.get("resources") or {}
+    values = {
+        "RANK": str(member["rank"]),
+        "WORLD_SIZE": str(member["world_size"]),
+        "LOCAL_RANK": str(member.get("local_rank", 0)),
+        "NODE_RANK": str(member.get("node_rank", member["rank"])),
+        "MASTER_ADDR": str(member["master_addr"]),
+        "MASTER_PORT": str(member["master_port"]),
+        "TUNEPLANE_JOB_ID": str(member["job_id"]),
+        "TUNEPLANE_ATTEMPT": str(member["attempt"]),
+        "TUNEPLANE_MEMBER_RANK": str(member["rank"]),
+        "TUNEPLANE_OUTPUT_DIR": str(paths.output),
+        "TUNEPLANE_INPUT_DIR": str(paths.input),
+        "TUNEPLANE_GPUS_PER_NODE": str(resources.get("gpus_per_node", len(member.get("gpu_indices") or []))),
+        "PYTHONUNBUFFERED": "1",
+    }
+    gpus = member.get("gpu_indices") or []
+    if gpus and not member.get("simulated_gpus"):
+        values["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    input_doc = spec.get("input") or {}
+    if input_doc.get("kind") == "recipe":
+        values["TUNEPLANE_PARAMS"] = json.dumps(input_doc.get("params") or {}, sort_keys=True)
+    elif input_doc.get("kind") == "source":
+        values["TUNEPLANE_ENTRYPOINT"] = input_doc.get("entrypoint") or ""
+    elif input_doc.get("kind") == "image":
+        values["TUNEPLANE_ENTRYPOINT"] = input_doc.get("command") or ""
+    return values
+
+
+def workload_environment(
+    member: dict, spec: dict, paths: MemberPaths, inherited: dict[str, str]
+) -> dict[str, str]:
+    env = {k: v for k, v in inherited.items() if not k.startswith("TUNEPLANE_") and k not in NEVER}
+    env.update({k: str(v) for k, v in (spec.get("env") or {}).items() if not k.startswith("TUNEPLANE_")})
+    env.update({k: inherited[k] for k in PASSED_THROUGH if inherited.get(k)})
+    env.update(member_variables(member, spec, paths))
+    return env
+
+
+def workload_cwd(spec: dict, paths: MemberPaths) -> Path:
+    kind = (spec.get("input") or {}).get("kind")
+    if kind == "source":
+        return paths.src
+    work = paths.root / "work"
+    work.mkdir(exist_ok=True)
+    return work
+
+
+def build_launch(
+    member: dict,
+    spec: dict,
+    manifest: dict,
+    paths: MemberPaths,
+    inherited: dict[str, str],
+    container_runtime: str | None,
+) -> Launch:
+    env = workload_environment(member, spec, paths, inherited)
+    cwd = workload_cwd(spec, paths)
+    entry = paths.capsule / manifest["integration"]["entry"]
+    if container_runtime is None:
+        return Launch([sys.executable, str(entry)], cwd, env)
+    return container_launch(member, spec, manifest, paths, env, cwd, container_runtime)
+
+
+def container_launch(
+    member: dict, spec: dict, manifest: dict, paths: MemberPaths, env: dict[str, str], cwd: Path, runtime: str
+) -> Launch:
+    """`<runtime> run` of the pinned image with the member directory at /tuneplane and the member's variables
+    (passed by name, so values such as the telemetry token do not show in the command line)."""
+    image = (spec.get("runtime") or {}).get("image") or (spec.get("input") or {}).get("image")
+    inside = Path("/tuneplane")
+    moved = {
+        "TUNEPLANE_OUTPUT_DIR": str(inside / "output"),
+        "TUNEPLANE_INPUT_DIR": str(inside / "input"),
+    }
+    container_env = {**member_variables(member, spec, paths), **moved}
+    for key in ("TUNEPLANE_TELEMETRY_URL", "TUNEPLANE_TELEMETRY_TOKEN"):
+        if env.get(key):
+            container_env[key] = env[key]
+    container_env.update({k: str(v) for k, v in (spec.get("env") or {}).items()})
+    argv = [
+        runtime,
+        "run",
+        "--rm",
+        "--network=host",
+        "--ipc=host",
+        f"--name=tuneplane-member-{member['member_id']}",
+        f"--volume={paths.root}:{inside}",
+        f"--workdir={inside / cwd.relative_to(paths.root)}",
+    ]
+    for key in sorted(container_env):
+        argv.append(f"--env={key}")
+    gpus = member.get("gpu_indices") or []
+    if gpus and not member.get("simulated_gpus"):
+        devices = ",".join(str(g) for g in gpus)
+        argv.append(
+            f"--gpus=device={devices}" if runtime.endswith("docker") else f"--device=nvidia.com/gpu={devices}"
+        )
+    argv.append(str(image))
+    integration = (spec.get("integration") or {}).get("name")
+    if integration == "script":
+        argv += ["/bin/sh", "-c", container_env.get("TUNEPLANE_ENTRYPOINT", "")]
+    else:
+        argv += ["python3", str(inside / "capsule" / manifest["integration"]["entry"])]
+    return Launch(argv, cwd, {**env, **container_env})

@@ -1,0 +1,82 @@
+"""Checking a job's pinned runtime on this node (the agent at PREPARE, the runner again at start).
+
+Python pin: {"kind": "python", "implementation": "cpython", "python": "3.11", "packages": {name: version}}
+— the interpreter that runs the member must be that implementation and minor version, and every pinned
+package (version not null) must be installed at exactly that version.
+Image pin: {"kind": "image", "image": "registry/name:tag@sha256:…"} — needs a working container runtime
+(podman or docker) on the node; without one the member is refused: an image's job never runs on the host.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from importlib.metadata import PackageNotFoundError, version
+
+CONTAINER_RUNTIMES = ("podman", "docker")
+
+
+class RuntimeRefused(Exception):
+    """The pinned runtime cannot be honoured on this node; the message says what differs."""
+
+
+def python_pin_problems(pin: dict) -> list[str]:
+    problems: list[str] = []
+    implementation = pin.get("implementation")
+    if implementation and implementation != sys.implementation.name:
+        problems.append(f"interpreter {implementation} pinned, {sys.implementation.name} here")
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if pin.get("python") and str(pin["python"]) != here:
+        problems.append(f"python {pin['python']} pinned, {here} here ({sys.executable})")
+    for name, wanted in sorted((pin.get("packages") or {}).items()):
+        if wanted is None:
+            continue  # not pinned at preview time (the preview warned)
+        try:
+            found = version(name)
+        except PackageNotFoundError:
+            problems.append(f"{name} {wanted} pinned, not installed here")
+            continue
+        if found != wanted:
+            problems.append(f"{name} {wanted} pinned, {found} here")
+    return problems
+
+
+def usable_container_runtime() -> tuple[str | None, str]:
+    """(runtime binary, what was tried): the first of podman/docker whose `info` answers."""
+    tried = []
+    for name in CONTAINER_RUNTIMES:
+        binary = shutil.which(name)
+        if binary is None:
+            continue
+        try:
+            done = subprocess.run([binary, "info"], capture_output=True, text=True, timeout=20, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            tried.append(f"{name}: {exc}")
+            continue
+        if done.returncode == 0:
+            return binary, ""
+        last = (done.stderr or done.stdout).strip().splitlines()
+        tried.append(f"{name} info exited {done.returncode}" + (f" ({last[-1][:160]})" if last else ""))
+    return None, "; ".join(tried) if tried else "neither podman nor docker is installed"
+
+
+def check_runtime(pin: dict) -> str | None:
+    """The container runtime to use (image pins) or None (Python pins); raises RuntimeRefused."""
+    kind = pin.get("kind")
+    if kind == "python":
+        problems = python_pin_problems(pin)
+        if problems:
+            raise RuntimeRefused(
+                "the pinned Python runtime is not what this node has: " + "; ".join(problems)
+            )
+        return None
+    if kind == "image":
+        runtime, tried = usable_container_runtime()
+        if runtime is None:
+            raise RuntimeRefused(
+                f"image {pin.get('image')} needs a container runtime and this node has no usable one "
+                f"({tried}); an image's job is never run on the host"
+            )
+        return runtime
+    raise RuntimeRefused(f"unknown runtime pin kind {kind!r}")
