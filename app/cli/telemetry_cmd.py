@@ -29,7 +29,7 @@ def telemetry_gateway_cmd(
     from app.telemetry.gateway import serve
 
     require_current(settings.database_url)
-    logging.getLogger("app.telemetry").setLevel(logging.INFO)
+    logging.getLogger("app.telemetry").setLevel(min(logging.INFO, logging.getLogger().level))
     click.echo(f"telemetry gateway listening on http://{host}:{port}", err=True)
     serve(settings.database_url, host, port, pool_max=pool_size)
 
@@ -81,7 +81,7 @@ def _env_int(name: str) -> int | None:
 @click.option(
     "--batch-points",
     type=click.IntRange(1, 100_000),
-    default=16384,
+    default=65536,
     show_default=True,
     help="Most points in one batch.",
 )

@@ -89,15 +89,25 @@ async def refusals(request: web.Request, handler) -> web.StreamResponse:
 async def _store(request: web.Request, batch: wire.Batch, digest: str) -> web.Response:
     token = _bearer(request)
     pool = request.app[POOL_KEY]
+    started = time.perf_counter()
     async with pool.connection() as conn:
         result = await store_batch(conn, token, batch, digest)
+    log.debug(
+        "batch %s/%s: %d points in %.1f ms",
+        batch.collector,
+        batch.seq,
+        batch.count,
+        (time.perf_counter() - started) * 1000,
+    )
     return web.json_response(result)
 
 
 async def post_batch(request: web.Request) -> web.Response:
     _bearer(request)  # refuse a missing token before reading a large body
+    started = time.perf_counter()
     payload = await request.read()
     batch = wire.decode(payload)
+    log.debug("batch read and decoded in %.1f ms", (time.perf_counter() - started) * 1000)
     return await _store(request, batch, batch_digest(payload))
 
 

@@ -57,6 +57,8 @@ class Aggregates:
 
 
 def aggregates(series_ids: np.ndarray, steps: np.ndarray, values: np.ndarray) -> Aggregates:
+    if len(steps) == 0:
+        return Aggregates(tuple([] for _ in range(10)), tuple([] for _ in range(6)))
     order = np.lexsort((steps, series_ids))
     sid = series_ids[order]
     st = steps[order]
@@ -128,11 +130,13 @@ def point_series(batch: Batch, ids: list[int]) -> np.ndarray:
 
 
 async def store_batch(conn: psycopg.AsyncConnection, token_hash: str, batch: Batch, digest: str) -> dict:
-    """Store `batch` in one transaction; {"stored": n, "duplicate": bool}."""
+    """Store `batch` in one transaction; {"stored": n, "duplicate": bool}. The rows other batches also
+    touch (series, rollup buckets, the collector's row) are locked last, after the COPY, so that batches
+    sent in parallel overlap."""
     async with conn.transaction():
         cur = await conn.execute(
-            "SELECT duplicate, series_ids FROM tuneplane.telemetry_begin_batch"
-            "(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s::text[], %s::jsonb)",
+            "SELECT * FROM tuneplane.telemetry_begin_batch"
+            "(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s::text[])",
             (
                 token_hash,
                 batch.collector,
@@ -142,22 +146,30 @@ async def store_batch(conn: psycopg.AsyncConnection, token_hash: str, batch: Bat
                 json.dumps(batch.scope) if batch.scope else None,
                 [s for s, _, _ in batch.series],
                 [n for _, n, _ in batch.series],
-                json.dumps(batch.health or {}),
             ),
         )
         row = await cur.fetchone()
-        duplicate, ids = (row["duplicate"], row["series_ids"]) if isinstance(row, dict) else row
-        if duplicate:
+        if row["duplicate"]:
             return {"stored": 0, "duplicate": True, "seq": batch.seq}
+        sids = point_series(batch, row["series_ids"])
         if batch.count:
-            sids = point_series(batch, ids)
             async with conn.cursor().copy(COPY_SQL) as copy:
                 await copy.write(copy_buffer(sids, batch.steps, batch.values, batch.wall_times))
-            agg = aggregates(sids, batch.steps, batch.values)
-            await conn.execute(
-                "SELECT tuneplane.telemetry_merge_batch(%s::bigint[], %s::int[], %s::bigint[], %s::bigint[],"
-                " %s::float8[], %s::float8[], %s::float8[], %s::bigint[], %s::bigint[], %s::float8[],"
-                " %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::float8[])",
-                (*agg.rollups, *agg.series),
-            )
+        agg = aggregates(sids, batch.steps, batch.values)
+        await conn.execute(
+            "SELECT tuneplane.telemetry_merge_batch(%s::bigint[], %s::int[], %s::bigint[], %s::bigint[],"
+            " %s::float8[], %s::float8[], %s::float8[], %s::bigint[], %s::bigint[], %s::float8[],"
+            " %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::float8[],"
+            " %s, %s, %s, %s, %s, %s::jsonb)",
+            (
+                *agg.rollups,
+                *agg.series,
+                batch.collector,
+                row["job_id"],
+                row["attempt"],
+                row["member_rank"],
+                batch.count,
+                json.dumps(batch.health or {}),
+            ),
+        )
         return {"stored": batch.count, "duplicate": False, "seq": batch.seq}

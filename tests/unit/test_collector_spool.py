@@ -19,15 +19,15 @@ def _fill(spool: Spool, n: int) -> list[int]:
 
 def _pending_seqs(spool: Spool) -> list[int]:
     seqs = []
-    while (record := spool.next_pending(0)) is not None:
+    while (record := spool.next_pending(0)) is not None:  # each call takes the next one not in flight
         seqs.append(record.seq)
-        spool._pending.popleft()  # walk the queue without acknowledging
     return seqs
 
 
 def test_records_survive_reopen_with_their_file_positions(tmp_path: Path) -> None:
     spool = Spool(tmp_path, fsync_interval=0).open()
     seqs = _fill(spool, 5)
+    spool.ack(1)
     spool.ack(2)
     spool.close()
     again = Spool(tmp_path).open()
@@ -57,7 +57,7 @@ def test_torn_tail_is_truncated_on_start(tmp_path: Path) -> None:
 def test_flipped_bit_in_a_record_is_detected_and_skipped(tmp_path: Path) -> None:
     spool = Spool(tmp_path, fsync_interval=0).open()
     _fill(spool, 3)
-    second = spool._pending[1]
+    second = spool._pending[2]
     spool.close()
     with open(second.segment, "r+b") as handle:
         handle.seek(second.offset + 20)
@@ -87,13 +87,26 @@ def test_records_are_not_offered_before_they_are_durable(tmp_path: Path) -> None
     assert spool.next_pending(0).seq == 1
 
 
+def test_fsync_waits_for_its_interval_unless_the_sender_is_starved(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, fsync_interval=3600).open()
+    spool.append(_batch(0), {})
+    spool.sync()  # nothing sendable: synced at once
+    spool.append(_batch(1), {})
+    spool.sync()  # batch 1 is still waiting to be sent: batch 2 waits for the interval
+    assert spool.next_pending(0).seq == 1
+    assert spool.next_pending(0) is None
+    spool.sync()  # now the only sendable record is in flight: the sender would starve
+    assert spool.next_pending(0).seq == 2
+
+
 def test_segment_is_deleted_only_after_all_its_records_are_acked(tmp_path: Path) -> None:
     spool = Spool(tmp_path, segment_bytes=400, fsync_interval=0).open()
     _fill(spool, 12)
     segments = spool.segments()
     assert len(segments) > 3
     # Ack everything but the last record: all but the segment holding it (and the active one) go away.
-    spool.ack(11)
+    for seq in range(1, 12):
+        spool.ack(seq)
     remaining = spool.segments()
     assert segments[-1] in remaining
     assert all(not p.exists() for p in segments if p not in remaining)
@@ -112,6 +125,21 @@ def test_damaged_ack_ledger_resends_instead_of_losing(tmp_path: Path) -> None:
     (tmp_path / "acked").write_text("3 deadbeef\n")
     again = Spool(tmp_path).open()
     assert _pending_seqs(again) == [1, 2, 3]
+
+
+def test_out_of_order_acks_advance_the_ledger_only_over_a_contiguous_prefix(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, fsync_interval=0).open()
+    _fill(spool, 4)
+    first, second, third = (spool.next_pending(0) for _ in range(3))
+    spool.ack(third.seq)
+    spool.ack(second.seq)
+    assert spool.acked == 0  # batch 1 is still in flight
+    spool.release(first)
+    assert spool.next_pending(0).seq == 1  # a failed send is offered again
+    spool.ack(1)
+    assert spool.acked == 3
+    spool.close()
+    assert _pending_seqs(Spool(tmp_path).open()) == [4]
 
 
 def test_rejected_batch_is_kept_aside_and_no_longer_pending(tmp_path: Path) -> None:

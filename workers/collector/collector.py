@@ -40,7 +40,7 @@ class CollectorConfig:
     collector_id: str | None = None
     scope: dict | None = None
     poll_interval: float = 0.5
-    batch_points: int = 16384
+    batch_points: int = 65536
     fsync_interval: float = 1.0
     segment_bytes: int = 16 * 1024 * 1024
     spool_max_bytes: int = 2 * 1024 * 1024 * 1024
@@ -107,20 +107,17 @@ class Collector:
         return health
 
     def _spool_chunk(self, chunk: Chunk) -> None:
-        points = chunk.points
-        # Group by series, keeping each series' points in file order.
-        groups: dict[tuple[str, str], list[int]] = {}
-        for index, point in enumerate(points):
-            groups.setdefault((point.source, point.name), []).append(index)
-        order = [i for indexes in groups.values() for i in indexes]
-        steps = np.fromiter((points[i].step for i in order), dtype=np.int64, count=len(order))
-        values = np.fromiter((points[i].value for i in order), dtype=np.float64, count=len(order))
-        walls = np.fromiter((points[i].wall_time for i in order), dtype=np.float64, count=len(order))
+        source = chunk.state.source
+        names = list(chunk.series)
+        columns = [chunk.series[name] for name in names]
+        steps = np.concatenate([np.array(c[0], dtype=np.int64) for c in columns])
+        values = np.concatenate([np.array(c[1], dtype=np.float64) for c in columns])
+        walls = np.concatenate([np.array(c[2], dtype=np.float64) for c in columns])
         seq = self.spool.last_seq + 1
         payload = wire.encode(
             self.collector_id,
             seq,
-            [(source, name, len(idx)) for (source, name), idx in groups.items()],
+            [(source, name, len(c[0])) for name, c in zip(names, columns, strict=True)],
             steps,
             values,
             walls,
@@ -130,7 +127,7 @@ class Collector:
         state = {_state_key(chunk.state.identity.key): chunk.state.checkpoint()}
         appended = self.spool.append(payload, state)
         assert appended == seq, "only the collector loop appends to its spool"
-        self.points_read += len(points)
+        self.points_read += chunk.count
 
     def poll_once(self) -> int:
         """Read what is new in every file and spool it; returns the number of points read."""
@@ -139,7 +136,7 @@ class Collector:
         before = self.points_read
         self.tracker.discover()
         for chunk in self.tracker.read(self.config.batch_points):
-            if chunk.points:
+            if chunk.count:
                 self._spool_chunk(chunk)
             if self.spool.full:
                 break

@@ -1,4 +1,5 @@
-"""Sending spooled batches to the telemetry gateway, oldest first, one at a time.
+"""Sending spooled batches to the telemetry gateway, oldest first, `parallel` at a time (two in flight
+let the database load one batch while the next one travels and is decoded).
 
 2xx (stored, or already stored: a duplicate) acknowledges the batch. A batch the gateway refuses for its
 content (400, 409, 413, 422) is set aside in the spool's rejected/ folder so it cannot block the rest.
@@ -35,7 +36,7 @@ class ShipperStats:
     last_ok_at: float | None = None
 
 
-class Shipper(threading.Thread):
+class Shipper:
     def __init__(
         self,
         spool: Spool,
@@ -45,14 +46,19 @@ class Shipper(threading.Thread):
         ca_bundle: str | None = None,
         timeout: float = 60.0,
         max_backoff: float = 10.0,
+        parallel: int = 2,
     ) -> None:
-        super().__init__(name="telemetry-shipper", daemon=True)
         check_transport(gateway_url)
         self.spool = spool
         self.url = gateway_url.rstrip("/") + "/v1/telemetry/batches"
         self.stats = ShipperStats()
         self.max_backoff = max_backoff
         self._stopping = threading.Event()
+        self._stats_lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self.run, name=f"telemetry-shipper-{i}", daemon=True)
+            for i in range(parallel)
+        ]
         self._http = httpx.Client(
             timeout=timeout,
             verify=verify_setting(ca_bundle),
@@ -63,24 +69,35 @@ class Shipper(threading.Thread):
             },
         )
 
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
     def stop(self) -> None:
         self._stopping.set()
 
+    def join(self, timeout: float | None = None) -> None:
+        for thread in self._threads:
+            thread.join(timeout)
+        self._http.close()
+
     def run(self) -> None:
         backoff = 0.0
-        try:
-            while not self._stopping.is_set():
-                record = self.spool.next_pending(timeout=0.2)
-                if record is None:
-                    continue
+        while not self._stopping.is_set():
+            record = self.spool.next_pending(timeout=0.2)
+            if record is None:
+                continue
+            try:
                 ok = self._send(record)
-                if ok:
-                    backoff = 0.0
-                    continue
-                backoff = min(self.max_backoff, max(0.2, backoff * 2))
-                self._stopping.wait(backoff * (0.5 + random.random() / 2))
-        finally:
-            self._http.close()
+            except Exception as exc:  # never lose the thread: the record is offered again
+                self._failed(f"sending failed: {exc}")
+                ok = False
+            if ok:
+                backoff = 0.0
+                continue
+            self.spool.release(record)
+            backoff = min(self.max_backoff, max(0.2, backoff * 2))
+            self._stopping.wait(backoff * (0.5 + random.random() / 2))
 
     def _send(self, record) -> bool:
         payload = self.spool.read(record)
@@ -92,26 +109,29 @@ class Shipper(threading.Thread):
         status = response.status_code
         if 200 <= status < 300:
             body = _json(response)
-            if body.get("duplicate"):
-                self.stats.duplicates += 1
-            self.stats.sent += 1
-            self.stats.last_ok_at = time.time()
+            with self._stats_lock:
+                if body.get("duplicate"):
+                    self.stats.duplicates += 1
+                self.stats.sent += 1
+                self.stats.last_ok_at = time.time()
             self.spool.ack(record.seq)
             return True
         reason = _json(response).get("error") or response.text[:200]
         if status in REJECT_STATUSES:
             log.error("gateway refused batch %d (%d: %s); kept in rejected/", record.seq, status, reason)
-            self.stats.rejected += 1
+            with self._stats_lock:
+                self.stats.rejected += 1
             self.spool.reject(record, f"{status} {reason}")
             return True
         self._failed(f"gateway answered {status}: {reason}")
         return False
 
     def _failed(self, message: str) -> None:
-        if message != self.stats.last_error:
-            log.warning("%s; retrying with backoff (the spool keeps the data)", message)
-        self.stats.failures += 1
-        self.stats.last_error = message
+        with self._stats_lock:
+            if message != self.stats.last_error:
+                log.warning("%s; retrying with backoff (the spool keeps the data)", message)
+            self.stats.failures += 1
+            self.stats.last_error = message
 
 
 def _json(response: httpx.Response) -> dict:

@@ -86,11 +86,42 @@ class FileState:
 
 @dataclass
 class Chunk:
-    """Points read from one file, and the offset (just past the last record they came from)."""
+    """Points read from one file, by series (name → steps, values, wall times), and the offset just past
+    the last record they came from. Columns, not point objects: the collector's cost per point is what
+    bounds its throughput."""
 
     state: FileState
     end_offset: int
-    points: list[Point]
+    series: dict[str, tuple[list[int], list[float], list[float]]]
+    count: int
+
+    @property
+    def points(self) -> list[Point]:
+        source = self.state.source
+        return [
+            Point(source, name, step, wall, value)
+            for name, (steps, values, walls) in self.series.items()
+            for step, value, wall in zip(steps, values, walls, strict=True)
+        ]
+
+
+class _Columns:
+    """Accumulates one chunk's points by series name."""
+
+    __slots__ = ("count", "series")
+
+    def __init__(self) -> None:
+        self.series: dict[str, tuple[list[int], list[float], list[float]]] = {}
+        self.count = 0
+
+    def add(self, name: str, step: int, value: float, wall: float) -> None:
+        columns = self.series.get(name)
+        if columns is None:
+            columns = self.series[name] = ([], [], [])
+        columns[0].append(step)
+        columns[1].append(value)
+        columns[2].append(wall)
+        self.count += 1
 
 
 class OutputTracker:
@@ -179,25 +210,25 @@ class OutputTracker:
         state.bad_records += found.bad_data_crc
         if found.framing_lost:
             state.framing_lost = True
-        points: list[Point] = []
+        columns = _Columns()
         for record_end, record in found.records:
             try:
                 for tag, step, wall, value in tb_events.event_scalars(record, state.source, state.tags):
-                    points.append(Point(state.source, tag, step, wall, value))
+                    columns.add(tag, step, value, wall)
             except tb_events.EventDecodeError:
                 state.bad_records += 1
-            if len(points) >= max_points:
-                yield self._chunk(state, record_end, points)
-                points = []
+            if columns.count >= max_points:
+                yield self._chunk(state, record_end, columns)
+                columns = _Columns()
         final = start + found.consumed
-        if points or final != state.offset:
-            yield self._chunk(state, final, points)
+        if columns.count or final != state.offset:
+            yield self._chunk(state, final, columns)
 
     def _read_jsonl(
         self, state: FileState, data: bytes, max_points: int, full_chunk: bool
     ) -> Iterator[Chunk]:
         now = time.time()
-        points: list[Point] = []
+        columns = _Columns()
         end = state.offset
         for line_end, line in jsonl.split_lines(data, state.offset):
             end = line_end
@@ -208,21 +239,22 @@ class OutputTracker:
                 state.bad_records += 1
                 continue
             step, wall, metrics = parsed
-            points.extend(Point(state.source, name, step, wall, value) for name, value in metrics)
-            if len(points) >= max_points:
-                yield self._chunk(state, end, points)
-                points = []
+            for name, value in metrics:
+                columns.add(name, step, value, wall)
+            if columns.count >= max_points:
+                yield self._chunk(state, end, columns)
+                columns = _Columns()
         if end == state.offset and full_chunk:
             # One line longer than a whole chunk: not a metrics line; skip past it.
             state.bad_records += 1
             end = state.offset + len(data)
-        if points or end != state.offset:
-            yield self._chunk(state, end, points)
+        if columns.count or end != state.offset:
+            yield self._chunk(state, end, columns)
 
     @staticmethod
-    def _chunk(state: FileState, end: int, points: list[Point]) -> Chunk:
-        if points:
+    def _chunk(state: FileState, end: int, columns: _Columns) -> Chunk:
+        if columns.count:
             state.last_data_at = time.time()
-        chunk = Chunk(state, end, points)
+        chunk = Chunk(state, end, columns.series, columns.count)
         state.offset = end
         return chunk

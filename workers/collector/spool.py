@@ -29,7 +29,6 @@ import struct
 import threading
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,7 +96,9 @@ class Spool:
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._segments: list[_Segment] = []
-        self._pending: deque[PendingRecord] = deque()
+        # Unacknowledged records by seq, in order; those being sent right now are also in _in_flight.
+        self._pending: dict[int, PendingRecord] = {}
+        self._in_flight: set[int] = set()
         self._acked = 0
         self._next_seq = 1
         self._durable_seq = 0
@@ -211,8 +212,8 @@ class Spool:
             self.file_states[key] = state
         segment.last_seq = max(segment.last_seq, seq)
         if seq > self._acked:
-            self._pending.append(
-                PendingRecord(seq, segment.path, payload_offset + body_start, len(payload) - body_start)
+            self._pending[seq] = PendingRecord(
+                seq, segment.path, payload_offset + body_start, len(payload) - body_start
             )
 
     # ---------------------------------------------------------------- writing
@@ -252,17 +253,19 @@ class Spool:
             self._next_seq = seq + 1
             self._segments[-1].last_seq = seq
             self.file_states.update(states)
-            self._pending.append(PendingRecord(seq, self._segments[-1].path, offset, len(batch)))
+            self._pending[seq] = PendingRecord(seq, self._segments[-1].path, offset, len(batch))
             if self.fsync_interval <= 0:
                 self._sync_locked()
             return seq
 
     def sync(self, force: bool = False) -> None:
-        """fsync the current segment if records are waiting and the interval has passed (or `force`)."""
+        """fsync the current segment if records are waiting and the interval has passed, or at once when
+        the senders have nothing durable left to send (or `force`)."""
         with self._lock:
             if self._durable_seq >= self._next_seq - 1:
                 return
-            if force or time.monotonic() - self._last_sync >= self.fsync_interval:
+            starving = all(seq > self._durable_seq or seq in self._in_flight for seq in self._pending)
+            if force or starving or time.monotonic() - self._last_sync >= self.fsync_interval:
                 self._sync_locked()
 
     def _sync_locked(self) -> None:
@@ -277,16 +280,27 @@ class Spool:
 
     # ---------------------------------------------------------------- sending side
     def next_pending(self, timeout: float) -> PendingRecord | None:
-        """The oldest durable, unacknowledged record (waits up to `timeout` for one)."""
+        """The oldest durable, unacknowledged record not already being sent (waits up to `timeout`).
+        The caller owns it until it calls ack() or release()."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
-                if self._pending and self._pending[0].seq <= self._durable_seq:
-                    return self._pending[0]
+                for seq, record in self._pending.items():
+                    if seq > self._durable_seq:
+                        break
+                    if seq not in self._in_flight:
+                        self._in_flight.add(seq)
+                        return record
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
                 self._changed.wait(remaining)
+
+    def release(self, record: PendingRecord) -> None:
+        """Sending failed: the record is offered again."""
+        with self._lock:
+            self._in_flight.discard(record.seq)
+            self._changed.notify_all()
 
     def read(self, record: PendingRecord) -> bytes:
         fd = os.open(record.segment, os.O_RDONLY)
@@ -296,11 +310,14 @@ class Spool:
             os.close(fd)
 
     def ack(self, seq: int) -> None:
-        """The gateway stored (or had already stored) batch `seq`: record it, drop emptied segments."""
+        """The gateway stored (or had already stored) batch `seq`. The ledger records the highest seq below
+        which everything is acknowledged (batches sent in parallel may be acknowledged out of order); a
+        batch acknowledged above that mark is sent again after a crash, and the gateway skips it."""
         with self._lock:
-            while self._pending and self._pending[0].seq <= seq:
-                self._pending.popleft()
-            self._acked = max(self._acked, seq)
+            self._pending.pop(seq, None)
+            self._in_flight.discard(seq)
+            first = next(iter(self._pending), None)
+            self._acked = max(self._acked, (first - 1) if first is not None else self._next_seq - 1)
             self._write_ledger(sync=False)
             self._delete_acked_segments()
             self._changed.notify_all()
