@@ -22,15 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import psycopg
 from telemetry_common import REPO, bench_database, job_with_token
 
-import numpy as np  # noqa: E402
-import psycopg  # noqa: E402
-
-from app.telemetry.ingest import COPY_SQL, copy_buffer  # noqa: E402
-from tests.conftest import free_port  # noqa: E402
-from tests.helpers import wait_for  # noqa: E402
-from workers.collector import tfrecord  # noqa: E402
+from app.telemetry.ingest import COPY_SQL, copy_buffer
+from tests.conftest import free_port
+from tests.helpers import wait_for
+from workers.collector import tfrecord
 
 
 def write_files(out: Path, jsonl_points: int, tb_points: int) -> None:
@@ -70,7 +69,7 @@ def count(conn: psycopg.Connection) -> int:
 
 
 def end_to_end(url: str, out: Path, total: int, tmp: Path) -> tuple[float, float]:
-    job, token = job_with_token(url)
+    _job, token = job_with_token(url)
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     gateway_log = open(tmp / "gateway.log", "wb")  # noqa: SIM115 - closed with the process
