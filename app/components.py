@@ -68,4 +68,10 @@ def up_components(ctx: UpContext) -> list[Component]:
             ready=lambda: http_ok(f"{telemetry_gateway_url(ctx)}/healthz"),
         ),
         *node_components(ctx),
+        # Places queued jobs, builds capsules and sends PREPARE (several may run; one is enough here).
+        Component(
+            "worker",
+            tuneplane_argv("worker", "--backend", "node"),
+            env=ctx.env(),
+        ),
     ]

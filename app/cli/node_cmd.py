@@ -75,6 +75,7 @@ from app.node_gateway.config import DEFAULT_PORT, ENV_NODE_GATEWAY_URL
     default=None,
     help="Address peers use to reach this node (default: the address the gateway sees).",
 )
+@click.option("--hold-prepare", type=float, default=0.0, hidden=True)
 def node_cmd(
     server: str,
     enroll_token: str | None,
@@ -88,6 +89,7 @@ def node_cmd(
     probe_port: int,
     probe_host: str,
     advertise_address: str | None,
+    hold_prepare: float,
 ) -> None:
     """Run the Node agent: enroll once, then keep an outbound control connection to the gateway."""
     from app.cli import ExpectedError
@@ -106,6 +108,7 @@ def node_cmd(
         probe_host=probe_host,
         probe_port=probe_port,
         advertise_address=advertise_address,
+        hold_prepare=hold_prepare,
     )
     try:
         main(options)

@@ -8,7 +8,7 @@ import datetime as dt
 import time
 from pathlib import Path
 
-from app.components import UpContext, http_ok, node_gateway_url, tuneplane_argv
+from app.components import UpContext, http_ok, node_gateway_url, telemetry_gateway_url, tuneplane_argv
 from app.db import Database
 from app.errors import Refusal
 from app.node_gateway.config import ENV_NODE_GATEWAY_URL
@@ -67,7 +67,8 @@ def node_components(ctx: UpContext) -> list[Component]:
         env=ctx.env(),
         ready=lambda: http_ok(f"{url}/healthz"),
     )
-    env = {**ctx.env(), ENV_NODE_GATEWAY_URL: url}
+    # The local agent's members ship telemetry to the telemetry gateway (console port + 2).
+    env = {**ctx.env(), ENV_NODE_GATEWAY_URL: url, "TUNEPLANE_TELEMETRY_URL": telemetry_gateway_url(ctx)}
     token = ensure_local_enrollment(ctx.database_url, state_dir)
     if token:
         # Through the environment rather than argv, so the token does not show in `ps`.

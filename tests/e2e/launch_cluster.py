@@ -96,20 +96,49 @@ class Cluster:
 
     def start_agent(self, name: str, *extra: str, enroll: bool = True) -> Proc:
         state, work = self.agent_dirs(name)
-        argv = ["node", "--server", self.url, "--state-dir", str(state), "--work-dir", str(work),
-                "--name", name, "--max-backoff", "1", "--simulate-gpus", "0", *extra]  # fmt: skip
+        argv = [
+            "node",
+            "--server",
+            self.url,
+            "--state-dir",
+            str(state),
+            "--work-dir",
+            str(work),
+            "--name",
+            name,
+            "--max-backoff",
+            "1",
+            "--simulate-gpus",
+            "0",
+            *extra,
+        ]
         if enroll and not (state / "node-credential.json").exists():
             argv += ["--enroll-token", make_token(self.db, self.fleet)]
         proc = Proc(argv)
         self.agents[name] = proc
         proc.wait_line(f"connected to {self.url} as node {self.fleet}/{name}")
-        wait_for(lambda: self.node(name)["probe_port"] is not None and self.node(name)["cpus"] > 0,
-                 timeout=20, what=f"{name} reported its capacity and probe port")  # fmt: skip
+        wait_for(
+            lambda: self.node(name)["probe_port"] is not None and self.node(name)["cpus"] > 0,
+            timeout=20,
+            what=f"{name} reported its capacity and probe port",
+        )
         return proc
 
     def start_worker(self, *extra: str) -> Proc:
-        argv = ["worker", "--backend", "node", "--database-url", self.db_url, "--data-dir", str(self.data_dir),
-                "--poll-interval", "0.3", "--heartbeat-timeout", "15", *extra]  # fmt: skip
+        argv = [
+            "worker",
+            "--backend",
+            "node",
+            "--database-url",
+            self.db_url,
+            "--data-dir",
+            str(self.data_dir),
+            "--poll-interval",
+            "0.3",
+            "--heartbeat-timeout",
+            "15",
+            *extra,
+        ]
         proc = Proc(argv)
         proc.wait_line("consuming `launch`")
         self.workers.append(proc)

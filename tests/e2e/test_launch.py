@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,7 +80,9 @@ def test_two_member_torchrun_job_rendezvouses_across_two_agents_and_succeeds(clu
     assert {m["node"] for m in members} == {"a", "b"}
     seen = {}
     for m in members:
-        seen[m["rank"]] = json.loads((cluster.member_dir(m["node"], m["id"]) / "output" / "seen.json").read_text())
+        seen[m["rank"]] = json.loads(
+            (cluster.member_dir(m["node"], m["id"]) / "output" / "seen.json").read_text()
+        )
     # Each member saw its own rank, the same world size and rendezvous, and the all_reduce joined them.
     assert [seen[r]["TUNEPLANE_MEMBER_RANK"] for r in (0, 1)] == ["0", "1"]
     assert {seen[r]["WORLD_SIZE"] for r in (0, 1)} == {"2"}
@@ -97,3 +98,179 @@ def test_two_member_torchrun_job_rendezvouses_across_two_agents_and_succeeds(clu
     assert cluster.held() == 0
     peer = cluster.node("a")["last_peer_check"]
     assert peer["ok"] is True and peer["peers"][0]["ok"] is True
+
+
+def _wait_job_spec(cluster: Cluster, flag: Path, nodes: int = 1, ignore_sigterm: bool = False) -> dict:
+    script = WAIT_FOR_RELEASE
+    if ignore_sigterm:
+        script = "import signal\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n" + script
+    archive = cluster.upload_source({"wait.py": script})
+    return {
+        "source": {"archive": archive, "entrypoint": "python wait.py", "integration": "script"},
+        "resources": _resources(nodes),
+        "env": {"RELEASE_FLAG": str(flag)},
+    }
+
+
+def _member_tag(cluster: Cluster, agent: str, member_id: int) -> str:
+    from workers.agent.members import member_tag
+    from workers.agent.state import AgentPaths
+
+    state, work = cluster.agent_dirs(agent)
+    return member_tag(AgentPaths(state.resolve(), work.resolve()), member_id)
+
+
+def _started(cluster: Cluster, member: dict) -> bool:
+    return (cluster.member_dir(member["node"], member["id"]) / "output" / "started").exists()
+
+
+def _commands(cluster: Cluster, kind: str, member_id: int) -> list[dict]:
+    return cluster.db.fetch_all(
+        "SELECT * FROM node_commands WHERE kind = %s AND payload ->> 'member_id' = %s", (kind, str(member_id))
+    )
+
+
+def test_one_members_failed_prepare_aborts_the_launch_and_nothing_starts_anywhere(cluster: Cluster) -> None:
+    cluster.start_agent("a")
+    # b tells peers an address its probe does not listen on: rank 0 cannot reach it.
+    cluster.start_agent("b", "--probe-host", "127.0.0.1", "--advertise-address", "127.0.0.3")
+    cluster.start_worker()
+    job_id = cluster.submit(_wait_job_spec(cluster, cluster.root / "never", nodes=2))
+    job = cluster.wait_job(job_id, ("failed", "succeeded", "cancelled"), timeout=60)
+    assert job["state"] == "failed", cluster.diagnose(job_id)
+    assert "failed to prepare" in job["state_reason"] and "cannot reach rank 1 on b" in job["state_reason"]
+    members = cluster.members(job_id)
+    assert {m["state"] for m in members} == {"aborted"}
+    assert cluster.db.fetch_one(
+        "SELECT decision FROM launch_decisions WHERE attempt_id = %s", (members[0]["attempt_id"],)
+    ) == {"decision": "abort"}
+    assert cluster.held() == 0
+    # Nothing was started on any node: no START was ever sent, no runner ran, workspaces are gone.
+    for m in members:
+        assert _commands(cluster, "start", m["id"]) == []
+        wait_for(
+            lambda m=m: not cluster.member_dir(m["node"], m["id"]).exists(),
+            timeout=10,
+            what=f"workspace of member {m['id']} removed",
+        )
+        assert m["started_at"] is None and m["pid"] is None
+    assert cluster.node("a")["last_peer_check"]["ok"] is False
+    assert cluster.node("b")["last_peer_check"]["ok"] is True
+
+
+def test_killed_agent_leaves_its_member_unknown_and_held_until_the_restarted_agent_reconciles(
+    cluster: Cluster,
+) -> None:
+    agent = cluster.start_agent("a")
+    cluster.start_worker()
+    flag = cluster.root / "release"
+    job_id = cluster.submit(_wait_job_spec(cluster, flag))
+    (member,) = cluster.wait_members(job_id, "running")
+    wait_for(lambda: _started(cluster, member), timeout=20, what="workload started")
+    tag = _member_tag(cluster, "a", member["id"])
+    cluster.kill9(agent)
+    (member,) = cluster.wait_members(job_id, "unknown", timeout=20)
+    assert "lost contact" in member["reason"] and member["released_at"] is None
+    assert cluster.held() == 1
+    assert tagged(tag), "the workload must survive its agent's crash"
+    assert cluster.job(job_id)["state"] == "running"
+
+    cluster.start_agent("a", enroll=False)
+    (member,) = cluster.wait_members(job_id, "running", timeout=20)
+    assert "reconnected" in member["reason"]
+    flag.write_text("go")
+    job = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=30)
+    assert job["state"] == "succeeded", cluster.diagnose(job_id)
+    assert cluster.held() == 0
+    assert _commands(cluster, "start", member["id"]).__len__() == 1
+
+
+def test_fencing_a_lost_node_releases_its_resources_and_its_returning_agent_kills_the_orphan(
+    cluster: Cluster,
+) -> None:
+    agent = cluster.start_agent("a")
+    cluster.start_worker()
+    job_id = cluster.submit(_wait_job_spec(cluster, cluster.root / "never"))
+    (member,) = cluster.wait_members(job_id, "running")
+    wait_for(lambda: _started(cluster, member), timeout=20, what="workload started")
+    tag = _member_tag(cluster, "a", member["id"])
+    cluster.kill9(agent)
+    cluster.wait_members(job_id, "unknown", timeout=20)
+    assert cluster.held() == 1
+    cluster.db.call("fence_node", "gpu/a", "e2e: declared dead", "user:test")
+    (member,) = cluster.members(job_id)
+    assert member["state"] == "lost" and member["released_at"] is not None
+    assert cluster.held() == 0
+    assert cluster.job(job_id)["state"] == "failed"
+    assert tagged(tag), "fencing changes the database, not the machine"
+
+    cluster.start_agent("a", enroll=False)
+    wait_for(lambda: not tagged(tag), timeout=20, what="the returning agent killed its orphan")
+    assert cluster.members(job_id)[0]["state"] == "lost"
+    kills = cluster.db.fetch_all("SELECT payload FROM node_commands WHERE kind = 'kill'")
+    assert [k["payload"]["member_ids"] for k in kills] == [[member["id"]]]
+
+
+def test_worker_killed_mid_prepare_is_replaced_and_no_member_starts_twice(cluster: Cluster) -> None:
+    cluster.start_agent("a")
+    cluster.start_agent("b")
+    first = cluster.start_worker("--hold-before-prepare", "120", "--name", "first")
+    flag = cluster.root / "release"
+    flag.write_text("go")  # the workload ends as soon as it starts
+    job_id = cluster.submit(_wait_job_spec(cluster, flag, nodes=2))
+    first.wait_line("holding")
+    attempt = cluster.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s", (job_id,))
+    assert attempt["state"] == "reserved" and attempt["launch_owner"] == "first"
+    cluster.kill9(first)
+    cluster.start_worker("--name", "second")
+    job = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=60)
+    assert job["state"] == "succeeded", cluster.diagnose(job_id)
+    attempt = cluster.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s", (job_id,))
+    assert attempt["launch_owner"] == "second" and attempt["launch_epoch"] == 2
+    for m in cluster.members(job_id):
+        assert len(_commands(cluster, "prepare", m["id"])) == 1
+        assert len(_commands(cluster, "start", m["id"])) == 1
+        runner_log = (cluster.member_dir(m["node"], m["id"]) / "logs" / "runner.log").read_text()
+        assert runner_log.count("starting member") == 1
+
+
+def test_cancel_while_preparing_ends_the_prepare_removes_the_workspace_and_releases(cluster: Cluster) -> None:
+    cluster.start_agent("a", "--hold-prepare", "60")
+    cluster.start_worker()
+    job_id = cluster.submit(_wait_job_spec(cluster, cluster.root / "never"))
+    (member,) = cluster.wait_members(job_id, "preparing")
+    wait_for(lambda: cluster.member_dir("a", member["id"]).exists(), timeout=10, what="prepare began")
+    # A long preparation does not stop the agent's heartbeats.
+    before = cluster.node("a")["last_heartbeat_at"]
+    wait_for(lambda: cluster.node("a")["last_heartbeat_at"] > before, timeout=5, what="a heartbeat")
+    assert cluster.node("a")["connectivity"] == "connected"
+    cluster.db.call("cancel_job", job_id, cluster.user_id, "e2e")
+    job = cluster.wait_job(job_id, ("cancelled",), timeout=10)
+    assert job["state"] == "cancelled"
+    assert cluster.held() == 0
+    wait_for(lambda: not cluster.member_dir("a", member["id"]).exists(), timeout=10, what="workspace removed")
+    assert _commands(cluster, "start", member["id"]) == []
+    assert not tagged(_member_tag(cluster, "a", member["id"]))
+
+
+def test_cancel_while_running_stops_every_process_then_releases(cluster: Cluster) -> None:
+    cluster.start_agent("a")
+    cluster.start_agent("b")
+    cluster.start_worker()
+    # The workload ignores SIGTERM: the agent must SIGKILL it after the grace period.
+    job_id = cluster.submit(_wait_job_spec(cluster, cluster.root / "never", nodes=2, ignore_sigterm=True))
+    members = cluster.wait_members(job_id, "running")
+    for m in members:
+        wait_for(lambda m=m: _started(cluster, m), timeout=20, what="workload started")
+    tags = [_member_tag(cluster, m["node"], m["id"]) for m in members]
+    assert all(tagged(t) for t in tags)
+    cluster.db.call("cancel_job", job_id, cluster.user_id, "e2e")
+    assert cluster.held() == 2, "resources go back only once the nodes confirm"
+    job = cluster.wait_job(job_id, ("cancelled",), timeout=30)
+    assert job["state"] == "cancelled"
+    assert cluster.held() == 0
+    assert not any(tagged(t) for t in tags)
+    for m in cluster.members(job_id):
+        assert m["state"] == "cancelled" and m["exit_code"] < 0  # killed by a signal
+        pid = int((cluster.member_dir(m["node"], m["id"]) / "output" / "started").read_text())
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]

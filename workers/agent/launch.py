@@ -179,6 +179,10 @@ class LaunchAgent:
     async def _prepare(self, record: MemberRecord, payload: dict, directory: Path, checks: dict) -> None:
         digest = str(payload["capsule_digest"])
         directory.mkdir(parents=True, exist_ok=True)
+        hold = float(self.ctx.extra.get("hold_prepare") or 0)
+        if hold > 0:
+            _say(self.ctx, f"member {record.member_id}: holding the prepare {hold:g}s (test option)")
+            await asyncio.sleep(hold)
         capsule_dir = directory / "capsule"
         if not (capsule_dir / "manifest.json").is_file():
             tar_path = await self.fetch_capsule(digest)
@@ -617,9 +621,16 @@ class LaunchAgent:
                 return
             await asyncio.sleep(0.1)
         pids = await asyncio.to_thread(self.processes_of, record)
-        if pids:
-            _say(self.ctx, f"member {record.member_id}: grace over, SIGKILL to {len(pids)} process(es)")
-            signal_all(pids, signal.SIGKILL)
+        if not pids:
+            return
+        _say(self.ctx, f"member {record.member_id}: grace over, SIGKILL to {len(pids)} process(es)")
+        # The workload first, so the runner can still write its exit status; then the runner too.
+        signal_all(pids - {record.pid}, signal.SIGKILL)
+        for _ in range(20):
+            if not record.pid or not alive(record.pid, record.pid_started):
+                return
+            await asyncio.sleep(0.1)
+        signal_all(await asyncio.to_thread(self.processes_of, record), signal.SIGKILL)
 
     async def kill(self, member_ids: list[int], reason: str) -> dict:
         killed = {}

@@ -50,6 +50,8 @@ class AgentOptions:
     probe_host: str = "0.0.0.0"
     probe_port: int = 0
     advertise_address: str | None = None
+    # Tests only: keep every PREPARE in flight this long (a slow, cold preparation).
+    hold_prepare: float = 0.0
 
 
 def default_node_name() -> str:
@@ -115,6 +117,7 @@ async def run_agent(options: AgentOptions, *, say=print) -> None:
                 "advertise_address": options.advertise_address,
             },
             say=say,
+            hold_prepare=options.hold_prepare,
         )
 
         def probe() -> dict:
