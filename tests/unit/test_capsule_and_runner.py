@@ -1,0 +1,210 @@
+"""The Job Capsule (deterministic, verified on the node) and the runner (runtime pin, environment, exit
+status file), with real files and a real runner subprocess; no database."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from app.blobstore import FilesystemBlobStore
+from app.submission.pins import artifact_pin, integrations, python_runtime_pin
+from tests.e2e.launch_cluster import source_archive
+from workers.backend.capsule_build import build_capsule
+from workers.capsule import CapsuleError, unpack_capsule
+from workers.runner.environment import MemberPaths, workload_environment
+from workers.runner.runtime import RuntimeRefused, check_runtime, python_pin_problems
+
+SCRIPT = """import os, sys
+print("hello from rank", os.environ["RANK"])
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def _store_archive(blobs: FilesystemBlobStore, data: bytes) -> str:
+    import hashlib
+
+    sha = hashlib.sha256(data).hexdigest()
+    with blobs.stage() as (staged, handle):
+        handle.write(data)
+        handle.flush()
+        blobs.commit_staged(staged, sha)
+    return sha
+
+
+def _spec(sha: str, integration: str = "script") -> dict:
+    plugin = integrations()[integration]
+    runtime, _ = python_runtime_pin(plugin)
+    return {
+        "schema": "tuneplane.preview/v1",
+        "input": {"kind": "source", "archive": {"sha256": sha}, "entrypoint": "python main.py",
+                  "integration": integration},
+        "integration": artifact_pin(plugin),
+        "runtime": runtime,
+        "resources": {"nodes": 1, "gpus_per_node": 0, "cpus_per_node": 1, "memory_per_node": 0},
+        "env": {"EXIT": "0"},
+        "inputs": [],
+        "outputs": [],
+    }  # fmt: skip
+
+
+@pytest.fixture
+def built(tmp_path: Path) -> tuple[FilesystemBlobStore, dict, str]:
+    blobs = FilesystemBlobStore(tmp_path / "blobs")
+    sha = _store_archive(blobs, source_archive({"main.py": SCRIPT}))
+    spec = _spec(sha)
+    return blobs, spec, build_capsule(spec, blobs)
+
+
+def test_the_same_spec_gives_the_same_capsule_digest(built, tmp_path: Path) -> None:
+    blobs, spec, digest = built
+    assert build_capsule(spec, blobs) == digest
+    other = FilesystemBlobStore(tmp_path / "elsewhere")
+    _store_archive(other, source_archive({"main.py": SCRIPT}))
+    assert build_capsule(spec, other) == digest
+    changed = {**spec, "env": {"EXIT": "1"}}
+    assert build_capsule(changed, blobs) != digest
+
+
+def test_a_capsule_verifies_and_unpacks_with_its_manifest(built, tmp_path: Path) -> None:
+    blobs, _spec, digest = built
+    manifest = unpack_capsule(blobs.path(digest), digest, tmp_path / "capsule")
+    assert manifest["integration"]["entry"] == "integration/script.py"
+    assert json.loads((tmp_path / "capsule" / "spec.json").read_text())["env"] == {"EXIT": "0"}
+    assert (tmp_path / "capsule" / "source" / "archive.tar.gz").is_file()
+    assert {f["path"] for f in manifest["files"]} == {
+        "integration/script.py", "runtime.json", "source/archive.tar.gz", "spec.json"}  # fmt: skip
+
+
+def test_a_capsule_with_other_bytes_than_its_digest_is_refused(built, tmp_path: Path) -> None:
+    blobs, _spec, digest = built
+    tampered = tmp_path / "tampered.tar"
+    data = bytearray(blobs.path(digest).read_bytes())
+    data[700] ^= 0x01
+    tampered.write_bytes(bytes(data))
+    with pytest.raises(CapsuleError, match="digest mismatch"):
+        unpack_capsule(tampered, digest, tmp_path / "capsule")
+    assert not (tmp_path / "capsule").exists()
+
+
+def test_a_consistent_capsule_with_a_swapped_integration_is_refused(built, tmp_path: Path) -> None:
+    """Even a capsule whose manifest matches its bytes is refused when the integration is not the pin."""
+    from workers.capsule import bytes_entry, spec_entries, write_capsule
+
+    blobs, spec, _digest = built
+    entries = [*spec_entries(spec), bytes_entry("integration/script.py", b"import os\nos.system('evil')\n")]
+    entries.append(
+        bytes_entry("source/archive.tar.gz", blobs.path(spec["input"]["archive"]["sha256"]).read_bytes())
+    )
+    path = tmp_path / "swapped.tar"
+    with open(path, "wb") as out:
+        write_capsule(spec, entries, out)
+    import hashlib
+
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    with pytest.raises(CapsuleError, match="differs from the artifact pinned"):
+        unpack_capsule(path, digest, tmp_path / "capsule")
+
+
+def test_a_worker_whose_integration_differs_from_the_pin_cannot_build(built) -> None:
+    blobs, spec, _digest = built
+    spec = json.loads(json.dumps(spec))
+    spec["integration"]["files"]["script.py"] = "0" * 64
+    with pytest.raises(CapsuleError):
+        build_capsule(spec, blobs)
+
+
+def test_python_pin_mismatches_are_named() -> None:
+    pin = {"kind": "python", "implementation": sys.implementation.name, "python": "2.7",
+           "packages": {"pytest": "0.0.1", "surely-not-installed-pkg": "1.0", "numpy": None}}  # fmt: skip
+    problems = python_pin_problems(pin)
+    assert any("python 2.7 pinned" in p for p in problems)
+    assert any(p.startswith("pytest 0.0.1 pinned,") for p in problems)
+    assert any("surely-not-installed-pkg 1.0 pinned, not installed" in p for p in problems)
+    assert not any("numpy" in p for p in problems)
+    with pytest.raises(RuntimeRefused, match="pinned Python runtime"):
+        check_runtime(pin)
+
+
+def test_an_image_pin_without_a_container_runtime_is_refused_not_run_on_the_host(
+    monkeypatch, tmp_path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no podman, no docker
+    with pytest.raises(RuntimeRefused, match="never run on the host"):
+        check_runtime({"kind": "image", "image": "docker.io/library/python:3.11@sha256:" + "a" * 64})
+
+
+def test_the_workload_environment_has_the_member_variables_and_no_credentials(tmp_path: Path) -> None:
+    member = {"member_id": 7, "rank": 1, "world_size": 2, "master_addr": "10.0.0.1", "master_port": 29501,
+              "job_id": 3, "attempt": 2, "gpu_indices": [2, 3]}  # fmt: skip
+    spec = {"input": {"kind": "source", "entrypoint": "python t.py"}, "env": {"MY_VAR": "x"},
+            "resources": {"gpus_per_node": 2}}  # fmt: skip
+    inherited = {"PATH": "/usr/bin", "TUNEPLANE_DATABASE_URL": "postgresql://secret",
+                 "TUNEPLANE_NODE_CREDENTIAL": "tpn_secret", "TUNEPLANE_ENROLL_TOKEN": "tpe_x",
+                 "TUNEPLANE_TOKEN": "tpu_x", "TUNEPLANE_TELEMETRY_TOKEN": "tpt_ok",
+                 "TUNEPLANE_TELEMETRY_URL": "http://t", "PGPASSWORD": "pw"}  # fmt: skip
+    env = workload_environment(member, spec, MemberPaths(tmp_path), inherited)
+    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                "TUNEPLANE_JOB_ID", "TUNEPLANE_ATTEMPT")} == {
+        "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29501", "TUNEPLANE_JOB_ID": "3", "TUNEPLANE_ATTEMPT": "2"}  # fmt: skip
+    assert env["TUNEPLANE_OUTPUT_DIR"] == str(tmp_path / "output")
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["MY_VAR"] == "x"
+    assert env["TUNEPLANE_TELEMETRY_TOKEN"] == "tpt_ok"
+    for secret in ("TUNEPLANE_DATABASE_URL", "TUNEPLANE_NODE_CREDENTIAL", "TUNEPLANE_ENROLL_TOKEN",
+                   "TUNEPLANE_TOKEN", "PGPASSWORD"):  # fmt: skip
+        assert secret not in env
+    assert not any(v.startswith(("tpn_", "tpe_", "tpu_")) for v in env.values())
+
+
+def _prepared_member(built, tmp_path: Path, exit_code: int = 0) -> Path:
+    blobs, spec, _ = built
+    spec = {**spec, "env": {"EXIT": str(exit_code)}}
+    digest = build_capsule(spec, blobs)
+    root = tmp_path / "member"
+    root.mkdir()
+    unpack_capsule(blobs.path(digest), digest, root / "capsule")
+    with tarfile.open(root / "capsule" / "source" / "archive.tar.gz") as tar:
+        tar.extractall(root / "src", filter="data")
+    (root / "member.json").write_text(json.dumps({
+        "member_id": 1, "rank": 0, "world_size": 1, "master_addr": "127.0.0.1", "master_port": 29999,
+        "job_id": 1, "attempt": 1, "gpu_indices": []}))  # fmt: skip
+    return root
+
+
+def _run(root: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "app", "runner", "--member-dir", str(root)],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_the_runner_runs_the_member_keeps_its_logs_and_writes_its_exit_status(built, tmp_path: Path) -> None:
+    root = _prepared_member(built, tmp_path, exit_code=3)
+    done = _run(root, TUNEPLANE_NODE_CREDENTIAL="tpn_must_not_leak")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "hello from rank 0" in (root / "logs" / "stdout.log").read_text()
+    status = json.loads((root / "exit_status.json").read_text())
+    assert status["exit_code"] == 3 and status["reason"] == "exited with status 3"
+    # A second runner for the same member starts nothing.
+    again = _run(root)
+    assert again.returncode != 0 and "already ran" in again.stdout
+    assert (root / "logs" / "stdout.log").read_text().count("hello from rank 0") == 1
+
+
+def test_the_runner_refuses_a_runtime_it_cannot_honour_and_says_why_in_the_logs(
+    built, tmp_path: Path
+) -> None:
+    root = _prepared_member(built, tmp_path)
+    spec_path = root / "capsule" / "spec.json"
+    spec = json.loads(spec_path.read_text())
+    spec["runtime"] = {**spec["runtime"], "python": "3.99"}
+    spec_path.write_text(json.dumps(spec))
+    _run(root)
+    status = json.loads((root / "exit_status.json").read_text())
+    assert status["exit_code"] == 126 and "python 3.99 pinned" in status["reason"]
+    assert "tuneplane runner: the pinned Python runtime" in (root / "logs" / "stderr.log").read_text()
+    assert not (root / "logs" / "stdout.log").read_text()
