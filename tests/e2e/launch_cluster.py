@@ -11,6 +11,7 @@ import gzip
 import io
 import signal
 import socket
+import subprocess
 import tarfile
 import uuid
 from dataclasses import dataclass, field
@@ -71,6 +72,7 @@ class Cluster:
     agents: dict[str, Proc] = field(default_factory=dict)
     workers: list[Proc] = field(default_factory=list)
     user_id: int = 0
+    telemetry: subprocess.Popen | None = None
 
     @property
     def data_dir(self) -> Path:
@@ -90,6 +92,14 @@ class Cluster:
         self.db.call("create_fleet", self.fleet, "node", None, None)
         self.user_id = add_user(self.db, "alice")
         self.gateway = start_gateway(self.db_url, self.gateway_port, "--data-dir", str(self.data_dir))
+
+    def start_telemetry_gateway(self) -> str:
+        from tests.conftest import free_port
+        from tests.e2e.telemetry_processes import start_gateway as start_telemetry
+
+        port = free_port()
+        self.telemetry = start_telemetry(self.db_url, port, self.root / "telemetry-gateway.log")
+        return f"http://127.0.0.1:{port}"
 
     def agent_dirs(self, name: str) -> tuple[Path, Path]:
         return self.root / name / "state", self.root / name / "work"
@@ -160,6 +170,9 @@ class Cluster:
             proc.stop()
         if self.gateway is not None:
             self.gateway.stop()
+        if self.telemetry is not None:
+            self.telemetry.terminate()
+            self.telemetry.wait(10)
 
     # ---- jobs ---------------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.db import Database
+from app.security import token_hash
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.helpers import wait_for
 from workers.proctree import tagged
@@ -31,6 +32,8 @@ seen = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MAST
 seen["sum"] = value.item()
 seen["credential_visible"] = [k for k, v in os.environ.items() if v.startswith("tpn_")]
 out = os.environ["TUNEPLANE_OUTPUT_DIR"]
+with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({"step": 1, "loss": 1.0 / (dist.get_rank() + 1)}) + "\\n")
 with open(os.path.join(out, "seen.json"), "w") as f:
     json.dump(seen, f)
 print("rank", dist.get_rank(), "sum", value.item(), flush=True)
@@ -62,8 +65,9 @@ def _resources(nodes: int = 2) -> dict:
 
 
 def test_two_member_torchrun_job_rendezvouses_across_two_agents_and_succeeds(cluster: Cluster) -> None:
-    cluster.start_agent("a")
-    cluster.start_agent("b")
+    telemetry = cluster.start_telemetry_gateway()
+    cluster.start_agent("a", "--telemetry-url", telemetry)
+    cluster.start_agent("b", "--telemetry-url", telemetry)
     cluster.start_worker()
     archive = cluster.upload_source({"train.py": TRAIN})
     job_id = cluster.submit(
@@ -96,6 +100,23 @@ def test_two_member_torchrun_job_rendezvouses_across_two_agents_and_succeeds(clu
     stdout = (cluster.member_dir(members[0]["node"], members[0]["id"]) / "logs" / "stdout.log").read_text()
     assert "sum 3.0" in stdout
     assert cluster.held() == 0
+    # Each member's collector shipped that member's metrics with a token scoped to it.
+    for r in (0, 1):
+        scope = cluster.db.call(
+            "authenticate_telemetry_token", token_hash(seen[r]["TUNEPLANE_TELEMETRY_TOKEN"])
+        )
+        assert (scope[0]["job_id"], scope[0]["attempt"], scope[0]["member_rank"]) == (job_id, 1, r)
+    wait_for(
+        lambda: (
+            cluster.db.fetch_all(
+                "SELECT DISTINCT member_rank FROM telemetry_series WHERE job_id = %s AND name = 'loss'",
+                (job_id,),
+            ).__len__()
+            == 2
+        ),
+        timeout=30,
+        what="both members' loss series in the database",
+    )
     peer = cluster.node("a")["last_peer_check"]
     assert peer["ok"] is True and peer["peers"][0]["ok"] is True
 
