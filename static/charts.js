@@ -5,6 +5,14 @@
   const palette = ["#2456d6", "#d6243a", "#1e7b34", "#9a6700", "#7a2bd6", "#0b8a8a", "#c25e00", "#555"];
   const charts = new Map();
 
+  // Small values (learning rates) need more than uPlot's default precision on the y axis.
+  function tick(v) {
+    if (v == null) return "";
+    if (v !== 0 && Math.abs(v) < 0.01) return v.toExponential(1);
+    return String(+v.toPrecision(4));
+  }
+  const yAxis = { values: (u, vals) => vals.map(tick), size: 60 };
+
   function align(tables) {
     const xs = Array.from(new Set(tables.flatMap(t => t[0]))).sort((a, b) => a - b);
     const index = new Map(xs.map((x, i) => [x, i]));
@@ -49,7 +57,7 @@
     const opts = {
       width: Math.max(320, el.clientWidth || 600), height: 260,
       series: built.series, bands: built.bands,
-      scales: { x: { time: false } }, legend: { live: true },
+      scales: { x: { time: false } }, legend: { live: true }, axes: [{}, yAxis],
     };
     charts.set(el, new uPlot(opts, built.data, el));
   }
@@ -73,6 +81,7 @@
     if (raw) {
       const xs = JSON.parse(raw.dataset.points), ys = JSON.parse(raw.dataset.values);
       new uPlot({ width: Math.max(320, raw.clientWidth || 600), height: 200, scales: { x: { time: false } },
+                  axes: [{}, yAxis],
                   series: [{ label: "step" }, { label: "value", stroke: palette[0], points: { show: xs.length < 300 } }] },
                 [xs, ys], raw);
     }
