@@ -778,6 +778,8 @@ async def kill(ctx: AgentContext, payload: dict) -> dict:
 
 
 async def reconcile_on_session(ctx: AgentContext) -> None:
+    if ctx.paths is None:  # an agent context without directories (benchmarks) runs no members
+        return
     await launch_agent(ctx).on_session()
 
 
