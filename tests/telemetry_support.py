@@ -24,7 +24,7 @@ def make_user(db: Database, username: str, role: str = "user") -> int:
 
 
 def make_job(db: Database, owner_id: int) -> int:
-    """A job row for telemetry tests: the submission path is tested elsewhere, so rows are written directly."""
+    """A job row for telemetry tests (the submission path is tested elsewhere): rows written directly."""
     with db.transaction() as conn:
         fleet = conn.execute(
             "INSERT INTO fleets (name, backend) VALUES (%s, 'node') RETURNING id",
@@ -36,8 +36,9 @@ def make_job(db: Database, owner_id: int) -> int:
             (owner_id, fleet, "0" * 64),
         ).fetchone()["id"]
         return conn.execute(
-            "INSERT INTO jobs (owner_id, preview_id, fleet_id, state_reason, nodes, gpus_per_node, cpus_per_node,"
-            " memory_per_node, max_attempts, spec) VALUES (%s, %s, %s, 'test job', 1, 0, 1, 0, 1, '{}')"
+            "INSERT INTO jobs (owner_id, preview_id, fleet_id, state_reason, nodes, gpus_per_node,"
+            " cpus_per_node, memory_per_node, max_attempts, spec)"
+            " VALUES (%s, %s, %s, 'test job', 1, 0, 1, 0, 1, '{}')"
             " RETURNING id",
             (owner_id, preview, fleet),
         ).fetchone()["id"]

@@ -133,7 +133,7 @@ def test_user_api_token_is_refused(db: Database, gateway: GatewayThread, job: in
 
 
 def test_node_control_credential_is_refused(db: Database, gateway: GatewayThread, job: int) -> None:
-    enroll, enroll_hash = new_token("tpe")
+    _enroll, enroll_hash = new_token("tpe")
     credential, credential_hash = new_token("tpn")
     db.call("create_fleet", "gpu-fleet", "node")
     db.call("create_enrollment_token", "gpu-fleet", enroll_hash, dt.timedelta(hours=1), None)
