@@ -516,14 +516,15 @@ class Gateway:
         """Keep full garbage collections short while thousands of sessions live here.
 
         A full collection walks every tracked object; with 10,000 sessions that took 1.4-1.9 s here
-        (bench/gateway_agents.py), stalling every session at once. Once the session count has moved,
-        young garbage is collected and everything alive is frozen (gc.freeze): later full collections only
-        walk what was allocated since. Cycles among frozen objects that die later (closed sessions) are
-        reclaimed by an hourly unfreeze, which costs one long collection an hour instead of many.
+        (bench/gateway_agents.py), stalling every session at once. When the session count has moved (or a
+        minute has passed with many sessions), young garbage is collected and everything alive is frozen
+        (gc.freeze): later full collections only walk what was allocated since. Cycles among frozen
+        objects that die later (closed sessions) are reclaimed by an hourly unfreeze, which costs one long
+        collection an hour instead of many.
         """
         loop = asyncio.get_running_loop()
         frozen_sessions = 0
-        last_unfreeze = loop.time()
+        last_unfreeze = last_freeze = loop.time()
         while True:
             await asyncio.sleep(10)
             if loop.time() - last_unfreeze > 3600:
@@ -531,10 +532,11 @@ class Gateway:
                 last_unfreeze, frozen_sessions = loop.time(), 0
                 continue
             sessions = len(self.sessions)
-            if abs(sessions - frozen_sessions) >= max(50, frozen_sessions // 20):
+            moved = abs(sessions - frozen_sessions) >= max(50, frozen_sessions // 20)
+            if moved or (sessions >= 1000 and loop.time() - last_freeze > 60):
                 gc.collect(1)
                 gc.freeze()
-                frozen_sessions = sessions
+                frozen_sessions, last_freeze = sessions, loop.time()
 
     async def _lag_loop(self) -> None:
         loop = asyncio.get_running_loop()
