@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -28,23 +27,21 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from app.node_gateway import protocol
 from app.security import new_token
 from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
 from workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
 from workers.agent.members import MemberRecord, MemberStore, member_dir, member_tag, tag_suffix
-from workers.agent.probe import ProbeServer, peer_check, storage_check
+from workers.agent.outputs import deliver_outputs
+from workers.agent.prepare import NodeAccess, PrepareFailed, prepare_member_dir
+from workers.agent.probe import ProbeServer
 from workers.agent.session import Refused
-from workers.capsule import CapsuleError, unpack_capsule
+from workers.capsule import CapsuleError
 from workers.proctree import TAG_VARIABLE, alive, member_processes, signal_all, start_time, tagged
 from workers.runner.process import read_exit_status
-from workers.runner.runtime import RuntimeRefused, check_runtime
+from workers.runner.runtime import RuntimeRefused
 
 log = logging.getLogger("tuneplane.agent.launch")
 
@@ -58,10 +55,6 @@ RUNNER_ENV_DROP = (
     TAG_VARIABLE,
 )
 WATCH_INTERVAL = 0.2
-
-
-class PrepareFailed(Exception):
-    pass
 
 
 def _say(ctx: AgentContext, line: str) -> None:
@@ -155,7 +148,20 @@ class LaunchAgent:
         checks: dict[str, Any] = {}
         directory = member_dir(self.paths, record.member_id)
         try:
-            await self._prepare(record, payload, directory, checks)
+            directory.mkdir(parents=True, exist_ok=True)
+            hold = float(self.ctx.extra.get("hold_prepare") or 0)
+            if hold > 0:
+                _say(self.ctx, f"member {record.member_id}: holding the prepare {hold:g}s (test option)")
+                await asyncio.sleep(hold)
+            await prepare_member_dir(
+                self.access(),
+                self.paths.work_dir,
+                directory,
+                payload,
+                self.ctx.node,
+                checks,
+                simulated_gpus=bool(self.ctx.extra.get("simulated_gpus")),
+            )
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every failure is the member's prepare failure, with its reason
@@ -176,164 +182,19 @@ class LaunchAgent:
         _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
         await self.report(record, "member_prepared", {"member_id": record.member_id, **checks})
 
-    async def _prepare(self, record: MemberRecord, payload: dict, directory: Path, checks: dict) -> None:
-        digest = str(payload["capsule_digest"])
-        directory.mkdir(parents=True, exist_ok=True)
-        hold = float(self.ctx.extra.get("hold_prepare") or 0)
-        if hold > 0:
-            _say(self.ctx, f"member {record.member_id}: holding the prepare {hold:g}s (test option)")
-            await asyncio.sleep(hold)
-        capsule_dir = directory / "capsule"
-        if not (capsule_dir / "manifest.json").is_file():
-            tar_path = await self.fetch_capsule(digest)
-            await asyncio.to_thread(unpack_capsule, tar_path, digest, capsule_dir)
-        spec = json.loads((capsule_dir / "spec.json").read_text())
-        await asyncio.to_thread(self._unpack_source, spec, directory)
-        inputs = spec.get("inputs") or []
-        if inputs:
-            await asyncio.to_thread(self._materialize, inputs, directory / "input")
-        pin = spec.get("runtime") or {}
-        runtime = await asyncio.to_thread(check_runtime, pin)
-        if runtime is not None and pin.get("image"):
-            await self._pull_image(runtime, str(pin["image"]))
-        checks["peer_check"] = await peer_check(
-            record.rank, payload.get("peers") or [], payload.get("master_port")
-        )
-        storage = await asyncio.to_thread(
-            storage_check, payload.get("shared_path"), f"{self.ctx.node or 'node'}-{record.member_id}"
-        )
-        if storage is not None:
-            checks["storage_check"] = storage
-        problems = [c["error"] for c in checks.values() if c and not c.get("ok")]
-        if problems:
-            raise PrepareFailed("; ".join(problems))
-        member = {
-            key: payload.get(key)
-            for key in (
-                "member_id",
-                "attempt_id",
-                "attempt",
-                "job_id",
-                "rank",
-                "world_size",
-                "gpu_indices",
-                "cpus",
-                "memory_bytes",
-                "capsule_digest",
-                "master_addr",
-                "master_port",
-                "shared_path",
-            )
-        }
-        member.update(
-            local_rank=0,
-            node_rank=payload.get("rank"),
-            simulated_gpus=bool(self.ctx.extra.get("simulated_gpus")),
-            node=self.ctx.node,
-        )
-        (directory / "output").mkdir(exist_ok=True)
-        (directory / "logs").mkdir(exist_ok=True)
-        tmp = directory / "member.json.tmp"
-        tmp.write_text(json.dumps(member, indent=2))
-        os.replace(tmp, directory / "member.json")
-
-    async def fetch_capsule(self, digest: str) -> Path:
-        """The capsule tar in the agent's cache (work dir), fetched once per digest and verified."""
-        cache = self.paths.work_dir / "capsules"
-        cache.mkdir(parents=True, exist_ok=True)
-        target = cache / f"{digest}.tar"
-        if target.is_file():
-            return target  # verified again by unpack_capsule
-        http: aiohttp.ClientSession = self.ctx.extra["http"]
-        url = self.ctx.extra["server"].rstrip("/") + protocol.FILES_PATH + f"capsule/{digest}"
-        partial = cache / f"{digest}.{os.getpid()}.{id(asyncio.current_task())}.partial"
-        hasher = hashlib.sha256()
-        try:
-            async with http.get(
-                url,
-                headers={"Authorization": f"Bearer {self._credential()}"},
-                timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
-            ) as response:
-                if response.status != 200:
-                    try:
-                        message = (await response.json(content_type=None)).get("error")
-                    except ValueError:
-                        message = None
-                    raise PrepareFailed(
-                        f"fetching capsule {digest} failed: {message or f'HTTP {response.status}'}"
-                    )
-                with open(partial, "wb") as handle:
-                    async for block in response.content.iter_chunked(1024 * 1024):
-                        hasher.update(block)
-                        handle.write(block)
-        except aiohttp.ClientError as exc:
-            partial.unlink(missing_ok=True)
-            raise PrepareFailed(f"fetching capsule {digest} failed: {exc}") from exc
-        if hasher.hexdigest() != digest:
-            partial.unlink(missing_ok=True)
-            raise PrepareFailed(f"capsule digest mismatch: fetched {hasher.hexdigest()}, expected {digest}")
-        os.replace(partial, target)
-        return target
-
     def _credential(self) -> str:
         stored = self.ctx.extra["credential_store"].load()
         if stored is None:
             raise PrepareFailed("this agent has no node credential")
         return stored.credential
 
-    def _unpack_source(self, spec: dict, directory: Path) -> None:
-        src = directory / "src"
-        archive = directory / "capsule" / "source" / "archive.tar.gz"
-        if (spec.get("input") or {}).get("kind") != "source":
-            return
-        if (src / ".tuneplane-unpacked").is_file():
-            return
-        if src.exists():
-            shutil.rmtree(src)
-        partial = directory / "src.partial"
-        if partial.exists():
-            shutil.rmtree(partial)
-        partial.mkdir()
-        try:
-            with tarfile.open(archive, "r:gz") as tar:
-                tar.extractall(partial, filter="data")  # refuses absolute paths, .., links leaving the tree
-        except (tarfile.TarError, OSError) as exc:
-            raise PrepareFailed(f"cannot unpack the source archive: {exc}") from exc
-        (partial / ".tuneplane-unpacked").write_text("")
-        os.replace(partial, src)
-
-    def _materialize(self, inputs: list[dict], root: Path) -> None:
-        from workers.artifacts.deliver import node_http
-        from workers.artifacts.materialize import MaterializeError, materialize_inputs
-
-        root.mkdir(parents=True, exist_ok=True)
-        try:
-            with node_http(
-                self.ctx.extra["server"], self._credential(), ca_bundle=self.ctx.extra.get("ca_bundle")
-            ) as http:
-                materialize_inputs(http, inputs, root)
-        except MaterializeError as exc:
-            raise PrepareFailed(str(exc)) from exc
-
-    async def _pull_image(self, runtime: str, image: str) -> None:
-        """A cold image: pulled here, asynchronously (other members and heartbeats go on meanwhile)."""
-        check = await asyncio.create_subprocess_exec(
-            runtime,
-            "image",
-            "inspect",
-            image,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
+    def access(self) -> NodeAccess:
+        return NodeAccess(
+            self.ctx.extra["server"],
+            self.ctx.extra["http"],
+            self._credential,
+            self.ctx.extra.get("ca_bundle"),
         )
-        if await check.wait() == 0:
-            return
-        pull = await asyncio.create_subprocess_exec(
-            runtime, "pull", image, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-        )
-        output, _ = await pull.communicate()
-        if pull.returncode != 0:
-            last = output.decode(errors="replace").strip().splitlines()[-1:] or [""]
-            raise PrepareFailed(f"cannot pull image {image}: {last[0][:200]}")
 
     # ---- abort --------------------------------------------------------------------------------------
 
@@ -517,7 +378,9 @@ class LaunchAgent:
     async def member_ended(self, record: MemberRecord) -> None:
         code, reason = self.exit_of(record)
         if code == 0:
-            delivered = await asyncio.to_thread(self._deliver_outputs, record)
+            delivered = await asyncio.to_thread(
+                deliver_outputs, self.access(), member_dir(self.paths, record.member_id)
+            )
             if delivered:
                 code, reason = 1, f"exited with status 0, but delivering its outputs failed: {delivered}"
         record.state, record.exit_code, record.reason = "ended", code, reason
@@ -529,51 +392,6 @@ class LaunchAgent:
         await self.report(
             record, "member_exited", {"member_id": record.member_id, "exit_code": code, "reason": reason}
         )
-
-    def _deliver_outputs(self, record: MemberRecord) -> str | None:
-        """Deliver the spec's outputs (object upload or the fleet's shared mount); a problem or None."""
-        directory = member_dir(self.paths, record.member_id)
-        try:
-            spec = json.loads((directory / "capsule" / "spec.json").read_text())
-            member = json.loads((directory / "member.json").read_text())
-        except (OSError, ValueError):
-            return None
-        outputs = spec.get("outputs") or []
-        if not outputs:
-            return None
-        from workers.artifacts.deliver import deliver_artifact, node_http
-        from workers.artifacts.upload import UploadError
-
-        problems = []
-        with node_http(
-            self.ctx.extra["server"], self._credential(), ca_bundle=self.ctx.extra.get("ca_bundle")
-        ) as http:
-            for output in outputs:
-                root = directory / "output" / output["path"]
-                if not root.is_dir():
-                    problems.append(f"output {output['name']}: {output['path']} is not a directory")
-                    continue
-                delivery = output.get("delivery") or (
-                    "shared"
-                    if member.get("shared_path") and self.ctx.extra.get("prefer_shared")
-                    else "object"
-                )
-                shared = None
-                if delivery == "shared":
-                    shared = (
-                        f"{str(member['shared_path']).rstrip('/')}/jobs/{record.job_id}/"
-                        f"attempt-{record.attempt}/rank-{record.rank}/{output['name']}"
-                    )
-                try:
-                    result = deliver_artifact(
-                        http, record.member_id, output["name"], root, delivery=delivery, shared_path=shared
-                    )
-                except (UploadError, OSError) as exc:
-                    problems.append(f"output {output['name']}: {exc}")
-                    continue
-                if result.get("state") != "complete":
-                    problems.append(f"output {output['name']}: {result.get('reason') or result.get('state')}")
-        return "; ".join(problems) or None
 
     # ---- stop, kill ---------------------------------------------------------------------------------
 
