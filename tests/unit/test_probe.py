@@ -1,0 +1,90 @@
+"""PREPARE's checks of what the control connection cannot prove: peers reachable on their probe port,
+MASTER_PORT free on rank 0's node, the shared path mounted and writable. Real sockets, real files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from workers.agent.probe import ProbeServer, can_bind, peer_check, storage_check
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_peer_with_a_probe_is_reachable_and_one_without_is_named() -> None:
+    async def scenario() -> dict:
+        probe = ProbeServer("127.0.0.1", 0)
+        port = await probe.start()
+        try:
+            peers = [
+                {"rank": 0, "node": "me", "address": "127.0.0.1", "probe_port": 1},
+                {"rank": 1, "node": "good", "address": "127.0.0.1", "probe_port": port},
+                {"rank": 2, "node": "bad", "address": "127.0.0.1", "probe_port": _closed_port()},
+                {"rank": 3, "node": "old", "address": "127.0.0.1", "probe_port": None},
+            ]
+            return await peer_check(0, peers, None)
+        finally:
+            await probe.close()
+
+    check = asyncio.run(scenario())
+    assert check["ok"] is False
+    assert [(p["node"], p["ok"]) for p in check["peers"]] == [("good", True), ("bad", False), ("old", False)]
+    assert "cannot reach rank 2 on bad" in check["error"] and "rank 3 on old" in check["error"]
+
+
+def test_something_else_on_the_probe_port_is_not_taken_for_a_peer() -> None:
+    async def scenario() -> dict:
+        async def other(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.write(b"SSH-2.0-OpenSSH\r\n")
+            await w.drain()
+            w.close()
+
+        server = await asyncio.start_server(other, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            return await peer_check(
+                1, [{"rank": 0, "node": "x", "address": "127.0.0.1", "probe_port": port}], None
+            )
+        finally:
+            server.close()
+
+    check = asyncio.run(scenario())
+    assert check["ok"] is False and "something else listens there" in check["error"]
+
+
+def test_rank_zero_fails_when_master_port_is_taken() -> None:
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert can_bind(port) is not None
+        check = asyncio.run(peer_check(0, [], port))
+    assert check["ok"] is False and check["master_port"]["ok"] is False
+    assert f"cannot bind MASTER_PORT {port}" in check["error"]
+    assert asyncio.run(peer_check(1, [], port))["ok"] is True  # only rank 0 binds it
+
+
+def test_shared_storage_must_exist_and_take_a_write(tmp_path: Path) -> None:
+    assert storage_check(None, "n") is None
+    missing = storage_check(str(tmp_path / "nfs"), "n")
+    assert missing["ok"] is False and "not mounted here" in missing["error"]
+    good = storage_check(str(tmp_path), "n")
+    assert good["ok"] is True and list(tmp_path.iterdir()) == []  # the probe file is gone again
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write to a read-only directory")
+def test_a_read_only_shared_path_fails_the_check(tmp_path: Path) -> None:
+    tmp_path.chmod(0o500)
+    try:
+        ro = storage_check(str(tmp_path), "n")
+        assert ro["ok"] is False and "not writable" in ro["error"]
+    finally:
+        tmp_path.chmod(0o700)
