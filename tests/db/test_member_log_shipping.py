@@ -148,6 +148,22 @@ def test_shipper_follows_growing_files_across_a_reconnect_and_a_restart(
             foreign = await asyncio.to_thread(_member_on_node, db, other_node, 2)  # only n2 has 2 free
             refused = await asyncio.wait_for(ship_logs(agent.ctx, foreign, logs, again), 20)
             assert "not placed on this node" in (refused.streams["stdout"].gave_up or "")
+
+            # Past the server's per-stream limit the shipper stops sending that stream (one chunk counted).
+            await asyncio.to_thread(
+                db.fetch_all, "UPDATE member_log_settings SET max_stream_bytes = 10 RETURNING 1"
+            )
+            with open(stdout, "ab") as out:
+                out.write(b"x" * 300_000)
+            capped = await asyncio.wait_for(
+                ship_logs(agent.ctx, member_id, logs, again, chunk_bytes=65536), 20
+            )
+            assert capped.streams["stdout"].gave_up == "over the server's per-stream log limit"
+            dropped = db.fetch_one(
+                "SELECT dropped_bytes FROM member_log_streams WHERE member_id = %s AND stream = 'stdout'",
+                (member_id,),
+            )
+            assert dropped["dropped_bytes"] == 65536
             await agent.drop()
 
     asyncio.run(scenario())
