@@ -231,3 +231,17 @@ def test_cancel_of_a_running_job_over_the_api_waits_for_the_nodes(
     assert data["state"] == "cancelled" and data["members"][0]["state"] == "cancelled"
     assert data["members"][0]["resources_held"] is False
     assert json.dumps(members_of(db, job_id), default=str).count('"released_at": null') == 0
+
+
+def test_the_page_shows_the_latest_200_events_and_json_has_them_all(
+    client: FlaskClient, users: dict, db: Database
+) -> None:
+    job_id = submit(client, users["alice"])
+    with db.transaction() as conn:
+        for i in range(210):
+            conn.execute("SELECT set_job_state(%s, 'queued', %s)", (job_id, f"placement pass {i}"))
+    assert len(client.get(f"/jobs/{job_id}", headers=users["alice"]).get_json()["events"]) == 211
+    login(client, "alice")
+    html = client.get(f"/jobs/{job_id}").get_data(as_text=True)
+    assert "11 earlier events not shown here" in html
+    assert "placement pass 209" in html and "placement pass 9<" not in html
