@@ -295,3 +295,20 @@ def test_cancel_while_running_stops_every_process_then_releases(cluster: Cluster
         assert m["state"] == "cancelled" and m["exit_code"] < 0  # killed by a signal
         pid = int((cluster.member_dir(m["node"], m["id"]) / "output" / "started").read_text())
         assert not os.path.exists(f"/proc/{pid}") or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_agent_killed_mid_prepare_prepares_again_after_restart_and_the_job_runs(cluster: Cluster) -> None:
+    agent = cluster.start_agent("a", "--hold-prepare", "60")
+    cluster.start_worker()
+    flag = cluster.root / "release"
+    flag.write_text("go")
+    job_id = cluster.submit(_wait_job_spec(cluster, flag))
+    agent.wait_line("holding the prepare")
+    cluster.kill9(agent)
+    restarted = cluster.start_agent("a", enroll=False)
+    restarted.wait_line("preparing again")
+    job = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=40)
+    assert job["state"] == "succeeded", cluster.diagnose(job_id)
+    (member,) = cluster.members(job_id)
+    assert len(_commands(cluster, "prepare", member["id"])) == 1
+    assert len(_commands(cluster, "start", member["id"])) == 1

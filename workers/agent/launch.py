@@ -137,12 +137,16 @@ class LaunchAgent:
             job_id=int(payload["job_id"]),
             attempt=int(payload["attempt"]),
             rank=int(payload["rank"]),
+            prepare_payload=payload,
         )
         self.store.save(record)
-        self.prepares[member_id] = asyncio.get_running_loop().create_task(
-            self.prepare_member(record, payload), name=f"prepare-{member_id}"
-        )
+        self._begin_prepare(record, payload)
         return {"state": "preparing", "accepted": True}
+
+    def _begin_prepare(self, record: MemberRecord, payload: dict) -> None:
+        self.prepares[record.member_id] = asyncio.get_running_loop().create_task(
+            self.prepare_member(record, payload), name=f"prepare-{record.member_id}"
+        )
 
     async def prepare_member(self, record: MemberRecord, payload: dict) -> None:
         checks: dict[str, Any] = {}
@@ -170,14 +174,14 @@ class LaunchAgent:
                 if isinstance(exc, PrepareFailed | CapsuleError | RuntimeRefused)
                 else (f"{type(exc).__name__}: {exc}")
             )
-            record.state, record.reason = "failed", reason
+            record.state, record.reason, record.prepare_payload = "failed", reason, None
             self.store.save(record)
             _say(self.ctx, f"member {record.member_id}: prepare failed: {reason}")
             await self.report(
                 record, "member_prepare_failed", {"member_id": record.member_id, "reason": reason, **checks}
             )
             return
-        record.state, record.reason = "prepared", "prepared"
+        record.state, record.reason, record.prepare_payload = "prepared", "prepared", None
         self.store.save(record)
         _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
         await self.report(record, "member_prepared", {"member_id": record.member_id, **checks})
@@ -518,6 +522,12 @@ class LaunchAgent:
         for record in self.store.all():
             for kind, payload in list(record.unreported.items()):
                 await self.report(record, kind, payload)
+            task = self.prepares.get(record.member_id)
+            if record.state == "preparing" and record.prepare_payload and (task is None or task.done()):
+                _say(
+                    self.ctx, f"member {record.member_id}: preparing again (the agent restarted mid-prepare)"
+                )
+                self._begin_prepare(record, record.prepare_payload)
 
     def _untracked_members(self, known: set[int]) -> list[dict]:
         """Processes carrying one of this agent's member tags but without a record (a crash between spawn

@@ -48,6 +48,8 @@ class MemberRecord:
     exit_code: int | None = None
     # Reports not yet acknowledged by the control plane, by kind (sent again after a reconnect).
     unreported: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # PREPARE's payload while preparing: an agent restarted mid-prepare starts the preparation again.
+    prepare_payload: dict[str, Any] | None = None
 
 
 class MemberStore:
