@@ -28,7 +28,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from app.security import new_token
 from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
@@ -225,7 +225,7 @@ class LaunchAgent:
     async def start(self, member_id: int) -> dict:
         record = self.store.get(member_id)
         if record is None:
-            raise CommandFailed(f"member {member_id} was never prepared on this node")
+            await self._cannot_start(member_id, "it was never prepared on this node")
         if record.state == "running":
             self.ensure_watcher(record)
             await self.report(record, "member_started", {"member_id": member_id, "pid": record.pid})
@@ -233,7 +233,7 @@ class LaunchAgent:
         if record.state == "ended":
             return {"member_id": member_id, "already": "ended"}
         if record.state != "prepared":
-            raise CommandFailed(f"member {member_id} is {record.state} here, not prepared")
+            await self._cannot_start(member_id, f"it is {record.state} on this node, not prepared")
         directory = member_dir(self.paths, member_id)
         if (directory / "exit_status.json").exists():
             raise CommandFailed(f"member {member_id} already ran on this node")
@@ -265,6 +265,15 @@ class LaunchAgent:
         self.ensure_watcher(record)
         await self.report(record, "member_started", {"member_id": member_id, "pid": runner.pid})
         return {"member_id": member_id, "pid": runner.pid}
+
+    async def _cannot_start(self, member_id: int, why: str) -> NoReturn:
+        """Say the member ended (it never ran) so the attempt does not wait for it, then fail the command."""
+        await self.report(
+            None,
+            "member_exited",
+            {"member_id": member_id, "exit_code": None, "reason": f"could not start: {why}"},
+        )
+        raise CommandFailed(f"member {member_id}: {why}")
 
     def _runner_env(self, member_id: int, token: str | None) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in RUNNER_ENV_DROP}

@@ -1,0 +1,47 @@
+"""reconcile_node (0044): a member whose node lost contact after COMMIT but before it handled START is
+put back to `starting`, not recorded as gone (its pending START would otherwise start it on released
+resources); once START was handled, a member the node does not run is gone."""
+
+from __future__ import annotations
+
+import json
+
+from app.db import Database
+from tests.launch_fixtures import make_fleet, make_job, make_node, make_user, members_of, report
+
+
+def test_a_member_whose_start_is_still_pending_is_not_taken_for_gone(db: Database) -> None:
+    fleet = make_fleet(db)
+    node = make_node(db, fleet, "n0", gpus=2)
+    job_id = make_job(db, make_user(db), fleet, gpus_per_node=2)
+    (placed,) = db.call("reserve_next", fleet, 1000)
+    epoch = db.call("claim_launch", placed["attempt_id"], "w")[0]["epoch"]
+    db.call("begin_prepare", placed["attempt_id"], epoch, "a" * 64)
+    (member,) = members_of(db, job_id)
+    report(db, "member_prepared", member)  # COMMIT; START is in the node's outbox, not yet handled
+    # Test setup: the node stopped heartbeating an hour ago.
+    db.fetch_all(
+        "UPDATE nodes SET last_heartbeat_at = now() - interval '1 hour' WHERE id = %s RETURNING 1", (node,)
+    )
+    assert db.call("sweep_lost_nodes")[0]["sweep_lost_nodes"] == 1
+    assert members_of(db, job_id)[0]["state"] == "unknown"
+
+    result = db.call("reconcile_node", node, 0, json.dumps({"running": [], "exited": []}))[0][
+        "reconcile_node"
+    ]
+    assert (result["starting"], result["gone"]) == (1, 0)
+    (member,) = members_of(db, job_id)
+    assert member["state"] == "starting" and member["released_at"] is None
+
+    (start,) = db.fetch_all("SELECT id FROM node_commands WHERE kind = 'start'")
+    db.call("ack_node_command", node, start["id"], None, "could not start")
+    db.fetch_all(
+        "UPDATE nodes SET last_heartbeat_at = now() - interval '1 hour' WHERE id = %s RETURNING 1", (node,)
+    )
+    db.call("sweep_lost_nodes")
+    result = db.call("reconcile_node", node, 0, json.dumps({"running": [], "exited": []}))[0][
+        "reconcile_node"
+    ]
+    assert (result["starting"], result["gone"]) == (0, 1)
+    (member,) = members_of(db, job_id)
+    assert member["state"] == "failed" and member["released_at"] is not None
