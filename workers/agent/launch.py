@@ -33,6 +33,7 @@ from typing import Any, NoReturn
 from app.security import new_token
 from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
 from workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
+from workers.agent.logship import ship_logs
 from workers.agent.members import MemberRecord, MemberStore, member_dir, member_tag, tag_suffix
 from workers.agent.outputs import deliver_outputs
 from workers.agent.prepare import NodeAccess, PrepareFailed, prepare_member_dir
@@ -76,6 +77,8 @@ class LaunchAgent:
         self.prepares: dict[int, asyncio.Task] = {}
         self.watchers: dict[int, asyncio.Task] = {}
         self.killers: dict[int, asyncio.Task] = {}
+        # Log shippers (workers.agent.logship), one per running member, with the event that ends them.
+        self.shippers: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}
         self.runners: dict[int, subprocess.Popen] = {}
         self.collectors: dict[int, subprocess.Popen] = {}
         self.probe: ProbeServer | None = None
@@ -357,6 +360,14 @@ class LaunchAgent:
             self.watchers[record.member_id] = asyncio.get_running_loop().create_task(
                 self.watch(record.member_id), name=f"watch-{record.member_id}"
             )
+        shipper = self.shippers.get(record.member_id)
+        if shipper is None or shipper[0].done():
+            stop = asyncio.Event()
+            logs = member_dir(self.paths, record.member_id) / "logs"
+            task = asyncio.get_running_loop().create_task(
+                ship_logs(self.ctx, record.member_id, logs, stop), name=f"logs-{record.member_id}"
+            )
+            self.shippers[record.member_id] = (task, stop)
 
     def running_now(self, record: MemberRecord) -> bool:
         runner = self.runners.get(record.member_id)
@@ -401,6 +412,12 @@ class LaunchAgent:
         self.runners.pop(record.member_id, None)
         self.publish()
         self._stop_collector(record)
+        # The end is reported after the logs are drained: whoever sees it ended can read every line.
+        shipper = self.shippers.pop(record.member_id, None)
+        if shipper is not None:
+            shipper[1].set()
+            with contextlib.suppress(Exception):
+                await shipper[0]
         _say(self.ctx, f"member {record.member_id}: {reason}")
         await self.report(
             record, "member_exited", {"member_id": record.member_id, "exit_code": code, "reason": reason}
