@@ -32,10 +32,10 @@ class Proc:
         )
         self.out = OutputWatcher(self.process)
 
-    def wait_line(self, needle: str, timeout: float = 30.0) -> str:
+    def wait_line(self, needle: str, timeout: float = 60.0) -> str:
         return self.out.wait_for_line(needle, timeout)
 
-    def exit_code(self, timeout: float = 30.0) -> int:
+    def exit_code(self, timeout: float = 60.0) -> int:
         return self.process.wait(timeout)
 
     def stop(self) -> None:

@@ -85,7 +85,7 @@ def test_two_agents_connect_and_a_killed_one_goes_stale_then_lost_and_returns_wi
         wait_for(lambda: _node(db, "beta")["connectivity"] == "lost", timeout=LOST + 3, interval=0.05)
         to_lost = time.monotonic() - killed
         # Within the configured thresholds (plus one flush of batched heartbeats and polling slack).
-        assert to_stale <= STALE + 1.0 and to_lost <= LOST + 1.0 and to_lost > to_stale
+        assert to_stale <= STALE + 1.5 and to_lost <= LOST + 1.5 and to_lost > to_stale
         assert _node(db, "beta")["scheduling_state"] == "draining"
         assert _node(db, "alpha")["connectivity"] == "connected"
         wait_for(
