@@ -62,6 +62,7 @@ class NodeWorker:
         self.stop = asyncio.Event()
         self.wake = asyncio.Event()
         self.stats = {"launches": 0, "placements": 0, "passes": 0}
+        self.direct_launches: set[asyncio.Task] = set()
 
     # ---- launch -------------------------------------------------------------------------------------
 
@@ -114,9 +115,33 @@ class NodeWorker:
     async def placement_pass(self) -> int:
         placed = 0
         for fleet in await self.db.call("placement_fleets", BACKEND):
-            placed += len(await self.db.call("reserve_next", fleet["fleet_id"], 1000))
+            for row in await self.db.call("reserve_next", fleet["fleet_id"], 1000):
+                placed += 1
+                self._launch_now(row["attempt_id"])
         self.stats["placements"] += placed
         return placed
+
+    def _launch_now(self, attempt_id: int) -> None:
+        """Start the launch this pass just reserved without waiting for the queue to hand it over.
+
+        The pgqueuer `launch` job enqueued with the reservation stays the durable path (it finishes the
+        launch if this process dies); when it runs after this, claim_launch finds the attempt past
+        `reserved` and it ends at once. Why: pgqueuer's psycopg driver shares one connection between
+        its NOTIFY watcher and its dequeue, so a wake-up can sit behind a 1 s notifies() wait.
+        """
+        task = asyncio.get_running_loop().create_task(
+            self._launch_quietly(attempt_id), name=f"launch-{attempt_id}"
+        )
+        self.direct_launches.add(task)
+        task.add_done_callback(self.direct_launches.discard)
+
+    async def _launch_quietly(self, attempt_id: int) -> None:
+        try:
+            await self.launch_attempt(attempt_id)
+        except (psycopg.Error, OSError, Refusal) as exc:
+            log.warning(
+                "direct launch of attempt %s failed (%s); the queued launch job will retry", attempt_id, exc
+            )
 
     async def sweeps(self) -> None:
         expired = (await self.db.call_one("expire_prepare_deadlines"))["expire_prepare_deadlines"]
