@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from app.cli import ExpectedError
-from app.cli.options import json_option, print_json, print_table
-from app.client.config import resolve
+from app.cli.options import api_client, client_options, json_option, print_json, print_table
 from app.client.http import ApiClient, ClientError
 from workers.artifacts.manifest import Manifest, ManifestError
 from workers.artifacts.verify import verify_directory
@@ -31,19 +29,6 @@ LIST_COLUMNS = [
     "digest",
     "verified",
 ]
-
-
-def client_options(func: Callable) -> Callable:
-    func = click.option(
-        "--ca-bundle", default=None, help="CA bundle for a private CA (env TUNEPLANE_CA_BUNDLE)."
-    )(func)
-    func = click.option("--token", default=None, help="API token (env TUNEPLANE_TOKEN).")(func)
-    func = click.option("--server", default=None, help="Server URL (env TUNEPLANE_SERVER).")(func)
-    return func
-
-
-def api(server: str | None, token: str | None, ca_bundle: str | None) -> ApiClient:
-    return ApiClient(resolve(server, token, ca_bundle), timeout=300.0)
 
 
 def split_name(name: str) -> tuple[str, int | None]:
@@ -72,7 +57,7 @@ def artifacts_group() -> None:
 @client_options
 def list_cmd(job: int, as_json: bool, server: str | None, token: str | None, ca_bundle: str | None) -> None:
     """List the artifacts of JOB (every attempt)."""
-    with api(server, token, ca_bundle) as client:
+    with api_client(server, token, ca_bundle, timeout=300.0) as client:
         rows = client.get(f"/jobs/{job}/artifacts")["artifacts"]
     if as_json:
         print_json(rows)
@@ -103,7 +88,7 @@ def download_cmd(
 ) -> None:
     """Download artifact NAME of JOB into DEST, verifying every file's sha256 while writing it."""
     dest_path = Path(dest)
-    with api(server, token, ca_bundle) as client:
+    with api_client(server, token, ca_bundle, timeout=300.0) as client:
         artifact = find(client, job, name, attempt)
         if artifact["state"] != "complete":
             raise ExpectedError(f"artifact {name} of job {job} is {artifact['state']}: {artifact['reason']}")
@@ -194,7 +179,7 @@ def verify_cmd(
 
     Exits non-zero naming every mismatching, missing (and, for --dir, extra) file.
     """
-    with api(server, token, ca_bundle) as client:
+    with api_client(server, token, ca_bundle, timeout=300.0) as client:
         artifact = find(client, job, name, attempt)
         if local_dir is None:
             report = client.post(f"/artifacts/{artifact['id']}/verify")

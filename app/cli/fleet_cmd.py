@@ -7,27 +7,11 @@ functions directly (docs/runbook.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from urllib.parse import quote
 
 import click
 
-from app.cli.options import json_option, print_json, print_table
-from app.client.config import resolve
-from app.client.http import ApiClient
-
-
-def client_options(func: Callable) -> Callable:
-    func = click.option(
-        "--ca-bundle", default=None, help="PEM bundle for a private CA (env TUNEPLANE_CA_BUNDLE)."
-    )(func)
-    func = click.option("--token", default=None, help="API token (env TUNEPLANE_TOKEN).")(func)
-    func = click.option("--server", default=None, help="Server URL (env TUNEPLANE_SERVER).")(func)
-    return func
-
-
-def _client(server: str | None, token: str | None, ca_bundle: str | None) -> ApiClient:
-    return ApiClient(resolve(server, token, ca_bundle))
+from app.cli.options import api_client, client_options, json_option, print_json, print_table
 
 
 def _gib(value: int | None) -> str:
@@ -63,7 +47,7 @@ def fleet_create(
         if not sep or not key:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--capability")
         declared[key] = {"true": True, "false": False}.get(value.lower(), value)
-    with _client(server, token, ca_bundle) as api:
+    with api_client(server, token, ca_bundle) as api:
         row = api.post("/fleets", json={"name": name, "backend": backend, "capabilities": declared})
     if as_json:
         print_json(row)
@@ -76,7 +60,7 @@ def fleet_create(
 @client_options
 def fleet_list(as_json: bool, server, token, ca_bundle) -> None:
     """Fleets with node counts by connectivity and scheduling state."""
-    with _client(server, token, ca_bundle) as api:
+    with api_client(server, token, ca_bundle) as api:
         fleets = api.get("/fleets")["fleets"]
     if as_json:
         print_json(fleets)
@@ -104,7 +88,7 @@ def fleet_list(as_json: bool, server, token, ca_bundle) -> None:
 @client_options
 def fleet_show(name: str, as_json: bool, server, token, ca_bundle) -> None:
     """One fleet's nodes: scheduling state, connectivity, heartbeat age and capacity."""
-    with _client(server, token, ca_bundle) as api:
+    with api_client(server, token, ca_bundle) as api:
         data = api.get(f"/fleets/{quote(name, safe='')}")
     if as_json:
         print_json(data)
@@ -160,7 +144,7 @@ def fleet_show(name: str, as_json: bool, server, token, ca_bundle) -> None:
 @client_options
 def fleet_enroll_token(fleet: str, ttl: str, as_json: bool, server, token, ca_bundle) -> None:
     """Create a one-time enrollment token for FLEET (admin); printed once, stored only hashed."""
-    with _client(server, token, ca_bundle) as api:
+    with api_client(server, token, ca_bundle) as api:
         data = api.post(f"/fleets/{quote(fleet, safe='')}/enrollment-tokens", json={"ttl": ttl})
     if as_json:
         print_json(data)
@@ -180,7 +164,7 @@ def _scheduling_command(action: str, summary: str) -> click.Command:
     @json_option
     @client_options
     def command(node: str, reason: str | None, as_json: bool, server, token, ca_bundle) -> None:
-        with _client(server, token, ca_bundle) as api:
+        with api_client(server, token, ca_bundle) as api:
             row = api.post("/nodes/scheduling", json={"node": node, "action": action, "reason": reason})
         if as_json:
             print_json(row)
@@ -198,5 +182,32 @@ fleet_group.add_command(
 fleet_group.add_command(_scheduling_command("drain", "Let NODE's running work finish and place nothing new"))
 fleet_group.add_command(_scheduling_command("uncordon", "Make NODE schedulable again"))
 fleet_group.add_command(_scheduling_command("retire", "Retire NODE for good and revoke its credential"))
+
+
+def _fence_command(action: str, summary: str) -> click.Command:
+    @click.command(action, help=f"{summary} (admin). NODE is an id, FLEET/NAME or a unique name.")
+    @click.argument("node")
+    @click.option("--reason", default=None, help="Why; recorded in the node's event.")
+    @json_option
+    @client_options
+    def command(node: str, reason: str | None, as_json: bool, server, token, ca_bundle) -> None:
+        with api_client(server, token, ca_bundle) as api:
+            row = api.post("/nodes/fence", json={"node": node, "action": action, "reason": reason})
+        if as_json:
+            print_json(row)
+        elif action == "fence":
+            click.echo(
+                f"node {row['node']} fenced: {row['members_lost']} member(s) lost, their resources released"
+            )
+        else:
+            click.echo(f"node {node} {'unfenced' if row['unfenced'] else 'was not fenced'}")
+
+    return command
+
+
+fleet_group.add_command(
+    _fence_command("fence", "Declare NODE dead: its members become lost and their resources are released")
+)
+fleet_group.add_command(_fence_command("unfence", "Let a fenced NODE take work again"))
 
 COMMANDS = [fleet_group]

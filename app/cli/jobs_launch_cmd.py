@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from app.cli.options import json_option, print_json, print_table
-from app.cli.submit_cmd import _client, client_options, jobs_group
+from app.cli.options import api_client, client_options, json_option, print_json, print_table
+from app.cli.submit_cmd import jobs_group
 from app.client.http import ApiClient
 
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -55,7 +55,7 @@ def echo_launch(job: dict) -> None:
 def jobs_cancel(job_id: str, reason: str | None, as_json: bool, server, token, ca_bundle) -> None:
     """Cancel a job: stops every member (SIGTERM, grace period, SIGKILL); resources are released when the
     nodes confirm."""
-    with _client(server, token, ca_bundle) as client:
+    with api_client(server, token, ca_bundle) as client:
         job = client.post(f"/jobs/{job_id}/cancel", json={"reason": reason} if reason else {})["job"]
     if as_json:
         print_json(job)
@@ -94,7 +94,7 @@ def jobs_logs(
     a retry's new attempt is followed too."""
     pinned = attempt is not None
     after = 0
-    with _client(server, token, ca_bundle) as client:
+    with api_client(server, token, ca_bundle) as client:
         while True:
             data = _read(
                 client,

@@ -50,6 +50,24 @@ def database(settings: Settings, progress: Callable[[str], None] | None = None) 
         pg.stop()
 
 
+def client_options(func: Callable) -> Callable:
+    """--server, --token and --ca-bundle for client commands (then env, then the config file)."""
+    func = click.option(
+        "--ca-bundle", default=None, help="CA bundle for a private CA (env TUNEPLANE_CA_BUNDLE)."
+    )(func)
+    func = click.option("--token", default=None, help="API token (env TUNEPLANE_TOKEN).")(func)
+    func = click.option("--server", default=None, help="Server URL (env TUNEPLANE_SERVER).")(func)
+    return func
+
+
+def api_client(server: str | None, token: str | None, ca_bundle: str | None, *, timeout: float = 30.0):
+    """The HTTP client for a client command, configured from flags, env and the config file."""
+    from app.client.config import resolve
+    from app.client.http import ApiClient
+
+    return ApiClient(resolve(server, token, ca_bundle), timeout=timeout)
+
+
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 

@@ -18,25 +18,11 @@ import click
 import yaml
 
 from app.cli import ExpectedError
-from app.cli.options import json_option, print_json, print_table
+from app.cli.options import api_client, client_options, json_option, print_json, print_table
 from app.client.archive_pack import PackError, pack_directory
-from app.client.config import resolve
 from app.client.http import ApiClient
 
 _SHA256 = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
-
-
-def client_options(func: Callable) -> Callable:
-    func = click.option(
-        "--ca-bundle", default=None, help="CA bundle for a private CA (env TUNEPLANE_CA_BUNDLE)."
-    )(func)
-    func = click.option("--token", default=None, help="API token (env TUNEPLANE_TOKEN).")(func)
-    func = click.option("--server", default=None, help="Server URL (env TUNEPLANE_SERVER).")(func)
-    return func
-
-
-def _client(server: str | None, token: str | None, ca_bundle: str | None) -> ApiClient:
-    return ApiClient(resolve(server, token, ca_bundle))
 
 
 def spec_options(func: Callable) -> Callable:
@@ -238,7 +224,7 @@ def echo_receipt(receipt: dict) -> None:
 @client_options
 def preview_cmd(as_json: bool, server, token, ca_bundle, **opts: Any) -> None:
     """Resolve a job without creating it: prints the summary, preview id and digest."""
-    with _client(server, token, ca_bundle) as client:
+    with api_client(server, token, ca_bundle) as client:
         preview = client.post("/previews", json=build_spec(client, opts))
     if as_json:
         print_json(preview)
@@ -258,7 +244,7 @@ def confirm_cmd(
 ) -> None:
     """Confirm a preview: creates the job (once) and prints its receipt."""
     body = {"digest": digest, "retry_key": retry_key}
-    with _client(server, token, ca_bundle) as client:
+    with api_client(server, token, ca_bundle) as client:
         receipt = client.post(f"/previews/{preview_id}/confirm", json=body)
     print_json(receipt) if as_json else echo_receipt(receipt)
 
@@ -277,7 +263,7 @@ def submit_cmd(
     yes: bool, retry_key: str | None, as_json: bool, server, token, ca_bundle, **opts: Any
 ) -> None:
     """Preview, show the summary, ask, and confirm."""
-    with _client(server, token, ca_bundle) as client:
+    with api_client(server, token, ca_bundle) as client:
         preview = client.post("/previews", json=build_spec(client, opts))
         echo_preview(preview, err=as_json)
         if not yes and not click.confirm("Confirm this job?", default=False, err=True):
@@ -302,7 +288,7 @@ def jobs_list(state: str | None, limit: int, as_json: bool, server, token, ca_bu
     params: dict[str, Any] = {"limit": limit}
     if state:
         params["state"] = state
-    with _client(server, token, ca_bundle) as client:
+    with api_client(server, token, ca_bundle) as client:
         jobs = client.get("/jobs", params=params)["jobs"]
     if as_json:
         print_json(jobs)
@@ -321,7 +307,7 @@ def jobs_list(state: str | None, limit: int, as_json: bool, server, token, ca_bu
 @client_options
 def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
     """One job: why it waits, attempts, members and the event timeline."""
-    with _client(server, token, ca_bundle) as client:
+    with api_client(server, token, ca_bundle) as client:
         job = client.get(f"/jobs/{job_id}")
     if as_json:
         print_json(job)

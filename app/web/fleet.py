@@ -183,6 +183,30 @@ def enrollment_token_create(name: str):
     return respond("_enrollment_token.html", data, 201)
 
 
+@bp.post("/nodes/fence")
+@admin_required
+def node_fence():
+    """Declare a node dead (fence: its members become lost, their resources are released) or undo it."""
+    body = _body()
+    action = (body.get("action") or "fence").strip()
+    if action not in ("fence", "unfence"):
+        raise Refusal("action must be fence or unfence", status=400, field="action")
+    node = str(body.get("node") or "").strip()
+    if not node:
+        raise Refusal("which node? give its id, FLEET/NAME or a unique name", status=400, field="node")
+    reason = body.get("reason") or request.headers.get("HX-Prompt") or None
+    db = get_db()
+    if action == "fence":
+        row = db.call("fence_node", node, reason, _actor())[0]
+    else:
+        node_id = db.fetch_one("SELECT resolve_node(%s) AS id", (node,))["id"]
+        changed = db.call("unfence_node", node, reason, _actor())[0]["unfence_node"]
+        row = {"node_id": node_id, "unfenced": changed}
+    if wants_json():
+        return json_response(row)
+    return _render(body.get("fleet") or None)
+
+
 @bp.post("/nodes/scheduling")
 @admin_required
 def node_scheduling():

@@ -247,7 +247,9 @@ def test_worker_killed_mid_prepare_is_replaced_and_no_member_starts_twice(cluste
     job = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=60)
     assert job["state"] == "succeeded", cluster.diagnose(job_id)
     attempt = cluster.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s", (job_id,))
-    assert attempt["launch_owner"] == "second" and attempt["launch_epoch"] == 2
+    # The first worker may have claimed twice before it died (the launch its own placement pass started
+    # directly, and the queued launch job); either way the second took over with a newer epoch.
+    assert attempt["launch_owner"] == "second" and attempt["launch_epoch"] >= 2
     for m in cluster.members(job_id):
         assert len(_commands(cluster, "prepare", m["id"])) == 1
         assert len(_commands(cluster, "start", m["id"])) == 1

@@ -85,7 +85,7 @@ def test_demo_trains_and_writes_jsonl_and_tensorboard(tmp_path: Path) -> None:
     assert [step for step, _ in scalars["loss"]] == list(range(1, 51))
     assert scalars["loss"][-1][1] == pytest.approx(lines[-1]["loss"], rel=1e-5)
     assert len(scalars["lr"]) == 50
-    assert (tmp_path / "out" / "model.npz").is_file()
+    assert (tmp_path / "out" / "checkpoint" / "model.npz").is_file()
 
 
 def test_demo_refuses_bad_arguments(tmp_path: Path) -> None:

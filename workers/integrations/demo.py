@@ -4,7 +4,10 @@ A two-layer MLP (tanh) learns a smooth 2-D function from synthetic data with SGD
 cosine learning-rate schedule with warm-up. Every `log_every` steps it writes
   $TUNEPLANE_OUTPUT_DIR/metrics.jsonl            {"step": n, "loss": …, "lr": …} per line
   $TUNEPLANE_OUTPUT_DIR/tensorboard/events.*     scalars loss and lr (tensorboardX)
-and at the end $TUNEPLANE_OUTPUT_DIR/model.npz. The output directory defaults to ./output.
+and at the end the weights in $TUNEPLANE_OUTPUT_DIR/checkpoint/model.npz (a JobSpec can name the
+`checkpoint` directory as an output artifact). The output directory defaults to ./output. With
+`init_from` (a path, relative to $TUNEPLANE_INPUT_DIR when not absolute) training starts from saved
+weights instead of random ones: that is how a fine-tune job consumes an earlier job's checkpoint.
 
 Parameters come from $TUNEPLANE_PARAMS (a JSON object, as the runner passes a recipe's params) and
 command-line flags, flags winning:  python -m workers.integrations.demo --steps 50
@@ -30,6 +33,7 @@ DEFAULTS = {
     "seed": 0,
     "log_every": 1,
     "step_seconds": 0.02,
+    "init_from": "",
 }
 
 
@@ -52,6 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Pacing only, so a person can watch the charts move; the model trains the same without it.
     parser.add_argument("--step-seconds", type=float, default=float(params["step_seconds"]))
     parser.add_argument("--output-dir", default=os.environ.get("TUNEPLANE_OUTPUT_DIR", "output"))
+    parser.add_argument(
+        "--init-from",
+        default=str(params["init_from"]),
+        help="weights (.npz) to start from; relative paths are under $TUNEPLANE_INPUT_DIR",
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.batch_size < 1 or args.hidden < 1 or args.log_every < 1 or args.lr <= 0:
         parser.error("steps, batch-size, hidden and log-every must be at least 1; lr must be positive")
@@ -83,6 +92,14 @@ class MLP:
         }
         self.velocity = {k: np.zeros_like(v) for k, v in self.params.items()}
 
+    def load(self, path: Path) -> None:
+        with np.load(path) as saved:
+            for name, value in self.params.items():
+                if name not in saved or saved[name].shape != value.shape:
+                    raise SystemExit(f"demo: {path} does not hold {name} with shape {value.shape}")
+                self.params[name] = saved[name].copy()
+        print(f"initialized from {path} ({sum(v.size for v in self.params.values())} parameters)", flush=True)
+
     def loss_and_grads(self, x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
         p = self.params
         h = np.tanh(x @ p["w1"] + p["b1"])
@@ -100,6 +117,15 @@ class MLP:
             self.params[name] += self.velocity[name]
 
 
+def resolve_input(raw: str) -> Path:
+    path = Path(raw)
+    if not path.is_absolute():
+        path = Path(os.environ.get("TUNEPLANE_INPUT_DIR", "input")) / path
+    if not path.is_file():
+        raise SystemExit(f"demo: init_from {path} does not exist")
+    return path
+
+
 def train(args: argparse.Namespace) -> float:
     from tensorboardX import SummaryWriter
 
@@ -108,6 +134,8 @@ def train(args: argparse.Namespace) -> float:
     rank = int(os.environ.get("RANK", "0"))
     rng = np.random.default_rng(args.seed + rank)
     model = MLP(args.hidden, rng)
+    if args.init_from:
+        model.load(resolve_input(args.init_from))
     writer = SummaryWriter(logdir=str(out / "tensorboard"), flush_secs=2)
     loss = float("nan")
     started = time.monotonic()
@@ -127,7 +155,8 @@ def train(args: argparse.Namespace) -> float:
             if args.step_seconds:
                 time.sleep(args.step_seconds)
     writer.close()
-    np.savez(out / "model.npz", **model.params)
+    (out / "checkpoint").mkdir(exist_ok=True)
+    np.savez(out / "checkpoint" / "model.npz", **model.params)
     elapsed = time.monotonic() - started
     print(f"done: {args.steps} steps in {elapsed:.2f}s, final loss {loss:.5f}, output in {out}", flush=True)
     return loss

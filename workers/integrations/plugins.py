@@ -47,6 +47,11 @@ demo = Plugin(
                 "max": 60.0,
                 "help": "pause after each step so the charts can be watched",
             },
+            "init_from": {
+                "type": "str",
+                "default": "",
+                "help": "weights (.npz) to start from, relative to the job's input directory (fine-tuning)",
+            },
         },
     },
 )
