@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from app.db import Database
 from app.security import token_hash
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.helpers import wait_for
@@ -48,16 +46,6 @@ while not flag.exists():
     time.sleep(0.1)
 print("released", flush=True)
 """
-
-
-@pytest.fixture
-def cluster(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[Cluster]:
-    c = Cluster(db_url, db, tmp_path, port)
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop_all()
 
 
 def _resources(nodes: int = 2) -> dict:

@@ -517,10 +517,10 @@ class LaunchAgent:
                     await task  # it is reporting the exit right now
                     record = self.store.get(record.member_id) or record
                 else:
-                    code, reason = self.exit_of(record)
-                    record.state, record.exit_code, record.reason = "ended", code, reason
-                    self.store.save(record)
-                    self._stop_collector(record)
+                    # It ended while the agent was away (maybe killed mid-upload): deliver its outputs now
+                    # (an interrupted upload resumes from the chunks the server holds), then report it.
+                    await self.member_ended(record)
+                    record = self.store.get(record.member_id) or record
             if record.state == "ended" and "member_exited" in record.unreported:
                 exited.append(
                     {"member_id": record.member_id, "exit_code": record.exit_code, "reason": record.reason}
