@@ -21,7 +21,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ from psycopg.rows import dict_row
 
 from app import embedded_pg
 from app.client.config import read_config_file
+from tests.e2e.up_process import free_port_run
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_P50 = 0.5
@@ -65,27 +65,6 @@ PHASES = [
     ("prepare", "prepare_delivered_at", "committed_at"),  # agent prepares, member_prepared → COMMIT
     ("start", "committed_at", "running_at"),  # START delivered, runner started, member_started
 ]
-
-
-def free_port_run(count: int = 3) -> int:
-    """A port P with P..P+count-1 all free: `up` uses the console port and the next two."""
-    for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        sockets = []
-        try:
-            for offset in range(count):
-                s = socket.socket()
-                sockets.append(s)
-                s.bind(("127.0.0.1", base + offset))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in sockets:
-                s.close()
-    raise SystemExit("no run of three free ports on loopback")
 
 
 def percentile(values: list[float], q: float) -> float:

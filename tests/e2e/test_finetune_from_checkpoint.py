@@ -4,10 +4,6 @@ materialized and verified on the node, starts from those weights and succeeds.""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -15,8 +11,8 @@ import pytest
 
 from app.db import Database
 from app.submission import service
-from tests.e2e.test_up_submit import free_port_run
-from tests.helpers import OutputWatcher, wait_for
+from tests.e2e.up_process import tuneplane_up
+from tests.helpers import wait_for
 from tests.submission_setup import add_user
 
 pytestmark = pytest.mark.e2e
@@ -28,46 +24,7 @@ def _ended(db: Database, job_id: int) -> dict | None:
 
 
 def test_fine_tune_job_consumes_a_previous_jobs_checkpoint(db_url: str, db: Database, tmp_path: Path) -> None:
-    port = free_port_run()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TUNEPLANE_CONFIG": str(tmp_path / "config.toml")}
-    for name in (
-        "TUNEPLANE_DATABASE_URL",
-        "TUNEPLANE_SERVER",
-        "TUNEPLANE_TOKEN",
-        "TUNEPLANE_ENROLL_TOKEN",
-        "TUNEPLANE_NODE_GATEWAY_URL",
-        "TUNEPLANE_TELEMETRY_URL",
-    ):
-        env.pop(name, None)
-    data = tmp_path / "data"
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "up",
-            "--database-url",
-            db_url,
-            "--data-dir",
-            str(data),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    out = OutputWatcher(up)
-    try:
-        out.wait_for_line("TunePlane is up:", timeout=120)
-        wait_for(
-            lambda: db.fetch_one(
-                "SELECT count(*) AS n FROM nodes n JOIN fleets f ON f.id = n.fleet_id"
-                " WHERE f.name = 'local' AND n.cpus > 0 AND n.probe_port IS NOT NULL"
-            )["n"],
-            timeout=60,
-            what="the local node's capacity and probe port",
-        )
+    with tuneplane_up(db_url, tmp_path, db) as up:
         user = add_user(db, "alice")
         resources = {"cpus_per_node": 1, "memory_per_node": "256M"}
         base_spec = {
@@ -78,7 +35,7 @@ def test_fine_tune_job_consumes_a_previous_jobs_checkpoint(db_url: str, db: Data
         preview = service.create_preview(db, user, base_spec)
         base = service.confirm(db, user, preview["id"], preview["digest"], str(uuid.uuid4()))["job_id"]
         done = wait_for(lambda: _ended(db, base), timeout=90, what="the base job to end")
-        assert done["state"] == "succeeded", (done, out.text()[-3000:])
+        assert done["state"] == "succeeded", (done, up.out.text()[-3000:])
         artifact = wait_for(
             lambda: db.fetch_one(
                 "SELECT state, manifest_digest FROM artifacts WHERE job_id = %s AND name = 'checkpoint'"
@@ -102,12 +59,9 @@ def test_fine_tune_job_consumes_a_previous_jobs_checkpoint(db_url: str, db: Data
         assert pinned["manifest_digest"] == artifact["manifest_digest"]
         tune = service.confirm(db, user, preview["id"], preview["digest"], str(uuid.uuid4()))["job_id"]
         done = wait_for(lambda: _ended(db, tune), timeout=90, what="the fine-tune job to end")
-        assert done["state"] == "succeeded", (done, out.text()[-3000:])
+        assert done["state"] == "succeeded", (done, up.out.text()[-3000:])
         (member,) = db.fetch_all("SELECT id FROM members WHERE job_id = %s", (tune,))
-        member_dir = data / "node" / "work" / "members" / str(member["id"])
+        member_dir = up.data_dir / "node" / "work" / "members" / str(member["id"])
         assert (member_dir / "input" / "base" / "model.npz").is_file()
         stdout = (member_dir / "logs" / "stdout.log").read_text()
         assert "initialized from" in stdout and "base/model.npz" in stdout
-    finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(timeout=60)

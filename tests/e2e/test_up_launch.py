@@ -3,10 +3,6 @@ placed, prepared, run by the runner, its metrics shipped by its collector, and i
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -14,8 +10,8 @@ import pytest
 
 from app.db import Database
 from app.submission import service
-from tests.e2e.test_up_submit import free_port_run
-from tests.helpers import OutputWatcher, wait_for
+from tests.e2e.up_process import tuneplane_up
+from tests.helpers import wait_for
 from tests.submission_setup import add_user
 
 pytestmark = pytest.mark.e2e
@@ -24,46 +20,7 @@ pytestmark = pytest.mark.e2e
 def test_a_demo_job_runs_to_success_on_tuneplane_up_and_ships_its_metrics(
     db_url: str, db: Database, tmp_path: Path
 ) -> None:
-    port = free_port_run()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TUNEPLANE_CONFIG": str(tmp_path / "config.toml")}
-    for name in (
-        "TUNEPLANE_DATABASE_URL",
-        "TUNEPLANE_SERVER",
-        "TUNEPLANE_TOKEN",
-        "TUNEPLANE_ENROLL_TOKEN",
-        "TUNEPLANE_NODE_GATEWAY_URL",
-        "TUNEPLANE_TELEMETRY_URL",
-    ):
-        env.pop(name, None)
-    data = tmp_path / "data"
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "app",
-            "up",
-            "--database-url",
-            db_url,
-            "--data-dir",
-            str(data),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    out = OutputWatcher(up)
-    try:
-        out.wait_for_line("TunePlane is up:", timeout=120)
-        wait_for(
-            lambda: db.fetch_one(
-                "SELECT count(*) AS n FROM nodes n JOIN fleets f ON f.id = n.fleet_id"
-                " WHERE f.name = 'local' AND n.cpus > 0 AND n.probe_port IS NOT NULL"
-            )["n"],
-            timeout=60,
-            what="the local node's capacity and probe port",
-        )
+    with tuneplane_up(db_url, tmp_path, db) as up:
         user = add_user(db, "alice")
         spec = {
             "recipe": {"name": "demo", "params": {"steps": 20, "step_seconds": 0.0}},
@@ -77,7 +34,7 @@ def test_a_demo_job_runs_to_success_on_tuneplane_up_and_ships_its_metrics(
             return row if row["state"] in ("succeeded", "failed", "cancelled") else None
 
         job = wait_for(ended, timeout=90, what="the demo job to end")
-        assert job["state"] == "succeeded", (job, out.text()[-3000:])
+        assert job["state"] == "succeeded", (job, up.out.text()[-3000:])
         wait_for(
             lambda: db.fetch_one(
                 "SELECT count(*) AS n FROM telemetry_series WHERE job_id = %s AND canonical = 'loss'",
@@ -87,8 +44,5 @@ def test_a_demo_job_runs_to_success_on_tuneplane_up_and_ships_its_metrics(
             what="the demo's loss series shipped by its collector",
         )
         (member,) = db.fetch_all("SELECT id FROM members WHERE job_id = %s", (job_id,))
-        logs = data / "node" / "work" / "members" / str(member["id"]) / "logs"
+        logs = up.data_dir / "node" / "work" / "members" / str(member["id"]) / "logs"
         assert (logs / "stdout.log").stat().st_size > 0
-    finally:
-        up.send_signal(signal.SIGTERM)
-        up.wait(timeout=60)
