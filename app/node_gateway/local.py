@@ -79,6 +79,26 @@ def node_components(ctx: UpContext) -> list[Component]:
             "node", "--state-dir", str(state_dir), "--work-dir", str(work_dir), "--name", LOCAL_NODE
         ),
         env=env,
-        ready=lambda: (state_dir / CREDENTIAL_FILE).exists(),
+        ready=lambda: (state_dir / CREDENTIAL_FILE).exists() and local_node_reported(ctx.database_url),
     )
     return [gateway, agent]
+
+
+def local_node_reported(database_url: str) -> bool:
+    """The local node is connected and has reported its capacity: before that a preview finds no fleet
+    that can hold a job, so `up` does not say it is up until then."""
+    import psycopg
+
+    from app.db import connect
+
+    try:
+        with connect(database_url, application_name="tuneplane-up-ready") as conn:
+            row = conn.execute(
+                "SELECT count(*) AS n FROM nodes n JOIN fleets f ON f.id = n.fleet_id"
+                " WHERE f.name = %s AND n.name = %s AND n.cpus > 0"
+                " AND node_connectivity(n.last_heartbeat_at) = 'connected'",
+                (LOCAL_FLEET, LOCAL_NODE),
+            ).fetchone()
+    except psycopg.Error:
+        return False
+    return row["n"] > 0
