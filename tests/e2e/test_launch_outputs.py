@@ -39,6 +39,17 @@ def test_agent_killed_mid_upload_resumes_after_restart_and_never_completes_wrong
     # Small chunks: the upload takes long enough to be interrupted in the middle.
     cluster.db.fetch_all("UPDATE artifact_settings SET chunk_size = 65536 RETURNING 1")
     agent = cluster.start_agent("a")
+    # At start the agent checked its output and cache directories and reported them as a node event.
+    note = wait_for(
+        lambda: cluster.db.fetch_one(
+            "SELECT reason, details FROM node_events WHERE kind = 'note' AND reason LIKE 'work directories%%'"
+        ),
+        timeout=10,
+        what="the work-directory check event",
+    )
+    assert (
+        note["details"]["workload_dirs"]["outputs"]["ok"] and note["details"]["workload_dirs"]["cache"]["ok"]
+    )
     cluster.start_worker()
     archive = cluster.upload_source({"make.py": MAKE_CHECKPOINT})
     job_id = cluster.submit(

@@ -25,6 +25,7 @@ from workers.agent import capacity as capacity_probe
 from workers.agent.handlers import AgentContext
 from workers.agent.session import ControlSession, Refused, enroll
 from workers.agent.state import AgentPaths, FileCredentialStore, StateError
+from workers.agent.workdirs import check_workload_dirs
 
 # Modules that register more command handlers (the launch issue adds its own here).
 HANDLER_MODULES: list[str] = ["workers.agent.launch"]
@@ -92,6 +93,7 @@ async def run_agent(options: AgentOptions, *, say=print) -> None:
         raise AgentError(exc.message) from exc
     try:
         paths = AgentPaths.prepare(options.state_dir, options.work_dir)
+        workload_dirs = check_workload_dirs(paths)
         store = FileCredentialStore(paths.credential_path)
         stored = store.load()
     except StateError as exc:
@@ -104,6 +106,7 @@ async def run_agent(options: AgentOptions, *, say=print) -> None:
         elif options.enroll_token:
             say(f"already enrolled as node {stored.fleet}/{stored.node}; --enroll-token ignored")
         ctx = AgentContext(paths=paths)
+        ctx.extra["workload_dirs"] = workload_dirs
         ctx.extra.update(
             server=options.server,
             http=http,
