@@ -1,5 +1,7 @@
 -- 0031 telemetry functions: issuing and checking member tokens, the ingest transaction (ledger, series,
 -- rollups), bounded reads with authorization, retention, and the operator views.
+-- Batches of one collector may be sent in parallel: the per-collector row and the series rows are locked
+-- only at the end of the ingest transaction, after the COPY, so concurrent batches overlap instead of queueing.
 
 -- issue_telemetry_token: stores the hash of a token scoped to one (job, attempt, member rank); the launch
 -- code calls it when it starts a member and hands the plaintext to the runner/collector via the environment.
@@ -96,15 +98,15 @@ BEGIN
 END;
 $$;
 
--- telemetry_begin_batch: first step of the ingest transaction. Checks the token's scope, records the batch
--- in the ledger and returns duplicate = true if (collector, seq) was already stored (the caller then stores
--- nothing). A known (collector, seq) with a different digest is refused (409): it is not the same batch.
--- Creates missing series (with their canonical names) and returns their ids in the order given.
+-- telemetry_begin_batch: first step of the ingest transaction. Checks the token's scope (401/403), the
+-- batch size (413), records the batch in the ledger and returns duplicate = true if (collector, seq) was
+-- already stored (the caller then stores nothing); a known (collector, seq) with a different digest is
+-- refused (409). Creates missing series (with canonical names) and returns their ids in the order given,
+-- and the token's scope for telemetry_merge_batch.
 CREATE FUNCTION tuneplane.telemetry_begin_batch(p_token_hash text, p_collector text, p_seq bigint,
                                                 p_digest text, p_points integer, p_scope jsonb,
-                                                p_sources text[], p_names text[],
-                                                p_health jsonb DEFAULT '{}'::jsonb)
-RETURNS TABLE (duplicate boolean, series_ids bigint[])
+                                                p_sources text[], p_names text[])
+RETURNS TABLE (duplicate boolean, series_ids bigint[], job_id bigint, attempt integer, member_rank integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     tok record;
@@ -128,17 +130,6 @@ BEGIN
     ON CONFLICT (collector_id, seq) DO NOTHING
     RETURNING true INTO inserted;
 
-    INSERT INTO tuneplane.telemetry_collectors AS c (collector_id, job_id, attempt, member_rank, batches,
-                                                    points, duplicates, health, last_batch_at)
-    VALUES (p_collector, tok.job_id, tok.attempt, tok.member_rank, CASE WHEN inserted THEN 1 ELSE 0 END,
-            CASE WHEN inserted THEN p_points ELSE 0 END, CASE WHEN inserted THEN 0 ELSE 1 END,
-            coalesce(p_health, '{}'::jsonb), now())
-    ON CONFLICT (collector_id) DO UPDATE
-        SET batches = c.batches + EXCLUDED.batches, points = c.points + EXCLUDED.points,
-            duplicates = c.duplicates + EXCLUDED.duplicates,
-            health = CASE WHEN EXCLUDED.health = '{}'::jsonb THEN c.health ELSE EXCLUDED.health END,
-            last_batch_at = now();
-
     IF inserted IS NULL THEN
         SELECT b.digest INTO known_digest FROM tuneplane.telemetry_batches b
          WHERE b.collector_id = p_collector AND b.seq = p_seq;
@@ -146,7 +137,9 @@ BEGIN
             RAISE EXCEPTION 'batch % of collector % was already stored with other content', p_seq, p_collector
                 USING ERRCODE = 'TP409', COLUMN = 'seq';
         END IF;
-        RETURN QUERY SELECT true, NULL::bigint[];
+        UPDATE tuneplane.telemetry_collectors c SET duplicates = c.duplicates + 1, last_batch_at = now()
+         WHERE c.collector_id = p_collector;
+        RETURN QUERY SELECT true, NULL::bigint[], tok.job_id, tok.attempt, tok.member_rank;
         RETURN;
     END IF;
 
@@ -156,26 +149,29 @@ BEGIN
      WHERE NOT EXISTS (SELECT 1 FROM tuneplane.telemetry_series s
                         WHERE s.job_id = tok.job_id AND s.attempt = tok.attempt
                           AND s.member_rank = tok.member_rank AND s.source = u.src AND s.name = u.nm)
-    ON CONFLICT (job_id, attempt, member_rank, source, name) DO NOTHING;
+    ON CONFLICT ON CONSTRAINT telemetry_series_job_id_attempt_member_rank_source_name_key DO NOTHING;
 
     SELECT array_agg(s.id ORDER BY u.ord) INTO ids
       FROM unnest(p_sources, p_names) WITH ORDINALITY AS u(src, nm, ord)
       JOIN tuneplane.telemetry_series s
         ON s.job_id = tok.job_id AND s.attempt = tok.attempt AND s.member_rank = tok.member_rank
        AND s.source = u.src AND s.name = u.nm;
-    RETURN QUERY SELECT false, coalesce(ids, ARRAY[]::bigint[]);
+    RETURN QUERY SELECT false, coalesce(ids, ARRAY[]::bigint[]), tok.job_id, tok.attempt, tok.member_rank;
 END;
 $$;
 
 -- telemetry_merge_batch: last step of the ingest transaction, after the points were copied. Merges the
--- batch's per-bucket aggregates into the rollups and its per-series summary into the series rows.
--- Rows arrive sorted by (series, width, bucket) so concurrent batches lock in one order.
+-- batch's per-bucket aggregates into the rollups, its per-series summary into the series rows and the
+-- collector's counters and health into its row. Rows arrive sorted by (series, width, bucket) so that
+-- concurrent batches lock in one order.
 CREATE FUNCTION tuneplane.telemetry_merge_batch(
     r_series bigint[], r_width integer[], r_bucket bigint[], r_n bigint[], r_sum double precision[],
     r_min double precision[], r_max double precision[], r_first bigint[], r_last bigint[],
     r_last_value double precision[],
     s_series bigint[], s_count bigint[], s_min_step bigint[], s_max_step bigint[], s_last_step bigint[],
-    s_last_value double precision[])
+    s_last_value double precision[],
+    p_collector text, p_job_id bigint, p_attempt integer, p_member_rank integer, p_points integer,
+    p_health jsonb)
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -207,6 +203,14 @@ BEGIN
       FROM unnest(s_series, s_count, s_min_step, s_max_step, s_last_step, s_last_value)
            AS u(id, cnt, min_step, max_step, last_step, last_value)
      WHERE s.id = u.id;
+
+    INSERT INTO tuneplane.telemetry_collectors AS c (collector_id, job_id, attempt, member_rank, batches,
+                                                    points, health, last_batch_at)
+    VALUES (p_collector, p_job_id, p_attempt, p_member_rank, 1, p_points, coalesce(p_health, '{}'::jsonb), now())
+    ON CONFLICT (collector_id) DO UPDATE
+        SET batches = c.batches + 1, points = c.points + EXCLUDED.points,
+            health = CASE WHEN EXCLUDED.health = '{}'::jsonb THEN c.health ELSE EXCLUDED.health END,
+            last_batch_at = now();
 END;
 $$;
 

@@ -497,8 +497,11 @@ $$;
 -- ended while it was away. p_payload: {"running": [{"member_id": 1, "pid": 2}],
 --                                       "exited": [{"member_id": 3, "exit_code": 0}]}
 -- Held members it still runs go back to running; ones it reports ended are recorded; held members it
--- does not mention are failed (gone); anything it runs that the database does not consider live on this
--- node (cancelled, lost to a fence, unknown to us) gets a KILL command.
+-- does not mention are failed (gone) — except a member that never reported started and whose START is
+-- still unacknowledged in the node's outbox (contact was lost between COMMIT and START): it goes back to
+-- `starting` and the pending START starts it (failing it would let that START run a workload on
+-- released GPUs). Anything the agent runs that the database does not consider live on this node
+-- (cancelled, lost to a fence, unknown to us) gets a KILL command.
 CREATE FUNCTION tuneplane.reconcile_node(p_node_id bigint, p_epoch bigint, p_payload jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
@@ -511,6 +514,7 @@ DECLARE
     v_kill bigint[] := '{}';
     v_restored integer := 0;
     v_gone integer := 0;
+    v_waiting integer := 0;
 BEGIN
     n := tuneplane.require_node_session(p_node_id, p_epoch);
     SELECT coalesce(array_agg((e ->> 'member_id')::bigint), '{}') INTO v_running
@@ -536,6 +540,14 @@ BEGIN
                     format('node %s reconnected; member rank %s is still running', n.name, m.rank));
                 v_restored := v_restored + 1;
             END IF;
+        ELSIF m.state = 'unknown' AND m.started_at IS NULL AND n.fenced_at IS NULL AND EXISTS (
+                SELECT 1 FROM tuneplane.node_commands c
+                 WHERE c.node_id = p_node_id AND c.kind = 'start' AND c.acked_at IS NULL
+                   AND (c.payload ->> 'member_id')::bigint = m.id) THEN
+            -- Lost contact before its START was handled: not gone, not started yet. START is still in
+            -- the outbox (delivered in order after this session opened), so it starts now.
+            PERFORM tuneplane.set_member_state(m.id, 'starting', 'node reconnected; START not yet handled');
+            v_waiting := v_waiting + 1;
         ELSIF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(v_exited) e
                            WHERE (e ->> 'member_id')::bigint = m.id) THEN
             PERFORM tuneplane.record_member_exit(m, NULL,
@@ -556,7 +568,8 @@ BEGIN
             'reason', CASE WHEN n.fenced_at IS NOT NULL THEN 'node was fenced: ' || coalesce(n.fenced_reason, '')
                            ELSE 'the control plane does not consider these members live on this node' END));
     END IF;
-    RETURN jsonb_build_object('restored', v_restored, 'gone', v_gone, 'kill', to_jsonb(v_kill));
+    RETURN jsonb_build_object('restored', v_restored, 'gone', v_gone, 'starting', v_waiting,
+                              'kill', to_jsonb(v_kill));
 END;
 $$;
 

@@ -1,4 +1,4 @@
-"""reconcile_node (0044): a member whose node lost contact after COMMIT but before it handled START is
+"""reconcile_node: a member whose node lost contact after COMMIT but before it handled START is
 put back to `starting`, not recorded as gone (its pending START would otherwise start it on released
 resources); once START was handled, a member the node does not run is gone."""
 

@@ -164,7 +164,9 @@ def test_one_members_failed_prepare_aborts_the_launch_and_nothing_starts_anywher
         )
         assert m["started_at"] is None and m["pid"] is None
     assert cluster.node("a")["last_peer_check"]["ok"] is False
-    assert cluster.node("b")["last_peer_check"]["ok"] is True
+    # b may have been told to abort before its own prepare finished; if it reported, its check passed.
+    b_check = cluster.node("b")["last_peer_check"]
+    assert b_check is None or b_check["ok"] is True
 
 
 def test_killed_agent_leaves_its_member_unknown_and_held_until_the_restarted_agent_reconciles(
