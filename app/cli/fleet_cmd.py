@@ -7,6 +7,7 @@ functions directly (docs/runbook.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import quote
 
 import click
@@ -157,7 +158,9 @@ def fleet_enroll_token(fleet: str, ttl: str, as_json: bool, server, token, ca_bu
     click.echo(f"  {data['command']}", err=True)
 
 
-def _scheduling_command(action: str, summary: str) -> click.Command:
+def _node_action(action: str, summary: str, path: str, describe: Callable[[str, dict], str]) -> click.Command:
+    """`tuneplane fleet ACTION NODE [--reason]`: one admin action on a node through the HTTP API."""
+
     @click.command(action, help=f"{summary} (admin). NODE is an id, FLEET/NAME or a unique name.")
     @click.argument("node")
     @click.option("--reason", default=None, help="Why; recorded in the node's event.")
@@ -165,49 +168,45 @@ def _scheduling_command(action: str, summary: str) -> click.Command:
     @client_options
     def command(node: str, reason: str | None, as_json: bool, server, token, ca_bundle) -> None:
         with api_client(server, token, ca_bundle) as api:
-            row = api.post("/nodes/scheduling", json={"node": node, "action": action, "reason": reason})
+            row = api.post(path, json={"node": node, "action": action, "reason": reason})
         if as_json:
             print_json(row)
-        elif row["changed"]:
-            click.echo(f"node {row['fleet']}/{row['node']} is now {row['scheduling_state']}")
         else:
-            click.echo(f"node {row['fleet']}/{row['node']} was already {row['scheduling_state']}")
+            click.echo(describe(node, row))
 
     return command
 
 
+def _scheduled(_node: str, row: dict) -> str:
+    verb = "is now" if row["changed"] else "was already"
+    return f"node {row['fleet']}/{row['node']} {verb} {row['scheduling_state']}"
+
+
+def _fenced(_node: str, row: dict) -> str:
+    return f"node {row['node']} fenced: {row['members_lost']} member(s) lost, their resources released"
+
+
+def _unfenced(node: str, row: dict) -> str:
+    return f"node {node} {'unfenced' if row['unfenced'] else 'was not fenced'}"
+
+
+for _action, _summary in (
+    ("cordon", "Stop placing new work on NODE; running work continues"),
+    ("drain", "Let NODE's running work finish and place nothing new"),
+    ("uncordon", "Make NODE schedulable again"),
+    ("retire", "Retire NODE for good and revoke its credential"),
+):
+    fleet_group.add_command(_node_action(_action, _summary, "/nodes/scheduling", _scheduled))
 fleet_group.add_command(
-    _scheduling_command("cordon", "Stop placing new work on NODE; running work continues")
+    _node_action(
+        "fence",
+        "Declare NODE dead: its members become lost and their resources are released",
+        "/nodes/fence",
+        _fenced,
+    )
 )
-fleet_group.add_command(_scheduling_command("drain", "Let NODE's running work finish and place nothing new"))
-fleet_group.add_command(_scheduling_command("uncordon", "Make NODE schedulable again"))
-fleet_group.add_command(_scheduling_command("retire", "Retire NODE for good and revoke its credential"))
-
-
-def _fence_command(action: str, summary: str) -> click.Command:
-    @click.command(action, help=f"{summary} (admin). NODE is an id, FLEET/NAME or a unique name.")
-    @click.argument("node")
-    @click.option("--reason", default=None, help="Why; recorded in the node's event.")
-    @json_option
-    @client_options
-    def command(node: str, reason: str | None, as_json: bool, server, token, ca_bundle) -> None:
-        with api_client(server, token, ca_bundle) as api:
-            row = api.post("/nodes/fence", json={"node": node, "action": action, "reason": reason})
-        if as_json:
-            print_json(row)
-        elif action == "fence":
-            click.echo(
-                f"node {row['node']} fenced: {row['members_lost']} member(s) lost, their resources released"
-            )
-        else:
-            click.echo(f"node {node} {'unfenced' if row['unfenced'] else 'was not fenced'}")
-
-    return command
-
-
 fleet_group.add_command(
-    _fence_command("fence", "Declare NODE dead: its members become lost and their resources are released")
+    _node_action("unfence", "Let a fenced NODE take work again", "/nodes/fence", _unfenced)
 )
-fleet_group.add_command(_fence_command("unfence", "Let a fenced NODE take work again"))
 
 COMMANDS = [fleet_group]

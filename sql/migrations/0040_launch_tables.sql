@@ -25,7 +25,9 @@ ALTER TABLE tuneplane.nodes
     ADD COLUMN fenced_reason text,
     -- Last results of what the control connection cannot prove, reported with each prepare.
     ADD COLUMN last_peer_check    jsonb,
-    ADD COLUMN last_storage_check jsonb;
+    ADD COLUMN last_storage_check jsonb,
+    -- The TCP port the agent's peer-network probe listens on (PREPARE checks every peer can reach it).
+    ADD COLUMN probe_port integer CHECK (probe_port BETWEEN 1 AND 65535);
 
 CREATE TABLE tuneplane.attempts (
     id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,

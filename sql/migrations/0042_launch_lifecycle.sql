@@ -164,7 +164,8 @@ $$;
 
 -- begin_prepare: reserved → preparing. Records the capsule digest, sets the prepare deadline and sends
 -- PREPARE to every member's node, all in one transaction. A second call (a worker re-running after a
--- crash) changes nothing and sends nothing. Refuses a stale epoch.
+-- crash) changes nothing and sends nothing. Each peer in PREPARE carries its node's address and probe port
+-- (the agents' peer-network check). Refuses a stale epoch.
 CREATE FUNCTION tuneplane.begin_prepare(p_attempt_id bigint, p_epoch bigint, p_capsule_digest text)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -186,7 +187,7 @@ BEGIN
            reason = 'preparing'
      WHERE id = a.id;
     SELECT jsonb_agg(jsonb_build_object('rank', mm.rank, 'node_id', mm.node_id, 'node', n.name,
-                                        'address', n.address) ORDER BY mm.rank)
+                                        'address', n.address, 'probe_port', n.probe_port) ORDER BY mm.rank)
       INTO v_peers
       FROM tuneplane.members mm JOIN tuneplane.nodes n ON n.id = mm.node_id
      WHERE mm.attempt_id = a.id;

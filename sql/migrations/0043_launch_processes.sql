@@ -1,7 +1,8 @@
 -- 0043 launch processes: what the node backend worker, the node gateway and the agents need around the
 -- launch core (0040–0042).
 --
---   * the agents' peer-network probe port (reported on every control session) travels in PREPARE's peers;
+--   * report_node_probe: the agents' peer-network probe port (reported on every control session), which
+--     begin_prepare (0042) puts in PREPARE's peers;
 --   * abort_launch: a worker that cannot build the capsule aborts the attempt (fenced by its epoch);
 --   * requeue_stalled_launches: a `launch` job lost by pgqueuer (a handler that failed terminally is
 --     deleted) is enqueued again while its attempt is still `reserved`;
@@ -9,10 +10,6 @@
 --   * issue_member_telemetry_token: an agent gets a telemetry token for one of its members; the agent
 --     makes the secret, only its hash reaches the database;
 --   * placement_fleets: the node-backend fleets that have queued jobs (the scheduler loop's work list).
-
-ALTER TABLE tuneplane.nodes
-    -- The TCP port the agent's peer-network probe listens on (PREPARE checks every peer can reach it).
-    ADD COLUMN probe_port integer CHECK (probe_port BETWEEN 1 AND 65535);
 
 -- report_node_probe (report kind `probe`): the agent's probe port and, optionally, the address peers
 -- should use for it (default: the address the gateway saw). p_payload: {"port": 41234, "address": "10.0.0.5"}
@@ -33,50 +30,6 @@ BEGIN
      WHERE id = p_node_id
     RETURNING * INTO n;
     RETURN jsonb_build_object('address', n.address, 'probe_port', n.probe_port);
-END;
-$$;
-
--- begin_prepare (replaces 0042's): the same transition (reserved → preparing, PREPARE to every member's
--- node, one transaction, a re-run sends nothing), with each peer's probe port in `peers`.
-CREATE OR REPLACE FUNCTION tuneplane.begin_prepare(p_attempt_id bigint, p_epoch bigint, p_capsule_digest text)
-RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    a       tuneplane.attempts;
-    j       tuneplane.jobs;
-    m       tuneplane.members;
-    v_peers jsonb;
-    v_timeout interval;
-BEGIN
-    a := tuneplane.require_launch_epoch(p_attempt_id, p_epoch);
-    IF a.state <> 'reserved' THEN
-        RETURN a.state;
-    END IF;
-    SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
-    SELECT prepare_timeout INTO v_timeout FROM tuneplane.launch_settings;
-    UPDATE tuneplane.attempts
-       SET state = 'preparing', capsule_digest = p_capsule_digest, prepare_deadline = now() + v_timeout,
-           reason = 'preparing'
-     WHERE id = a.id;
-    SELECT jsonb_agg(jsonb_build_object('rank', mm.rank, 'node_id', mm.node_id, 'node', n.name,
-                                        'address', n.address, 'probe_port', n.probe_port) ORDER BY mm.rank)
-      INTO v_peers
-      FROM tuneplane.members mm JOIN tuneplane.nodes n ON n.id = mm.node_id
-     WHERE mm.attempt_id = a.id;
-    FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY rank LOOP
-        PERFORM tuneplane.set_member_state(m.id, 'preparing', 'preparing on its node');
-        PERFORM tuneplane.enqueue_node_command(m.node_id, 'prepare', jsonb_build_object(
-            'member_id', m.id, 'attempt_id', a.id, 'attempt', a.number, 'job_id', a.job_id, 'rank', m.rank,
-            'world_size', j.nodes, 'gpu_indices', to_jsonb(m.gpu_indices), 'cpus', m.cpus,
-            'memory_bytes', m.memory_bytes, 'capsule_digest', p_capsule_digest,
-            'master_addr', a.master_addr, 'master_port', a.master_port, 'peers', v_peers,
-            'deadline', extract(epoch FROM now() + v_timeout),
-            'shared_path', (SELECT f.capabilities ->> 'shared_path' FROM tuneplane.fleets f WHERE f.id = a.fleet_id)));
-    END LOOP;
-    PERFORM tuneplane.set_job_state(j.id, 'preparing',
-        format('attempt %s: preparing %s member(s); commit once every member is prepared (deadline %s)',
-               a.number, j.nodes, to_char(now() + v_timeout, 'YYYY-MM-DD HH24:MI:SS TZ')));
-    RETURN 'preparing';
 END;
 $$;
 
