@@ -1,8 +1,14 @@
-"""Numbered plain-SQL migrations, applied in order, each in its own transaction, recorded with a checksum.
+"""Numbered plain-SQL migrations, applied in order, each in its own transaction, recorded with a checksum;
+then the repeatable function files.
 
 Two `tuneplane db migrate` at once are safe: the whole run holds a session advisory lock, so the second
-waits and then finds nothing pending. A file that changed after it was applied is refused by name.
+waits and then finds nothing pending. A migration that changed after it was applied is refused by name.
 pgqueuer's own tables are installed and upgraded in the same run from the SQL pgqueuer itself emits.
+
+Tables and data live in the frozen, numbered migrations; the *current* definition of every function, view
+and trigger lives once, in sql/functions/<lifecycle>.sql (ADR 0012). Those files are re-applied, all of
+them in the order of sql/functions/order.txt and in one transaction, whenever any checksum differs from
+what the database recorded, like Flyway's repeatable `R__` migrations.
 """
 
 from __future__ import annotations
@@ -60,6 +66,74 @@ def discover(migrations_dir: Path | None = None) -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
+@dataclass(frozen=True)
+class FunctionFile:
+    name: str
+    path: Path
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+
+def discover_functions(functions_dir: Path | None = None) -> list[FunctionFile]:
+    """The repeatable files in apply order; a .sql file missing from order.txt (or the reverse) is refused."""
+    directory = functions_dir or resource_dir("sql") / "functions"
+    order_file = directory / "order.txt"
+    if not order_file.is_file():
+        return []
+    names = [
+        line.strip()
+        for line in order_file.read_text().splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+    on_disk = {p.name for p in directory.glob("*.sql")}
+    for name in sorted(on_disk - set(names)):
+        raise MigrationError(f"sql/functions/{name} is not listed in sql/functions/order.txt")
+    for name in names:
+        if name not in on_disk:
+            raise MigrationError(f"sql/functions/order.txt lists {name}, which does not exist")
+    return [FunctionFile(name, directory / name) for name in names]
+
+
+def _applied_functions(conn: psycopg.Connection) -> dict[str, str] | None:
+    """name -> checksum of the applied function files; None before migration 0060 created the table."""
+    exists = conn.execute(
+        "SELECT to_regclass('tuneplane.schema_repeatables') IS NOT NULL AS present"
+    ).fetchone()
+    if not exists["present"]:
+        return None
+    rows = conn.execute("SELECT name, checksum FROM tuneplane.schema_repeatables").fetchall()
+    return {row["name"]: row["checksum"] for row in rows}
+
+
+def _functions_current(files: list[FunctionFile], applied: dict[str, str] | None) -> bool:
+    return applied is not None and applied == {f.name: f.checksum for f in files}
+
+
+def _apply_functions(
+    conn: psycopg.Connection, files: list[FunctionFile], progress: Callable[[str], None]
+) -> bool:
+    applied = _applied_functions(conn)
+    if applied is None or not files or _functions_current(files, applied):
+        return False
+    changed = [f.name for f in files if applied.get(f.name) != f.checksum] or ["(removed files)"]
+    progress(f"applying function files ({', '.join(changed)} changed)")
+    with conn.transaction():
+        for f in files:
+            try:
+                conn.execute(f.path.read_text())
+            except psycopg.Error as exc:
+                raise MigrationError(f"sql/functions/{f.name}: {exc}") from exc
+        conn.execute("DELETE FROM tuneplane.schema_repeatables")
+        for f in files:
+            conn.execute(
+                "INSERT INTO tuneplane.schema_repeatables (name, checksum) VALUES (%s, %s)",
+                (f.name, f.checksum),
+            )
+    return True
+
+
 def _applied(conn: psycopg.Connection) -> dict[int, dict]:
     exists = conn.execute(
         "SELECT to_regclass('tuneplane.schema_migrations') IS NOT NULL AS present"
@@ -97,10 +171,15 @@ def _verify(migrations: list[Migration], applied: dict[int, dict]) -> None:
 
 
 def migrate(
-    url: str, migrations_dir: Path | None = None, progress: Callable[[str], None] = print
+    url: str,
+    migrations_dir: Path | None = None,
+    progress: Callable[[str], None] = print,
+    functions_dir: Path | None = None,
 ) -> list[str]:
-    """Apply every pending migration and install/upgrade pgqueuer; returns what was applied."""
+    """Apply every pending migration, install/upgrade pgqueuer, then re-apply the function files if any
+    changed; returns what was applied."""
     migrations = discover(migrations_dir)
+    function_files = discover_functions(functions_dir)
     done: list[str] = []
     with connect(url, autocommit=True, application_name="tuneplane-migrate") as conn:
         conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
@@ -121,6 +200,8 @@ def migrate(
                 done.append(migration.path.name)
             if _install_pgqueuer(conn, progress):
                 done.append("pgqueuer")
+            if _apply_functions(conn, function_files, progress):
+                done.append("sql/functions")
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
     return done
@@ -171,12 +252,27 @@ def status(url: str, migrations_dir: Path | None = None) -> list[MigrationStatus
     return sorted(result, key=lambda s: s.version)
 
 
+def functions_status(url: str, functions_dir: Path | None = None) -> list[MigrationStatus]:
+    """One row per repeatable function file: applied (checksum equal), changed, or pending."""
+    files = discover_functions(functions_dir)
+    with connect(url, application_name="tuneplane-migrate") as conn:
+        applied = _applied_functions(conn) or {}
+    return [
+        MigrationStatus(
+            0,
+            f"functions/{f.name}",
+            "pending" if f.name not in applied else "applied" if applied[f.name] == f.checksum else "changed",
+        )
+        for f in files
+    ]
+
+
 def require_current(url: str) -> None:
     """Refuse to run a server or worker against a schema that is behind or ahead of this code."""
-    problems = [s for s in status(url) if s.state != "applied"]
+    problems = [s for s in status(url) + functions_status(url) if s.state != "applied"]
     if problems:
         first = problems[0]
+        label = first.name if first.version == 0 else f"{first.version:04d}_{first.name}"
         raise MigrationError(
-            f"database schema is not current ({first.version:04d}_{first.name} is {first.state}); "
-            "run `tuneplane db migrate`"
+            f"database schema is not current ({label} is {first.state}); run `tuneplane db migrate`"
         )

@@ -29,10 +29,10 @@ def migrate_cmd(database_url: str | None, data_dir: str | None) -> None:
 @server_side
 @json_option
 def status_cmd(database_url: str | None, data_dir: str | None, as_json: bool) -> None:
-    """List applied and pending migrations."""
+    """List applied and pending migrations and function files (version 0)."""
     settings = settings_from(database_url, data_dir)
     with database(settings) as url:
-        rows = [dataclasses.asdict(s) for s in migrations.status(url)]
+        rows = [dataclasses.asdict(s) for s in migrations.status(url) + migrations.functions_status(url)]
     if as_json:
         print_json(rows)
     else:

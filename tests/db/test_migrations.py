@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -8,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.migrate import MigrationError, discover, migrate, status
+from app.migrate import MigrationError, discover, discover_functions, functions_status, migrate, status
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,7 @@ def test_two_concurrent_migrates_apply_each_migration_once(empty_db_url: str) ->
     assert all(count == 1 for _, count in rows)
     assert components == 1
     # exactly one of the two runs did the work; the other waited on the lock and found nothing pending
-    applied_lines = [sum("applying " in line for line in out.splitlines()) for out in outputs]
+    applied_lines = [sum(line.startswith("applying 0") for line in out.splitlines()) for out in outputs]
     assert sorted(applied_lines) == [0, len(discover())]
 
 
@@ -80,3 +81,93 @@ def test_failed_migration_rolls_back_and_records_nothing(empty_db_url: str, tmp_
             conn.execute("SELECT count(*) FROM tuneplane.schema_migrations WHERE version=9998").fetchone()[0]
             == 0
         )
+
+
+# --- repeatable function files (ADR 0012) ---------------------------------------------------------------
+
+_DEFINED = re.compile(
+    r"^\s*CREATE\s+OR\s+REPLACE\s+(FUNCTION|VIEW|TRIGGER)\s+(?:tuneplane\.)?(\w+)",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def _defined_in_files() -> dict[tuple[str, str], list[str]]:
+    found: dict[tuple[str, str], list[str]] = {}
+    for f in discover_functions():
+        for kind, name in _DEFINED.findall(f.path.read_text()):
+            found.setdefault((kind.lower(), name), []).append(f.name)
+    return found
+
+
+def test_every_function_view_and_trigger_is_defined_once_in_a_function_file(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        in_db = conn.execute(
+            """SELECT 'function', p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                WHERE n.nspname = 'tuneplane'
+               UNION ALL
+               SELECT 'view', c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = 'tuneplane' AND c.relkind = 'v'
+               UNION ALL
+               SELECT 'trigger', t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+                 JOIN pg_namespace n ON n.oid = c.relnamespace
+                WHERE n.nspname = 'tuneplane' AND NOT t.tgisinternal"""
+        ).fetchall()
+    defined = _defined_in_files()
+    db_counts: dict[tuple[str, str], int] = {}
+    for kind, name in in_db:
+        db_counts[(kind, name)] = db_counts.get((kind, name), 0) + 1
+    # an overload left behind by a signature change without its DROP shows up as a count mismatch
+    missing = {k: n for k, n in db_counts.items() if len(defined.get(k, [])) != n}
+    assert not missing, f"in the database but not defined exactly that often in sql/functions/: {missing}"
+    stray = sorted(k for k in defined if k not in db_counts)
+    assert not stray, f"defined in sql/functions/ but absent from the database: {stray}"
+
+
+def test_function_files_are_reapplied_when_one_changes(empty_db_url: str, tmp_path: Path) -> None:
+    functions = tmp_path / "functions"
+    shutil.copytree(REPO / "sql" / "functions", functions)
+    assert "sql/functions" in migrate(empty_db_url, progress=lambda _m: None, functions_dir=functions)
+    # nothing changed: nothing re-applied
+    assert migrate(empty_db_url, progress=lambda _m: None, functions_dir=functions) == []
+    target = functions / "common.sql"
+    target.write_text(
+        target.read_text()
+        + "\nCREATE OR REPLACE FUNCTION tuneplane.answer() RETURNS int LANGUAGE sql AS $$ SELECT 42 $$;\n"
+    )
+    with pytest.raises(MigrationError, match=r"functions/common\.sql is changed"):
+        require_current_with(empty_db_url, functions)
+    said: list[str] = []
+    assert migrate(empty_db_url, progress=said.append, functions_dir=functions) == ["sql/functions"]
+    assert any("common.sql" in line for line in said), said
+    with psycopg.connect(empty_db_url) as conn:
+        assert conn.execute("SELECT tuneplane.answer()").fetchone()[0] == 42
+
+
+def require_current_with(url: str, functions: Path) -> None:
+    problems = [s for s in functions_status(url, functions) if s.state != "applied"]
+    if problems:
+        raise MigrationError(f"{problems[0].name} is {problems[0].state}")
+
+
+def test_broken_function_file_changes_nothing_and_is_named(empty_db_url: str, tmp_path: Path) -> None:
+    functions = tmp_path / "functions"
+    shutil.copytree(REPO / "sql" / "functions", functions)
+    migrate(empty_db_url, progress=lambda _m: None, functions_dir=functions)
+    (functions / "common.sql").write_text(
+        (functions / "common.sql").read_text()
+        + "\nCREATE OR REPLACE FUNCTION tuneplane.answer() RETURNS int LANGUAGE sql AS $$ SELECT 42 $$;\n"
+    )
+    (functions / "users.sql").write_text((functions / "users.sql").read_text() + "\nSELECT no_such_fn();\n")
+    with pytest.raises(MigrationError, match=r"sql/functions/users\.sql"):
+        migrate(empty_db_url, progress=lambda _m: None, functions_dir=functions)
+    with psycopg.connect(empty_db_url) as conn:
+        # the whole re-apply is one transaction: common.sql's new function is not there either
+        assert conn.execute("SELECT to_regproc('tuneplane.answer')").fetchone()[0] is None
+
+
+def test_function_file_missing_from_order_is_refused_by_name(tmp_path: Path) -> None:
+    functions = tmp_path / "functions"
+    shutil.copytree(REPO / "sql" / "functions", functions)
+    (functions / "stray.sql").write_text("SELECT 1;")
+    with pytest.raises(MigrationError, match=r"stray\.sql is not listed"):
+        discover_functions(functions)

@@ -1,0 +1,865 @@
+-- sql/functions/artifacts.sql — the current definition of every artifacts function, view and trigger.
+-- Artifacts: outputs and inputs, uploads, manifests and their verification, operator functions.
+--
+-- Repeatable file (ADR 0012): `tuneplane db migrate` re-applies every file of sql/functions/ (in the order
+-- of order.txt, one transaction) whenever one changes. Edit definitions here, never in a migration.
+-- Tables, columns and data changes go in a new numbered migration. A changed signature or a view whose
+-- columns change: add its DROP below (it runs before the new definition is created), e.g.
+--   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
+--
+-- Drops (signature changes):
+
+-- resolve_inputs: each input pinned to a complete artifact by manifest digest, in spec order:
+-- {name, path, artifact (the reference as written), artifact_id, job_id, artifact_name, rank, attempt,
+--  manifest_digest, file_count, total_bytes, delivery}. Refuses (422, naming inputs.N.artifact) an
+-- artifact that is not complete (with its state and reason) or whose latest verification failed, and
+-- passes on 404/409 from resolve_artifact_ref. Input names must be unique.
+CREATE OR REPLACE FUNCTION tuneplane.resolve_inputs(p_owner_id bigint, p_inputs jsonb) RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    item jsonb;
+    idx integer := 0;
+    field text;
+    a tuneplane.artifacts;
+    v_attempt integer;
+    v_last record;
+    pinned jsonb := '[]'::jsonb;
+BEGIN
+    IF p_inputs IS NULL OR jsonb_typeof(p_inputs) <> 'array' THEN
+        RETURN '[]'::jsonb;
+    END IF;
+    FOR item IN SELECT value FROM jsonb_array_elements(p_inputs) LOOP
+        field := format('inputs.%s.artifact', idx);
+        IF (SELECT count(*) FROM jsonb_array_elements(p_inputs) o WHERE o ->> 'name' = item ->> 'name') > 1 THEN
+            RAISE EXCEPTION 'input name % is used twice', item ->> 'name'
+                USING ERRCODE = 'TP422', COLUMN = format('inputs.%s.name', idx);
+        END IF;
+        a := tuneplane.resolve_artifact_ref(p_owner_id, item ->> 'artifact', field);
+        IF a.state <> 'complete' THEN
+            RAISE EXCEPTION 'input %: artifact % of job % is %, not complete (%); only complete artifacts can be inputs',
+                            item ->> 'name', a.name, a.job_id, a.state, coalesce(nullif(a.reason, ''), 'no reason yet')
+                USING ERRCODE = 'TP422', COLUMN = field;
+        END IF;
+        SELECT v.ok, v.at, v.problems INTO v_last FROM tuneplane.artifact_verifications v
+         WHERE v.artifact_id = a.id ORDER BY v.id DESC LIMIT 1;
+        IF v_last.ok IS FALSE THEN
+            RAISE EXCEPTION 'input %: artifact % of job % failed its last verification at % (%); its stored bytes no longer match the manifest',
+                            item ->> 'name', a.name, a.job_id, v_last.at, v_last.problems ->> 0
+                USING ERRCODE = 'TP422', COLUMN = field;
+        END IF;
+        SELECT number INTO v_attempt FROM tuneplane.attempts WHERE id = a.attempt_id;
+        pinned := pinned || jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
+            'name', item ->> 'name', 'path', item ->> 'path', 'artifact', item ->> 'artifact',
+            'artifact_id', a.id, 'job_id', a.job_id, 'artifact_name', a.name, 'rank', a.rank,
+            'attempt', v_attempt, 'manifest_digest', a.manifest_digest, 'file_count', a.file_count,
+            'total_bytes', a.total_bytes, 'delivery', a.delivery, 'shared_path', a.shared_path)));
+        idx := idx + 1;
+    END LOOP;
+    RETURN pinned;
+END;
+$$;
+
+-- A complete artifact never changes: not its manifest, not its state, not its files.
+CREATE OR REPLACE FUNCTION tuneplane.artifacts_guard_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF OLD.state = 'complete' THEN
+            RAISE EXCEPTION 'artifact % is complete; its manifest is immutable', OLD.id USING ERRCODE = 'TP409';
+        END IF;
+        RETURN OLD;
+    END IF;
+    IF OLD.state = 'complete' THEN
+        RAISE EXCEPTION 'artifact % is complete; its manifest is immutable', OLD.id
+            USING ERRCODE = 'TP409', COLUMN = 'manifest';
+    END IF;
+    IF NEW.state = 'complete' AND EXISTS (
+        SELECT 1 FROM tuneplane.artifact_files f WHERE f.artifact_id = NEW.id AND f.verified_at IS NULL) THEN
+        RAISE EXCEPTION 'artifact % cannot be complete while a file is unverified', NEW.id
+            USING ERRCODE = 'TP409', COLUMN = 'state';
+    END IF;
+    NEW.updated_at := now();
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER artifacts_guard_change
+    BEFORE UPDATE OR DELETE ON tuneplane.artifacts
+    FOR EACH ROW EXECUTE FUNCTION tuneplane.artifacts_guard_change();
+
+CREATE OR REPLACE FUNCTION tuneplane.artifact_files_guard_change() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    parent_state text;
+BEGIN
+    SELECT state INTO parent_state FROM tuneplane.artifacts WHERE id = OLD.artifact_id;
+    IF parent_state = 'complete' THEN
+        RAISE EXCEPTION 'artifact % is complete; its files are immutable', OLD.artifact_id USING ERRCODE = 'TP409';
+    END IF;
+    RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER artifact_files_guard_change
+    BEFORE UPDATE OR DELETE ON tuneplane.artifact_files
+    FOR EACH ROW EXECUTE FUNCTION tuneplane.artifact_files_guard_change();
+
+CREATE OR REPLACE TRIGGER artifacts_no_truncate
+    BEFORE TRUNCATE ON tuneplane.artifacts
+    FOR EACH STATEMENT EXECUTE FUNCTION tuneplane.refuse_change();
+
+CREATE OR REPLACE TRIGGER artifact_files_no_truncate
+    BEFORE TRUNCATE ON tuneplane.artifact_files
+    FOR EACH STATEMENT EXECUTE FUNCTION tuneplane.refuse_change();
+
+-- artifact_manifest_canonical: the canonical JSON text of a (validated) manifest; see the header.
+CREATE OR REPLACE FUNCTION tuneplane.artifact_manifest_canonical(p_manifest jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT '{"files":[' || coalesce(string_agg(
+               '{"path":' || to_json(f ->> 'path')::text
+               || ',"sha256":"' || (f ->> 'sha256')
+               || '","size":' || ((f ->> 'size')::numeric)::bigint::text || '}',
+               ',' ORDER BY (f ->> 'path') COLLATE "C"), '')
+           || '],"version":1}'
+      FROM jsonb_array_elements(p_manifest -> 'files') AS f;
+$$;
+
+CREATE OR REPLACE FUNCTION tuneplane.artifact_manifest_digest(p_manifest jsonb)
+RETURNS text
+LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT encode(sha256(convert_to(tuneplane.artifact_manifest_canonical(p_manifest), 'UTF8')), 'hex');
+$$;
+
+-- artifact_manifest_problem: NULL for a well-formed manifest, else what is wrong (first problem found).
+CREATE OR REPLACE FUNCTION tuneplane.artifact_manifest_problem(p_manifest jsonb)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    f jsonb;
+    p text;
+BEGIN
+    IF p_manifest IS NULL OR jsonb_typeof(p_manifest) <> 'object' THEN
+        RETURN 'manifest must be a JSON object';
+    END IF;
+    IF (SELECT array_agg(k ORDER BY k) FROM jsonb_object_keys(p_manifest) k) <> ARRAY['files', 'version'] THEN
+        RETURN 'manifest must have exactly the keys files and version';
+    END IF;
+    IF p_manifest -> 'version' <> '1'::jsonb THEN
+        RETURN 'manifest version must be 1';
+    END IF;
+    IF jsonb_typeof(p_manifest -> 'files') <> 'array' THEN
+        RETURN 'manifest files must be a list';
+    END IF;
+    FOR f IN SELECT value FROM jsonb_array_elements(p_manifest -> 'files') LOOP
+        IF jsonb_typeof(f) <> 'object'
+           OR (SELECT array_agg(k ORDER BY k) FROM jsonb_object_keys(f) k) <> ARRAY['path', 'sha256', 'size'] THEN
+            RETURN 'each manifest entry must have exactly path, sha256 and size';
+        END IF;
+        p := f ->> 'path';
+        IF jsonb_typeof(f -> 'path') <> 'string' OR p = '' OR length(p) > 4096 OR p ~ '[\x01-\x1f\x7f]'
+           OR left(p, 1) = '/' OR ('/' || p || '/') ~ '/(\.\.?)?/' THEN
+            RETURN format('unsafe manifest path %s (relative POSIX paths without ., .. or empty parts)',
+                          to_json(p)::text);
+        END IF;
+        IF jsonb_typeof(f -> 'sha256') <> 'string' OR (f ->> 'sha256') !~ '^[0-9a-f]{64}$' THEN
+            RETURN format('%s: sha256 must be 64 lowercase hex characters', p);
+        END IF;
+        IF jsonb_typeof(f -> 'size') <> 'number' OR (f ->> 'size') !~ '^[0-9]+$' THEN
+            RETURN format('%s: size must be a non-negative integer', p);
+        END IF;
+    END LOOP;
+    IF (SELECT count(DISTINCT value ->> 'path') FROM jsonb_array_elements(p_manifest -> 'files'))
+       <> jsonb_array_length(p_manifest -> 'files') THEN
+        RETURN 'a manifest path is listed twice';
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- fleet_storage_capabilities: what a fleet declares about artifact delivery. object_delivery defaults to
+-- true (every node backend reaches the server's blob store through its control channel) unless the fleet
+-- says false; shared_mounts defaults to false and needs an absolute shared_path.
+CREATE OR REPLACE FUNCTION tuneplane.fleet_storage_capabilities(p_capabilities jsonb)
+RETURNS TABLE (object_delivery boolean, shared_mounts boolean, shared_path text)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce((p_capabilities ->> 'object_delivery')::boolean, true),
+           coalesce((p_capabilities ->> 'shared_mounts')::boolean, false)
+               AND (p_capabilities ->> 'shared_path') LIKE '/%',
+           CASE WHEN coalesce((p_capabilities ->> 'shared_mounts')::boolean, false)
+                THEN nullif(rtrim(p_capabilities ->> 'shared_path', '/'), '') END;
+$$;
+
+-- artifact_node_member: the member p_member_id if the node behind the credential runs it. Refuses an
+-- invalid credential (401, via authenticate_node_credential), a member of another node (403) and a member
+-- whose node was fenced (lost: it no longer owns its outputs).
+CREATE OR REPLACE FUNCTION tuneplane.artifact_node_member(p_credential_hash text, p_member_id bigint)
+RETURNS tuneplane.members
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_node bigint;
+    m tuneplane.members;
+BEGIN
+    SELECT a.node_id INTO v_node FROM tuneplane.authenticate_node_credential(p_credential_hash) a;
+    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id;
+    IF m.id IS NULL OR m.node_id <> v_node THEN
+        RAISE EXCEPTION 'member % does not run on this node', p_member_id USING ERRCODE = 'TP403',
+            COLUMN = 'member_id';
+    END IF;
+    IF m.state = 'lost' THEN
+        RAISE EXCEPTION 'member % was fenced (lost); it can no longer deliver artifacts', p_member_id
+            USING ERRCODE = 'TP409', COLUMN = 'member_id';
+    END IF;
+    RETURN m;
+END;
+$$;
+
+-- artifact_for_node: the artifact p_artifact_id, locked, if the node behind the credential produced it.
+CREATE OR REPLACE FUNCTION tuneplane.artifact_for_node(p_credential_hash text, p_artifact_id bigint)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+BEGIN
+    SELECT * INTO a FROM tuneplane.artifacts WHERE id = p_artifact_id FOR UPDATE;
+    IF a.id IS NULL THEN
+        RAISE EXCEPTION 'no artifact %', p_artifact_id USING ERRCODE = 'TP404', COLUMN = 'artifact_id';
+    END IF;
+    PERFORM tuneplane.artifact_node_member(p_credential_hash, a.member_id);
+    RETURN a;
+END;
+$$;
+
+-- register_artifact: (none | failed | uploading) → uploading with this manifest. Registering the same
+-- manifest again returns the row unchanged (an agent restarted mid-upload resumes on it); a different
+-- manifest replaces an uploading or failed one and drops its progress; a complete artifact with the same
+-- digest is returned as is, with another digest refused (409, immutable). Refuses a malformed manifest or
+-- a digest that does not match it (400), a delivery the member's fleet does not declare (409), a shared
+-- path outside the fleet's shared_path (400), and limits exceeded (413).
+CREATE OR REPLACE FUNCTION tuneplane.register_artifact(p_credential_hash text, p_member_id bigint, p_name text,
+                                            p_kind text, p_delivery text, p_manifest jsonb,
+                                            p_manifest_digest text, p_shared_path text DEFAULT NULL)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    caps record;
+    s tuneplane.artifact_settings;
+    a tuneplane.artifacts;
+    problem text;
+    digest text;
+    n_files integer;
+    n_bytes bigint;
+    v_shared text;
+BEGIN
+    m := tuneplane.artifact_node_member(p_credential_hash, p_member_id);
+    SELECT * INTO s FROM tuneplane.artifact_settings;
+    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$' THEN
+        RAISE EXCEPTION 'artifact name must be 1-63 characters of letters, digits, . _ -' USING ERRCODE = 'TP400',
+            COLUMN = 'name';
+    END IF;
+    IF coalesce(p_kind, '') NOT IN ('output', 'checkpoint', 'logs') THEN
+        RAISE EXCEPTION 'artifact kind must be output, checkpoint or logs' USING ERRCODE = 'TP400', COLUMN = 'kind';
+    END IF;
+    problem := tuneplane.artifact_manifest_problem(p_manifest);
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', problem USING ERRCODE = 'TP400', COLUMN = 'manifest';
+    END IF;
+    digest := tuneplane.artifact_manifest_digest(p_manifest);
+    IF p_manifest_digest IS DISTINCT FROM digest THEN
+        RAISE EXCEPTION 'manifest digest % does not match the manifest (its canonical digest is %)',
+                        p_manifest_digest, digest USING ERRCODE = 'TP400', COLUMN = 'manifest_digest';
+    END IF;
+    SELECT count(*), coalesce(sum((f ->> 'size')::bigint), 0) INTO n_files, n_bytes
+      FROM jsonb_array_elements(p_manifest -> 'files') f;
+    IF n_files > s.max_files OR n_bytes > s.max_total_bytes THEN
+        RAISE EXCEPTION 'artifact has % files and % bytes; the limits are % files and % bytes',
+                        n_files, n_bytes, s.max_files, s.max_total_bytes USING ERRCODE = 'TP413',
+            COLUMN = 'manifest';
+    END IF;
+
+    SELECT c.* INTO caps FROM tuneplane.fleets fl
+      JOIN tuneplane.nodes n ON n.fleet_id = fl.id
+     CROSS JOIN LATERAL tuneplane.fleet_storage_capabilities(fl.capabilities) c
+     WHERE n.id = m.node_id;
+    IF p_delivery = 'object' THEN
+        IF NOT caps.object_delivery THEN
+            RAISE EXCEPTION 'this fleet does not declare object_delivery; deliver on its shared mount'
+                USING ERRCODE = 'TP409', COLUMN = 'delivery';
+        END IF;
+        IF p_shared_path IS NOT NULL THEN
+            RAISE EXCEPTION 'a shared path is only for delivery shared' USING ERRCODE = 'TP400',
+                COLUMN = 'shared_path';
+        END IF;
+    ELSIF p_delivery = 'shared' THEN
+        IF NOT caps.shared_mounts THEN
+            RAISE EXCEPTION 'this fleet declares no shared mount (capabilities shared_mounts/shared_path)'
+                USING ERRCODE = 'TP409', COLUMN = 'delivery';
+        END IF;
+        v_shared := rtrim(p_shared_path, '/');
+        IF v_shared IS NULL OR v_shared !~ '^/' OR (v_shared || '/') ~ '/(\.\.?)?/'
+           OR v_shared = caps.shared_path OR NOT starts_with(v_shared, caps.shared_path || '/') THEN
+            RAISE EXCEPTION 'shared path % must be a normalized directory under the fleet''s shared path %',
+                            p_shared_path, caps.shared_path USING ERRCODE = 'TP400', COLUMN = 'shared_path';
+        END IF;
+    ELSE
+        RAISE EXCEPTION 'delivery must be object or shared' USING ERRCODE = 'TP400', COLUMN = 'delivery';
+    END IF;
+
+    INSERT INTO tuneplane.artifacts (job_id, attempt_id, member_id, rank, name, kind, delivery, shared_path,
+                                     manifest, manifest_digest, file_count, total_bytes, chunk_size,
+                                     registered_by)
+    VALUES (m.job_id, m.attempt_id, m.id, m.rank, p_name, p_kind, p_delivery, v_shared, p_manifest, digest,
+            n_files, n_bytes, s.chunk_size, 'node:' || m.node_id)
+    ON CONFLICT (member_id, name) DO NOTHING
+    RETURNING * INTO a;
+    IF a.id IS NULL THEN
+        SELECT * INTO a FROM tuneplane.artifacts WHERE member_id = m.id AND name = p_name FOR UPDATE;
+        IF a.manifest_digest = digest AND a.state <> 'failed' AND a.delivery = p_delivery
+           AND a.shared_path IS NOT DISTINCT FROM v_shared THEN
+            RETURN a;  -- the same registration again: resume
+        END IF;
+        IF a.state = 'complete' THEN
+            RAISE EXCEPTION 'artifact % of member % is complete with manifest %; a complete manifest is immutable',
+                            p_name, m.rank, a.manifest_digest USING ERRCODE = 'TP409', COLUMN = 'manifest';
+        END IF;
+        DELETE FROM tuneplane.artifact_files WHERE artifact_id = a.id;
+        UPDATE tuneplane.artifacts
+           SET state = 'uploading', reason = 'registered again with ' ||
+                   CASE WHEN a.manifest_digest = digest THEN 'the same manifest' ELSE 'a new manifest' END,
+               kind = p_kind, delivery = p_delivery, shared_path = v_shared, manifest = p_manifest,
+               manifest_digest = digest, file_count = n_files, total_bytes = n_bytes, chunk_size = s.chunk_size
+         WHERE id = a.id
+        RETURNING * INTO a;
+    END IF;
+    INSERT INTO tuneplane.artifact_files (artifact_id, file_index, path, size, sha256)
+    SELECT a.id, (row_number() OVER (ORDER BY f ->> 'path' COLLATE "C")) - 1, f ->> 'path',
+           (f ->> 'size')::bigint, f ->> 'sha256'
+      FROM jsonb_array_elements(p_manifest -> 'files') f;
+    RETURN a;
+END;
+$$;
+
+-- artifact_upload_status: where an upload stands, for resuming: per file whether it is verified and
+-- which chunks the server holds. Refuses a node that did not produce the artifact.
+CREATE OR REPLACE FUNCTION tuneplane.artifact_upload_status(p_credential_hash text, p_artifact_id bigint)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+BEGIN
+    a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    RETURN jsonb_build_object(
+        'artifact_id', a.id, 'state', a.state, 'reason', a.reason, 'chunk_size', a.chunk_size,
+        'delivery', a.delivery, 'manifest_digest', a.manifest_digest,
+        'files', coalesce((
+            SELECT jsonb_agg(jsonb_build_object(
+                       'index', f.file_index, 'path', f.path, 'size', f.size, 'sha256', f.sha256,
+                       'verified', f.verified_at IS NOT NULL,
+                       'chunks', coalesce((SELECT jsonb_agg(c.chunk_index ORDER BY c.chunk_index)
+                                             FROM tuneplane.artifact_chunks c
+                                            WHERE c.artifact_id = f.artifact_id AND c.file_index = f.file_index),
+                                          '[]'::jsonb))
+                   ORDER BY f.file_index)
+              FROM tuneplane.artifact_files f WHERE f.artifact_id = a.id), '[]'::jsonb));
+END;
+$$;
+
+-- artifact_upload_target: the file p_file_index of an uploading artifact, for a chunk about to be
+-- stored. Refuses another node (403), an artifact that is not uploading (409), an unknown file (404) and
+-- a chunk index past the file's end or a length other than the fixed chunk size (the last one: the rest).
+CREATE OR REPLACE FUNCTION tuneplane.artifact_upload_target(p_credential_hash text, p_artifact_id bigint,
+                                                 p_file_index integer, p_chunk_index integer, p_size bigint)
+RETURNS TABLE (artifact_id bigint, manifest_digest text, chunk_size integer, file_index integer, path text,
+               size bigint, sha256 text, verified boolean, chunk_count integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+    f tuneplane.artifact_files;
+    n_chunks integer;
+    expected bigint;
+BEGIN
+    a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    IF a.state <> 'uploading' THEN
+        RAISE EXCEPTION 'artifact % is %, not uploading', a.id, a.state USING ERRCODE = 'TP409', COLUMN = 'state';
+    END IF;
+    IF a.delivery <> 'object' THEN
+        RAISE EXCEPTION 'artifact % is delivered on the shared mount; it takes no uploads', a.id
+            USING ERRCODE = 'TP409', COLUMN = 'delivery';
+    END IF;
+    SELECT * INTO f FROM tuneplane.artifact_files af WHERE af.artifact_id = a.id AND af.file_index = p_file_index;
+    IF f.artifact_id IS NULL THEN
+        RAISE EXCEPTION 'artifact % has no file %', a.id, p_file_index USING ERRCODE = 'TP404',
+            COLUMN = 'file_index';
+    END IF;
+    n_chunks := ((f.size + a.chunk_size - 1) / a.chunk_size)::integer;
+    IF p_chunk_index IS NULL OR p_chunk_index < 0 OR p_chunk_index >= n_chunks THEN
+        RAISE EXCEPTION '%: chunk % is outside the file (% chunks of % bytes)', f.path, p_chunk_index, n_chunks,
+                        a.chunk_size USING ERRCODE = 'TP400', COLUMN = 'chunk_index';
+    END IF;
+    expected := least(a.chunk_size::bigint, f.size - p_chunk_index::bigint * a.chunk_size);
+    IF p_size IS DISTINCT FROM expected THEN
+        RAISE EXCEPTION '%: chunk % must be % bytes, got %', f.path, p_chunk_index, expected, p_size
+            USING ERRCODE = 'TP400', COLUMN = 'chunk';
+    END IF;
+    RETURN QUERY SELECT a.id, a.manifest_digest, a.chunk_size, f.file_index, f.path, f.size, f.sha256,
+                        f.verified_at IS NOT NULL, n_chunks;
+END;
+$$;
+
+-- record_artifact_chunk: the server stored chunk p_chunk_index of a file after checking its sha256.
+-- Idempotent (a chunk sent twice replaces the first record). Returns whether the file now has all its
+-- chunks (the server then assembles and verifies it). A chunk for an already verified file is ignored.
+CREATE OR REPLACE FUNCTION tuneplane.record_artifact_chunk(p_credential_hash text, p_artifact_id bigint,
+                                                p_file_index integer, p_chunk_index integer, p_size integer,
+                                                p_sha256 text)
+RETURNS TABLE (file_verified boolean, all_chunks boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t record;
+    held integer;
+BEGIN
+    SELECT * INTO t FROM tuneplane.artifact_upload_target(p_credential_hash, p_artifact_id, p_file_index,
+                                                           p_chunk_index, p_size);
+    IF t.verified THEN
+        RETURN QUERY SELECT true, true;
+        RETURN;
+    END IF;
+    INSERT INTO tuneplane.artifact_chunks (artifact_id, file_index, chunk_index, size, sha256)
+    VALUES (p_artifact_id, p_file_index, p_chunk_index, p_size, p_sha256)
+    ON CONFLICT (artifact_id, file_index, chunk_index)
+    DO UPDATE SET sha256 = EXCLUDED.sha256, size = EXCLUDED.size, recorded_at = now();
+    SELECT count(*) INTO held FROM tuneplane.artifact_chunks c
+     WHERE c.artifact_id = p_artifact_id AND c.file_index = p_file_index;
+    RETURN QUERY SELECT false, held >= t.chunk_count;
+END;
+$$;
+
+-- artifact_file_chunks: the recorded chunks of one file, in order (what the server assembles).
+CREATE OR REPLACE FUNCTION tuneplane.artifact_file_chunks(p_credential_hash text, p_artifact_id bigint, p_file_index integer)
+RETURNS TABLE (chunk_index integer, size integer, sha256 text)
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    RETURN QUERY SELECT c.chunk_index, c.size, c.sha256 FROM tuneplane.artifact_chunks c
+                  WHERE c.artifact_id = p_artifact_id AND c.file_index = p_file_index ORDER BY c.chunk_index;
+END;
+$$;
+
+-- discard_artifact_chunks: drop chunk records the server found unusable (a staged chunk missing or
+-- damaged, or an assembled file that does not match the manifest), so the uploader sends them again.
+-- p_chunks NULL drops every chunk of the file. The state stays uploading; the reason says what happened.
+CREATE OR REPLACE FUNCTION tuneplane.discard_artifact_chunks(p_credential_hash text, p_artifact_id bigint,
+                                                  p_file_index integer, p_chunks integer[], p_reason text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+    dropped integer;
+BEGIN
+    a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    IF a.state <> 'uploading' THEN
+        RETURN 0;
+    END IF;
+    DELETE FROM tuneplane.artifact_chunks c
+     WHERE c.artifact_id = a.id AND c.file_index = p_file_index
+       AND (p_chunks IS NULL OR c.chunk_index = ANY (p_chunks));
+    GET DIAGNOSTICS dropped = ROW_COUNT;
+    UPDATE tuneplane.artifacts SET reason = left(coalesce(p_reason, ''), 2000) WHERE id = a.id;
+    RETURN dropped;
+END;
+$$;
+
+-- record_artifact_file: the server re-hashed file p_file_index from bytes it holds (object delivery: the
+-- blob it stored; shared delivery: the file on the shared path) and got p_sha256 / p_size. A match marks
+-- the file verified and drops its chunk records; when every file is verified the artifact becomes
+-- complete (uploading → complete). A mismatch is refused (409) and changes nothing. Idempotent.
+CREATE OR REPLACE FUNCTION tuneplane.record_artifact_file(p_credential_hash text, p_artifact_id bigint,
+                                               p_file_index integer, p_sha256 text, p_size bigint)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+    f tuneplane.artifact_files;
+BEGIN
+    a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    IF a.state = 'complete' THEN
+        RETURN a;
+    END IF;
+    IF a.state <> 'uploading' THEN
+        RAISE EXCEPTION 'artifact % is %, not uploading', a.id, a.state USING ERRCODE = 'TP409', COLUMN = 'state';
+    END IF;
+    SELECT * INTO f FROM tuneplane.artifact_files af WHERE af.artifact_id = a.id AND af.file_index = p_file_index;
+    IF f.artifact_id IS NULL THEN
+        RAISE EXCEPTION 'artifact % has no file %', a.id, p_file_index USING ERRCODE = 'TP404', COLUMN = 'file_index';
+    END IF;
+    IF f.sha256 <> p_sha256 OR f.size <> p_size THEN
+        RAISE EXCEPTION '%: the server holds % bytes with sha256 %, the manifest says % bytes with sha256 %',
+                        f.path, p_size, p_sha256, f.size, f.sha256 USING ERRCODE = 'TP409', COLUMN = 'file';
+    END IF;
+    IF f.verified_at IS NULL THEN
+        UPDATE tuneplane.artifact_files SET verified_at = now()
+         WHERE artifact_id = a.id AND file_index = p_file_index;
+        DELETE FROM tuneplane.artifact_chunks c WHERE c.artifact_id = a.id AND c.file_index = p_file_index;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.artifact_files af WHERE af.artifact_id = a.id AND af.verified_at IS NULL)
+    THEN
+        UPDATE tuneplane.artifacts SET state = 'complete', completed_at = now(),
+               reason = format('server verified %s files (%s bytes) against manifest %s',
+                               a.file_count, a.total_bytes, left(a.manifest_digest, 16))
+         WHERE id = a.id RETURNING * INTO a;
+    END IF;
+    RETURN a;
+END;
+$$;
+
+-- finish_artifact: the uploader says it has sent everything. Returns the artifact: complete when every
+-- file is verified, otherwise still uploading with a reason naming the unverified files. Moves nothing.
+CREATE OR REPLACE FUNCTION tuneplane.finish_artifact(p_credential_hash text, p_artifact_id bigint)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+    pending text;
+BEGIN
+    a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    IF a.state <> 'uploading' THEN
+        RETURN a;
+    END IF;
+    SELECT count(*) || ' file(s) not verified yet: ' || string_agg(path, ', ' ORDER BY file_index)
+      INTO pending
+      FROM (SELECT path, file_index FROM tuneplane.artifact_files
+             WHERE artifact_id = a.id AND verified_at IS NULL ORDER BY file_index LIMIT 20) p;
+    UPDATE tuneplane.artifacts SET reason = pending WHERE id = a.id RETURNING * INTO a;
+    RETURN a;
+END;
+$$;
+
+-- fail_artifact: uploading → failed with a reason (the agent gave up, the shared files did not verify).
+-- Refuses a complete artifact (409); failing a failed one again just updates the reason.
+CREATE OR REPLACE FUNCTION tuneplane.fail_artifact(p_credential_hash text, p_artifact_id bigint, p_reason text)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+BEGIN
+    a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    IF a.state = 'complete' THEN
+        RAISE EXCEPTION 'artifact % is complete and cannot fail', a.id USING ERRCODE = 'TP409', COLUMN = 'state';
+    END IF;
+    IF coalesce(p_reason, '') = '' THEN
+        RAISE EXCEPTION 'a failed artifact needs a reason' USING ERRCODE = 'TP400', COLUMN = 'reason';
+    END IF;
+    DELETE FROM tuneplane.artifact_chunks WHERE artifact_id = a.id;
+    UPDATE tuneplane.artifacts SET state = 'failed', reason = left(p_reason, 2000) WHERE id = a.id
+    RETURNING * INTO a;
+    RETURN a;
+END;
+$$;
+
+-- ---------------------------------------------------------------------------------------------------
+-- Users: a user sees the artifacts of their own jobs; an admin sees all. Invisible is reported as
+-- unknown (404), so job ids cannot be probed.
+CREATE OR REPLACE FUNCTION tuneplane.job_visible_to(p_user_id bigint, p_job_id bigint)
+RETURNS tuneplane.jobs
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    j tuneplane.jobs;
+BEGIN
+    SELECT jb.* INTO j FROM tuneplane.jobs jb JOIN tuneplane.users u ON u.id = p_user_id
+     WHERE jb.id = p_job_id AND (jb.owner_id = u.id OR u.role = 'admin');
+    IF j.id IS NULL THEN
+        RAISE EXCEPTION 'no job %', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job';
+    END IF;
+    RETURN j;
+END;
+$$;
+
+-- job_artifacts: every artifact of a job (all attempts), newest attempt first, with the last
+-- verification. Refuses a job the user cannot see (404).
+CREATE OR REPLACE FUNCTION tuneplane.job_artifacts(p_user_id bigint, p_job_id bigint)
+RETURNS TABLE (id bigint, job_id bigint, attempt integer, rank integer, name text, kind text, state text,
+               reason text, delivery text, shared_path text, manifest_digest text, file_count integer,
+               total_bytes bigint, created_at timestamptz, completed_at timestamptz,
+               last_verified_at timestamptz, last_verify_ok boolean, last_verify_problems jsonb)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM tuneplane.job_visible_to(p_user_id, p_job_id);
+    RETURN QUERY
+        SELECT a.id, a.job_id, at.number, a.rank, a.name, a.kind, a.state, a.reason, a.delivery, a.shared_path,
+               a.manifest_digest, a.file_count, a.total_bytes, a.created_at, a.completed_at,
+               v.at, v.ok, v.problems
+          FROM tuneplane.artifacts a
+          JOIN tuneplane.attempts at ON at.id = a.attempt_id
+          LEFT JOIN LATERAL (SELECT * FROM tuneplane.artifact_verifications av WHERE av.artifact_id = a.id
+                              ORDER BY av.id DESC LIMIT 1) v ON true
+         WHERE a.job_id = p_job_id
+         ORDER BY at.number DESC, a.name, a.rank;
+END;
+$$;
+
+-- find_artifact: the artifact NAME of a job: in attempt p_attempt (default: the latest attempt that has
+-- one by that name), of member p_rank (default: the only member that has one). Refuses an unknown job or
+-- artifact (404) and an ambiguous name (409, listing NAME@RANK choices).
+CREATE OR REPLACE FUNCTION tuneplane.find_artifact(p_user_id bigint, p_job_id bigint, p_name text,
+                                        p_rank integer DEFAULT NULL, p_attempt integer DEFAULT NULL)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_attempt integer;
+    n integer;
+    choices text;
+    a tuneplane.artifacts;
+BEGIN
+    PERFORM tuneplane.job_visible_to(p_user_id, p_job_id);
+    SELECT coalesce(p_attempt, max(at.number)) INTO v_attempt
+      FROM tuneplane.artifacts ar JOIN tuneplane.attempts at ON at.id = ar.attempt_id
+     WHERE ar.job_id = p_job_id AND ar.name = p_name AND (p_rank IS NULL OR ar.rank = p_rank);
+    SELECT count(*), string_agg(ar.name || '@' || ar.rank, ', ' ORDER BY ar.rank) INTO n, choices
+      FROM tuneplane.artifacts ar JOIN tuneplane.attempts at ON at.id = ar.attempt_id
+     WHERE ar.job_id = p_job_id AND ar.name = p_name AND at.number = v_attempt
+       AND (p_rank IS NULL OR ar.rank = p_rank);
+    IF n = 0 THEN
+        RAISE EXCEPTION '%', format('job %s has no artifact named %s', p_job_id, p_name)
+                        || CASE WHEN p_rank IS NOT NULL THEN ' from rank ' || p_rank ELSE '' END
+                        || CASE WHEN p_attempt IS NOT NULL THEN ' in attempt ' || p_attempt ELSE '' END
+            USING ERRCODE = 'TP404', COLUMN = 'name';
+    END IF;
+    IF n > 1 THEN
+        RAISE EXCEPTION 'several members of job % produced %: name one of %', p_job_id, p_name, choices
+            USING ERRCODE = 'TP409', COLUMN = 'name';
+    END IF;
+    SELECT ar.* INTO a FROM tuneplane.artifacts ar JOIN tuneplane.attempts at ON at.id = ar.attempt_id
+     WHERE ar.job_id = p_job_id AND ar.name = p_name AND at.number = v_attempt
+       AND (p_rank IS NULL OR ar.rank = p_rank);
+    RETURN a;
+END;
+$$;
+
+-- artifact_for_user: one artifact by id, if the user may see its job (404 otherwise).
+CREATE OR REPLACE FUNCTION tuneplane.artifact_for_user(p_user_id bigint, p_artifact_id bigint)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    a tuneplane.artifacts;
+BEGIN
+    SELECT * INTO a FROM tuneplane.artifacts WHERE id = p_artifact_id;
+    IF a.id IS NULL THEN
+        RAISE EXCEPTION 'no artifact %', p_artifact_id USING ERRCODE = 'TP404', COLUMN = 'artifact';
+    END IF;
+    BEGIN
+        PERFORM tuneplane.job_visible_to(p_user_id, a.job_id);
+    EXCEPTION WHEN SQLSTATE 'TP404' THEN
+        RAISE EXCEPTION 'no artifact %', p_artifact_id USING ERRCODE = 'TP404', COLUMN = 'artifact';
+    END;
+    RETURN a;
+END;
+$$;
+
+-- record_artifact_verification: the result of a verification the user asked for (the server recomputed
+-- every file). Changes no state: a complete artifact stays complete and immutable; the console and the
+-- input resolution read the latest result.
+CREATE OR REPLACE FUNCTION tuneplane.record_artifact_verification(p_user_id bigint, p_artifact_id bigint, p_ok boolean,
+                                                       p_checked integer, p_problems jsonb)
+RETURNS tuneplane.artifact_verifications
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+    v tuneplane.artifact_verifications;
+BEGIN
+    a := tuneplane.artifact_for_user(p_user_id, p_artifact_id);
+    INSERT INTO tuneplane.artifact_verifications (artifact_id, ok, checked, problems, requested_by)
+    VALUES (a.id, p_ok, coalesce(p_checked, 0), coalesce(p_problems, '[]'::jsonb),
+            coalesce((SELECT 'user:' || username FROM tuneplane.users WHERE id = p_user_id), 'user:?'))
+    RETURNING * INTO v;
+    RETURN v;
+END;
+$$;
+
+-- Operators: every artifact with its job, member and progress.
+CREATE OR REPLACE VIEW tuneplane.v_artifacts AS
+SELECT a.id, a.job_id, at.number AS attempt, a.rank, a.name, a.kind, a.state, a.reason, a.delivery,
+       a.shared_path, a.manifest_digest, a.file_count, a.total_bytes,
+       (SELECT count(*) FROM tuneplane.artifact_files f WHERE f.artifact_id = a.id AND f.verified_at IS NOT NULL)
+           AS files_verified,
+       (SELECT count(*) FROM tuneplane.artifact_chunks c WHERE c.artifact_id = a.id) AS chunks_held,
+       a.created_at, a.updated_at, a.completed_at
+  FROM tuneplane.artifacts a JOIN tuneplane.attempts at ON at.id = a.attempt_id;
+
+-- artifact_input_for_node: a complete artifact the node behind the credential may read because a job
+-- with a member on that node (resources still held) pinned it as an input by manifest digest. Refuses
+-- anything else as unknown (404), so a node cannot read other jobs' outputs.
+CREATE OR REPLACE FUNCTION tuneplane.artifact_input_for_node(p_credential_hash text, p_artifact_id bigint)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_node bigint;
+    a tuneplane.artifacts;
+BEGIN
+    SELECT n.node_id INTO v_node FROM tuneplane.authenticate_node_credential(p_credential_hash) n;
+    SELECT ar.* INTO a FROM tuneplane.artifacts ar
+     WHERE ar.id = p_artifact_id AND ar.state = 'complete'
+       AND EXISTS (SELECT 1 FROM tuneplane.members m JOIN tuneplane.jobs j ON j.id = m.job_id
+                    WHERE m.node_id = v_node AND m.released_at IS NULL
+                      AND j.spec -> 'inputs' @> jsonb_build_array(
+                              jsonb_build_object('manifest_digest', ar.manifest_digest)));
+    IF a.id IS NULL THEN
+        RAISE EXCEPTION 'no input artifact % for this node', p_artifact_id USING ERRCODE = 'TP404',
+            COLUMN = 'artifact_id';
+    END IF;
+    RETURN a;
+END;
+$$;
+
+-- artifact_file_list: the files of an artifact in manifest order (for downloads and verification).
+CREATE OR REPLACE FUNCTION tuneplane.artifact_file_list(p_artifact_id bigint)
+RETURNS TABLE (file_index integer, path text, size bigint, sha256 text, verified boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT f.file_index, f.path, f.size, f.sha256, f.verified_at IS NOT NULL
+      FROM tuneplane.artifact_files f WHERE f.artifact_id = p_artifact_id ORDER BY f.file_index;
+$$;
+
+-- resolve_artifact_ref: the artifact an input reference names, as the owner may see it.
+--   "<job id>/<name>"          the artifact NAME of that job (latest attempt; the only member that has one)
+--   "<job id>/<name>@<rank>"   … of that member
+--   "sha256:<digest>" or the bare 64-hex digest: the newest complete artifact with that manifest digest
+--                              among the owner's jobs (any job for an admin)
+-- Refuses an unparsable reference (422), an unknown one (404) and an ambiguous name (409); p_field is
+-- the field named in the refusal.
+CREATE OR REPLACE FUNCTION tuneplane.resolve_artifact_ref(p_owner_id bigint, p_ref text, p_field text)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    m text[];
+    a tuneplane.artifacts;
+    v_digest text;
+    v_message text;
+    v_state text;
+BEGIN
+    v_digest := lower(regexp_replace(coalesce(p_ref, ''), '^sha256:', '', 'i'));
+    IF v_digest ~ '^[0-9a-f]{64}$' THEN
+        SELECT ar.* INTO a FROM tuneplane.artifacts ar
+          JOIN tuneplane.jobs j ON j.id = ar.job_id
+          JOIN tuneplane.users u ON u.id = p_owner_id
+         WHERE ar.manifest_digest = v_digest AND (j.owner_id = u.id OR u.role = 'admin')
+         ORDER BY (ar.state = 'complete') DESC, ar.completed_at DESC NULLS LAST, ar.id DESC
+         LIMIT 1;
+        IF a.id IS NULL THEN
+            RAISE EXCEPTION 'no artifact with manifest digest % among your jobs', v_digest
+                USING ERRCODE = 'TP404', COLUMN = p_field;
+        END IF;
+        RETURN a;
+    END IF;
+    m := regexp_match(coalesce(p_ref, ''), '^([0-9]{1,18})/([A-Za-z0-9][A-Za-z0-9._-]{0,62})(@([0-9]{1,9}))?$');
+    IF m IS NULL THEN
+        RAISE EXCEPTION 'artifact reference % must be JOB/NAME, JOB/NAME@RANK or sha256:DIGEST',
+                        to_json(coalesce(p_ref, ''))::text USING ERRCODE = 'TP422', COLUMN = p_field;
+    END IF;
+    BEGIN
+        a := tuneplane.find_artifact(p_owner_id, m[1]::bigint, m[2], m[4]::integer, NULL);
+    EXCEPTION WHEN SQLSTATE 'TP404' OR SQLSTATE 'TP409' THEN
+        GET STACKED DIAGNOSTICS v_message = MESSAGE_TEXT, v_state = RETURNED_SQLSTATE;
+        RAISE EXCEPTION '%', v_message USING ERRCODE = v_state, COLUMN = p_field;
+    END;
+    RETURN a;
+END;
+$$;
+
+-- preview_storage_refusal: NULL when fleet p_fleet_id can deliver the spec's outputs and fetch its
+-- pinned inputs, else (field, message). Output delivery: "object" needs object_delivery, "shared" needs
+-- a shared mount; unspecified needs one of the two. An input needs object delivery, or a shared mount
+-- under which the input artifact already lies.
+CREATE OR REPLACE FUNCTION tuneplane.preview_storage_refusal(p_fleet_id bigint, p_spec jsonb, p_inputs jsonb)
+RETURNS TABLE (field text, message text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    f tuneplane.fleets;
+    caps record;
+    o jsonb;
+    i jsonb;
+    idx integer;
+BEGIN
+    SELECT * INTO f FROM tuneplane.fleets WHERE id = p_fleet_id;
+    SELECT * INTO caps FROM tuneplane.fleet_storage_capabilities(f.capabilities);
+    idx := 0;
+    FOR o IN SELECT value FROM jsonb_array_elements(coalesce(p_spec -> 'outputs', '[]'::jsonb)) LOOP
+        IF o ->> 'delivery' = 'shared' AND NOT caps.shared_mounts THEN
+            RETURN QUERY SELECT format('outputs.%s.delivery', idx), format(
+                'output %s asks for delivery on a shared mount, but fleet %s declares none '
+                '(capabilities shared_mounts and shared_path); use delivery object or another fleet',
+                o ->> 'name', f.name);
+            RETURN;
+        END IF;
+        IF o ->> 'delivery' = 'object' AND NOT caps.object_delivery THEN
+            RETURN QUERY SELECT format('outputs.%s.delivery', idx), format(
+                'output %s asks for object delivery, but fleet %s declares object_delivery false; '
+                'use delivery shared (its shared path is %s)', o ->> 'name', f.name,
+                coalesce(caps.shared_path, 'not declared'));
+            RETURN;
+        END IF;
+        IF NOT caps.object_delivery AND NOT caps.shared_mounts THEN
+            RETURN QUERY SELECT format('outputs.%s', idx), format(
+                'fleet %s declares neither object_delivery nor a shared mount, so output %s cannot be delivered',
+                f.name, o ->> 'name');
+            RETURN;
+        END IF;
+        idx := idx + 1;
+    END LOOP;
+    idx := 0;
+    FOR i IN SELECT value FROM jsonb_array_elements(coalesce(p_inputs, '[]'::jsonb)) LOOP
+        IF NOT caps.object_delivery AND NOT (caps.shared_mounts AND i ->> 'delivery' = 'shared'
+                                             AND starts_with(i ->> 'shared_path', caps.shared_path || '/')) THEN
+            RETURN QUERY SELECT format('inputs.%s.artifact', idx), format(
+                'input %s cannot reach fleet %s: the fleet declares object_delivery false and the artifact is '
+                'not on its shared mount (%s)', i ->> 'name', f.name, coalesce(caps.shared_path, 'none declared'));
+            RETURN;
+        END IF;
+        idx := idx + 1;
+    END LOOP;
+END;
+$$;
+
+-- create_preview: create_preview_resolve (0011: policy, archives, inputs, fleet resolution), then the
+-- storage check against the chosen fleet's declared capabilities (preview_storage_refusal). A storage
+-- refusal is 422 naming the field and raised inside this call, so the preview row rolls back with it.
+CREATE OR REPLACE FUNCTION tuneplane.create_preview(p_owner_id bigint, p_spec jsonb, p_pins jsonb)
+RETURNS tuneplane.previews
+LANGUAGE plpgsql AS $$
+DECLARE
+    result tuneplane.previews;
+    refusal record;
+BEGIN
+    result := tuneplane.create_preview_resolve(p_owner_id, p_spec, p_pins);
+    SELECT * INTO refusal FROM tuneplane.preview_storage_refusal(result.fleet_id, p_spec,
+                                                                 result.resolved -> 'inputs');
+    IF refusal.field IS NOT NULL THEN
+        RAISE EXCEPTION '%', refusal.message USING ERRCODE = 'TP422', COLUMN = refusal.field;
+    END IF;
+    RETURN result;
+END;
+$$;
+
+-- operator_fail_artifact: uploading | failed → failed with the operator's reason, chunk records dropped.
+-- Refuses an unknown artifact (404), a complete one (409: immutable) and an empty reason (400).
+CREATE OR REPLACE FUNCTION tuneplane.operator_fail_artifact(p_artifact_id bigint, p_reason text)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+BEGIN
+    SELECT * INTO a FROM tuneplane.artifacts WHERE id = p_artifact_id FOR UPDATE;
+    IF a.id IS NULL THEN
+        RAISE EXCEPTION 'no artifact %', p_artifact_id USING ERRCODE = 'TP404', COLUMN = 'artifact_id';
+    END IF;
+    IF a.state = 'complete' THEN
+        RAISE EXCEPTION 'artifact % is complete and cannot fail', a.id USING ERRCODE = 'TP409', COLUMN = 'state';
+    END IF;
+    IF coalesce(p_reason, '') = '' THEN
+        RAISE EXCEPTION 'a failed artifact needs a reason' USING ERRCODE = 'TP400', COLUMN = 'reason';
+    END IF;
+    DELETE FROM tuneplane.artifact_chunks WHERE artifact_id = a.id;
+    UPDATE tuneplane.artifacts SET state = 'failed', reason = left('operator: ' || p_reason, 2000)
+     WHERE id = a.id RETURNING * INTO a;
+    RETURN a;
+END;
+$$;

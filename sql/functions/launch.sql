@@ -1,0 +1,814 @@
+-- sql/functions/launch.sql — the current definition of every launch function, view and trigger.
+-- Launch: prepare/commit decisions, member reports, cancel, lost contact, reconcile, fencing, the
+-- launch worker's claims and the job launch reads.
+--
+-- Repeatable file (ADR 0012): `tuneplane db migrate` re-applies every file of sql/functions/ (in the order
+-- of order.txt, one transaction) whenever one changes. Edit definitions here, never in a migration.
+-- Tables, columns and data changes go in a new numbered migration. A changed signature or a view whose
+-- columns change: add its DROP below (it runs before the new definition is created), e.g.
+--   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
+--
+-- Drops (signature changes):
+
+-- node_allocation (declared by 0022 as a stub): what is allocated on a node now.
+CREATE OR REPLACE FUNCTION tuneplane.node_allocation(p_node_id bigint)
+RETURNS TABLE (gpus integer, cpus integer, memory_bytes bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(u.used_gpus, 0), coalesce(u.used_cpus, 0), coalesce(u.used_memory, 0::bigint)
+      FROM (SELECT p_node_id AS id) n LEFT JOIN tuneplane.node_usage u ON u.node_id = n.id;
+$$;
+
+CREATE OR REPLACE FUNCTION tuneplane.member_is_live(p_state text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_state IN ('reserved', 'preparing', 'prepared', 'starting', 'running', 'stopping', 'unknown');
+$$;
+
+-- set_member_state: the one writer of members.state.
+CREATE OR REPLACE FUNCTION tuneplane.set_member_state(p_member_id bigint, p_state text, p_reason text,
+                                           p_exit_code integer DEFAULT NULL)
+RETURNS void
+LANGUAGE sql AS $$
+    UPDATE tuneplane.members
+       SET state = p_state, reason = coalesce(p_reason, reason), updated_at = clock_timestamp(),
+           exit_code = coalesce(p_exit_code, exit_code),
+           ended_at = CASE WHEN tuneplane.member_is_live(p_state) THEN ended_at ELSE clock_timestamp() END
+     WHERE id = p_member_id;
+$$;
+
+-- finish_attempt_if_done: once every member of an attempt has ended and been released, the attempt gets
+-- its outcome and the job its next state: succeeded, cancelled, back to queued for a retry (while
+-- attempts remain), or failed.
+CREATE OR REPLACE FUNCTION tuneplane.finish_attempt_if_done(p_attempt_id bigint)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    a        tuneplane.attempts;
+    j        tuneplane.jobs;
+    d        tuneplane.launch_decisions;
+    v_bad    tuneplane.members;
+    v_state  text;
+    v_reason text;
+BEGIN
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id FOR UPDATE;
+    IF a.state IN ('succeeded', 'failed', 'aborted', 'cancelled') THEN
+        RETURN a.state;
+    END IF;
+    IF EXISTS (SELECT 1 FROM tuneplane.members m WHERE m.attempt_id = a.id
+                AND (tuneplane.member_is_live(m.state) OR m.released_at IS NULL)) THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO d FROM tuneplane.launch_decisions WHERE attempt_id = a.id;
+    SELECT * INTO v_bad FROM tuneplane.members m
+     WHERE m.attempt_id = a.id AND m.state <> 'exited' ORDER BY m.rank LIMIT 1;
+    IF a.cancel_requested_at IS NOT NULL THEN
+        v_state := 'cancelled'; v_reason := 'cancelled';
+    ELSIF d.decision = 'abort' THEN
+        v_state := 'aborted'; v_reason := 'launch aborted: ' || d.reason;
+    ELSIF v_bad.id IS NULL THEN
+        v_state := 'succeeded';
+        v_reason := format('all %s member(s) exited with status 0',
+                           (SELECT count(*) FROM tuneplane.members WHERE attempt_id = a.id));
+    ELSE
+        v_state := 'failed';
+        v_reason := format('member rank %s %s: %s', v_bad.rank, v_bad.state, v_bad.reason);
+    END IF;
+    UPDATE tuneplane.attempts SET state = v_state, reason = v_reason, ended_at = clock_timestamp()
+     WHERE id = a.id;
+
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id FOR UPDATE;
+    IF v_state = 'succeeded' THEN
+        PERFORM tuneplane.set_job_state(j.id, 'succeeded', format('attempt %s: %s', a.number, v_reason));
+    ELSIF v_state = 'cancelled' THEN
+        PERFORM tuneplane.set_job_state(j.id, 'cancelled',
+            format('cancelled; every member of attempt %s stopped and its resources were released', a.number));
+    ELSIF a.number < j.max_attempts THEN
+        PERFORM tuneplane.set_job_state(j.id, 'queued',
+            format('attempt %s of %s failed (%s); queued for attempt %s', a.number, j.max_attempts, v_reason,
+                   a.number + 1));
+        PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
+    ELSE
+        PERFORM tuneplane.set_job_state(j.id, 'failed',
+            format('attempt %s of %s failed: %s', a.number, j.max_attempts, v_reason));
+    END IF;
+    RETURN v_state;
+END;
+$$;
+
+-- decide_abort: record ABORT for an attempt that has no decision yet, abort and release every member
+-- that never started, and tell each node to clean up. Returns false when COMMIT was already recorded.
+CREATE OR REPLACE FUNCTION tuneplane.decide_abort(p_attempt_id bigint, p_reason text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    d tuneplane.launch_decisions;
+    m tuneplane.members;
+BEGIN
+    -- Every decision is taken under the attempt's row lock, so COMMIT and ABORT cannot race.
+    PERFORM 1 FROM tuneplane.attempts WHERE id = p_attempt_id FOR UPDATE;
+    INSERT INTO tuneplane.launch_decisions (attempt_id, decision, reason)
+    VALUES (p_attempt_id, 'abort', p_reason)
+    ON CONFLICT (attempt_id) DO NOTHING;
+    SELECT * INTO d FROM tuneplane.launch_decisions WHERE attempt_id = p_attempt_id;
+    IF d.decision <> 'abort' THEN
+        RETURN false;
+    END IF;
+    FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = p_attempt_id AND tuneplane.member_is_live(state)
+              ORDER BY rank LOOP
+        PERFORM tuneplane.set_member_state(m.id, 'aborted', 'launch aborted: ' || d.reason);
+        -- Nothing started (agents start only after COMMIT), so the resources can go back at once.
+        PERFORM tuneplane.release_member(m.id);
+        PERFORM tuneplane.enqueue_node_command(m.node_id, 'abort',
+            jsonb_build_object('member_id', m.id, 'attempt_id', p_attempt_id, 'reason', d.reason));
+    END LOOP;
+    UPDATE tuneplane.attempts SET state = 'stopping', reason = 'aborting: ' || d.reason
+     WHERE id = p_attempt_id AND state IN ('reserved', 'preparing');
+    PERFORM tuneplane.finish_attempt_if_done(p_attempt_id);
+    RETURN true;
+END;
+$$;
+
+-- claim_launch: a backend worker takes over launching an attempt. Bumps the fencing epoch (a worker that
+-- crashed and comes back holds an older epoch and is refused). Returns nothing when the attempt is past
+-- preparation (nothing to do: pgqueuer re-ran a finished job).
+CREATE OR REPLACE FUNCTION tuneplane.claim_launch(p_attempt_id bigint, p_owner text)
+RETURNS TABLE (attempt_id bigint, epoch bigint, state text, job_id bigint, attempt_number integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE tuneplane.attempts a
+       SET launch_epoch = a.launch_epoch + 1, launch_owner = p_owner
+     WHERE a.id = p_attempt_id AND a.state IN ('reserved', 'preparing')
+    RETURNING a.id, a.launch_epoch, a.state, a.job_id, a.number;
+END;
+$$;
+
+-- require_launch_epoch: refuses (409) a worker whose lease on the attempt was taken over.
+CREATE OR REPLACE FUNCTION tuneplane.require_launch_epoch(p_attempt_id bigint, p_epoch bigint)
+RETURNS tuneplane.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.attempts;
+BEGIN
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id FOR UPDATE;
+    IF a.id IS NULL THEN
+        RAISE EXCEPTION 'no attempt %', p_attempt_id USING ERRCODE = 'TP404', COLUMN = 'attempt_id';
+    END IF;
+    IF a.launch_epoch <> p_epoch THEN
+        RAISE EXCEPTION 'launch of attempt % was taken over (epoch % is stale; current %)', p_attempt_id, p_epoch,
+            a.launch_epoch USING ERRCODE = 'TP409', COLUMN = 'epoch';
+    END IF;
+    RETURN a;
+END;
+$$;
+
+-- begin_prepare: reserved → preparing. Records the capsule digest, sets the prepare deadline and sends
+-- PREPARE to every member's node, all in one transaction. A second call (a worker re-running after a
+-- crash) changes nothing and sends nothing. Each peer in PREPARE carries its node's address and probe port
+-- (the agents' peer-network check). Refuses a stale epoch.
+CREATE OR REPLACE FUNCTION tuneplane.begin_prepare(p_attempt_id bigint, p_epoch bigint, p_capsule_digest text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    a       tuneplane.attempts;
+    j       tuneplane.jobs;
+    m       tuneplane.members;
+    v_peers jsonb;
+    v_timeout interval;
+BEGIN
+    a := tuneplane.require_launch_epoch(p_attempt_id, p_epoch);
+    IF a.state <> 'reserved' THEN
+        RETURN a.state;
+    END IF;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
+    SELECT prepare_timeout INTO v_timeout FROM tuneplane.launch_settings;
+    UPDATE tuneplane.attempts
+       SET state = 'preparing', capsule_digest = p_capsule_digest, prepare_deadline = now() + v_timeout,
+           reason = 'preparing'
+     WHERE id = a.id;
+    SELECT jsonb_agg(jsonb_build_object('rank', mm.rank, 'node_id', mm.node_id, 'node', n.name,
+                                        'address', n.address, 'probe_port', n.probe_port) ORDER BY mm.rank)
+      INTO v_peers
+      FROM tuneplane.members mm JOIN tuneplane.nodes n ON n.id = mm.node_id
+     WHERE mm.attempt_id = a.id;
+    FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY rank LOOP
+        PERFORM tuneplane.set_member_state(m.id, 'preparing', 'preparing on its node');
+        PERFORM tuneplane.enqueue_node_command(m.node_id, 'prepare', jsonb_build_object(
+            'member_id', m.id, 'attempt_id', a.id, 'attempt', a.number, 'job_id', a.job_id, 'rank', m.rank,
+            'world_size', j.nodes, 'gpu_indices', to_jsonb(m.gpu_indices), 'cpus', m.cpus,
+            'memory_bytes', m.memory_bytes, 'capsule_digest', p_capsule_digest,
+            'master_addr', a.master_addr, 'master_port', a.master_port, 'peers', v_peers,
+            'deadline', extract(epoch FROM now() + v_timeout),
+            'shared_path', (SELECT f.capabilities ->> 'shared_path' FROM tuneplane.fleets f WHERE f.id = a.fleet_id)));
+    END LOOP;
+    PERFORM tuneplane.set_job_state(j.id, 'preparing',
+        format('attempt %s: preparing %s member(s); commit once every member is prepared (deadline %s)',
+               a.number, j.nodes, to_char(now() + v_timeout, 'YYYY-MM-DD HH24:MI:SS TZ')));
+    RETURN 'preparing';
+END;
+$$;
+
+-- member_of_node: the member a node reports on, locked; refuses a member of another node (404).
+CREATE OR REPLACE FUNCTION tuneplane.member_of_node(p_node_id bigint, p_member_id bigint)
+RETURNS tuneplane.members
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+BEGIN
+    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id AND node_id = p_node_id FOR UPDATE;
+    IF m.id IS NULL THEN
+        RAISE EXCEPTION 'member % is not placed on this node', p_member_id USING ERRCODE = 'TP404',
+            COLUMN = 'member_id';
+    END IF;
+    RETURN m;
+END;
+$$;
+
+-- member_prepared (report kind `member_prepared`): preparing → prepared. When it is the last member to
+-- prepare, records COMMIT and sends START to every member's node in the same transaction.
+-- p_payload: {"member_id": 1, "peer_check": {...}, "storage_check": {...}}
+CREATE OR REPLACE FUNCTION tuneplane.member_prepared(p_node_id bigint, p_epoch bigint, p_payload jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    m        tuneplane.members;
+    a        tuneplane.attempts;
+    v_left   integer;
+    v_member tuneplane.members;
+BEGIN
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    UPDATE tuneplane.nodes SET last_peer_check = coalesce(p_payload -> 'peer_check', last_peer_check),
+                               last_storage_check = coalesce(p_payload -> 'storage_check', last_storage_check)
+     WHERE id = p_node_id;
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id FOR UPDATE;
+    IF m.state <> 'preparing' OR EXISTS (SELECT 1 FROM tuneplane.launch_decisions WHERE attempt_id = a.id) THEN
+        RETURN jsonb_build_object('ignored', true, 'state', m.state);
+    END IF;
+    PERFORM tuneplane.set_member_state(m.id, 'prepared', 'prepared; waiting for the commit decision');
+    SELECT count(*) INTO v_left FROM tuneplane.members WHERE attempt_id = a.id AND state <> 'prepared';
+    IF v_left > 0 THEN
+        RETURN jsonb_build_object('committed', false, 'waiting_for', v_left);
+    END IF;
+    INSERT INTO tuneplane.launch_decisions (attempt_id, decision, reason)
+    VALUES (a.id, 'commit', format('all %s member(s) prepared',
+                                   (SELECT count(*) FROM tuneplane.members WHERE attempt_id = a.id)))
+    ON CONFLICT (attempt_id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('ignored', true, 'state', 'decided');
+    END IF;
+    UPDATE tuneplane.attempts SET state = 'running', committed_at = clock_timestamp(), reason = 'committed'
+     WHERE id = a.id;
+    FOR v_member IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY rank LOOP
+        PERFORM tuneplane.set_member_state(v_member.id, 'starting', 'commit recorded; starting');
+        PERFORM tuneplane.enqueue_node_command(v_member.node_id, 'start',
+            jsonb_build_object('member_id', v_member.id, 'attempt_id', a.id));
+    END LOOP;
+    PERFORM tuneplane.set_job_state(a.job_id, 'running',
+        format('attempt %s: commit recorded; starting %s member(s)', a.number,
+               (SELECT count(*) FROM tuneplane.members WHERE attempt_id = a.id)));
+    RETURN jsonb_build_object('committed', true);
+END;
+$$;
+
+-- member_prepare_failed (report kind `member_prepare_failed`): records ABORT with the node's reason.
+-- p_payload: {"member_id": 1, "reason": "capsule digest mismatch", "peer_check": …, "storage_check": …}
+CREATE OR REPLACE FUNCTION tuneplane.member_prepare_failed(p_node_id bigint, p_epoch bigint, p_payload jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    v_node text;
+BEGIN
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    UPDATE tuneplane.nodes SET last_peer_check = coalesce(p_payload -> 'peer_check', last_peer_check),
+                               last_storage_check = coalesce(p_payload -> 'storage_check', last_storage_check)
+     WHERE id = p_node_id
+    RETURNING name INTO v_node;
+    IF m.state NOT IN ('reserved', 'preparing', 'prepared') THEN
+        RETURN jsonb_build_object('ignored', true, 'state', m.state);
+    END IF;
+    RETURN jsonb_build_object('aborted', tuneplane.decide_abort(m.attempt_id,
+        format('rank %s on %s failed to prepare: %s', m.rank, v_node,
+               coalesce(nullif(p_payload ->> 'reason', ''), 'no reason given'))));
+END;
+$$;
+
+-- expire_prepare_deadlines: ABORT every attempt whose members were not all prepared in time.
+CREATE OR REPLACE FUNCTION tuneplane.expire_prepare_deadlines()
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.attempts;
+    v_count integer := 0;
+BEGIN
+    FOR a IN SELECT * FROM tuneplane.attempts
+              WHERE state = 'preparing' AND prepare_deadline < now()
+              FOR UPDATE SKIP LOCKED LOOP
+        IF tuneplane.decide_abort(a.id, format('prepare deadline passed; not prepared: rank %s',
+                (SELECT string_agg(rank::text, ', ' ORDER BY rank) FROM tuneplane.members
+                  WHERE attempt_id = a.id AND state <> 'prepared'))) THEN
+            v_count := v_count + 1;
+        END IF;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+
+-- member_started (report kind `member_started`): starting | unknown → running. p_payload: {member_id, pid}
+CREATE OR REPLACE FUNCTION tuneplane.member_started(p_node_id bigint, p_epoch bigint, p_payload jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    a tuneplane.attempts;
+    v_total integer;
+    v_running integer;
+BEGIN
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    IF m.state NOT IN ('starting', 'unknown') THEN
+        RETURN jsonb_build_object('ignored', true, 'state', m.state);
+    END IF;
+    UPDATE tuneplane.members SET pid = (p_payload ->> 'pid')::integer, started_at = clock_timestamp()
+     WHERE id = m.id;
+    PERFORM tuneplane.set_member_state(m.id, 'running', 'running');
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id FOR UPDATE;
+    SELECT count(*), count(*) FILTER (WHERE state = 'running') INTO v_total, v_running
+      FROM tuneplane.members WHERE attempt_id = a.id;
+    IF v_total = v_running AND a.state = 'running' THEN
+        UPDATE tuneplane.attempts SET running_at = coalesce(running_at, clock_timestamp()) WHERE id = a.id;
+        PERFORM tuneplane.set_job_state(a.job_id, 'running',
+            format('attempt %s: all %s member(s) running', a.number, v_total));
+    END IF;
+    RETURN jsonb_build_object('running', v_running, 'of', v_total);
+END;
+$$;
+
+-- stop_attempt: committed attempt → stopping; sends STOP to every member still live.
+CREATE OR REPLACE FUNCTION tuneplane.stop_attempt(p_attempt_id bigint, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    v_grace interval;
+BEGIN
+    SELECT stop_grace INTO v_grace FROM tuneplane.launch_settings;
+    UPDATE tuneplane.attempts SET state = 'stopping', reason = p_reason
+     WHERE id = p_attempt_id AND state = 'running';
+    FOR m IN SELECT * FROM tuneplane.members
+              WHERE attempt_id = p_attempt_id AND state IN ('starting', 'running', 'stopping', 'unknown') LOOP
+        IF m.state IN ('starting', 'running') THEN
+            PERFORM tuneplane.set_member_state(m.id, 'stopping', p_reason);
+        END IF;
+        PERFORM tuneplane.enqueue_node_command(m.node_id, 'stop', jsonb_build_object(
+            'member_id', m.id, 'attempt_id', p_attempt_id, 'reason', p_reason,
+            'grace_seconds', extract(epoch FROM v_grace)));
+    END LOOP;
+END;
+$$;
+
+-- record_member_exit: a member's node confirmed it ended: exited (status 0) or failed; its resources go
+-- back. A failure stops the rest of the attempt. Shared by member_exited and reconcile_node.
+CREATE OR REPLACE FUNCTION tuneplane.record_member_exit(p_member tuneplane.members, p_exit_code integer, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.attempts;
+    v_state text;
+    v_reason text;
+BEGIN
+    IF NOT tuneplane.member_is_live(p_member.state) THEN
+        -- Already ended (cancelled, lost …): only make sure nothing stays held.
+        PERFORM tuneplane.release_member(p_member.id);
+        RETURN;
+    END IF;
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_member.attempt_id FOR UPDATE;
+    IF p_exit_code = 0 THEN
+        v_state := 'exited';
+        v_reason := 'exited with status 0';
+    ELSE
+        v_state := 'failed';
+        v_reason := coalesce(nullif(p_reason, ''),
+                             CASE WHEN p_exit_code IS NULL THEN 'ended; exit status unknown'
+                                  WHEN p_exit_code < 0 THEN format('killed by signal %s', -p_exit_code)
+                                  ELSE format('exited with status %s', p_exit_code) END);
+    END IF;
+    IF p_member.state = 'stopping' AND a.cancel_requested_at IS NOT NULL THEN
+        v_state := 'cancelled';
+        v_reason := 'stopped on cancel';
+    END IF;
+    PERFORM tuneplane.set_member_state(p_member.id, v_state, v_reason, p_exit_code);
+    PERFORM tuneplane.release_member(p_member.id);
+    IF v_state = 'failed' AND a.state = 'running' THEN
+        PERFORM tuneplane.stop_attempt(a.id, format('rank %s %s; stopping the other members', p_member.rank,
+                                                    v_reason));
+    END IF;
+    PERFORM tuneplane.finish_attempt_if_done(a.id);
+END;
+$$;
+
+-- member_exited (report kind `member_exited`): p_payload: {member_id, exit_code, reason}
+CREATE OR REPLACE FUNCTION tuneplane.member_exited(p_node_id bigint, p_epoch bigint, p_payload jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+BEGIN
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    PERFORM tuneplane.record_member_exit(m, (p_payload ->> 'exit_code')::integer, p_payload ->> 'reason');
+    RETURN jsonb_build_object('state', (SELECT state FROM tuneplane.members WHERE id = m.id));
+END;
+$$;
+
+-- cancel_job: the owner or an admin cancels. queued → cancelled at once; before COMMIT the launch is
+-- aborted (nothing started) and the job is cancelled; after COMMIT every member gets STOP and the job
+-- is cancelled only when every node has confirmed its member stopped (resources are released then).
+CREATE OR REPLACE FUNCTION tuneplane.cancel_job(p_job_id bigint, p_actor_id bigint, p_reason text DEFAULT NULL)
+RETURNS tuneplane.jobs
+LANGUAGE plpgsql AS $$
+DECLARE
+    j tuneplane.jobs;
+    a tuneplane.attempts;
+    actor tuneplane.users;
+    v_why text;
+BEGIN
+    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id FOR UPDATE;
+    IF j.id IS NULL OR actor.id IS NULL OR (j.owner_id <> actor.id AND actor.role <> 'admin') THEN
+        RAISE EXCEPTION 'no job % of yours', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job';
+    END IF;
+    IF j.state IN ('succeeded', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION 'job % already %', p_job_id, j.state USING ERRCODE = 'TP409', COLUMN = 'job';
+    END IF;
+    v_why := format('cancel requested by %s%s', actor.username,
+                    CASE WHEN coalesce(p_reason, '') = '' THEN '' ELSE ': ' || p_reason END);
+    SELECT * INTO a FROM tuneplane.attempts
+     WHERE job_id = j.id AND state IN ('reserved', 'preparing', 'running', 'stopping') FOR UPDATE;
+    IF a.id IS NULL THEN
+        PERFORM tuneplane.set_job_state(j.id, 'cancelled', v_why);
+    ELSE
+        UPDATE tuneplane.attempts SET cancel_requested_at = coalesce(cancel_requested_at, clock_timestamp())
+         WHERE id = a.id;
+        IF NOT tuneplane.decide_abort(a.id, v_why) THEN
+            PERFORM tuneplane.stop_attempt(a.id, v_why);
+            PERFORM tuneplane.set_job_state(j.id, j.state,
+                v_why || format('; waiting for %s member(s) to stop',
+                                (SELECT count(*) FROM tuneplane.members
+                                  WHERE attempt_id = a.id AND released_at IS NULL)));
+        END IF;
+        PERFORM tuneplane.finish_attempt_if_done(a.id);
+    END IF;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id;
+    RETURN j;
+END;
+$$;
+
+-- sweep_lost_nodes: members whose node lost contact become `unknown` (never failed: a lost connection
+-- is not proof that a workload stopped); their resources stay held. Returns how many changed.
+CREATE OR REPLACE FUNCTION tuneplane.sweep_lost_nodes()
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    m record;
+    v_count integer := 0;
+BEGIN
+    FOR m IN SELECT mm.*, n.name AS node_name, n.last_heartbeat_at
+               FROM tuneplane.members mm JOIN tuneplane.nodes n ON n.id = mm.node_id
+              WHERE mm.state IN ('starting', 'running', 'stopping')
+                AND n.fenced_at IS NULL
+                AND tuneplane.node_connectivity(n.last_heartbeat_at) = 'lost'
+              FOR UPDATE OF mm SKIP LOCKED LOOP
+        PERFORM tuneplane.set_member_state(m.id, 'unknown',
+            format('node %s lost contact (last heartbeat %s); state unknown, resources held until it '
+                   'reconnects or an operator fences it', m.node_name,
+                   to_char(m.last_heartbeat_at, 'YYYY-MM-DD HH24:MI:SS TZ')));
+        PERFORM tuneplane.set_job_state(m.job_id, (SELECT state FROM tuneplane.jobs WHERE id = m.job_id),
+            format('member rank %s is unknown: node %s lost contact; waiting for it to reconnect or be fenced',
+                   m.rank, m.node_name));
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+
+-- reconcile_node (report kind `reconcile`): after (re)connecting, the agent says what it runs and what
+-- ended while it was away. p_payload: {"running": [{"member_id": 1, "pid": 2}],
+--                                       "exited": [{"member_id": 3, "exit_code": 0}]}
+-- Held members it still runs go back to running; ones it reports ended are recorded; held members it
+-- does not mention are failed (gone) — except a member that never reported started and whose START is
+-- still unacknowledged in the node's outbox (contact was lost between COMMIT and START): it goes back to
+-- `starting` and the pending START starts it (failing it would let that START run a workload on
+-- released GPUs). Anything the agent runs that the database does not consider live on this node
+-- (cancelled, lost to a fence, unknown to us) gets a KILL command.
+CREATE OR REPLACE FUNCTION tuneplane.reconcile_node(p_node_id bigint, p_epoch bigint, p_payload jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    n tuneplane.nodes;
+    m tuneplane.members;
+    v_running bigint[];
+    v_exited jsonb;
+    v_item jsonb;
+    v_kill bigint[] := '{}';
+    v_restored integer := 0;
+    v_gone integer := 0;
+    v_waiting integer := 0;
+BEGIN
+    n := tuneplane.require_node_session(p_node_id, p_epoch);
+    SELECT coalesce(array_agg((e ->> 'member_id')::bigint), '{}') INTO v_running
+      FROM jsonb_array_elements(coalesce(p_payload -> 'running', '[]'::jsonb)) e;
+    v_exited := coalesce(p_payload -> 'exited', '[]'::jsonb);
+
+    FOR v_item IN SELECT * FROM jsonb_array_elements(v_exited) LOOP
+        SELECT * INTO m FROM tuneplane.members
+         WHERE id = (v_item ->> 'member_id')::bigint AND node_id = p_node_id FOR UPDATE;
+        IF m.id IS NOT NULL THEN
+            PERFORM tuneplane.record_member_exit(m, (v_item ->> 'exit_code')::integer, v_item ->> 'reason');
+        END IF;
+    END LOOP;
+
+    FOR m IN SELECT * FROM tuneplane.members
+              WHERE node_id = p_node_id AND released_at IS NULL
+                AND state IN ('running', 'stopping', 'unknown')
+              FOR UPDATE LOOP
+        IF m.id = ANY (v_running) AND n.fenced_at IS NULL THEN
+            IF m.state = 'unknown' THEN
+                PERFORM tuneplane.set_member_state(m.id, 'running', 'node reconnected; still running');
+                PERFORM tuneplane.set_job_state(m.job_id, (SELECT state FROM tuneplane.jobs WHERE id = m.job_id),
+                    format('node %s reconnected; member rank %s is still running', n.name, m.rank));
+                v_restored := v_restored + 1;
+            END IF;
+        ELSIF m.state = 'unknown' AND m.started_at IS NULL AND n.fenced_at IS NULL AND EXISTS (
+                SELECT 1 FROM tuneplane.node_commands c
+                 WHERE c.node_id = p_node_id AND c.kind = 'start' AND c.acked_at IS NULL
+                   AND (c.payload ->> 'member_id')::bigint = m.id) THEN
+            -- Lost contact before its START was handled: not gone, not started yet. START is still in
+            -- the outbox (delivered in order after this session opened), so it starts now.
+            PERFORM tuneplane.set_member_state(m.id, 'starting', 'node reconnected; START not yet handled');
+            v_waiting := v_waiting + 1;
+        ELSIF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(v_exited) e
+                           WHERE (e ->> 'member_id')::bigint = m.id) THEN
+            PERFORM tuneplane.record_member_exit(m, NULL,
+                format('node %s reconnected and no longer runs it (exit status unknown)', n.name));
+            v_gone := v_gone + 1;
+        END IF;
+    END LOOP;
+
+    SELECT coalesce(array_agg(r), '{}') INTO v_kill
+      FROM unnest(v_running) r
+     WHERE n.fenced_at IS NOT NULL
+        OR NOT EXISTS (SELECT 1 FROM tuneplane.members mm
+                        WHERE mm.id = r AND mm.node_id = p_node_id AND mm.released_at IS NULL
+                          AND mm.state IN ('starting', 'running', 'stopping', 'unknown'));
+    IF array_length(v_kill, 1) > 0 THEN
+        PERFORM tuneplane.enqueue_node_command(p_node_id, 'kill', jsonb_build_object(
+            'member_ids', to_jsonb(v_kill),
+            'reason', CASE WHEN n.fenced_at IS NOT NULL THEN 'node was fenced: ' || coalesce(n.fenced_reason, '')
+                           ELSE 'the control plane does not consider these members live on this node' END));
+    END IF;
+    RETURN jsonb_build_object('restored', v_restored, 'gone', v_gone, 'starting', v_waiting,
+                              'kill', to_jsonb(v_kill));
+END;
+$$;
+
+-- fence_node: an operator declares a node dead. Its held members become `lost` and their resources
+-- are released; attempts they belonged to are aborted (before COMMIT) or stopped (after); the node gets
+-- no new work until unfence_node. If the agent comes back it is told to kill what it still runs.
+CREATE OR REPLACE FUNCTION tuneplane.fence_node(p_node text, p_reason text DEFAULT NULL, p_actor text DEFAULT NULL)
+RETURNS TABLE (node_id bigint, node text, members_lost integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_node tuneplane.nodes;
+    m tuneplane.members;
+    v_lost integer := 0;
+    v_why text;
+    v_attempts bigint[] := '{}';
+    v_attempt bigint;
+BEGIN
+    SELECT * INTO v_node FROM tuneplane.nodes WHERE id = tuneplane.resolve_node(p_node) FOR UPDATE;
+    v_why := format('node %s fenced by %s%s', v_node.name, coalesce(nullif(p_actor, ''), 'db:' || session_user),
+                    CASE WHEN coalesce(p_reason, '') = '' THEN '' ELSE ': ' || p_reason END);
+    UPDATE tuneplane.nodes SET fenced_at = coalesce(fenced_at, clock_timestamp()),
+                               fenced_reason = coalesce(p_reason, fenced_reason)
+     WHERE id = v_node.id;
+    PERFORM tuneplane.log_node_event(v_node.fleet_id, v_node.id, 'fenced', p_actor, coalesce(p_reason, ''));
+    FOR m IN SELECT * FROM tuneplane.members WHERE members.node_id = v_node.id AND released_at IS NULL
+              FOR UPDATE LOOP
+        IF tuneplane.member_is_live(m.state) THEN
+            PERFORM tuneplane.set_member_state(m.id, 'lost', v_why);
+        END IF;
+        PERFORM tuneplane.release_member(m.id);
+        v_lost := v_lost + 1;
+        v_attempts := v_attempts || m.attempt_id;
+    END LOOP;
+    FOR v_attempt IN SELECT DISTINCT unnest(v_attempts) LOOP
+        IF NOT tuneplane.decide_abort(v_attempt, v_why) THEN
+            PERFORM tuneplane.stop_attempt(v_attempt, v_why || '; stopping the other members');
+        END IF;
+        PERFORM tuneplane.finish_attempt_if_done(v_attempt);
+    END LOOP;
+    node_id := v_node.id; node := v_node.name; members_lost := v_lost;
+    RETURN NEXT;
+END;
+$$;
+
+-- unfence_node: the operator lets a fenced node take work again (after it reconnected and reconciled).
+CREATE OR REPLACE FUNCTION tuneplane.unfence_node(p_node text, p_reason text DEFAULT NULL, p_actor text DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id bigint := tuneplane.resolve_node(p_node);
+BEGIN
+    UPDATE tuneplane.nodes SET fenced_at = NULL, fenced_reason = NULL WHERE id = v_id AND fenced_at IS NOT NULL;
+    IF FOUND THEN
+        PERFORM tuneplane.log_node_event(NULL, v_id, 'unfenced', p_actor, coalesce(p_reason, ''));
+    END IF;
+    RETURN FOUND;
+END;
+$$;
+
+CREATE OR REPLACE VIEW tuneplane.v_uncertain AS
+SELECT m.job_id, a.number AS attempt, m.id AS member_id, m.rank, n.name AS node, m.state, m.reason,
+       n.last_heartbeat_at, tuneplane.node_connectivity(n.last_heartbeat_at) AS connectivity,
+       m.gpu_indices, m.updated_at
+  FROM tuneplane.members m
+  JOIN tuneplane.attempts a ON a.id = m.attempt_id
+  JOIN tuneplane.nodes n ON n.id = m.node_id
+ WHERE m.state = 'unknown';
+
+-- report_node_probe (report kind `probe`): the agent's probe port and, optionally, the address peers
+-- should use for it (default: the address the gateway saw). p_payload: {"port": 41234, "address": "10.0.0.5"}
+CREATE OR REPLACE FUNCTION tuneplane.report_node_probe(p_node_id bigint, p_epoch bigint, p_payload jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    n tuneplane.nodes;
+BEGIN
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    IF jsonb_typeof(p_payload -> 'port') IS DISTINCT FROM 'number'
+       OR (p_payload ->> 'port')::integer NOT BETWEEN 1 AND 65535 THEN
+        RAISE EXCEPTION 'probe report needs a port between 1 and 65535' USING ERRCODE = 'TP400', COLUMN = 'port';
+    END IF;
+    UPDATE tuneplane.nodes
+       SET probe_port = (p_payload ->> 'port')::integer,
+           address = coalesce(nullif(p_payload ->> 'address', ''), address)
+     WHERE id = p_node_id
+    RETURNING * INTO n;
+    RETURN jsonb_build_object('address', n.address, 'probe_port', n.probe_port);
+END;
+$$;
+
+-- abort_launch: the worker holding the launch lease (epoch) could not build the capsule: ABORT the
+-- attempt with that reason (reserved → aborted, resources released; the job is retried or fails by
+-- its max_attempts). Refuses a stale epoch (409). Returns false when a decision already existed.
+CREATE OR REPLACE FUNCTION tuneplane.abort_launch(p_attempt_id bigint, p_epoch bigint, p_reason text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tuneplane.require_launch_epoch(p_attempt_id, p_epoch);
+    RETURN tuneplane.decide_abort(p_attempt_id,
+        'the capsule could not be built: ' || coalesce(nullif(p_reason, ''), 'no reason given'));
+END;
+$$;
+
+-- requeue_stalled_launches: enqueue `launch` again for attempts still `reserved` after p_older_than whose
+-- pgqueuer job is gone (pgqueuer deletes a job whose handler failed). The dedupe key makes it a no-op
+-- while the job is queued or picked (a crashed worker's picked job is re-picked by pgqueuer itself).
+CREATE OR REPLACE FUNCTION tuneplane.requeue_stalled_launches(p_older_than interval DEFAULT interval '10 seconds')
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_count integer;
+BEGIN
+    INSERT INTO public.pgqueuer (priority, status, entrypoint, payload, dedupe_key)
+    SELECT greatest(least(j.priority, 1000), -1000), 'queued', 'launch',
+           convert_to(jsonb_build_object('attempt_id', a.id)::text, 'UTF8'), 'launch:' || a.id
+      FROM tuneplane.attempts a JOIN tuneplane.jobs j ON j.id = a.job_id
+     WHERE a.state = 'reserved' AND a.created_at < now() - p_older_than
+       AND NOT EXISTS (SELECT 1 FROM public.pgqueuer q
+                        WHERE q.dedupe_key = 'launch:' || a.id AND q.status IN ('queued', 'picked'))
+    ON CONFLICT DO NOTHING;
+    GET DIAGNOSTICS v_count = ROW_COUNT;
+    RETURN v_count;
+END;
+$$;
+
+-- node_may_read_capsule: true when the node holds a member (resources not released) of an attempt whose
+-- capsule is p_digest. The gateway's `capsule` file provider serves nothing else.
+CREATE OR REPLACE FUNCTION tuneplane.node_may_read_capsule(p_node_id bigint, p_digest text)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM tuneplane.members m JOIN tuneplane.attempts a ON a.id = m.attempt_id
+                    WHERE m.node_id = p_node_id AND m.released_at IS NULL AND a.capsule_digest = p_digest);
+$$;
+
+-- issue_member_telemetry_token (report kind `telemetry_token`): the agent made a token for one of its
+-- members (starting or running) and sends only its sha256; the token may write that member's telemetry
+-- only. p_payload: {"member_id": 1, "token_hash": "…64 hex…"}. Refuses another node's member (404), a
+-- member that is not starting/running (409) and a malformed hash (400, issue_telemetry_token).
+CREATE OR REPLACE FUNCTION tuneplane.issue_member_telemetry_token(p_node_id bigint, p_epoch bigint, p_payload jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    a tuneplane.attempts;
+    t tuneplane.telemetry_tokens;
+BEGIN
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    IF m.state NOT IN ('starting', 'running') THEN
+        RAISE EXCEPTION 'member % is %, not starting or running: no telemetry token', m.id, m.state
+            USING ERRCODE = 'TP409', COLUMN = 'member_id';
+    END IF;
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id;
+    SELECT * INTO t FROM tuneplane.telemetry_tokens WHERE token_hash = p_payload ->> 'token_hash';
+    IF t.id IS NULL THEN
+        t := tuneplane.issue_telemetry_token(m.job_id, a.number, m.rank, p_payload ->> 'token_hash');
+    ELSIF (t.job_id, t.attempt, t.member_rank) IS DISTINCT FROM (m.job_id, a.number, m.rank) THEN
+        RAISE EXCEPTION 'that token hash is already in use' USING ERRCODE = 'TP409', COLUMN = 'token_hash';
+    END IF;
+    RETURN jsonb_build_object('token_id', t.id, 'job_id', t.job_id, 'attempt', t.attempt,
+                              'member_rank', t.member_rank, 'expires_at', t.expires_at);
+END;
+$$;
+
+-- placement_fleets: fleets of a backend with at least one queued job (what a scheduler pass visits).
+CREATE OR REPLACE FUNCTION tuneplane.placement_fleets(p_backend text)
+RETURNS TABLE (fleet_id bigint, queued integer)
+LANGUAGE sql STABLE AS $$
+    SELECT j.fleet_id, count(*)::integer
+      FROM tuneplane.jobs j JOIN tuneplane.fleets f ON f.id = j.fleet_id
+     WHERE j.state = 'queued' AND f.backend = p_backend
+     GROUP BY j.fleet_id
+     ORDER BY j.fleet_id;
+$$;
+
+-- v_launches: live attempts with their worker lease, capsule and decision (operators).
+CREATE OR REPLACE VIEW tuneplane.v_launches AS
+SELECT a.job_id, a.number AS attempt, a.id AS attempt_id, a.state, a.reason, a.launch_owner, a.launch_epoch,
+       a.capsule_digest, d.decision, d.reason AS decision_reason, a.prepare_deadline, a.created_at,
+       a.committed_at, a.running_at
+  FROM tuneplane.attempts a
+  LEFT JOIN tuneplane.launch_decisions d ON d.attempt_id = a.id
+ WHERE a.state IN ('reserved', 'preparing', 'running', 'stopping');
+
+-- job_attempts_of: a visible job's attempts, newest first, each with its launch decision if any.
+CREATE OR REPLACE FUNCTION tuneplane.job_attempts_of(p_actor_id bigint, p_job_id bigint)
+RETURNS TABLE (number integer, state text, reason text, decision text, decision_reason text,
+               decided_at timestamptz, created_at timestamptz, committed_at timestamptz,
+               running_at timestamptz, ended_at timestamptz, prepare_deadline timestamptz,
+               cancel_requested_at timestamptz, capsule_digest text, master_addr text, master_port integer)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    RETURN QUERY
+        SELECT a.number, a.state, a.reason, d.decision, d.reason, d.decided_at, a.created_at, a.committed_at,
+               a.running_at, a.ended_at, a.prepare_deadline, a.cancel_requested_at, a.capsule_digest,
+               a.master_addr, a.master_port
+          FROM tuneplane.attempts a
+          LEFT JOIN tuneplane.launch_decisions d ON d.attempt_id = a.id
+         WHERE a.job_id = p_job_id
+         ORDER BY a.number DESC;
+END;
+$$;
+
+-- job_members_of: a visible job's members, newest attempt first, then by rank.
+CREATE OR REPLACE FUNCTION tuneplane.job_members_of(p_actor_id bigint, p_job_id bigint)
+RETURNS TABLE (attempt integer, rank integer, member_id bigint, node text, gpu_indices integer[], cpus integer,
+               memory_bytes bigint, state text, reason text, exit_code integer, started_at timestamptz,
+               ended_at timestamptz, updated_at timestamptz, resources_held boolean)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    RETURN QUERY
+        SELECT a.number, m.rank, m.id, n.name, m.gpu_indices, m.cpus, m.memory_bytes, m.state, m.reason,
+               m.exit_code, m.started_at, m.ended_at, m.updated_at, m.released_at IS NULL
+          FROM tuneplane.members m
+          JOIN tuneplane.attempts a ON a.id = m.attempt_id
+          JOIN tuneplane.nodes n ON n.id = m.node_id
+         WHERE m.job_id = p_job_id
+         ORDER BY a.number DESC, m.rank;
+END;
+$$;
+
+-- job_queue_position: while a visible job is queued, its place in its fleet's queue (v_queue order:
+-- priority, then age), how many wait in that fleet, and the job at the head. No row when not queued.
+CREATE OR REPLACE FUNCTION tuneplane.job_queue_position(p_actor_id bigint, p_job_id bigint)
+RETURNS TABLE (job_id bigint, fleet text, queue_position bigint, queued_in_fleet bigint, head_job_id bigint,
+               waiting interval, state_reason text)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    RETURN QUERY
+        WITH queue AS (SELECT * FROM tuneplane.v_queue)
+        SELECT q.job_id, q.fleet, q.position,
+               (SELECT count(*) FROM queue o WHERE o.fleet = q.fleet),
+               (SELECT h.job_id FROM queue h WHERE h.fleet = q.fleet AND h.position = 1),
+               q.waiting, q.state_reason
+          FROM queue q
+         WHERE q.job_id = p_job_id;
+END;
+$$;

@@ -1,0 +1,480 @@
+-- sql/functions/telemetry.sql — the current definition of every telemetry function, view and trigger.
+-- Telemetry: collector tokens, batch ledger, merge of metric batches, rollups and bounded queries.
+--
+-- Repeatable file (ADR 0012): `tuneplane db migrate` re-applies every file of sql/functions/ (in the order
+-- of order.txt, one transaction) whenever one changes. Edit definitions here, never in a migration.
+-- Tables, columns and data changes go in a new numbered migration. A changed signature or a view whose
+-- columns change: add its DROP below (it runs before the new definition is created), e.g.
+--   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
+--
+-- Drops (signature changes):
+
+-- telemetry_canonical: the canonical name for a raw metric name, or NULL.
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_canonical(p_name text)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT r.canonical FROM tuneplane.telemetry_canonical_rules r
+     WHERE lower(p_name) ~ r.pattern
+     ORDER BY r.priority
+     LIMIT 1;
+$$;
+
+-- telemetry_recanonicalize: re-applies the rules to every series (after an operator changed them).
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_recanonicalize()
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    changed bigint;
+BEGIN
+    UPDATE tuneplane.telemetry_series s SET canonical = tuneplane.telemetry_canonical(s.name)
+     WHERE s.canonical IS DISTINCT FROM tuneplane.telemetry_canonical(s.name);
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN changed;
+END;
+$$;
+
+-- set_telemetry_settings: an admin changes retention / token lifetime / batch limit (NULL keeps a value).
+CREATE OR REPLACE FUNCTION tuneplane.set_telemetry_settings(p_actor_id bigint, p_retention interval DEFAULT NULL,
+                                                 p_token_ttl interval DEFAULT NULL,
+                                                 p_max_batch_points integer DEFAULT NULL)
+RETURNS tuneplane.telemetry_settings
+LANGUAGE plpgsql AS $$
+DECLARE
+    result tuneplane.telemetry_settings;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.users WHERE id = p_actor_id AND role = 'admin' AND disabled_at IS NULL) THEN
+        RAISE EXCEPTION 'changing telemetry settings needs the admin role' USING ERRCODE = 'TP403', COLUMN = 'actor';
+    END IF;
+    IF p_retention IS NOT NULL AND p_retention <= interval '0' THEN
+        RAISE EXCEPTION 'retention must be positive' USING ERRCODE = 'TP400', COLUMN = 'retention';
+    END IF;
+    IF p_token_ttl IS NOT NULL AND p_token_ttl <= interval '0' THEN
+        RAISE EXCEPTION 'token lifetime must be positive' USING ERRCODE = 'TP400', COLUMN = 'token_ttl';
+    END IF;
+    IF p_max_batch_points IS NOT NULL AND p_max_batch_points <= 0 THEN
+        RAISE EXCEPTION 'max batch points must be positive' USING ERRCODE = 'TP400', COLUMN = 'max_batch_points';
+    END IF;
+    UPDATE tuneplane.telemetry_settings
+       SET retention = coalesce(p_retention, retention),
+           token_ttl = coalesce(p_token_ttl, token_ttl),
+           max_batch_points = coalesce(p_max_batch_points, max_batch_points)
+    RETURNING * INTO result;
+    RETURN result;
+END;
+$$;
+
+-- issue_telemetry_token: stores the hash of a token scoped to one (job, attempt, member rank); the launch
+-- code calls it when it starts a member and hands the plaintext to the runner/collector via the environment.
+-- Refuses a malformed hash, a bad attempt/rank, and a job that does not exist (once jobs exist).
+CREATE OR REPLACE FUNCTION tuneplane.issue_telemetry_token(p_job_id bigint, p_attempt integer, p_member_rank integer,
+                                                p_token_hash text, p_ttl interval DEFAULT NULL)
+RETURNS tuneplane.telemetry_tokens
+LANGUAGE plpgsql AS $$
+DECLARE
+    result tuneplane.telemetry_tokens;
+    job_exists boolean;
+BEGIN
+    IF p_token_hash IS NULL OR p_token_hash !~ '^[0-9a-f]{64}$' THEN
+        RAISE EXCEPTION 'token hash must be a sha256 hex digest' USING ERRCODE = 'TP400', COLUMN = 'token';
+    END IF;
+    IF p_attempt IS NULL OR p_attempt < 1 THEN
+        RAISE EXCEPTION 'attempt must be 1 or more' USING ERRCODE = 'TP400', COLUMN = 'attempt';
+    END IF;
+    IF p_member_rank IS NULL OR p_member_rank < 0 THEN
+        RAISE EXCEPTION 'member rank must be 0 or more' USING ERRCODE = 'TP400', COLUMN = 'member_rank';
+    END IF;
+    IF p_ttl IS NOT NULL AND p_ttl <= interval '0' THEN
+        RAISE EXCEPTION 'token lifetime must be positive' USING ERRCODE = 'TP400', COLUMN = 'ttl';
+    END IF;
+    -- Dynamic on purpose: this migration does not depend on the jobs table's migration order.
+    IF to_regclass('tuneplane.jobs') IS NOT NULL THEN
+        EXECUTE 'SELECT EXISTS (SELECT 1 FROM tuneplane.jobs WHERE id = $1)' INTO job_exists USING p_job_id;
+        IF NOT job_exists THEN
+            RAISE EXCEPTION 'no such job %', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job_id';
+        END IF;
+    END IF;
+    INSERT INTO tuneplane.telemetry_tokens (token_hash, job_id, attempt, member_rank, expires_at)
+    SELECT p_token_hash, p_job_id, p_attempt, p_member_rank, now() + coalesce(p_ttl, s.token_ttl)
+      FROM tuneplane.telemetry_settings s
+    RETURNING * INTO result;
+    RETURN result;
+END;
+$$;
+
+-- revoke_telemetry_tokens: revokes the tokens of a job (or one attempt of it); returns how many.
+-- Call it only after the members' collectors have drained, or their last points are refused.
+CREATE OR REPLACE FUNCTION tuneplane.revoke_telemetry_tokens(p_job_id bigint, p_attempt integer DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    changed bigint;
+BEGIN
+    UPDATE tuneplane.telemetry_tokens t SET revoked_at = now()
+     WHERE t.job_id = p_job_id AND (p_attempt IS NULL OR t.attempt = p_attempt) AND t.revoked_at IS NULL;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN changed;
+END;
+$$;
+
+-- authenticate_telemetry_token: the scope of a live telemetry token. Only telemetry tokens exist here:
+-- user API tokens and node credentials are different tables and never match. 401 for anything else.
+CREATE OR REPLACE FUNCTION tuneplane.authenticate_telemetry_token(p_token_hash text)
+RETURNS TABLE (token_id bigint, job_id bigint, attempt integer, member_rank integer, expires_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tok tuneplane.telemetry_tokens;
+BEGIN
+    SELECT * INTO tok FROM tuneplane.telemetry_tokens t WHERE t.token_hash = p_token_hash;
+    IF tok.id IS NULL THEN
+        RAISE EXCEPTION 'not a telemetry token' USING ERRCODE = 'TP401', COLUMN = 'token';
+    END IF;
+    IF tok.revoked_at IS NOT NULL THEN
+        RAISE EXCEPTION 'telemetry token revoked' USING ERRCODE = 'TP401', COLUMN = 'token';
+    END IF;
+    IF tok.expires_at <= now() THEN
+        RAISE EXCEPTION 'telemetry token expired' USING ERRCODE = 'TP401', COLUMN = 'token';
+    END IF;
+    RETURN QUERY SELECT tok.id, tok.job_id, tok.attempt, tok.member_rank, tok.expires_at;
+END;
+$$;
+
+-- telemetry_check_write: the scope check for a write. A token may write only its own member's series; a
+-- batch that names a scope must name exactly the token's (403 otherwise).
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_check_write(p_token_hash text, p_scope jsonb)
+RETURNS TABLE (token_id bigint, job_id bigint, attempt integer, member_rank integer)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    tok record;
+BEGIN
+    SELECT * INTO tok FROM tuneplane.authenticate_telemetry_token(p_token_hash);
+    IF p_scope IS NOT NULL AND p_scope <> 'null'::jsonb AND (
+           (p_scope ? 'job_id' AND (p_scope ->> 'job_id')::bigint IS DISTINCT FROM tok.job_id)
+        OR (p_scope ? 'attempt' AND (p_scope ->> 'attempt')::integer IS DISTINCT FROM tok.attempt)
+        OR (p_scope ? 'member' AND (p_scope ->> 'member')::integer IS DISTINCT FROM tok.member_rank)) THEN
+        RAISE EXCEPTION 'this token may write only job % attempt % member %', tok.job_id, tok.attempt,
+            tok.member_rank USING ERRCODE = 'TP403', COLUMN = 'scope';
+    END IF;
+    RETURN QUERY SELECT tok.token_id, tok.job_id, tok.attempt, tok.member_rank;
+END;
+$$;
+
+-- telemetry_begin_batch: first step of the ingest transaction. Checks the token's scope (401/403), the
+-- batch size (413), records the batch in the ledger and returns duplicate = true if (collector, seq) was
+-- already stored (the caller then stores nothing); a known (collector, seq) with a different digest is
+-- refused (409). Creates missing series (with canonical names) and returns their ids in the order given,
+-- and the token's scope for telemetry_merge_batch.
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_begin_batch(p_token_hash text, p_collector text, p_seq bigint,
+                                                p_digest text, p_points integer, p_scope jsonb,
+                                                p_sources text[], p_names text[])
+RETURNS TABLE (duplicate boolean, series_ids bigint[], job_id bigint, attempt integer, member_rank integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    tok record;
+    inserted boolean;
+    known_digest text;
+    ids bigint[];
+    max_points integer;
+BEGIN
+    SELECT * INTO tok FROM tuneplane.telemetry_check_write(p_token_hash, p_scope);
+    SELECT s.max_batch_points INTO max_points FROM tuneplane.telemetry_settings s;
+    IF p_points > max_points THEN
+        RAISE EXCEPTION 'batch holds % points; the limit is %', p_points, max_points
+            USING ERRCODE = 'TP413', COLUMN = 'points';
+    END IF;
+    IF coalesce(array_length(p_sources, 1), 0) <> coalesce(array_length(p_names, 1), 0) THEN
+        RAISE EXCEPTION 'sources and names differ in length' USING ERRCODE = 'TP400', COLUMN = 'series';
+    END IF;
+
+    INSERT INTO tuneplane.telemetry_batches (collector_id, seq, token_id, digest, points)
+    VALUES (p_collector, p_seq, tok.token_id, p_digest, p_points)
+    ON CONFLICT (collector_id, seq) DO NOTHING
+    RETURNING true INTO inserted;
+
+    IF inserted IS NULL THEN
+        SELECT b.digest INTO known_digest FROM tuneplane.telemetry_batches b
+         WHERE b.collector_id = p_collector AND b.seq = p_seq;
+        IF known_digest IS DISTINCT FROM p_digest THEN
+            RAISE EXCEPTION 'batch % of collector % was already stored with other content', p_seq, p_collector
+                USING ERRCODE = 'TP409', COLUMN = 'seq';
+        END IF;
+        UPDATE tuneplane.telemetry_collectors c SET duplicates = c.duplicates + 1, last_batch_at = now()
+         WHERE c.collector_id = p_collector;
+        RETURN QUERY SELECT true, NULL::bigint[], tok.job_id, tok.attempt, tok.member_rank;
+        RETURN;
+    END IF;
+
+    INSERT INTO tuneplane.telemetry_series (job_id, attempt, member_rank, source, name, canonical)
+    SELECT DISTINCT tok.job_id, tok.attempt, tok.member_rank, u.src, u.nm, tuneplane.telemetry_canonical(u.nm)
+      FROM unnest(p_sources, p_names) AS u(src, nm)
+     WHERE NOT EXISTS (SELECT 1 FROM tuneplane.telemetry_series s
+                        WHERE s.job_id = tok.job_id AND s.attempt = tok.attempt
+                          AND s.member_rank = tok.member_rank AND s.source = u.src AND s.name = u.nm)
+    ON CONFLICT ON CONSTRAINT telemetry_series_job_id_attempt_member_rank_source_name_key DO NOTHING;
+
+    SELECT array_agg(s.id ORDER BY u.ord) INTO ids
+      FROM unnest(p_sources, p_names) WITH ORDINALITY AS u(src, nm, ord)
+      JOIN tuneplane.telemetry_series s
+        ON s.job_id = tok.job_id AND s.attempt = tok.attempt AND s.member_rank = tok.member_rank
+       AND s.source = u.src AND s.name = u.nm;
+    RETURN QUERY SELECT false, coalesce(ids, ARRAY[]::bigint[]), tok.job_id, tok.attempt, tok.member_rank;
+END;
+$$;
+
+-- telemetry_merge_batch: last step of the ingest transaction, after the points were copied. Merges the
+-- batch's per-bucket aggregates into the rollups, its per-series summary into the series rows and the
+-- collector's counters and health into its row. Rows arrive sorted by (series, width, bucket) so that
+-- concurrent batches lock in one order.
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_merge_batch(
+    r_series bigint[], r_width integer[], r_bucket bigint[], r_n bigint[], r_sum double precision[],
+    r_min double precision[], r_max double precision[], r_first bigint[], r_last bigint[],
+    r_last_value double precision[],
+    s_series bigint[], s_count bigint[], s_min_step bigint[], s_max_step bigint[], s_last_step bigint[],
+    s_last_value double precision[],
+    p_collector text, p_job_id bigint, p_attempt integer, p_member_rank integer, p_points integer,
+    p_health jsonb)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO tuneplane.telemetry_rollups AS r
+           (series_id, width, bucket, n, sum, min, max, first_step, last_step, last_value)
+    SELECT * FROM unnest(r_series, r_width, r_bucket, r_n, r_sum, r_min, r_max, r_first, r_last, r_last_value)
+    ON CONFLICT (series_id, width, bucket) DO UPDATE SET
+        n = r.n + EXCLUDED.n,
+        sum = r.sum + EXCLUDED.sum,
+        -- NaN sorts above every number in PostgreSQL: it must not win a max or stick in a min.
+        min = CASE WHEN r.min IS NULL OR r.min = 'NaN' THEN EXCLUDED.min
+                   WHEN EXCLUDED.min IS NULL OR EXCLUDED.min = 'NaN' THEN r.min
+                   ELSE least(r.min, EXCLUDED.min) END,
+        max = CASE WHEN r.max IS NULL OR r.max = 'NaN' THEN EXCLUDED.max
+                   WHEN EXCLUDED.max IS NULL OR EXCLUDED.max = 'NaN' THEN r.max
+                   ELSE greatest(r.max, EXCLUDED.max) END,
+        first_step = least(r.first_step, EXCLUDED.first_step),
+        last_step = greatest(r.last_step, EXCLUDED.last_step),
+        last_value = CASE WHEN EXCLUDED.last_step >= r.last_step THEN EXCLUDED.last_value ELSE r.last_value END;
+
+    UPDATE tuneplane.telemetry_series s SET
+        point_count = s.point_count + u.cnt,
+        min_step = least(s.min_step, u.min_step),
+        max_step = greatest(s.max_step, u.max_step),
+        last_value = CASE WHEN s.last_step IS NULL OR u.last_step >= s.last_step THEN u.last_value
+                          ELSE s.last_value END,
+        last_step = greatest(s.last_step, u.last_step),
+        last_at = now()
+      FROM unnest(s_series, s_count, s_min_step, s_max_step, s_last_step, s_last_value)
+           AS u(id, cnt, min_step, max_step, last_step, last_value)
+     WHERE s.id = u.id;
+
+    INSERT INTO tuneplane.telemetry_collectors AS c (collector_id, job_id, attempt, member_rank, batches,
+                                                    points, health, last_batch_at)
+    VALUES (p_collector, p_job_id, p_attempt, p_member_rank, 1, p_points, coalesce(p_health, '{}'::jsonb), now())
+    ON CONFLICT (collector_id) DO UPDATE
+        SET batches = c.batches + 1, points = c.points + EXCLUDED.points,
+            health = CASE WHEN EXCLUDED.health = '{}'::jsonb THEN c.health ELSE EXCLUDED.health END,
+            last_batch_at = now();
+END;
+$$;
+
+-- telemetry_can_read: true when the user may read this job's telemetry (its owner, or an admin).
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_can_read(p_actor_id bigint, p_job_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    actor_role text;
+    owner bigint;
+BEGIN
+    SELECT u.role INTO actor_role FROM tuneplane.users u WHERE u.id = p_actor_id AND u.disabled_at IS NULL;
+    IF actor_role IS NULL THEN
+        RETURN false;
+    END IF;
+    IF actor_role = 'admin' THEN
+        RETURN true;
+    END IF;
+    IF to_regclass('tuneplane.jobs') IS NULL THEN
+        RETURN false;
+    END IF;
+    EXECUTE 'SELECT owner_id FROM tuneplane.jobs WHERE id = $1' INTO owner USING p_job_id;
+    RETURN owner IS NOT DISTINCT FROM p_actor_id AND owner IS NOT NULL;
+END;
+$$;
+
+-- telemetry_require_read: 404 unless the user may read the job's telemetry (no hint that it exists).
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_require_read(p_actor_id bigint, p_job_id bigint)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF NOT tuneplane.telemetry_can_read(p_actor_id, p_job_id) THEN
+        RAISE EXCEPTION 'no such job of yours: %', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job_id';
+    END IF;
+END;
+$$;
+
+-- telemetry_job_series: the series of a job the user may read, optionally narrowed.
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_job_series(p_actor_id bigint, p_job_id bigint, p_name text DEFAULT NULL,
+                                               p_attempt integer DEFAULT NULL, p_member integer DEFAULT NULL,
+                                               p_source text DEFAULT NULL)
+RETURNS SETOF tuneplane.telemetry_series
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM tuneplane.telemetry_require_read(p_actor_id, p_job_id);
+    RETURN QUERY
+        SELECT s.* FROM tuneplane.telemetry_series s
+         WHERE s.job_id = p_job_id
+           AND (p_name IS NULL OR s.name = p_name OR s.canonical = p_name)
+           AND (p_attempt IS NULL OR s.attempt = p_attempt)
+           AND (p_member IS NULL OR s.member_rank = p_member)
+           AND (p_source IS NULL OR s.source = p_source)
+         ORDER BY s.canonical NULLS LAST, s.name, s.source, s.attempt, s.member_rank;
+END;
+$$;
+
+-- telemetry_series_buckets: one series downsampled to at most p_max_buckets buckets (1..1000) over a step
+-- range, each with min, max, mean and the last value. Reads the coarsest rollup whose width fits the
+-- bucket width (bucket edges then follow that rollup's grid), or raw points when buckets are narrower
+-- than 64 steps. No caller check: use telemetry_buckets for user-facing reads.
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_series_buckets(p_series_id bigint, p_max_buckets integer,
+                                                   p_step_from bigint DEFAULT NULL,
+                                                   p_step_to bigint DEFAULT NULL,
+                                                   p_use_rollups boolean DEFAULT true)
+RETURNS TABLE (bucket_start bigint, bucket_end bigint, n bigint, min double precision,
+               max double precision, mean double precision, last_step bigint, last_value double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    s tuneplane.telemetry_series;
+    lo bigint;
+    hi bigint;
+    want bigint;
+    level integer := 0;
+    w bigint;
+    lo_aligned bigint;
+BEGIN
+    IF p_max_buckets IS NULL OR p_max_buckets < 1 OR p_max_buckets > 1000 THEN
+        RAISE EXCEPTION 'max buckets must be between 1 and 1000' USING ERRCODE = 'TP400', COLUMN = 'max_points';
+    END IF;
+    SELECT * INTO s FROM tuneplane.telemetry_series WHERE id = p_series_id;
+    IF s.id IS NULL OR s.min_step IS NULL THEN
+        RETURN;
+    END IF;
+    lo := greatest(coalesce(p_step_from, s.min_step), s.min_step);
+    hi := least(coalesce(p_step_to, s.max_step), s.max_step);
+    IF hi < lo THEN
+        RETURN;
+    END IF;
+    want := greatest(1, ceil((hi - lo + 1)::numeric / p_max_buckets)::bigint);
+    IF p_use_rollups THEN
+        SELECT max(lv) INTO level FROM unnest(ARRAY[64, 512, 4096, 32768]) AS lv WHERE lv <= want;
+    END IF;
+    IF coalesce(level, 0) = 0 THEN
+        w := want;
+        RETURN QUERY
+            SELECT lo + g.b * w, lo + g.b * w + w - 1, g.cnt, g.mn, g.mx, g.mean, g.ls, g.lv
+              FROM (SELECT (p.step - lo) / w AS b,
+                           count(*) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS cnt,
+                           min(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mn,
+                           max(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mx,
+                           avg(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mean,
+                           max(p.step) AS ls,
+                           (array_agg(p.value ORDER BY p.step DESC))[1] AS lv
+                      FROM tuneplane.telemetry_points p
+                     WHERE p.series_id = p_series_id AND p.step BETWEEN lo AND hi
+                     GROUP BY 1) g
+             ORDER BY g.b;
+        RETURN;
+    END IF;
+    -- Output buckets are whole multiples of the rollup width, aligned to its grid.
+    w := ceil(want::numeric / level)::bigint * level;
+    lo_aligned := lo - (((lo % level) + level) % level);
+    RETURN QUERY
+        SELECT lo_aligned + g.b * w, lo_aligned + g.b * w + w - 1, g.cnt, g.mn, g.mx,
+               CASE WHEN g.cnt > 0 THEN g.total / g.cnt END, g.ls, g.lv
+          FROM (SELECT (r.bucket * level - lo_aligned) / w AS b,
+                       sum(r.n)::bigint AS cnt, sum(r.sum) AS total,
+                       min(r.min) FILTER (WHERE r.min <> 'NaN') AS mn,
+                       max(r.max) FILTER (WHERE r.max <> 'NaN') AS mx,
+                       max(r.last_step) AS ls,
+                       (array_agg(r.last_value ORDER BY r.last_step DESC))[1] AS lv
+                  FROM tuneplane.telemetry_rollups r
+                 WHERE r.series_id = p_series_id AND r.width = level
+                   AND r.bucket BETWEEN floor(lo::numeric / level)::bigint AND floor(hi::numeric / level)::bigint
+                 GROUP BY 1) g
+         ORDER BY g.b;
+END;
+$$;
+
+-- telemetry_buckets: telemetry_series_buckets for a user (owner or admin; 404 otherwise).
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_buckets(p_actor_id bigint, p_series_id bigint, p_max_buckets integer,
+                                            p_step_from bigint DEFAULT NULL, p_step_to bigint DEFAULT NULL)
+RETURNS TABLE (bucket_start bigint, bucket_end bigint, n bigint, min double precision,
+               max double precision, mean double precision, last_step bigint, last_value double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    job bigint;
+BEGIN
+    SELECT s.job_id INTO job FROM tuneplane.telemetry_series s WHERE s.id = p_series_id;
+    IF job IS NULL OR NOT tuneplane.telemetry_can_read(p_actor_id, job) THEN
+        RAISE EXCEPTION 'no such series of yours: %', p_series_id USING ERRCODE = 'TP404', COLUMN = 'series';
+    END IF;
+    RETURN QUERY SELECT * FROM tuneplane.telemetry_series_buckets(p_series_id, p_max_buckets, p_step_from, p_step_to);
+END;
+$$;
+
+-- telemetry_raw_points: one page (at most 2000) of exact points of a series, by step. Page on with
+-- p_step_from = the last step returned and p_skip = how many points of that step the page already held.
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_raw_points(p_actor_id bigint, p_series_id bigint, p_step_from bigint DEFAULT NULL,
+                                               p_step_to bigint DEFAULT NULL, p_limit integer DEFAULT 500,
+                                               p_skip integer DEFAULT 0)
+RETURNS TABLE (step bigint, value double precision, wall_time double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    job bigint;
+BEGIN
+    SELECT s.job_id INTO job FROM tuneplane.telemetry_series s WHERE s.id = p_series_id;
+    IF job IS NULL OR NOT tuneplane.telemetry_can_read(p_actor_id, job) THEN
+        RAISE EXCEPTION 'no such series of yours: %', p_series_id USING ERRCODE = 'TP404', COLUMN = 'series';
+    END IF;
+    IF p_limit IS NULL OR p_limit < 1 OR p_limit > 2000 THEN
+        RAISE EXCEPTION 'limit must be between 1 and 2000' USING ERRCODE = 'TP400', COLUMN = 'limit';
+    END IF;
+    RETURN QUERY
+        SELECT p.step, p.value, p.wall_time FROM tuneplane.telemetry_points p
+         WHERE p.series_id = p_series_id
+           AND p.step >= coalesce(p_step_from, -9223372036854775808)
+           AND p.step <= coalesce(p_step_to, 9223372036854775807)
+         ORDER BY p.step, p.wall_time, p.value
+         OFFSET greatest(coalesce(p_skip, 0), 0) LIMIT p_limit;
+END;
+$$;
+
+-- telemetry_prune: retention. Deletes series (with their points and rollups) whose last batch is older
+-- than the retention setting, and ledger rows as old; returns what it deleted. The gateway calls it hourly.
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_prune(p_now timestamptz DEFAULT now())
+RETURNS TABLE (series bigint, points bigint, batches bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    cutoff timestamptz;
+    doomed bigint[];
+    n_points bigint;
+    n_batches bigint;
+BEGIN
+    SELECT p_now - s.retention INTO cutoff FROM tuneplane.telemetry_settings s;
+    SELECT coalesce(array_agg(s.id), ARRAY[]::bigint[]) INTO doomed
+      FROM tuneplane.telemetry_series s WHERE coalesce(s.last_at, s.created_at) < cutoff;
+    DELETE FROM tuneplane.telemetry_points p WHERE p.series_id = ANY (doomed);
+    GET DIAGNOSTICS n_points = ROW_COUNT;
+    DELETE FROM tuneplane.telemetry_rollups r WHERE r.series_id = ANY (doomed);
+    DELETE FROM tuneplane.telemetry_series s WHERE s.id = ANY (doomed);
+    DELETE FROM tuneplane.telemetry_batches b WHERE b.received_at < cutoff;
+    GET DIAGNOSTICS n_batches = ROW_COUNT;
+    RETURN QUERY SELECT coalesce(array_length(doomed, 1), 0)::bigint, n_points, n_batches;
+END;
+$$;
+
+-- Operators: what each collector last reported, and every series with its size and freshness.
+CREATE OR REPLACE VIEW tuneplane.v_telemetry_collectors AS
+    SELECT c.collector_id, c.job_id, c.attempt, c.member_rank, c.batches, c.points, c.duplicates,
+           c.last_batch_at, now() - c.last_batch_at AS silent_for, c.health
+      FROM tuneplane.telemetry_collectors c;
+
+CREATE OR REPLACE VIEW tuneplane.v_telemetry_series AS
+    SELECT s.id, s.job_id, s.attempt, s.member_rank, s.source, s.name, s.canonical, s.point_count,
+           s.min_step, s.max_step, s.last_value, s.last_at
+      FROM tuneplane.telemetry_series s;
