@@ -1,9 +1,12 @@
 """One supervisor for `tuneplane up`: each component is its own child process.
 
-A child that dies is reported with its exit status and log file and restarted a bounded number of times;
-past that the supervisor stops everything and exits non-zero. SIGINT/SIGTERM stop the children in the
-reverse of their start order (SIGTERM, a grace period, then SIGKILL). Children get PR_SET_PDEATHSIG so
-that even a `kill -9` of the supervisor leaves no component running.
+A child that dies is reported with its exit status, the last lines of its log and the log file, and is
+restarted after a delay that doubles with every failure in a row (base 0.5 s, capped at 30 s; a child that
+ran for `stable_after` seconds counts as healthy again). The other children keep running meanwhile. After
+`max_restarts` failures in a row the supervisor stops everything and exits non-zero, naming the last
+exit. SIGINT/SIGTERM stop the children in the reverse of their start order (SIGTERM, a grace period,
+then SIGKILL). Children get PR_SET_PDEATHSIG so that even a `kill -9` of the supervisor leaves no
+component running.
 """
 
 from __future__ import annotations
@@ -46,7 +49,35 @@ class _Running:
     component: Component
     process: subprocess.Popen
     log_path: Path
-    restarts: list[float] = field(default_factory=list)
+    started_at: float = field(default_factory=time.monotonic)
+    # Failures in a row (reset once the child has run for stable_after seconds).
+    failures: int = 0
+    # When the dead child is started again (None while it runs).
+    restart_at: float | None = None
+    last_exit: str = ""
+
+
+def describe_status(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def log_tail(path: Path, lines: int = 3, limit: int = 400) -> str:
+    """The last non-empty lines of a child's log, for saying why it died."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - 8192))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(kept)[-limit:]
 
 
 class ComponentFailed(RuntimeError):
@@ -59,14 +90,18 @@ class Supervisor:
         log_dir: Path,
         report: Callable[[str], None],
         *,
-        max_restarts: int = 3,
-        restart_window: float = 60.0,
+        max_restarts: int = 8,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 30.0,
+        stable_after: float = 60.0,
         grace: float = 10.0,
     ) -> None:
         self.log_dir = log_dir
         self.report = report
         self.max_restarts = max_restarts
-        self.restart_window = restart_window
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.stable_after = stable_after
         self.grace = grace
         self.running: list[_Running] = []
         self.stop_requested = threading.Event()
@@ -116,34 +151,68 @@ class Supervisor:
                 time.sleep(0.1)
         self.report(f"started {component.name} (pid {process.pid}, log {log_path})")
 
+    def backoff(self, failures: int) -> float:
+        """The delay before restarting a child that failed `failures` times in a row (1, 2, …)."""
+        return min(self.backoff_cap, self.backoff_base * 2 ** min(failures - 1, 30))
+
     def watch(self) -> int:
         """Run until a stop is requested or a component fails for good; returns the exit status."""
-        while not self.stop_requested.wait(0.25):
+        while not self.stop_requested.wait(0.1):
+            now = time.monotonic()
             for entry in self.running:
+                if entry.restart_at is not None:
+                    if now >= entry.restart_at:
+                        self._restart(entry)
+                    continue
                 code = entry.process.poll()
                 if code is None:
                     continue
-                self.report(f"{entry.component.name} exited with status {code}; log: {entry.log_path}")
-                now = time.monotonic()
-                entry.restarts = [t for t in entry.restarts if now - t < self.restart_window]
-                if len(entry.restarts) >= self.max_restarts:
-                    self.report(
-                        f"{entry.component.name} failed {self.max_restarts + 1} times within "
-                        f"{self.restart_window:.0f}s; stopping TunePlane"
-                    )
-                    self.exit_code = 1
-                    self.stop_requested.set()
+                if not self._died(entry, code, now):
                     break
-                entry.restarts.append(now)
-                entry.process, entry.log_path = self._spawn(entry.component)
-                self.report(f"restarted {entry.component.name} (pid {entry.process.pid})")
         self.stop_all()
         return self.exit_code
+
+    def _died(self, entry: _Running, code: int, now: float) -> bool:
+        """Report a dead child and schedule its restart; False when it failed too often (stop all)."""
+        name = entry.component.name
+        if now - entry.started_at >= self.stable_after:
+            entry.failures = 0
+        entry.failures += 1
+        tail = log_tail(entry.log_path)
+        entry.last_exit = describe_status(code) + (f" (last log lines: {tail})" if tail else "")
+        if entry.failures > self.max_restarts:
+            self.report(
+                f"{name} {entry.last_exit}; it failed {entry.failures} times in a row, each within "
+                f"{self.stable_after:.0f}s of starting; stopping TunePlane. Log: {entry.log_path}"
+            )
+            self.exit_code = 1
+            self.stop_requested.set()
+            return False
+        delay = self.backoff(entry.failures)
+        self.report(
+            f"{name} {entry.last_exit}; failure {entry.failures} in a row, restarting in {delay:.1f}s. "
+            f"Log: {entry.log_path}"
+        )
+        entry.restart_at = now + delay
+        return True
+
+    def _restart(self, entry: _Running) -> None:
+        entry.restart_at = None
+        try:
+            entry.process, entry.log_path = self._spawn(entry.component)
+        except OSError as exc:
+            # Could not even start it: counts as one more failure, with the reason.
+            self.report(f"{entry.component.name} could not be started again: {exc}")
+            entry.failures += 1
+            entry.restart_at = time.monotonic() + self.backoff(entry.failures)
+            return
+        entry.started_at = time.monotonic()
+        self.report(f"restarted {entry.component.name} (pid {entry.process.pid})")
 
     def stop_all(self) -> None:
         for entry in reversed(self.running):
             process = entry.process
-            if process.poll() is None:
+            if entry.restart_at is None and process.poll() is None:
                 process.terminate()
                 try:
                     process.wait(self.grace)

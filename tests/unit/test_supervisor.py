@@ -1,25 +1,66 @@
 from __future__ import annotations
 
+import itertools
+import os
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from app.supervisor import Component, Supervisor
 from tests.helpers import wait_for
 
 
-def test_a_dying_child_is_reported_restarted_then_everything_stops(tmp_path: Path) -> None:
+def test_a_dying_child_is_restarted_with_growing_delays_then_everything_stops(tmp_path: Path) -> None:
     reports: list[str] = []
-    sup = Supervisor(tmp_path / "logs", reports.append, max_restarts=2, restart_window=60, grace=5)
+    sup = Supervisor(tmp_path / "logs", reports.append, max_restarts=3, backoff_base=0.2, grace=5)
     sup.start(Component("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"]))
-    sup.start(Component("crasher", [sys.executable, "-c", "print('boom'); raise SystemExit(3)"]))
+    crasher = (
+        "import sys, time; print('boom: cannot reach the database at', time.time(), flush=True);"
+        " raise SystemExit(3)"
+    )
+    sup.start(Component("crasher", [sys.executable, "-c", crasher]))
     sleeper = sup.running[0].process
+    starts: list[float] = []
+    real_spawn = sup._spawn
+
+    def spawn(component: Component):  # times each start of the crasher (the supervisor's own clock)
+        if component.name == "crasher":
+            starts.append(time.monotonic())
+        return real_spawn(component)
+
+    sup._spawn = spawn  # type: ignore[method-assign]
     assert sup.watch() == 1
     died = [r for r in reports if r.startswith("crasher exited with status 3")]
-    assert len(died) == 3 and str(tmp_path / "logs" / "crasher.log") in died[0]
-    assert any("failed 3 times" in r for r in reports)
+    assert len(died) == 4
+    # Each message says why: the exit status, the child's last log line, and where its log is.
+    assert all("boom: cannot reach the database" in r for r in died)
+    assert all(str(tmp_path / "logs" / "crasher.log") in r for r in died)
+    assert [d.split("restarting in ")[1].split("s.")[0] for d in died[:3]] == ["0.2", "0.4", "0.8"]
+    assert "failed 4 times in a row" in died[3] and "stopping TunePlane" in died[3]
+    # The delays between restarts grow (the machine may be slow, so each is at least its backoff).
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert len(gaps) == 2 and gaps[0] >= 0.4 and gaps[1] >= 0.8
     assert sleeper.poll() is not None  # the healthy component was stopped too
     assert "boom" in (tmp_path / "logs" / "crasher.log").read_text()
+
+
+def test_a_killed_child_is_named_with_its_signal_and_restarted(tmp_path: Path) -> None:
+    reports: list[str] = []
+    sup = Supervisor(tmp_path / "logs", reports.append, backoff_base=0.1, grace=5)
+    sup.start(Component("victim", [sys.executable, "-c", "import time; time.sleep(60)"]))
+    first = sup.running[0].process
+    thread = threading.Thread(target=sup.watch)
+    thread.start()
+    try:
+        os.kill(first.pid, signal.SIGKILL)
+        wait_for(lambda: sup.running[0].process.pid != first.pid, timeout=20, what="the restart")
+        assert sup.running[0].process.poll() is None
+    finally:
+        sup.stop_requested.set()
+        thread.join(30)
+    assert any(r.startswith("victim was killed by SIGKILL; failure 1 in a row") for r in reports)
 
 
 def test_stop_request_stops_children_in_reverse_order(tmp_path: Path) -> None:
