@@ -75,7 +75,16 @@ from app.node_gateway.config import DEFAULT_PORT, ENV_NODE_GATEWAY_URL
     default=None,
     help="Address peers use to reach this node (default: the address the gateway sees).",
 )
+@click.option(
+    "--delivery-deadline",
+    type=click.FloatRange(min=1.0),
+    default=6 * 3600.0,
+    show_default=True,
+    help="Seconds after a member ends within which its outputs must be delivered (retried until then); "
+    "past it a pending output artifact is marked failed.",
+)
 @click.option("--hold-prepare", type=float, default=0.0, hidden=True)
+@click.option("--hold-after-spawn", type=float, default=0.0, hidden=True)
 def node_cmd(
     server: str,
     enroll_token: str | None,
@@ -89,7 +98,9 @@ def node_cmd(
     probe_port: int,
     probe_host: str,
     advertise_address: str | None,
+    delivery_deadline: float,
     hold_prepare: float,
+    hold_after_spawn: float,
 ) -> None:
     """Run the Node agent: enroll once, then keep an outbound control connection to the gateway."""
     from app.cli import ExpectedError
@@ -108,7 +119,9 @@ def node_cmd(
         probe_host=probe_host,
         probe_port=probe_port,
         advertise_address=advertise_address,
+        delivery_deadline=delivery_deadline,
         hold_prepare=hold_prepare,
+        hold_after_spawn=hold_after_spawn,
     )
     try:
         main(options)

@@ -68,8 +68,15 @@ def test_agent_killed_mid_upload_resumes_after_restart_and_never_completes_wrong
     cluster.start_agent("a")
     job = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
     assert job["state"] == "succeeded", cluster.diagnose(job_id)
-    artifact = cluster.db.fetch_one("SELECT * FROM artifacts WHERE job_id = %s", (job_id,))
-    assert artifact["state"] == "complete"
+    # The restarted agent reported the end from its durable record at once; delivery resumed meanwhile.
+    artifact = wait_for(
+        lambda: cluster.db.fetch_one(
+            "SELECT * FROM artifacts WHERE job_id = %s AND state <> 'uploading'", (job_id,)
+        ),
+        timeout=120,
+        what="the resumed upload to end",
+    )
+    assert artifact["state"] == "complete", artifact
     (member,) = cluster.members(job_id)
     local = build_manifest(cluster.member_dir("a", member["id"]) / "output" / "ckpt")
     assert artifact["manifest_digest"] == local.digest

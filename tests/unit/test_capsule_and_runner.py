@@ -15,9 +15,11 @@ import pytest
 from app.blobstore import FilesystemBlobStore
 from app.submission.pins import artifact_pin, integrations, python_runtime_pin
 from tests.e2e.launch_cluster import source_archive
+from tests.helpers import wait_for
 from workers.backend.capsule_build import build_capsule
 from workers.capsule import CapsuleError, unpack_capsule
 from workers.runner.environment import MemberPaths, workload_environment
+from workers.runner.process import LOCKED_EXIT, member_lock_held, read_runner_pids
 from workers.runner.runtime import RuntimeRefused, check_runtime, python_pin_problems
 
 SCRIPT = """import os, sys
@@ -208,3 +210,59 @@ def test_the_runner_refuses_a_runtime_it_cannot_honour_and_says_why_in_the_logs(
     assert status["exit_code"] == 126 and "python 3.99 pinned" in status["reason"]
     assert "tuneplane runner: the pinned Python runtime" in (root / "logs" / "stderr.log").read_text()
     assert not (root / "logs" / "stdout.log").read_text()
+
+
+WAIT_THEN_EXIT = """import os, pathlib, sys, time
+out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
+(out / "started").write_text(str(os.getpid()))
+while not (out / "release").exists():
+    time.sleep(0.05)
+(out / "checkpoint.txt").write_text("done")
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def _start_runner(root: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "app", "runner", "--member-dir", str(root)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+
+
+def test_a_killed_runner_is_not_a_failed_workload_its_keeper_writes_the_real_exit_status(
+    built, tmp_path: Path
+) -> None:
+    root = _prepared_member(built, tmp_path, exit_code=7)
+    (root / "src" / "main.py").write_text(WAIT_THEN_EXIT)
+    runner = _start_runner(root)
+    wait_for(lambda: (root / "output" / "started").exists(), timeout=30, what="the workload to start")
+    assert member_lock_held(root)
+    pids = read_runner_pids(root)
+    assert pids["runner"] == runner.pid and pids["keeper"] != runner.pid
+    runner.kill()  # kill -9 of the runner mid-run
+    runner.wait(10)
+    assert member_lock_held(root), "the keeper holds the member directory while the workload runs"
+    assert not (root / "exit_status.json").exists()
+    (root / "output" / "release").write_text("go")
+    wait_for(lambda: (root / "exit_status.json").exists(), timeout=30, what="the keeper's exit status")
+    status = json.loads((root / "exit_status.json").read_text())
+    assert status["exit_code"] == 7 and status["reason"] == "exited with status 7"
+    assert (root / "output" / "checkpoint.txt").read_text() == "done"
+    wait_for(lambda: not member_lock_held(root), timeout=10, what="the keeper to let go of the lock")
+
+
+def test_a_second_runner_for_a_live_member_refuses_without_touching_it(built, tmp_path: Path) -> None:
+    root = _prepared_member(built, tmp_path)
+    (root / "src" / "main.py").write_text(WAIT_THEN_EXIT)
+    first = _start_runner(root)
+    try:
+        wait_for(lambda: (root / "output" / "started").exists(), timeout=30, what="the workload to start")
+        second = _run(root)
+        assert second.returncode == LOCKED_EXIT and "another runner holds" in second.stdout
+        assert not (root / "exit_status.json").exists()
+        (root / "output" / "release").write_text("go")
+        assert first.wait(30) == 0
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert json.loads((root / "exit_status.json").read_text())["exit_code"] == 0
+    assert (root / "logs" / "stdout.log").read_text().count("starting member") == 0
+    assert "starting member" in first.stdout.read()  # type: ignore[union-attr]

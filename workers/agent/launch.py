@@ -6,8 +6,16 @@ prepare  runs as its own asyncio task (a cold preparation never blocks heartbeat
          shared storage, then report member_prepared or member_prepare_failed with the reason.
 start    spawns `tuneplane runner` in its own session (it survives an agent crash), records member → pid
          in the state directory before reporting member_started, starts the member's collector with a
-         token scoped to the member, and watches it; the exit is reported with the status the runner
-         wrote to the member directory (readable by an agent restarted after kill -9).
+         token scoped to the member, and watches it. A START for a member whose runner is alive (it
+         holds the lock on the member directory: an agent killed between spawn and record, a
+         redelivered START) adopts that runner; one whose runner already finished adopts its result.
+         A member is never spawned twice.
+end      the moment a member's runner is gone, the agent writes its durable end record (exit status as
+         the runner's keeper wrote it, end time, outputs to deliver, the `member_exited` report as
+         unacknowledged) before anything else; then it starts the output delivery (workers.agent.
+         delivery, retried until a deadline), waits for its first pass and the log drain, and reports
+         the exit. Until the control plane acknowledges it, every reconcile lists the member as ended
+         with that status: a reconnect or an agent restart in that window can never make it "gone".
 stop     SIGTERM to every process of the member, SIGKILL after the grace period.
 abort    cancels an in-flight prepare and deletes the member's workspace (nothing was started).
 kill     stops members the control plane no longer considers live here (orphans after a fence).
@@ -27,21 +35,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 from app.security import new_token
 from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
+from workers.agent.delivery import DEFAULT_DEADLINE, Delivery, pending, plan_deliveries
 from workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
 from workers.agent.logship import ship_logs
 from workers.agent.members import MemberRecord, MemberStore, member_dir, member_tag, tag_suffix
-from workers.agent.outputs import deliver_outputs
 from workers.agent.prepare import NodeAccess, PrepareFailed, prepare_member_dir
 from workers.agent.probe import ProbeServer
 from workers.agent.session import Refused
 from workers.capsule import CapsuleError
 from workers.proctree import TAG_VARIABLE, alive, member_processes, signal_all, start_time, tagged
-from workers.runner.process import read_exit_status
+from workers.runner.process import member_lock_held, read_exit_status, read_runner_pids
 from workers.runner.runtime import RuntimeRefused
 
 log = logging.getLogger("tuneplane.agent.launch")
@@ -56,6 +65,7 @@ RUNNER_ENV_DROP = (
     TAG_VARIABLE,
 )
 WATCH_INTERVAL = 0.2
+REAP_INTERVAL = 1.0
 
 
 def _say(ctx: AgentContext, line: str) -> None:
@@ -81,6 +91,12 @@ class LaunchAgent:
         self.shippers: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}
         self.runners: dict[int, subprocess.Popen] = {}
         self.collectors: dict[int, subprocess.Popen] = {}
+        # Children no longer tracked per member, waited for by the reaper (no zombies under the agent).
+        self.retired: list[subprocess.Popen] = []
+        self.reaper: asyncio.Task | None = None
+        self.deliveries: dict[int, Delivery] = {}
+        # Members whose end is being finished (delivery's first pass, log drain, exit report).
+        self.finishing: dict[int, asyncio.Task] = {}
         self.probe: ProbeServer | None = None
         self.publish()
 
@@ -238,8 +254,9 @@ class LaunchAgent:
         if record.state != "prepared":
             await self._cannot_start(member_id, f"it is {record.state} on this node, not prepared")
         directory = member_dir(self.paths, member_id)
-        if (directory / "exit_status.json").exists():
-            raise CommandFailed(f"member {member_id} already ran on this node")
+        found = await asyncio.to_thread(self._existing_run, directory)
+        if found is not None:
+            return await self._adopt(record, directory, *found)
         token = await self._telemetry_token(record)
         env = self._runner_env(member_id, token)
         logs = directory / "logs"
@@ -254,6 +271,10 @@ class LaunchAgent:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        hold = float(self.ctx.extra.get("hold_after_spawn") or 0)
+        if hold > 0:
+            _say(self.ctx, f"member {member_id}: holding {hold:g}s between spawn and record (test option)")
+            await asyncio.sleep(hold)
         record.pid, record.pid_started = runner.pid, start_time(runner.pid)
         record.state, record.reason = "running", "running"
         self.runners[member_id] = runner
@@ -268,6 +289,43 @@ class LaunchAgent:
         self.ensure_watcher(record)
         await self.report(record, "member_started", {"member_id": member_id, "pid": runner.pid})
         return {"member_id": member_id, "pid": runner.pid}
+
+    def _existing_run(self, directory: Path) -> tuple[int | None, str] | None:
+        """(pid, why) when this member already has a run here (a live runner holding the member directory's
+        lock, or a finished one's exit status); None when nothing ever ran it."""
+        if member_lock_held(directory):
+            pids: dict = {}
+            deadline = time.monotonic() + 3.0
+            while not pids and time.monotonic() < deadline:  # the runner writes it right after its fork
+                pids = read_runner_pids(directory)
+                if not pids:
+                    time.sleep(0.05)
+            runner = pids.get("runner")
+            if runner and alive(runner, pids.get("runner_started")):
+                return runner, f"its runner (pid {runner}) is alive"
+            keeper = pids.get("keeper")
+            if keeper and alive(keeper, pids.get("keeper_started")):
+                return keeper, f"its runner is gone but the workload's keeper (pid {keeper}) is alive"
+            return None, "a process of it holds the member directory's lock"
+        if (directory / "exit_status.json").exists():
+            return None, "it already ran and ended"
+        return None
+
+    async def _adopt(self, record: MemberRecord, directory: Path, pid: int | None, why: str) -> dict:
+        """START for a member that already runs (or ran) here: record and watch that run, spawn nothing."""
+        member_id = record.member_id
+        record.pid, record.pid_started = pid, (start_time(pid) if pid else None)
+        record.state, record.reason = "running", f"adopted: {why}"
+        self.store.save(record)
+        self.publish()
+        _say(self.ctx, f"member {member_id}: adopted, not started again ({why})")
+        if await asyncio.to_thread(member_lock_held, directory):
+            token = await self._telemetry_token(record)
+            if token:
+                self._start_collector(record, directory, token)
+        self.ensure_watcher(record)
+        await self.report(record, "member_started", {"member_id": member_id, "pid": pid})
+        return {"member_id": member_id, "pid": pid, "adopted": why}
 
     async def _cannot_start(self, member_id: int, why: str) -> NoReturn:
         """Say the member ended (it never ran) so the attempt does not wait for it, then fail the command."""
@@ -373,6 +431,9 @@ class LaunchAgent:
         runner = self.runners.get(record.member_id)
         if runner is not None and runner.poll() is None:
             return True
+        # The runner, or its keeper after the runner was killed, holds the lock while the member runs.
+        if member_lock_held(member_dir(self.paths, record.member_id)):
+            return True
         if record.pid and alive(record.pid, record.pid_started):
             return True
         return bool(tagged(member_tag(self.paths, record.member_id)))
@@ -385,7 +446,8 @@ class LaunchAgent:
             if not await asyncio.to_thread(self.running_now, record):
                 break
             await asyncio.sleep(WATCH_INTERVAL)
-        await self.member_ended(record)
+        if self.record_end(record):
+            await self.finish_end(record)
 
     def exit_of(self, record: MemberRecord) -> tuple[int | None, str]:
         status = read_exit_status(member_dir(self.paths, record.member_id))
@@ -394,34 +456,91 @@ class LaunchAgent:
         runner = self.runners.get(record.member_id)
         if runner is not None and runner.returncode is not None:
             return (
-                runner.returncode,
-                f"the runner ended without an exit status (its own status {runner.returncode})",
+                None,
+                "the runner and its keeper ended without writing the workload's exit status "
+                f"(the runner's own status {runner.returncode})",
             )
         return None, "the runner ended while the agent was away and left no exit status"
 
-    async def member_ended(self, record: MemberRecord) -> None:
+    def record_end(self, record: MemberRecord) -> bool:
+        """The durable end record, written before anything else happens after a member's end: its exit
+        status, end time, the outputs to deliver and the exit report (unacknowledged until the control
+        plane takes it). False when the member's end was already recorded."""
+        if record.state != "running":
+            return False
         code, reason = self.exit_of(record)
+        record.state, record.exit_code, record.reason, record.ended_at = "ended", code, reason, time.time()
+        record.unreported["member_exited"] = {
+            "member_id": record.member_id,
+            "exit_code": code,
+            "reason": reason,
+        }
+        directory = member_dir(self.paths, record.member_id)
         if code == 0:
-            delivered = await asyncio.to_thread(
-                deliver_outputs, self.access(), member_dir(self.paths, record.member_id)
-            )
-            if delivered:
-                code, reason = 1, f"exited with status 0, but delivering its outputs failed: {delivered}"
-        record.state, record.exit_code, record.reason = "ended", code, reason
+            deadline = float(self.ctx.extra.get("delivery_deadline") or DEFAULT_DEADLINE)
+            plan_deliveries(record, directory, deadline)
         self.store.save(record)
-        self.runners.pop(record.member_id, None)
+        runner = self.runners.pop(record.member_id, None)
+        if runner is not None:
+            self.retired.append(runner)
         self.publish()
         self._stop_collector(record)
-        # The end is reported after the logs are drained: whoever sees it ended can read every line.
+        self.ensure_delivery(record)
+        return True
+
+    def ensure_delivery(self, record: MemberRecord) -> Delivery | None:
+        """The member's delivery task (started if outputs are pending and none runs)."""
+        if not pending(record):
+            return None
+        delivery = self.deliveries.get(record.member_id)
+        if delivery is None or delivery.done():
+            delivery = self.deliveries[record.member_id] = Delivery(
+                self.store,
+                record.member_id,
+                member_dir(self.paths, record.member_id),
+                self.access,
+                lambda line: _say(self.ctx, line),
+            )
+        return delivery
+
+    async def finish_end(self, record: MemberRecord) -> None:
+        """After the durable end record: outputs' first delivery pass, the log drain, then the report.
+
+        Waiting for the first pass keeps the usual order (a job seen succeeded has its outputs); a pass
+        that has to retry does not hold the exit back. The end is reported after the logs are drained:
+        whoever sees it ended can read every line (a reconcile meanwhile reports it from the record)."""
+        delivery = self.deliveries.get(record.member_id)
+        if delivery is not None:
+            await delivery.first_pass.wait()
         shipper = self.shippers.pop(record.member_id, None)
         if shipper is not None:
             shipper[1].set()
             with contextlib.suppress(Exception):
                 await shipper[0]
-        _say(self.ctx, f"member {record.member_id}: {reason}")
-        await self.report(
-            record, "member_exited", {"member_id": record.member_id, "exit_code": code, "reason": reason}
-        )
+        _say(self.ctx, f"member {record.member_id}: {record.reason}")
+        payload = record.unreported.get("member_exited") or {
+            "member_id": record.member_id,
+            "exit_code": record.exit_code,
+            "reason": record.reason,
+        }
+        await self.report(record, "member_exited", payload)
+
+    def _finish_later(self, record: MemberRecord) -> None:
+        task = self.finishing.get(record.member_id)
+        if task is None or task.done():
+            self.finishing[record.member_id] = asyncio.get_running_loop().create_task(
+                self.finish_end(record), name=f"end-{record.member_id}"
+            )
+
+    async def reap(self) -> None:
+        """Wait for every child that ended (collectors draining after their member, retired runners)."""
+        while True:
+            for children in (self.collectors, self.runners):
+                for member_id, child in list(children.items()):
+                    if child.poll() is not None and children is self.collectors:
+                        del children[member_id]
+            self.retired = [child for child in self.retired if child.poll() is None]
+            await asyncio.sleep(REAP_INTERVAL)
 
     # ---- stop, kill ---------------------------------------------------------------------------------
 
@@ -472,10 +591,12 @@ class LaunchAgent:
         if not pids:
             return
         _say(self.ctx, f"member {record.member_id}: grace over, SIGKILL to {len(pids)} process(es)")
-        # The workload first, so the runner can still write its exit status; then the runner too.
-        signal_all(pids - {record.pid}, signal.SIGKILL)
+        # The workload first, so the runner's keeper can still write its exit status; then the rest.
+        directory = member_dir(self.paths, record.member_id)
+        keeper = read_runner_pids(directory).get("keeper")
+        signal_all(pids - {record.pid, keeper}, signal.SIGKILL)
         for _ in range(20):
-            if not record.pid or not alive(record.pid, record.pid_started):
+            if not await asyncio.to_thread(member_lock_held, directory):
                 return
             await asyncio.sleep(0.1)
         signal_all(await asyncio.to_thread(self.processes_of, record), signal.SIGKILL)
@@ -505,6 +626,8 @@ class LaunchAgent:
     async def on_session(self) -> None:
         """A new control session: probe port, reconcile, then whatever is still unreported."""
         await self._report_probe()
+        if self.reaper is None or self.reaper.done():
+            self.reaper = asyncio.get_running_loop().create_task(self.reap(), name="reaper")
         running, exited = [], []
         for record in self.store.all():
             if record.state == "running":
@@ -512,21 +635,21 @@ class LaunchAgent:
                     running.append({"member_id": record.member_id, "pid": record.pid})
                     self.ensure_watcher(record)
                     continue
-                task = self.watchers.get(record.member_id)
-                if task is not None and not task.done():
-                    await task  # it is reporting the exit right now
-                    record = self.store.get(record.member_id) or record
-                else:
-                    # It ended while the agent was away (maybe killed mid-upload): deliver its outputs now
-                    # (an interrupted upload resumes from the chunks the server holds), then report it.
-                    await self.member_ended(record)
-                    record = self.store.get(record.member_id) or record
-            if record.state == "ended" and "member_exited" in record.unreported:
+                # It ended (maybe while the agent was away): record its end now, so this reconcile
+                # reports it with its exit status; delivery and the exit report go on in the background.
+                if self.record_end(record):
+                    self._finish_later(record)
+            if record.state != "ended":
+                continue
+            # Outputs still pending after an agent restart: delivery resumes (an interrupted upload
+            # continues from the chunks the server holds).
+            self.ensure_delivery(record)
+            if "member_exited" in record.unreported:
                 exited.append(
                     {"member_id": record.member_id, "exit_code": record.exit_code, "reason": record.reason}
                 )
-            elif record.state == "ended" and not record.unreported:
-                # Reported and acknowledged: nothing left to remember.
+            elif not record.unreported and not pending(record) and not self._busy(record.member_id):
+                # Reported, acknowledged and delivered: nothing left to remember.
                 self.store.forget(record.member_id)
         running += await asyncio.to_thread(self._untracked_members, {r["member_id"] for r in running})
         self.publish()
@@ -554,6 +677,11 @@ class LaunchAgent:
                     self.ctx, f"member {record.member_id}: preparing again (the agent restarted mid-prepare)"
                 )
                 self._begin_prepare(record, record.prepare_payload)
+
+    def _busy(self, member_id: int) -> bool:
+        task = self.finishing.get(member_id)
+        watcher = self.watchers.get(member_id)
+        return (task is not None and not task.done()) or (watcher is not None and not watcher.done())
 
     def _untracked_members(self, known: set[int]) -> list[dict]:
         """Processes carrying one of this agent's member tags but without a record (a crash between spawn

@@ -51,8 +51,12 @@ class AgentOptions:
     probe_host: str = "0.0.0.0"
     probe_port: int = 0
     advertise_address: str | None = None
-    # Tests only: keep every PREPARE in flight this long (a slow, cold preparation).
+    # Seconds after a member's end within which its outputs are delivered (retried until then).
+    delivery_deadline: float = 6 * 3600.0
+    # Tests only: keep every PREPARE in flight this long (a slow, cold preparation); wait this long
+    # between spawning a runner and recording it (a crash in that window).
     hold_prepare: float = 0.0
+    hold_after_spawn: float = 0.0
 
 
 def default_node_name() -> str:
@@ -121,6 +125,8 @@ async def run_agent(options: AgentOptions, *, say=print) -> None:
             },
             say=say,
             hold_prepare=options.hold_prepare,
+            hold_after_spawn=options.hold_after_spawn,
+            delivery_deadline=options.delivery_deadline,
         )
 
         def probe() -> dict:

@@ -46,10 +46,15 @@ class MemberRecord:
     collector_pid: int | None = None
     collector_started: int | None = None
     exit_code: int | None = None
+    # The member's end, recorded before anything else happens after it (wall clock, seconds).
+    ended_at: float | None = None
     # Reports not yet acknowledged by the control plane, by kind (sent again after a reconnect).
     unreported: dict[str, dict[str, Any]] = field(default_factory=dict)
     # PREPARE's payload while preparing: an agent restarted mid-prepare starts the preparation again.
     prepare_payload: dict[str, Any] | None = None
+    # Outputs to deliver after an exit 0 (workers.agent.delivery): name → state, tries, error, artifact id.
+    deliveries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    deliver_by: float | None = None
 
 
 class MemberStore:

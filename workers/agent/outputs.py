@@ -1,16 +1,34 @@
-"""Delivering a finished member's outputs (the spec's `outputs`) as artifacts, before its exit is reported.
+"""Delivering a finished member's outputs (the spec's `outputs`) as artifacts: one try per output.
 
 Delivery per output: what the spec asks, else object upload, falling back to the fleet's shared mount
 when the fleet declares no object delivery. On the shared mount an output goes to
 `<shared_path>/jobs/<job>/attempt-<n>/rank-<r>/<name>`.
+
+`deliver_output` makes one try and says what it came to: `complete`, `retry` (the server or the network
+failed: a 5xx, a connection error, an upload cut short; trying again later can succeed) or `failed` (a
+refusal that will not change: a 4xx, an output directory that is not there). The retrying, the backoff,
+the deadline and the durable bookkeeping live in workers.agent.delivery.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 from workers.agent.prepare import NodeAccess
+
+# 4xx answers that are worth another try (the server was busy or timed the request out).
+RETRYABLE_4XX = (408, 425, 429)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str  # complete | retry | failed
+    reason: str = ""
+    artifact_id: int | None = None
 
 
 def shared_destination(member: dict, name: str) -> str:
@@ -20,46 +38,82 @@ def shared_destination(member: dict, name: str) -> str:
     )
 
 
-def deliver_outputs(access: NodeAccess, directory: Path) -> str | None:
-    """None when every output was delivered (or there are none); else what went wrong, per output."""
+def planned_outputs(directory: Path) -> list[dict]:
+    """The outputs the member's spec asks for (none when the member directory is not readable)."""
     try:
         spec = json.loads((directory / "capsule" / "spec.json").read_text())
-        member = json.loads((directory / "member.json").read_text())
     except (OSError, ValueError):
-        return None
-    outputs = spec.get("outputs") or []
-    if not outputs:
-        return None
+        return []
+    return [dict(o) for o in spec.get("outputs") or []]
+
+
+def _retryable(exc: Exception) -> bool:
+    from workers.artifacts.upload import UploadError
+
+    if isinstance(exc, httpx.TransportError | ConnectionError | TimeoutError):
+        return True
+    if isinstance(exc, UploadError):
+        status = getattr(exc, "status", None)
+        return status is None or status >= 500 or status in RETRYABLE_4XX
+    return False
+
+
+def deliver_output(access: NodeAccess, directory: Path, output: dict) -> Outcome:
+    """One try at delivering one output (blocking: run it in a thread)."""
     from workers.artifacts.deliver import deliver_artifact, node_http
     from workers.artifacts.upload import UploadError
 
-    problems = []
-    with node_http(access.server, access.credential(), ca_bundle=access.ca_bundle) as http:
-        for output in outputs:
-            name = output["name"]
-            root = directory / "output" / output["path"]
-            if not root.is_dir():
-                problems.append(f"output {name}: {output['path']} is not a directory in the output directory")
-                continue
-            choices = [output["delivery"]] if output.get("delivery") else ["object", "shared"]
-            if not member.get("shared_path"):
-                choices = [c for c in choices if c != "shared"] or choices
-            error = None
-            for delivery in choices:
-                shared = shared_destination(member, name) if delivery == "shared" else None
-                try:
-                    result = deliver_artifact(
-                        http, int(member["member_id"]), name, root, delivery=delivery, shared_path=shared
-                    )
-                except (UploadError, OSError) as exc:
-                    error = str(exc)
-                    continue
-                error = (
-                    None
-                    if result.get("state") == "complete"
-                    else (result.get("reason") or result.get("state"))
+    try:
+        member = json.loads((directory / "member.json").read_text())
+    except (OSError, ValueError) as exc:
+        return Outcome("failed", f"the member directory has no readable member.json ({exc})")
+    name = output["name"]
+    root = directory / "output" / output["path"]
+    if not root.is_dir():
+        return Outcome("failed", f"{output['path']} is not a directory in the output directory")
+    choices = [output["delivery"]] if output.get("delivery") else ["object", "shared"]
+    if not member.get("shared_path"):
+        choices = [c for c in choices if c != "shared"] or choices
+    refusals = []
+    try:
+        credential = access.credential()
+    except Exception as exc:  # no credential now (being rotated): try again later
+        return Outcome("retry", f"no node credential: {exc}")
+    with node_http(access.server, credential, ca_bundle=access.ca_bundle) as http:
+        for delivery in choices:
+            shared = shared_destination(member, name) if delivery == "shared" else None
+            try:
+                result = deliver_artifact(
+                    http, int(member["member_id"]), name, root, delivery=delivery, shared_path=shared
                 )
-                break
-            if error:
-                problems.append(f"output {name}: {error}")
-    return "; ".join(problems) or None
+            except (UploadError, OSError, httpx.HTTPError) as exc:
+                if _retryable(exc):
+                    return Outcome("retry", f"{delivery} delivery: {exc}")
+                refusals.append(f"{delivery} delivery: {exc}")
+                continue
+            state, artifact_id = result.get("state"), result.get("id")
+            reason = result.get("reason") or ""
+            if state == "complete":
+                return Outcome("complete", "", artifact_id)
+            if state == "failed":
+                return Outcome("failed", reason or "the server failed the artifact", artifact_id)
+            return Outcome("retry", reason or f"the upload is not finished ({state})", artifact_id)
+    return Outcome("failed", "; ".join(refusals) or "no delivery was possible")
+
+
+def fail_artifact(access: NodeAccess, artifact_id: int, reason: str) -> Outcome:
+    """Mark a registered artifact failed with the reason (its delivery gave up)."""
+    from workers.artifacts.deliver import node_http
+
+    try:
+        with node_http(access.server, access.credential(), ca_bundle=access.ca_bundle) as http:
+            response = http.post(f"/api/artifacts/{artifact_id}/fail", json={"reason": reason[:2000]})
+    except Exception as exc:
+        return Outcome("retry", f"could not mark artifact {artifact_id} failed: {exc}", artifact_id)
+    if response.is_success or response.status_code == 409:  # 409: it completed after all
+        return Outcome("failed", reason, artifact_id)
+    if response.status_code >= 500 or response.status_code in RETRYABLE_4XX:
+        return Outcome(
+            "retry", f"HTTP {response.status_code} marking artifact {artifact_id} failed", artifact_id
+        )
+    return Outcome("failed", reason, artifact_id)

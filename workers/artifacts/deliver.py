@@ -48,7 +48,9 @@ def _checked(response: httpx.Response) -> dict[str, Any]:
     except ValueError:
         body = {}
     if not response.is_success:
-        raise UploadError(f"server refused: {body.get('error') or f'HTTP {response.status_code}'}")
+        raise UploadError(
+            f"server refused: {body.get('error') or f'HTTP {response.status_code}'}", response.status_code
+        )
     return body
 
 

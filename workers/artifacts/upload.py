@@ -24,7 +24,12 @@ DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 
 
 class UploadError(RuntimeError):
-    """The upload cannot go on; the message names the file or the server's reason."""
+    """The upload cannot go on; the message names the file or the server's reason. `status` is the HTTP
+    status of a server refusal (None otherwise), so a caller can tell a retryable 5xx from a 4xx."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -164,7 +169,7 @@ class HttpChunkTransport:
                     if response.is_success:
                         return body or {}
                     message = (body or {}).get("error") or f"HTTP {response.status_code}"
-                    raise UploadError(f"server refused {method} {path}: {message}")
+                    raise UploadError(f"server refused {method} {path}: {message}", response.status_code)
                 last = UploadError(f"server answered HTTP {response.status_code} to {method} {path}")
             # Transient: the server restarting or the network dropping. Back off and ask again.
             time.sleep(self.backoff * (2**attempt))

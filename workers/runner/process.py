@@ -1,15 +1,24 @@
 """One member's run: check the runtime, start the workload, keep its logs, write its exit status.
 
-The runner is a child subreaper (prctl), so whatever the workload starts stays below it even when an
+The runner first takes an exclusive lock (flock) on `<member-dir>/runner.lock` and keeps it until the
+member has ended: a second runner for the same member directory refuses at once (without touching the
+exit status), and the agent tells a live run from a finished one by whether the lock is held.
+
+It then forks a *keeper*: the workload's parent and the one process that learns its exit status. The
+keeper is a child subreaper (prctl), so whatever the workload starts stays below it even when an
 intermediate process exits; on SIGTERM (the agent's stop) it passes the signal to every descendant and
 keeps waiting, so the exit status it writes is the workload's. When the workload's main process ends,
-leftover descendants get SIGTERM and, 5 s later, SIGKILL: nothing of a member outlives its runner.
+leftover descendants get SIGTERM and, 5 s later, SIGKILL. The runner itself only waits for the keeper: a
+`kill -9` of the runner leaves the keeper (it inherited the lock) to finish, so the workload's real exit
+status is still written and a killed runner is not a failed workload. `runner.json` names both pids.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
+import fcntl
 import json
 import os
 import signal
@@ -18,12 +27,56 @@ import sys
 import time
 from pathlib import Path
 
-from workers.proctree import descendants, signal_all, signal_name
+from workers.proctree import descendants, signal_all, signal_name, start_time
 from workers.runner.environment import MemberPaths, build_launch
 from workers.runner.runtime import RuntimeRefused, check_runtime
 
 REFUSED_EXIT = 126
+# Another runner holds this member directory: nothing was started, nothing was written.
+LOCKED_EXIT = 125
 PR_SET_CHILD_SUBREAPER = 36
+LOCK_FILE = "runner.lock"
+PIDS_FILE = "runner.json"
+# The agent probes the lock (a shared lock for an instant): the runner retries its exclusive lock a while.
+LOCK_WAIT = 3.0
+
+
+def take_member_lock(member_dir: Path, wait: float = LOCK_WAIT) -> int | None:
+    """The open lock file descriptor with an exclusive flock held, or None if another process holds it."""
+    fd = os.open(member_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES) or time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.05)
+
+
+def member_lock_held(member_dir: Path) -> bool:
+    """True while a runner (or its keeper) of this member directory is alive: it holds the lock."""
+    try:
+        fd = os.open(member_dir / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the shared lock if we got it
+    return False
+
+
+def read_runner_pids(member_dir: Path) -> dict:
+    """{"runner": pid, "keeper": pid, "keeper_started": ticks} as the runner wrote them, or {}."""
+    try:
+        return json.loads((member_dir / PIDS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def write_exit_status(paths: MemberPaths, exit_code: int, reason: str) -> None:
@@ -59,6 +112,11 @@ def _become_subreaper() -> None:
 
 def run_member(member_dir: Path) -> int:
     paths = MemberPaths(Path(member_dir).resolve())
+    lock = take_member_lock(paths.root)
+    if lock is None:
+        holder = read_runner_pids(paths.root)
+        print(f"another runner holds this member directory ({holder}); not starting it again", flush=True)
+        return LOCKED_EXIT
     paths.logs.mkdir(parents=True, exist_ok=True)
     paths.output.mkdir(parents=True, exist_ok=True)
     stdout_log = open(paths.logs / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
@@ -86,7 +144,52 @@ def run_member(member_dir: Path) -> int:
     except RuntimeRefused as exc:
         return refuse(str(exc))
     launch = build_launch(member, spec, manifest, paths, dict(os.environ), container_runtime)
+    print(f"starting member {member['member_id']} rank {member['rank']}: {' '.join(launch.argv)}", flush=True)
 
+    keeper = os.fork()
+    if keeper == 0:  # the keeper: runs the workload, writes its exit status (it inherited the lock)
+        code = 0
+        try:
+            code = _keep(paths, member, launch, stdout_log, stderr_log)
+        except BaseException as exc:  # never return into the runner's code in the forked child
+            with contextlib.suppress(Exception):
+                write_exit_status(paths, REFUSED_EXIT, f"the runner's keeper failed: {exc!r}")
+            code = REFUSED_EXIT
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    _write_pids(paths, keeper)
+
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(keeper, signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    while True:
+        try:
+            _, status = os.waitpid(keeper, 0)
+            return os.waitstatus_to_exitcode(status)
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return 0
+
+
+def _write_pids(paths: MemberPaths, keeper: int) -> None:
+    pids = {
+        "runner": os.getpid(),
+        "runner_started": start_time(os.getpid()),
+        "keeper": keeper,
+        "keeper_started": start_time(keeper),
+    }
+    tmp = paths.root / (PIDS_FILE + ".tmp")
+    tmp.write_text(json.dumps(pids))
+    os.replace(tmp, paths.root / PIDS_FILE)
+
+
+def _keep(paths: MemberPaths, member: dict, launch, stdout_log, stderr_log) -> int:
     _become_subreaper()
     stop_requested = {"signal": 0}
 
@@ -97,7 +200,6 @@ def run_member(member_dir: Path) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    print(f"starting member {member['member_id']} rank {member['rank']}: {' '.join(launch.argv)}", flush=True)
     try:
         child = subprocess.Popen(
             launch.argv,
@@ -108,7 +210,12 @@ def run_member(member_dir: Path) -> int:
             stderr=stderr_log,
         )
     except OSError as exc:
-        return refuse(f"cannot start {launch.argv[0]}: {exc}")
+        stderr_log.write(f"tuneplane runner: cannot start {launch.argv[0]}: {exc}\n".encode())
+        stderr_log.flush()
+        write_exit_status(
+            paths, REFUSED_EXIT, f"runner refused to start: cannot start {launch.argv[0]}: {exc}"
+        )
+        return REFUSED_EXIT
     code = _wait_for(child.pid)
     _clean_up_leftovers()
     reason = describe_exit(code, bool(stop_requested["signal"]))
