@@ -13,6 +13,18 @@ from dataclasses import dataclass
 
 import psycopg
 
+# A refusal echoes at most this much of anything it quotes (a name, a value, a parser's message), so a
+# client cannot make an error answer or a log line as large as its input.
+MAX_MESSAGE_CHARS = 600
+MAX_FIELD_CHARS = 200
+
+
+def clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"
+
 
 @dataclass
 class Refusal(Exception):
@@ -22,9 +34,14 @@ class Refusal(Exception):
     fields: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        self.message = clip(self.message)
+        if self.field:
+            self.field = clip(self.field, MAX_FIELD_CHARS)
         super().__init__(self.message)
         if self.field and self.field not in self.fields:
             self.fields[self.field] = self.message
+        if any(len(k) > MAX_FIELD_CHARS or len(v) > MAX_MESSAGE_CHARS for k, v in self.fields.items()):
+            self.fields = {clip(k, MAX_FIELD_CHARS): clip(v) for k, v in self.fields.items()}
 
     def as_json(self) -> dict:
         return {"error": self.message, "status": self.status, "fields": self.fields}

@@ -16,6 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from app.db import SEARCH_PATH_OPTION
 from app.errors import refusal_from_db
+from app.gateway_limits import data_refusal
 
 
 def jsonb(value: Any) -> Jsonb:
@@ -65,6 +66,8 @@ class AsyncDatabase:
                 refusal = refusal_from_db(exc)
                 if refusal is not None:
                     raise refusal from exc
+                if isinstance(exc, psycopg.DataError):  # a value the client sent that SQL cannot take
+                    raise data_refusal(exc) from exc
                 raise
 
     async def listen_connection(self) -> psycopg.AsyncConnection:

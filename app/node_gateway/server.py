@@ -28,8 +28,11 @@ from pydantic import ValidationError
 
 from app import __version__
 from app.errors import Refusal
+from app.gateway_limits import input_limits_middleware, request_json
+from app.input_limits import load_json
 from app.node_gateway import files, launch, protocol
 from app.node_gateway.aiodb import AsyncDatabase, jsonb
+from app.node_gateway.refusal_audit import RefusalAudit
 from app.node_gateway.reports import dispatch_report
 from app.security import new_token, token_hash
 
@@ -62,6 +65,18 @@ class NodeSession:
 
 def _json_error(refusal: Refusal) -> web.Response:
     return web.json_response(refusal.as_json(), status=refusal.status)
+
+
+def _malformed(what: str, exc: ValidationError) -> Refusal:
+    """A 400 naming the first offending field, without echoing the input back."""
+    fields = {
+        ".".join(str(p) for p in e["loc"]) or "body": e["msg"]
+        for e in exc.errors(include_url=False, include_input=False)
+    }
+    name, message = next(iter(fields.items()))
+    refusal = Refusal(f"malformed {what}: {name}: {message}", status=400, field=name)
+    refusal.fields.update(fields)
+    return refusal
 
 
 def _bearer(request: web.Request) -> str | None:
@@ -111,11 +126,13 @@ class Gateway:
         }
         self._gc_started = 0.0
         gc.callbacks.append(self._gc_timer)
+        self.refusal_audit = RefusalAudit()
 
     # ---- application wiring -------------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=16 * 1024 * 1024)
+        limits = input_limits_middleware([protocol.ENROLL_PATH, protocol.REPORTS_PATH])
+        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[limits])
         app.router.add_post(protocol.ENROLL_PATH, self.enroll)
         app.router.add_get(protocol.CONTROL_PATH, self.control)
         app.router.add_post(protocol.REPORTS_PATH, self.http_report)
@@ -177,9 +194,9 @@ class Gateway:
 
     async def enroll(self, request: web.Request) -> web.Response:
         try:
-            body = protocol.EnrollRequest.model_validate(await request.json())
-        except (ValueError, ValidationError) as exc:
-            return _json_error(Refusal(f"malformed enrollment request: {exc}", status=400))
+            body = protocol.EnrollRequest.model_validate(await request_json(request))
+        except ValidationError as exc:
+            return _json_error(_malformed("enrollment request", exc))
         credential, credential_hash = new_token(protocol.CREDENTIAL_PREFIX)
         secret_hash = token_hash(body.token)
         try:
@@ -209,7 +226,14 @@ class Gateway:
     async def _record_refusal(
         self, action: str, secret_hash: str, refusal: Refusal, address: str | None, details: dict
     ) -> None:
-        # Its own transaction: the refusing function's writes rolled back with its error.
+        # At most a few rows per source and minute (refusal_audit.py): a caller without a credential cannot
+        # grow the events table without bound. Its own transaction: the refusing function's writes rolled
+        # back with its error.
+        suppressed = self.refusal_audit.admit(action, address)
+        if suppressed is None:
+            return
+        if suppressed:
+            details = {**details, "suppressed": suppressed}
         try:
             await self.db.call(
                 "record_node_refusal", action, secret_hash, refusal.message, address, jsonb(details)
@@ -221,9 +245,9 @@ class Gateway:
         try:
             node = await self._authenticate(request)
             try:
-                body = protocol.HttpReport.model_validate(await request.json())
-            except (ValueError, ValidationError) as exc:
-                raise Refusal(f"malformed report: {exc}", status=400) from exc
+                body = protocol.HttpReport.model_validate(await request_json(request))
+            except ValidationError as exc:
+                raise _malformed("report", exc) from None
             result = await dispatch_report(self.db, node["node_id"], body.epoch, body.kind, body.payload)
         except Refusal as refusal:
             return _json_error(refusal)
@@ -327,9 +351,13 @@ class Gateway:
 
     async def _on_message(self, session: NodeSession, raw: str) -> None:
         try:
-            message = protocol.AgentMessage.validate_json(raw)
+            message = protocol.AgentMessage.validate_python(load_json(raw, "message"))
+        except Refusal as refusal:
+            await session.send({"type": "error", "status": refusal.status, "message": refusal.message})
+            return
         except ValidationError as exc:
-            await session.send({"type": "error", "status": 400, "message": f"malformed message: {exc}"})
+            refusal = _malformed("message", exc)
+            await session.send({"type": "error", "status": 400, "message": refusal.message})
             return
         if isinstance(message, protocol.Heartbeat):
             beat: dict[str, Any] = {"node_id": session.node_id, "epoch": session.epoch}

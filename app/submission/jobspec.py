@@ -21,6 +21,12 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 LAUNCHERS = ("script", "torchrun")
+MAX_MEMORY = 1024**5
+# Every variable reaches the member's process environment through execve, whose arguments and
+# environment together must fit ARG_MAX (2 MiB on Linux, and at most 128 KiB per string); the runner
+# adds its own. A spec over these bounds could preview but never start.
+MAX_ENV_VARS = 256
+MAX_ENV_BYTES = 128 * 1024
 
 ParamValue = str | int | float | bool
 
@@ -35,16 +41,20 @@ def parse_memory(value: Any) -> int:
         return value
     if isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
-    if isinstance(value, str):
+    if isinstance(value, str) and len(value) <= 40:
         match = _MEMORY.match(value)
         if match:
             number, unit = float(match.group(1)), match.group(2).upper()
+            if number * _UNITS[unit] > MAX_MEMORY:
+                raise ValueError("memory must be at most 1 PiB")
             return int(number * _UNITS[unit])
     raise ValueError("memory must be a number of bytes or a size such as 16G, 512M, 1.5T")
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, str_strip_whitespace=True)
+    # strict: `"nodes": true` or `"max_attempts": "2"` is refused rather than coerced (the dialog's form
+    # fields are converted to numbers before validation, naming a field that is not one).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, str_strip_whitespace=True, strict=True)
 
 
 class RecipeInput(StrictModel):
@@ -102,7 +112,7 @@ class Resources(StrictModel):
     nodes: int = Field(1, ge=1, le=4096)
     gpus_per_node: int = Field(0, ge=0, le=64)
     cpus_per_node: int = Field(1, ge=1, le=4096)
-    memory_per_node: Annotated[int, Field(ge=0, le=1024**5)] = 1024**3
+    memory_per_node: Annotated[int, Field(ge=0, le=MAX_MEMORY)] = 1024**3
 
     @field_validator("memory_per_node", mode="before")
     @classmethod
@@ -141,7 +151,9 @@ class JobSpec(StrictModel):
     image: ImageInput | None = None
     resources: Resources = Field(default_factory=Resources)
     fleet: str | None = None
-    env: dict[str, Annotated[str, Field(max_length=32768)]] = Field(default_factory=dict)
+    env: dict[str, Annotated[str, Field(max_length=32768)]] = Field(
+        default_factory=dict, max_length=MAX_ENV_VARS
+    )
     max_attempts: int = Field(1, ge=1, le=20)
     priority: int = Field(0, ge=-1000, le=1000)
     inputs: list[InputRef] = Field(default_factory=list, max_length=64)
@@ -164,6 +176,11 @@ class JobSpec(StrictModel):
                 raise ValueError(f"{key!r} is not an environment variable name")
             if key.upper().startswith("TUNEPLANE_"):
                 raise ValueError(f"{key}: TUNEPLANE_* variables are set by the runner")
+        total = sum(len(k.encode()) + len(v.encode()) + 2 for k, v in value.items())
+        if total > MAX_ENV_BYTES:
+            raise ValueError(
+                f"the variables take {total} bytes; at most {MAX_ENV_BYTES} fit a process environment"
+            )
         return value
 
     @model_validator(mode="after")

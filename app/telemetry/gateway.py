@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from app.db import SEARCH_PATH_OPTION
 from app.errors import Refusal, refusal_from_db
+from app.gateway_limits import input_limits_middleware
 from app.security import token_hash
 from app.telemetry import wire
 from app.telemetry.ingest import batch_digest, store_batch
@@ -177,7 +178,10 @@ async def _prune_forever(pool: AsyncConnectionPool) -> None:
 
 
 def create_app(database_url: str, *, pool_max: int = 8, prune: bool = True) -> web.Application:
-    app = web.Application(client_max_size=wire.MAX_BATCH_BYTES, middlewares=[refusals])
+    # The input-limits layer (app/gateway_limits.py) in front: query, route and JSON depth; each point's
+    # values are judged here, point by point.
+    limits = input_limits_middleware(["/v1/telemetry/points"], values=False)
+    app = web.Application(client_max_size=wire.MAX_BATCH_BYTES, middlewares=[limits, refusals])
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pool = AsyncConnectionPool(

@@ -6,7 +6,7 @@ import logging
 import secrets
 
 import psycopg
-from flask import Flask, render_template
+from flask import Flask, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from app.db import Database
@@ -59,6 +59,11 @@ def create_app(database_url: str, *, pool_max: int = 8, config: dict | None = No
     from htmx_flask import Htmx
 
     Htmx(app)
+    # Before any blueprint: the bounded int converter applies to routes as they are added, and the
+    # limits check runs before every other before_request function (CSRF, authentication).
+    from app.web import limits
+
+    limits.install(app)
 
     import importlib
 
@@ -92,7 +97,7 @@ def _shared_secret(db: Database) -> str:
 
 def _error(status: int, message: str, fields: dict | None = None):
     body = {"error": message, "status": status, "fields": fields or {}}
-    if wants_json():
+    if wants_json() or request.is_json:
         return json_response(body, status)
     return render_template("error.html", **body), status
 
@@ -104,7 +109,18 @@ def _register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException):
+        if exc.code == 413:
+            return _error(413, "the request body is larger than this endpoint accepts", {"body": "too large"})
         return _error(exc.code or 500, exc.description or exc.name)
+
+    @app.errorhandler(psycopg.DataError)
+    def _bad_value(exc: psycopg.DataError):
+        # A safety net behind the limits layer (app/web/limits.py): a value PostgreSQL cannot take is the
+        # client's, not a server fault. Logged so that a gap in the layer is seen and closed.
+        column = getattr(exc.diag, "column_name", None) or "input"
+        log.warning("a request value was refused by PostgreSQL (%s): %s", column, str(exc).splitlines()[0])
+        message = f"a value in the request is out of range or malformed ({column})"
+        return _error(400, message, {column: "invalid"})
 
     @app.errorhandler(psycopg.OperationalError)
     def _db_down(exc: psycopg.OperationalError):

@@ -10,13 +10,16 @@ import datetime as dt
 import re
 
 from flask import Blueprint, current_app, render_template, request
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.errors import Refusal
+from app.input_limits import check_text
 from app.node_gateway.config import gateway_url
 from app.node_gateway.protocol import ENROLL_TOKEN_PREFIX
 from app.plugins import load_plugins
 from app.security import new_token
 from app.web.auth import admin_required, current_user, login_required
+from app.web.limits import parse_body
 from app.web.negotiate import json_response, respond, wants_json
 from app.web.state import get_db
 
@@ -31,16 +34,49 @@ BUTTONS = {
     "retired": [],
 }
 STATE_DIR_HINT = "/var/lib/tuneplane/node"
-_TTL = re.compile(r"^\s*(\d+)\s*([smhd]?)\s*$")
+_TTL = re.compile(r"^\s*(\d{1,9})\s*([smhd]?)\s*$")
 _TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_TTL = dt.timedelta(days=30)
 
 
 def parse_ttl(raw: str | int | None) -> dt.timedelta:
-    """`90`, `90s`, `15m`, `1h`, `7d` -> timedelta; refuses anything else (400, field ttl)."""
+    """`90`, `90s`, `15m`, `1h`, `7d` (at most 30 days) -> timedelta; refuses anything else (400, ttl)."""
     match = _TTL.match(str(raw if raw is not None else "1h"))
     if not match:
         raise Refusal("ttl must look like 90s, 15m, 1h or 7d", status=400, field="ttl")
-    return dt.timedelta(seconds=int(match.group(1)) * _TTL_UNITS[match.group(2)])
+    seconds = int(match.group(1)) * _TTL_UNITS[match.group(2)]
+    if seconds > MAX_TTL.total_seconds():
+        raise Refusal("ttl must be at most 30 days", status=400, field="ttl")
+    return dt.timedelta(seconds=seconds)
+
+
+class _Body(BaseModel):
+    # Strict: a number where a name belongs is refused, not turned into "5". Form posts carry the CSRF
+    # token and the page's fleet beside the fields; JSON clients send only the fields.
+    model_config = ConfigDict(strict=True, extra="ignore", str_strip_whitespace=True)
+
+
+class FleetCreate(_Body):
+    name: str = Field("", max_length=200)
+    backend: str = Field("node", max_length=200)
+    capabilities: dict = Field(default_factory=dict)
+
+
+class TokenCreate(_Body):
+    ttl: str | int | None = None
+
+
+class NodeAction(_Body):
+    node: str = Field("", max_length=200)
+    action: str = Field("", max_length=50)
+    reason: str | None = Field(None, max_length=500)
+    fleet: str | None = Field(None, max_length=200)
+
+    @field_validator("node", mode="before")
+    @classmethod
+    def _node_id(cls, value: object) -> object:
+        # A node id may come as a JSON number; a boolean is not one.
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def init_app(app) -> None:
@@ -52,10 +88,6 @@ def init_app(app) -> None:
 def _actor() -> str:
     user = current_user()
     return f"user:{user.username}" if user else "anonymous"
-
-
-def _body() -> dict:
-    return request.get_json(silent=True) or request.form.to_dict()
 
 
 def _fleets(name: str | None = None) -> list[dict]:
@@ -134,8 +166,8 @@ def fleet_show(name: str):
 @bp.post("/fleets")
 @admin_required
 def fleet_create():
-    body = _body()
-    backend = (body.get("backend") or "node").strip()
+    body = parse_body(FleetCreate)
+    backend = body.backend or "node"
     known = {item.plugin.name for item in load_plugins().get("backends", []) if item.plugin}
     if backend not in known:
         raise Refusal(
@@ -143,15 +175,12 @@ def fleet_create():
             status=400,
             field="backend",
         )
-    capabilities = body.get("capabilities") or {}
-    if not isinstance(capabilities, dict):
-        raise Refusal("capabilities must be a JSON object", status=400, field="capabilities")
     user = current_user()
     row = get_db().call(
         "create_fleet",
-        (body.get("name") or "").strip(),
+        body.name,
         backend,
-        _jsonb(capabilities),
+        _jsonb(body.capabilities),
         user.id if user else None,
     )[0]
     if wants_json():
@@ -168,7 +197,7 @@ def _jsonb(value: dict):
 @bp.post("/fleets/<name>/enrollment-tokens")
 @admin_required
 def enrollment_token_create(name: str):
-    ttl = parse_ttl(_body().get("ttl"))
+    ttl = parse_ttl(parse_body(TokenCreate).ttl)
     plaintext, digest = new_token(ENROLL_TOKEN_PREFIX)
     row = get_db().call("create_enrollment_token", name, digest, ttl, _actor())[0]
     url = _gateway_url()
@@ -187,14 +216,11 @@ def enrollment_token_create(name: str):
 @admin_required
 def node_fence():
     """Declare a node dead (fence: its members become lost, their resources are released) or undo it."""
-    body = _body()
-    action = (body.get("action") or "fence").strip()
+    body = parse_body(NodeAction)
+    action = body.action or "fence"
     if action not in ("fence", "unfence"):
         raise Refusal("action must be fence or unfence", status=400, field="action")
-    node = str(body.get("node") or "").strip()
-    if not node:
-        raise Refusal("which node? give its id, FLEET/NAME or a unique name", status=400, field="node")
-    reason = body.get("reason") or request.headers.get("HX-Prompt") or None
+    node, reason = _node_and_reason(body)
     db = get_db()
     if action == "fence":
         row = db.call("fence_node", node, reason, _actor())[0]
@@ -204,23 +230,30 @@ def node_fence():
         row = {"node_id": node_id, "unfenced": changed}
     if wants_json():
         return json_response(row)
-    return _render(body.get("fleet") or None)
+    return _render(body.fleet or None)
+
+
+def _node_and_reason(body: NodeAction) -> tuple[str, str | None]:
+    node = str(body.node).strip()
+    if not node:
+        raise Refusal("which node? give its id, FLEET/NAME or a unique name", status=400, field="node")
+    # The console's buttons ask for the reason with hx-prompt, which arrives as a header.
+    reason = body.reason or request.headers.get("HX-Prompt") or None
+    if reason is not None:
+        check_text(reason, "reason", 500)
+    return node, reason
 
 
 @bp.post("/nodes/scheduling")
 @admin_required
 def node_scheduling():
-    body = _body()
-    action = (body.get("action") or "").strip()
+    body = parse_body(NodeAction)
+    action = body.action
     if action not in SCHEDULING_ACTIONS:
         raise Refusal(f"action must be one of {', '.join(SCHEDULING_ACTIONS)}", status=400, field="action")
-    node = str(body.get("node") or "").strip()
-    if not node:
-        raise Refusal("which node? give its id, FLEET/NAME or a unique name", status=400, field="node")
-    # The console's buttons ask for the reason with hx-prompt, which arrives as a header.
-    reason = body.get("reason") or request.headers.get("HX-Prompt") or None
+    node, reason = _node_and_reason(body)
     row = get_db().call("change_node_scheduling", node, action, reason, _actor())[0]
     if wants_json():
         return json_response(row)
     # The console's buttons swap the live part of the page.
-    return _render(body.get("fleet") or None)
+    return _render(body.fleet or None)

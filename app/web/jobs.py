@@ -9,29 +9,17 @@ from __future__ import annotations
 
 from flask import Blueprint, render_template, request
 
-from app.errors import Refusal
 from app.submission import service
 from app.web import jobs_launch
 from app.web.auth import current_user, login_required
+from app.web.limits import query_int
 from app.web.negotiate import json_response, wants_json
 from app.web.state import get_db
 
 bp = Blueprint("jobs", __name__)
 
+MAX_LIST = 1000
 JOB_STATES = ("queued", "reserved", "preparing", "running", "succeeded", "failed", "cancelled")
-
-
-def _int_arg(name: str, default: int | None) -> int | None:
-    raw = request.args.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise Refusal(f"{name} must be an integer", status=400, field=name) from None
-    if not 0 < value <= service.MAX_ID:
-        raise Refusal(f"{name} must be a positive integer", status=400, field=name)
-    return value
 
 
 def job_json(row: dict, with_spec: bool = False) -> dict:
@@ -46,8 +34,8 @@ def job_json(row: dict, with_spec: bool = False) -> dict:
 @login_required
 def jobs_list():
     state = request.args.get("state") or None
-    limit = _int_arg("limit", 100)
-    before = _int_arg("before", None)
+    limit = query_int("limit", 100, 1, MAX_LIST)
+    before = query_int("before", None)
     rows = get_db().call("list_jobs", current_user().id, state, limit, before)
     jobs = [job_json(r) for r in rows]
     if wants_json():

@@ -15,6 +15,7 @@ from app.db import Database
 from app.errors import Refusal
 from app.submission import service
 from app.web.auth import current_user, login_required
+from app.web.limits import body_dict, query_int
 from app.web.negotiate import json_response, wants_json
 from app.web.state import get_db
 
@@ -35,16 +36,7 @@ def is_htmx() -> bool:
 
 
 def int_arg(name: str, default: int | None, maximum: int = INT8) -> int | None:
-    raw = request.args.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise Refusal(f"{name} must be an integer", status=400, field=name) from None
-    if not -maximum <= value <= maximum:
-        raise Refusal(f"{name} is out of range (at most {maximum})", status=400, field=name)
-    return value
+    return query_int(name, default, -maximum, maximum)
 
 
 def ordinal(n: int) -> str:
@@ -152,8 +144,7 @@ def logs(job_id: str):
 @login_required
 def cancel(job_id: str):
     jid = service.parse_job_id(job_id)
-    body = request.get_json(silent=True) if request.is_json else request.form
-    reason = (body or {}).get("reason")
+    reason = body_dict().get("reason")
     if reason is not None and not isinstance(reason, str):
         raise Refusal("reason must be text", status=400, field="reason")
     reason = (reason or "").strip() or None

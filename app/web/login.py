@@ -43,6 +43,10 @@ def _safe_next(target: str | None) -> str:
     """Only a path on this site; never another host (open redirect)."""
     if not target:
         return url_for("home.index")
+    # Control characters (CR/LF would split the Location header) and backslashes (browsers read a path
+    # starting with slash-backslash as `//host`) never appear in a path of ours.
+    if any(ord(c) < 32 or ord(c) == 127 or c == "\\" for c in target):
+        return url_for("home.index")
     parts = urlsplit(target)
     if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//"):
         return url_for("home.index")
@@ -108,7 +112,7 @@ def _issue_token():
         raise Refusal("username is required", status=400, field="username")
     if not isinstance(password, str) or not password:
         raise Refusal("password is required", status=400, field="password")
-    name = body.get("name") if isinstance(body.get("name"), str) else "tuneplane login"
+    name = body.get("name") if isinstance(body.get("name"), str) and body.get("name") else "tuneplane login"
     user = _check_credentials(username, password)
     plaintext, digest = new_token("tpu")
     token = get_db().call("issue_api_token", user["id"], name[:100], digest, None)[0]

@@ -66,6 +66,13 @@ def _pairs(text: str, field: str) -> dict[str, str]:
     return result
 
 
+def _form_int(text: str, field: str) -> int:
+    """A form field that the JobSpec takes as a number (the JSON API must send a number itself)."""
+    if len(text) > 20 or not text.lstrip("+-").isdigit():
+        raise Refusal(f"invalid JobSpec: {field}: must be a whole number", status=422, field=field)
+    return int(text)
+
+
 def spec_from_form(form: MultiDict, files: MultiDict | None = None) -> dict[str, Any]:
     """The dialog's fields as a JobSpec document; empty fields take the JobSpec defaults."""
 
@@ -94,16 +101,20 @@ def spec_from_form(form: MultiDict, files: MultiDict | None = None) -> dict[str,
         spec["image"] = {"ref": value("image.ref"), "command": value("image.command")}
         if value("image.integration"):
             spec["image"]["integration"] = value("image.integration")
-    resources = {
-        name: value(f"resources.{name}")
-        for name in ("nodes", "gpus_per_node", "cpus_per_node", "memory_per_node")
+    resources: dict[str, Any] = {
+        name: _form_int(value(f"resources.{name}"), f"resources.{name}")
+        for name in ("nodes", "gpus_per_node", "cpus_per_node")
         if value(f"resources.{name}")
     }
+    if value("resources.memory_per_node"):
+        resources["memory_per_node"] = value("resources.memory_per_node")
     if resources:
         spec["resources"] = resources
-    for name in ("fleet", "max_attempts", "priority"):
+    if value("fleet"):
+        spec["fleet"] = value("fleet")
+    for name in ("max_attempts", "priority"):
         if value(name):
-            spec[name] = value(name)
+            spec[name] = _form_int(value(name), name)
     env = _pairs(form.get("env", ""), "env")
     if env:
         spec["env"] = env

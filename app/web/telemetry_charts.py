@@ -9,6 +9,7 @@ from flask import Blueprint, request
 from app.errors import Refusal
 from app.telemetry import queries
 from app.web.auth import current_user, login_required
+from app.web.limits import query_int
 from app.web.negotiate import json_response, respond
 from app.web.state import get_db
 
@@ -18,13 +19,7 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def _int_arg(name: str, default: int | None = None) -> int | None:
-    raw = request.args.get(name, "")
-    if raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise Refusal(f"{name} must be an integer", 400, name) from None
+    return query_int(name, default, -(2**63), 2**63 - 1)
 
 
 def _job_state(job_id: int) -> str | None:

@@ -1,0 +1,69 @@
+"""The input-limits layer of both aiohttp gateways (node control, telemetry): one middleware in front.
+
+It applies app.input_limits to every request before its handler runs: query parameters and route
+segments (NUL, lone surrogates, integer parameters within their SQL type), and a JSON body — anything
+sent as application/json, and every body sent to a path the gateway declares JSON-only — parsed once by
+the bounded parser and kept in `request[JSON_KEY]` for `request_json()`. The node gateway checks values
+too (NUL, surrogates, bigint range, no NaN); the telemetry gateway only depth, since it refuses a bad
+point alone (app/telemetry). Refusals answer the gateways' JSON error shape `{"error", "status",
+"fields"}`; a value PostgreSQL still refuses (a data exception, class 22) is the client's 400, not a
+500. The body size is aiohttp's client_max_size (413).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import psycopg
+from aiohttp import web
+
+from app import input_limits
+from app.errors import Refusal
+
+# A typed request key where aiohttp has them (3.12+), a plain string before.
+JSON_KEY: Any = web.RequestKey("tuneplane_json", object) if hasattr(web, "RequestKey") else "tuneplane_json"
+
+
+def refusal_response(refusal: Refusal) -> web.Response:
+    return web.json_response(refusal.as_json(), status=refusal.status)
+
+
+def data_refusal(exc: psycopg.DataError, field: str = "payload") -> Refusal:
+    """A PostgreSQL data exception as the client's 400 (its first line, clipped by Refusal)."""
+    column = getattr(exc.diag, "column_name", None) or field
+    return Refusal(f"a value is out of range or malformed: {str(exc).splitlines()[0]}", 400, column)
+
+
+def _is_json(request: web.Request) -> bool:
+    ctype = request.content_type
+    return ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))
+
+
+def input_limits_middleware(json_paths: Iterable[str] = (), *, values: bool = True) -> Any:
+    """The middleware for one gateway: `json_paths` take JSON whatever the Content-Type says."""
+    always_json = frozenset(json_paths)
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            input_limits.check_query(request.query)
+            for name, value in request.match_info.items():
+                input_limits.check_text(value, name, 4096)
+            if request.body_exists and (request.path in always_json or _is_json(request)):
+                raw = await request.read()
+                request[JSON_KEY] = input_limits.load_json(raw, values=values)
+            return await handler(request)
+        except Refusal as refusal:
+            return refusal_response(refusal)
+        except psycopg.DataError as exc:
+            return refusal_response(data_refusal(exc))
+
+    return middleware
+
+
+async def request_json(request: web.Request, field: str = "body") -> Any:
+    """The request's JSON body within the limits (parsed once by the middleware when it was JSON)."""
+    if JSON_KEY in request:
+        return request[JSON_KEY]
+    return input_limits.load_json(await request.read(), field)

@@ -1,0 +1,144 @@
+"""Input limits shared by the console server and both gateways: what any request may carry at all.
+
+One place decides the generic bounds, before a view or handler reads a value, so that nothing a client
+sends reaches PostgreSQL or a recursive parser in a shape that fails as a 500:
+  - JSON bodies: at most MAX_JSON_DEPTH levels of nesting (Python's parser and PostgreSQL's jsonb both
+    recurse), no NaN/Infinity, integers within PostgreSQL's bigint, strings without NUL or lone surrogates
+    (PostgreSQL text refuses NUL; UTF-8 cannot encode a lone surrogate);
+  - query parameters and form fields: the same string rules, at most MAX_TEXT_CHARS each, and the
+    integer parameters the endpoints document (INT_PARAMS) are integers within their SQL type.
+Every refusal is a Refusal (4xx) naming the field; the endpoint's own rules (a JobSpec's ranges, a job
+the user may see) come after and stay where they are.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from app.errors import Refusal, clip
+
+MAX_JSON_DEPTH = 32
+MAX_JSON_BYTES = 8 * 1024 * 1024
+MAX_TEXT_CHARS = 1024 * 1024
+INT4 = (-(2**31), 2**31 - 1)
+INT8 = (-(2**63), 2**63 - 1)
+
+# Query parameters that are integers on every endpoint that takes them, with their SQL type's range.
+# The endpoint narrows further (a limit of 1–1000, a rank of 0 or more); this only keeps a value that
+# cannot be an SQL integer at all from reaching a statement.
+INT_PARAMS: dict[str, tuple[int, int]] = {
+    "limit": INT4,
+    "member": INT4,
+    "attempt": INT4,
+    "rank": INT4,
+    "max_points": INT4,
+    "skip": INT4,
+    "page": INT4,
+    "before": INT8,
+    "after": INT8,
+    "tail": INT8,
+    "step_from": INT8,
+    "step_to": INT8,
+    "series": INT8,
+    "job": INT8,
+}
+
+
+def check_text(value: str, field: str, max_chars: int = MAX_TEXT_CHARS) -> str:
+    """`value` unchanged, or a 400 naming `field` when PostgreSQL or UTF-8 could not take it."""
+    if "\x00" in value:
+        raise Refusal(f"{field} contains a NUL character", status=400, field=field)
+    if len(value) > max_chars:
+        raise Refusal(f"{field} is longer than {max_chars} characters", status=400, field=field)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise Refusal(f"{field} is not valid Unicode (a lone surrogate)", status=400, field=field) from None
+    return value
+
+
+def parse_int(raw: str, field: str, low: int, high: int) -> int:
+    """An integer query parameter or route segment within [low, high], or a 400 naming `field`."""
+    text = raw.strip()
+    # int() accepts 4,300 digits and underscores; an SQL integer has at most 19 digits.
+    if len(text) > 21 or not text.lstrip("+-").isdigit():
+        raise Refusal(f"{field} must be an integer", status=400, field=field)
+    value = int(text)
+    if not low <= value <= high:
+        raise Refusal(f"{field} must be between {low} and {high}", status=400, field=field)
+    return value
+
+
+def check_query(args: Any) -> None:
+    """Every query parameter (a MultiDict or aiohttp's MultiDictProxy) against the generic rules."""
+    for key, value in args.items():
+        check_text(key, "query parameter name", 200)
+        check_text(value, key, 64 * 1024)
+        if key in INT_PARAMS and value != "":
+            parse_int(value, key, *INT_PARAMS[key])
+
+
+def _refuse_constant(name: str) -> Any:
+    raise Refusal(f"the body contains {name}, which JSON does not allow", status=400, field="body")
+
+
+def load_json(
+    raw: bytes | str, field: str = "body", max_bytes: int = MAX_JSON_BYTES, *, values: bool = True
+) -> Any:
+    """Parse a JSON body within the limits, or refuse with a 4xx naming where it breaks them.
+
+    values=False checks the nesting depth only (the telemetry gateway judges each point's values itself,
+    refusing a bad point alone rather than the batch).
+    """
+    if len(raw) > max_bytes:
+        raise Refusal(f"the JSON body is larger than {max_bytes} bytes", status=413, field=field)
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant)
+    except RecursionError:
+        raise Refusal(
+            f"the JSON body is nested more than {MAX_JSON_DEPTH} levels deep", status=400, field=field
+        ) from None
+    except UnicodeDecodeError:
+        raise Refusal("the JSON body is not UTF-8", status=400, field=field) from None
+    except ValueError as exc:
+        raise Refusal(f"the body is not JSON: {exc}", status=400, field=field) from None
+    check_json_value(value, field, values=values)
+    return value
+
+
+def check_json_value(value: Any, field: str = "body", *, values: bool = True) -> Any:
+    """Walk a parsed JSON value without recursion: depth, strings, integers and floats within bounds.
+
+    A refusal names the offending value by its dotted path (`resources.nodes`, `env.A`, `points.3.step`).
+    """
+    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    while stack:
+        item, path, depth = stack.pop()
+        where = path or field
+        if isinstance(item, dict):
+            if depth > MAX_JSON_DEPTH:
+                raise Refusal(f"nested more than {MAX_JSON_DEPTH} levels deep", status=400, field=where)
+            for key, child in item.items():
+                key_path = f"{path}.{key}" if path else str(key)
+                if values:
+                    check_text(str(key), clip(ascii(key_path)[1:-1], 120))
+                stack.append((child, key_path, depth + 1))
+        elif isinstance(item, list):
+            if depth > MAX_JSON_DEPTH:
+                raise Refusal(f"nested more than {MAX_JSON_DEPTH} levels deep", status=400, field=where)
+            for index, child in enumerate(item):
+                stack.append((child, f"{path}.{index}" if path else str(index), depth + 1))
+        elif not values:
+            continue
+        elif isinstance(item, str):
+            check_text(item, where)
+        elif isinstance(item, bool) or item is None:
+            continue
+        elif isinstance(item, int):
+            if not INT8[0] <= item <= INT8[1]:
+                raise Refusal(f"{where} is outside the 64-bit integer range", status=400, field=where)
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise Refusal(f"{where} must be a finite number", status=400, field=where)
+    return value

@@ -1,0 +1,51 @@
+// The console's few behaviours, here instead of inline handlers so that the Content-Security-Policy
+// allows scripts from this site only (no 'unsafe-inline', no 'unsafe-eval'; app/web/limits.py).
+(function () {
+  "use strict";
+  if (window.htmx) {
+    // htmx would otherwise insert an inline <style> and evaluate hx-on attributes as code.
+    htmx.config.includeIndicatorStyles = false;
+    htmx.config.allowEval = false;
+    htmx.config.allowScriptTags = false;
+  }
+
+  // <select data-autosubmit>: a filter that applies as soon as it changes.
+  document.addEventListener("change", function (event) {
+    const target = event.target;
+    if (target.matches && target.matches("[data-autosubmit]") && target.form) {
+      target.form.requestSubmit();
+    }
+  });
+
+  // <form data-confirm="question">: ask before submitting.
+  document.addEventListener("submit", function (event) {
+    const form = event.target;
+    const question = form.getAttribute && form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) {
+      event.preventDefault();
+      event.stopImmediatePropagation();
+    }
+  }, true);
+
+  // <form data-clears="ID">: editing the form empties element ID (a stale preview).
+  function clearStale(event) {
+    const form = event.target.closest && event.target.closest("[data-clears]");
+    if (form) {
+      const stale = document.getElementById(form.getAttribute("data-clears"));
+      if (stale) stale.innerHTML = "";
+    }
+  }
+  document.addEventListener("input", clearStale);
+  document.addEventListener("change", clearStale);
+
+  // <div data-error-target="ID">: an htmx error answer inside it shows its heading in element ID.
+  document.addEventListener("htmx:responseError", function (event) {
+    const box = event.target.closest && event.target.closest("[data-error-target]");
+    if (!box) return;
+    const xhr = event.detail.xhr;
+    const doc = new DOMParser().parseFromString(xhr.responseText, "text/html");
+    const heading = doc.querySelector("h1");
+    const target = document.getElementById(box.getAttribute("data-error-target"));
+    if (target) target.textContent = heading ? heading.textContent : "HTTP " + xhr.status;
+  });
+})();

@@ -1,0 +1,197 @@
+"""The input-limits layer: each hostile input of issue 15 is a 4xx naming the field, never a 500, and
+nothing is stored. Console server through Flask's test client; node gateway over real HTTP on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from app.db import Database
+from app.web import create_app
+from tests.db.test_node_gateway import running_gateway
+from tests.submission_setup import add_user, one_local_fleet
+
+DEEP = "[" * 10_000 + "]" * 10_000
+
+
+@pytest.fixture
+def console(db_url: str, db: Database, tmp_path):
+    one_local_fleet(db)
+    add_user(db, "admin", role="admin", password="admin-pw")
+    app = create_app(db_url, config={"TP_DATA_DIR": str(tmp_path / "data"), "SECRET_KEY": "test"})
+    client = app.test_client()
+    token = client.post("/api/tokens", json={"username": "admin", "password": "admin-pw"}).get_json()["token"]
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    client.environ_base["HTTP_ACCEPT"] = "application/json"
+    return client
+
+
+def _refused(response, status: int, field: str) -> dict:
+    assert response.status_code == status, response.get_data(as_text=True)[:500]
+    body = response.get_json()
+    assert field in body["fields"], body
+    return body
+
+
+def _counts(db: Database) -> tuple:
+    row = db.fetch_one(
+        "SELECT (SELECT count(*) FROM previews) AS previews, (SELECT count(*) FROM jobs) AS jobs,"
+        " (SELECT count(*) FROM fleets) AS fleets, (SELECT count(*) FROM enrollment_tokens) AS tokens,"
+        " (SELECT count(*) FROM api_tokens) AS api_tokens"
+    )
+    return tuple(row.values())
+
+
+def test_json_nested_ten_thousand_deep_is_a_400_everywhere(console, db: Database) -> None:
+    before = _counts(db)
+    for path in ("/previews", "/fleets", "/api/tokens", "/jobs/1/cancel"):
+        response = console.post(path, data=DEEP, content_type="application/json")
+        _refused(response, 400, "body")
+    # Shallower than Python's recursion limit, deeper than the layer allows: refused by the walk.
+    response = console.post("/previews", data="[" * 200 + "]" * 200, content_type="application/json")
+    assert response.status_code == 400
+    assert _counts(db) == before
+
+
+def test_nul_and_lone_surrogates_in_strings_are_refused_by_name(console, db: Database) -> None:
+    before = _counts(db)
+    spec = {"recipe": {"name": "demo"}, "env": {"A": "x\u0000y"}}
+    _refused(console.post("/previews", json=spec), 400, "env.A")
+    raw = '{"recipe": {"name": "demo"}, "env": {"B": "\\ud800"}}'
+    _refused(console.post("/previews", data=raw, content_type="application/json"), 400, "env.B")
+    _refused(console.get("/jobs?state=queued%00"), 400, "state")
+    _refused(console.get("/fleets/lo%00cal"), 400, "name")
+    _refused(console.post("/fleets", data={"name": "a\x00b"}), 400, "name")
+    assert _counts(db) == before
+
+
+def test_integers_beyond_sql_ranges_are_4xx(console) -> None:
+    _refused(console.get(f"/jobs?limit={2**31}"), 400, "limit")
+    _refused(console.get("/jobs?limit=" + "9" * 5000), 400, "limit")
+    _refused(console.get(f"/jobs?before={2**63}"), 400, "before")
+    _refused(console.get(f"/jobs/1/logs?after={2**64}"), 400, "after")
+    _refused(console.get(f"/jobs/1/metrics?step_from={2**63}"), 400, "step_from")
+    assert console.get(f"/artifacts/{2**63}").status_code == 404
+    assert console.get(f"/jobs/{2**63}/metrics").status_code == 404
+    assert console.get(f"/jobs/{2**70}").status_code == 404
+    big = {"recipe": {"name": "demo", "params": {"steps": 2**70}}}
+    _refused(console.post("/previews", json=big), 400, "recipe.params.steps")
+
+
+def test_memory_with_hundreds_of_digits_and_coerced_types_are_refused(console, db: Database) -> None:
+    before = _counts(db)
+    spec = {"recipe": {"name": "demo"}, "resources": {"memory_per_node": "9" * 300}}
+    _refused(console.post("/previews", json=spec), 422, "resources.memory_per_node")
+    _refused(console.post("/previews", json={"recipe": {"name": "demo"}, "resources": {"nodes": True}}),
+             422, "resources.nodes")  # fmt: skip
+    _refused(console.post("/previews", json={"recipe": {"name": "demo"}, "max_attempts": "2"}), 422, "max_attempts")
+    _refused(console.post("/previews", json={"recipe": {"name": "demo"}, "fleet": 5}), 422, "fleet")
+    assert _counts(db) == before
+
+
+def test_env_count_and_total_size_are_bounded(console) -> None:
+    many = {"recipe": {"name": "demo"}, "env": {f"V{i}": "x" for i in range(300)}}
+    _refused(console.post("/previews", json=many), 422, "env")
+    large = {"recipe": {"name": "demo"}, "env": {f"V{i}": "x" * 30_000 for i in range(6)}}
+    body = _refused(console.post("/previews", json=large), 422, "env")
+    assert "process environment" in body["error"]
+
+
+def test_fleet_endpoints_refuse_wrong_types_and_a_thirty_digit_ttl(console, db: Database) -> None:
+    before = _counts(db)
+    _refused(console.post("/fleets", json={"name": 5}), 400, "name")
+    _refused(console.post("/fleets", json={"name": "x", "capabilities": []}), 400, "capabilities")
+    _refused(console.post("/fleets/local/enrollment-tokens", json={"ttl": "9" * 30}), 400, "ttl")
+    _refused(console.post("/fleets/local/enrollment-tokens", json={"ttl": "31d"}), 400, "ttl")
+    _refused(console.post("/nodes/scheduling", json={"node": "local-1", "action": ["cordon"]}), 400, "action")
+    _refused(console.post("/nodes/scheduling", json={"node": {}, "action": "cordon"}), 400, "node")
+    _refused(console.post("/jobs/1/cancel", json=["x"]), 400, "body")
+    assert _counts(db) == before
+
+
+def test_login_next_with_cr_lf_or_backslash_goes_home(db_url: str, db: Database) -> None:
+    add_user(db, "alice", password="alice-pw")
+    client = create_app(db_url, config={"SECRET_KEY": "test"}).test_client()
+    for target in ("/jobs\r\nSet-Cookie: x=1", "/\\evil.example", "/%0d%0aX: y"):
+        client.get("/login")
+        with client.session_transaction() as session:
+            csrf = session["csrf_token"]
+        response = client.post(
+            "/login", data={"username": "alice", "password": "alice-pw", "next": target, "csrf_token": csrf}
+        )
+        assert response.status_code == 303
+        location = response.headers["Location"]
+        assert "\n" not in location and "\r" not in location and not location.startswith("/\\")
+    assert location == "/%0d%0aX:%20y"  # percent-encoded CR/LF in a path is just a path
+
+
+def test_error_answers_echo_a_bounded_slice_of_the_input(console) -> None:
+    response = console.get("/jobs/" + "x" * 4000)
+    assert response.status_code == 404
+    assert len(response.get_data()) < 1500
+
+
+def test_node_gateway_refuses_deep_json_nul_and_huge_ints_without_a_500(db_url: str, db: Database) -> None:
+    async def scenario() -> list[httpx.Response]:
+        async with running_gateway(db_url) as (_gateway, url), httpx.AsyncClient(base_url=url) as client:
+            headers = {"Content-Type": "application/json"}
+            return [
+                await client.post("/v1/enroll", content=DEEP, headers=headers),
+                await client.post("/v1/enroll", content=DEEP, headers={"Content-Type": "text/plain"}),
+                await client.post("/v1/enroll", json={"token": "t\u0000", "name": "n"}),
+                await client.post("/v1/enroll", content='{"token": "\\udc00", "name": "n"}', headers=headers),
+                await client.post("/v1/enroll", json={"token": "t", "name": "n", "hostname": 2**64}),
+                await client.post("/v1/enroll", content=b"\xff\xfe", headers=headers),
+                await client.get("/v1/files/capsule/a%00b", headers={"Authorization": "Bearer x"}),
+            ]
+
+    answers = asyncio.run(scenario())
+    for response in answers:
+        assert 400 <= response.status_code < 500, response.text
+        assert response.json()["fields"], response.text
+    assert db.fetch_one("SELECT count(*) AS n FROM nodes")["n"] == 0
+
+
+def test_refused_unauthenticated_gateway_calls_write_a_bounded_number_of_events(
+    db_url: str, db: Database
+) -> None:
+    async def scenario() -> None:
+        async with running_gateway(db_url) as (_gateway, url), httpx.AsyncClient(base_url=url) as client:
+            for i in range(60):
+                answer = await client.post("/v1/enroll", json={"token": f"tpe_wrong{i}", "name": "n"})
+                assert answer.status_code == 401
+            for _ in range(40):
+                answer = await client.post(
+                    "/v1/reports", json={"epoch": 1, "kind": "note", "payload": {}},
+                    headers={"Authorization": "Bearer tpn_wrong"},
+                )  # fmt: skip
+                assert answer.status_code == 401
+
+    asyncio.run(scenario())
+    rows = db.fetch_all("SELECT details FROM node_events WHERE kind = 'refused' ORDER BY id")
+    assert 2 <= len(rows) <= 10, len(rows)
+
+
+def test_refusal_audit_counts_what_it_leaves_out() -> None:
+    from app.node_gateway.refusal_audit import RefusalAudit
+
+    audit = RefusalAudit(window_s=60, per_source=2, total=100)
+    answers = [audit.admit("enroll", "10.0.0.1", now=t) for t in range(10)]
+    assert answers[:2] == [0, 0] and answers[2:] == [None] * 8
+    assert audit.admit("enroll", "10.0.0.1", now=61) == 8  # the next row says 8 were left out
+    assert audit.admit("enroll", "10.0.0.2", now=61) == 0
+
+
+def test_bounded_json_parser_names_the_path() -> None:
+    from app.errors import Refusal
+    from app.input_limits import load_json
+
+    with pytest.raises(Refusal) as caught:
+        load_json(json.dumps({"a": [{"b": "x\u0000"}]}))
+    assert caught.value.fields == {"a.0.b": "a.0.b contains a NUL character"}
+    with pytest.raises(Refusal):
+        load_json('{"a": NaN}')
+    assert load_json('{"a": [1, 2.5, "ok", null, true]}') == {"a": [1, 2.5, "ok", None, True]}
