@@ -87,7 +87,9 @@ def test_memory_with_hundreds_of_digits_and_coerced_types_are_refused(console, d
     _refused(console.post("/previews", json=spec), 422, "resources.memory_per_node")
     _refused(console.post("/previews", json={"recipe": {"name": "demo"}, "resources": {"nodes": True}}),
              422, "resources.nodes")  # fmt: skip
-    _refused(console.post("/previews", json={"recipe": {"name": "demo"}, "max_attempts": "2"}), 422, "max_attempts")
+    _refused(
+        console.post("/previews", json={"recipe": {"name": "demo"}, "max_attempts": "2"}), 422, "max_attempts"
+    )
     _refused(console.post("/previews", json={"recipe": {"name": "demo"}, "fleet": 5}), 422, "fleet")
     assert _counts(db) == before
 
