@@ -92,6 +92,7 @@ def spec_from_form(form: MultiDict, files: MultiDict | None = None) -> dict[str,
         archive = value("source.archive")
         upload: FileStorage | None = files.get("archive_file") if files else None
         if upload is not None and upload.filename:
+            archives.check_content_type(upload.mimetype)
             facts = archives.receive_archive(get_db(), get_blobstore(), current_user().id, upload.stream)
             archive = facts.sha256
         spec["source"] = {"archive": archive, "entrypoint": value("source.entrypoint")}
@@ -216,6 +217,9 @@ def confirm(preview_id: str):
 @login_required
 def upload_source():
     upload = request.files.get("archive") if request.mimetype == "multipart/form-data" else None
+    if upload is None and request.mimetype == "multipart/form-data":
+        raise Refusal("the multipart body has no `archive` file", status=400, field="archive")
+    archives.check_content_type(upload.mimetype if upload is not None else request.mimetype or "")
     stream = upload.stream if upload is not None else request.stream
     facts = archives.receive_archive(get_db(), get_blobstore(), current_user().id, stream)
     if wants_json():

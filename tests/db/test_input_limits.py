@@ -4,6 +4,7 @@ nothing is stored. Console server through Flask's test client; node gateway over
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 
 import httpx
@@ -197,3 +198,15 @@ def test_bounded_json_parser_names_the_path() -> None:
     with pytest.raises(Refusal):
         load_json('{"a": NaN}')
     assert load_json('{"a": [1, 2.5, "ok", null, true]}') == {"a": [1, 2.5, "ok", None, True]}
+
+
+def test_source_upload_with_a_non_archive_content_type_is_a_415(console, db: Database) -> None:
+    from tests import archive_builders as ab
+
+    data = ab.honest()
+    for ctype in ("text/plain", "image/png"):
+        _refused(console.post("/sources", data=data, content_type=ctype), 415, "archive")
+    multipart = {"archive": (io.BytesIO(data), "a.tar.gz", "text/html")}
+    _refused(console.post("/sources", data=multipart, content_type="multipart/form-data"), 415, "archive")
+    assert db.fetch_one("SELECT count(*) AS n FROM source_archives")["n"] == 0
+    assert console.post("/sources", data=data, content_type="application/gzip").status_code == 201

@@ -107,3 +107,53 @@ def test_negated_ignore_patterns_are_refused_not_misread(tmp_path: Path) -> None
     (tmp_path / ".tuneplaneignore").write_text("!keep.me\n")
     with pytest.raises(PackError):
         pack_directory(tmp_path, io.BytesIO())
+
+
+def test_a_200_mib_pax_header_is_refused_from_its_declared_size(tmp_path: Path) -> None:
+    import resource
+
+    data = ab.huge_extended_header()
+    assert len(data) < 1024**2
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    limits = ArchiveLimits(max_bytes=512 * 1024**2, max_members=5000, max_unpacked_bytes=1024**3)
+    assert "extended header" in refused(tmp_path, data, limits)
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 50 * 1024
+
+
+def test_a_huge_gnu_long_name_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    data = ab.huge_extended_header(64 * 1024**2, tarfile.GNUTYPE_LONGNAME)
+    limits = ArchiveLimits(max_bytes=512 * 1024**2, max_members=5000, max_unpacked_bytes=1024**3)
+    assert "extended header" in refused(tmp_path, data, limits)
+
+
+def test_a_member_name_over_4096_bytes_is_refused(tmp_path: Path) -> None:
+    assert "longer than 4096" in refused(tmp_path, ab.long_member_name())
+
+
+def test_symlink_chains_that_escape_are_refused_as_an_extractor_resolves_them(tmp_path: Path) -> None:
+    assert "chain of links" in refused(tmp_path, ab.symlink_chain_escape())
+    assert "outside the archive" in refused(tmp_path, ab.write_through_link_chain())
+    # A link to a link that stays inside is fine.
+    inside = ab.build([ab.file("pkg/a.py"), ab.link("pkg/b.py", "a.py"), ab.link("c.py", "pkg/b.py")])
+    assert check(tmp_path, inside)[0] == 3
+
+
+def test_data_after_the_end_of_archive_marker_is_refused(tmp_path: Path) -> None:
+    assert "after the end-of-archive marker" in refused(tmp_path, ab.with_trailing(b"hidden payload"))
+    hidden = ab.with_trailing(ab.build([ab.file("evil.py")]))  # a second tar after the marker
+    assert "after the end-of-archive marker" in refused(tmp_path, hidden)
+    assert check(tmp_path, ab.with_trailing(bytes(4096)))[0] == 1  # more zero padding is fine
+
+
+def test_a_foreign_block_between_members_is_refused(tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo("a.py")
+        info.size = 1
+        archive.addfile(info, io.BytesIO(b"x"))
+    raw = buffer.getvalue()
+    damaged = raw[:1024] + b"\x01" * 512 + raw[1024:]
+    import gzip
+
+    assert "not a valid tar stream" in refused(tmp_path, gzip.compress(damaged))
