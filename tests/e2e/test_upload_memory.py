@@ -23,7 +23,8 @@ def test_fifty_uploads_with_a_200_mib_pax_header_keep_the_server_flat(
     add_user(db, "alice", password="alice-pw")
     with db.transaction() as conn:  # the header alone is within the decompressed-size limit
         conn.execute(
-            "UPDATE submission_settings SET value = 1024 * 1024 * 1024 WHERE name = 'archive_max_unpacked_bytes'"
+            "UPDATE submission_settings SET value = 1024 * 1024 * 1024"
+            " WHERE name = 'archive_max_unpacked_bytes'"
         )
     archive = ab.huge_extended_header(200 * 1024**2)
     with running_servers(db_url, tmp_path / "data", names=("console",)) as servers:
