@@ -1,11 +1,18 @@
-"""Artifact delivery throughput next to a plain file copy of the same bytes, on this machine.
+"""Artifact delivery throughput next to a plain file copy of the same bytes, on this machine, in one run.
 
-Starts an embedded PostgreSQL and a real `tuneplane server` process, uploads a directory of random
-files as an artifact (chunked, each chunk hashed and fsynced, every file re-hashed by the server before
-`complete`), asks the server to verify it (recompute every file), downloads it with the CLI's verified
-download, and copies the same files with shutil.copyfile + fsync. Prints MiB/s for each and the ratios.
+Starts an embedded PostgreSQL, a real `tuneplane server` and a real `tuneplane node-gateway` (one data
+directory, one blob store). For each round it writes a directory of random files, then measures:
 
-Run: .venv/bin/python bench/artifacts_throughput.py [--mib 256] [--files 4] [--chunk-mib 8]
+- plain copy: shutil.copyfile of every file + fsync (the baseline);
+- upload + verify: what an agent does when a member ends (`deliver_artifact` through the node gateway:
+  manifest, registration, chunks, the server's own sha256 of every file) until the artifact is `complete`;
+- verified download: what `tuneplane artifacts download` does through the server (every file hashed
+  while it is written, moved into place only if it matches).
+
+The machine is shared, so it runs several rounds and reports the median of each; the ratio is the
+throughput of the operation over the throughput of the copy (1.0 = as fast as the copy). Target: ≥ 0.5.
+
+Run: .venv/bin/python bench/artifacts_throughput.py [--mib 256] [--files 4] [--chunk-mib 32] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,6 +33,7 @@ sys.path.insert(0, str(REPO))
 import httpx  # noqa: E402
 
 from app import embedded_pg  # noqa: E402
+from app.cli.artifacts_cmd import download_artifact  # noqa: E402
 from app.client.config import ClientConfig  # noqa: E402
 from app.client.http import ApiClient  # noqa: E402
 from app.db import Database  # noqa: E402
@@ -33,6 +42,8 @@ from tests.artifact_fixtures import api_token, make_member  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
 from workers.artifacts.deliver import deliver_artifact, node_http  # noqa: E402
+
+TARGET = 0.5
 
 
 def fsync_tree(root: Path) -> None:
@@ -51,17 +62,39 @@ def plain_copy(src: Path, dst: Path) -> None:
     fsync_tree(dst)
 
 
+def write_random_tree(root: Path, files: int, total: int) -> None:
+    root.mkdir(parents=True)
+    per_file = total // files
+    block = os.urandom(1024 * 1024)
+    for i in range(files):
+        with open(root / f"shard-{i:02d}.bin", "wb") as handle:
+            for _ in range(0, per_file, len(block)):
+                # Distinct bytes per file and block (no two files share a blob), cheaply.
+                handle.write(os.urandom(32) + block[32:])
+        os.sync()
+
+
+def start(args: list[str], url: str, health: str) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "app", *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    wait_for(lambda: _up(url + health), timeout=60, what=" ".join(args[:1]))
+    return process
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--mib", type=int, default=256, help="total artifact size")
     parser.add_argument("--files", type=int, default=4)
-    parser.add_argument("--chunk-mib", type=int, default=8)
+    parser.add_argument("--chunk-mib", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     total = args.mib * 1024 * 1024
-    with tempfile.TemporaryDirectory(prefix="tp-bench-artifacts-") as tmp_name:
+    times: dict[str, list[float]] = {"copy": [], "upload": [], "verify": [], "download": []}
+    with tempfile.TemporaryDirectory(prefix="tp-bench-artifacts-", dir=REPO) as tmp_name:
         tmp = Path(tmp_name)
         pg = embedded_pg.start(tmp / "pg")
-        server = None
+        processes: list[subprocess.Popen] = []
         try:
             migrate(pg.url, progress=lambda _m: None)
             db = Database(pg.url, max_size=4)
@@ -70,79 +103,80 @@ def main() -> None:
             )
             setup = make_member(db)
             token = api_token(db, setup.user_id)
-            port = free_port()
-            server = subprocess.Popen(
-                [sys.executable, "-m", "app", "server", "--port", str(port), "--database-url", pg.url,
-                 "--data-dir", str(tmp / "data")],
-                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            )  # fmt: skip
-            url = f"http://127.0.0.1:{port}"
-            wait_for(lambda: _up(url), timeout=60, what="server")
-
-            src = tmp / "src"
-            src.mkdir()
-            per_file = total // args.files
-            for i in range(args.files):
-                with open(src / f"shard-{i:02d}.bin", "wb") as handle:
-                    for _ in range(0, per_file, 1024 * 1024):
-                        handle.write(os.urandom(min(1024 * 1024, per_file)))
-            size = sum(p.stat().st_size for p in src.iterdir())
-            mib = size / 2**20
-
-            start = time.perf_counter()
-            plain_copy(src, tmp / "copy")
-            copy_s = time.perf_counter() - start
-
-            with node_http(url, setup.credential, timeout=600) as http:
-                start = time.perf_counter()
-                art = deliver_artifact(http, setup.member["id"], "bench", src)
-                upload_s = time.perf_counter() - start
-            assert art["state"] == "complete", art
-
-            with httpx.Client(
-                base_url=url,
+            common = ["--database-url", pg.url, "--data-dir", str(tmp / "data")]
+            server_port, gateway_port = free_port(), free_port()
+            server = f"http://127.0.0.1:{server_port}"
+            gateway = f"http://127.0.0.1:{gateway_port}"
+            processes.append(start(["server", "--port", str(server_port), *common], server, "/healthz"))
+            processes.append(
+                start(["node-gateway", "--port", str(gateway_port), *common], gateway, "/healthz")
+            )
+            api = ApiClient(ClientConfig(server, token), timeout=600)
+            user = httpx.Client(
+                base_url=server,
                 headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
                 timeout=600,
-            ) as client:
-                start = time.perf_counter()
-                report = client.post(f"/artifacts/{art['id']}/verify").json()
-                verify_s = time.perf_counter() - start
-            assert report["ok"], report
+            )
+            for round_no in range(args.rounds):
+                src = tmp / f"src-{round_no}"
+                write_random_tree(src, args.files, total)
 
-            from app.cli.artifacts_cmd import download_file
+                begin = time.perf_counter()
+                plain_copy(src, tmp / f"copy-{round_no}")
+                times["copy"].append(time.perf_counter() - begin)
 
-            api = ApiClient(ClientConfig(url, token), timeout=600)
-            files = api.get(f"/artifacts/{art['id']}")["files"]
-            start = time.perf_counter()
-            for entry in files:
-                download_file(api, art["id"], entry, tmp / "download")
-            download_s = time.perf_counter() - start
+                with node_http(gateway, setup.credential, timeout=600) as http:
+                    begin = time.perf_counter()
+                    art = deliver_artifact(http, setup.member["id"], f"bench-{round_no}", src)
+                    times["upload"].append(time.perf_counter() - begin)
+                assert art["state"] == "complete", art
+
+                begin = time.perf_counter()
+                report = user.post(f"/artifacts/{art['id']}/verify").json()
+                times["verify"].append(time.perf_counter() - begin)
+                assert report["ok"], report
+
+                artifact = api.get(f"/artifacts/{art['id']}")
+                begin = time.perf_counter()
+                _total, problems = download_artifact(api, artifact, tmp / f"download-{round_no}")
+                fsync_tree(tmp / f"download-{round_no}")
+                times["download"].append(time.perf_counter() - begin)
+                assert not problems, problems
+                for done in (src, tmp / f"copy-{round_no}", tmp / f"download-{round_no}"):
+                    shutil.rmtree(done)
             api.close()
+            user.close()
         finally:
-            if server is not None:
-                server.terminate()
-                server.wait(timeout=10)
+            for process in processes:
+                process.terminate()
+                process.wait(timeout=10)
             pg.stop()
 
+    mib = total / 2**20
+    median = {k: statistics.median(v) for k, v in times.items()}
     print(
-        f"artifact of {args.files} files, {mib:.0f} MiB, chunks of {args.chunk_mib} MiB, "
-        f"on {os.cpu_count()} CPUs"
+        f"artifact of {args.files} files, {mib:.0f} MiB, chunks of {args.chunk_mib} MiB, on {os.cpu_count()} "
+        f"CPUs, median of {args.rounds} rounds"
     )
     rows = [
-        ("plain copy (copyfile + fsync)", copy_s),
-        ("upload + server verification → complete", upload_s),
-        ("server verify (recompute every file)", verify_s),
-        ("verified download", download_s),
+        ("plain copy (copyfile + fsync)", "copy"),
+        ("upload + server verification → complete", "upload"),
+        ("server verify (recompute every file)", "verify"),
+        ("verified download (+ fsync)", "download"),
     ]
-    for label, seconds in rows:
-        print(f"  {label:<42} {seconds:7.2f} s  {mib / seconds:8.1f} MiB/s")
-    print(f"ratio upload/copy: {upload_s / copy_s:.2f}×   verify/copy: {verify_s / copy_s:.2f}×   "
-          f"download/copy: {download_s / copy_s:.2f}×")  # fmt: skip
+    for label, key in rows:
+        seconds = median[key]
+        share = median["copy"] / seconds
+        print(f"  {label:<42} {seconds:7.2f} s  {mib / seconds:8.1f} MiB/s  ({share:.2f} of the copy)")
+    for key in ("upload", "download"):
+        ratio = median["copy"] / median[key]
+        verdict = "ok" if ratio >= TARGET else "BELOW TARGET"
+        print(f"ratio {key}/copy throughput: {ratio:.2f} (target ≥ {TARGET}) {verdict}")
 
 
 def _up(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        return httpx.get(url, timeout=1).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from app.artifacts.blobs import FsBlobStore
 from app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified
-from app.artifacts.receiver import ArtifactReceiver, Registration
+from app.artifacts.receiver import MAX_CHUNK_BYTES, ArtifactReceiver, Registration
 from app.db import Database
 from app.errors import Refusal
 from app.security import token_hash
@@ -77,11 +77,17 @@ async def _status(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.
 
 
 async def _put_chunk(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
-    data = await request.read()
+    # Read the body from the stream: the gateway's client_max_size (sized for control messages) must not
+    # bound a chunk; the chunk's own limit is the stored chunk size, checked by artifact_upload_target.
+    length = request.content_length
+    if length is None or length > MAX_CHUNK_BYTES:
+        raise Refusal(f"a chunk needs a Content-Length of at most {MAX_CHUNK_BYTES} bytes",
+                      411 if length is None else 413, "chunk")  # fmt: skip
+    data = await request.content.readexactly(length)
     info = request.match_info
     answer = await asyncio.to_thread(
         rx.put_chunk, cred, int(info["artifact_id"]), int(info["file_index"]), int(info["chunk_index"]), data,
-        request.headers.get("X-Chunk-Sha256"),
+        request.headers.get("X-Chunk-Sha256"), request.headers.get("X-Chunk-Crc32c"),
     )  # fmt: skip
     return web.json_response(answer)
 

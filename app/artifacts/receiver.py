@@ -6,9 +6,10 @@ work, then record the result through a stored function. The database decides sta
 reports what it verified, and it records a file as verified only after hashing the bytes it now holds.
 
 A file being uploaded is staged at <blob_dir>/staging/artifacts/<artifact id>/<digest prefix>/<file>.part;
-each chunk is written in place at its offset and fsynced before it is recorded, so a recorded chunk whose
-bytes are not on disk can only mean disk loss or tampering, which assembly detects (it re-checks every
-chunk's sha256) and turns into a re-upload of exactly those chunks.
+each chunk is written in place at its offset (after its crc32c or sha256 matched) and then recorded. The
+file is fsynced once, when it is assembled: a recorded chunk whose bytes a crash lost, or that the disk or
+someone damaged, is caught there (every chunk is re-checked against its recorded digest in the same pass
+that computes the file's sha256) and turned into a re-upload of exactly those chunks.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 from psycopg.types.json import Jsonb
 
 from app.artifacts.blobs import FsBlobStore
@@ -30,6 +33,10 @@ from app.errors import Refusal
 from workers.artifacts.manifest import READ_BLOCK, Manifest, ManifestError, check_relative_path
 
 log = logging.getLogger(__name__)
+
+# The largest chunk_size artifact_settings allows (its CHECK): no chunk body is ever larger, so the HTTP
+# layers refuse a bigger one before reading it (and size their body limits to it).
+MAX_CHUNK_BYTES = 256 * 1024 * 1024
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
@@ -139,28 +146,30 @@ class ArtifactReceiver:
         artifact_id: int,
         file_index: int,
         chunk_index: int,
-        data: bytes,
+        data: bytes | ChunkBody,
         claimed_sha256: str | None,
+        claimed_crc32c: str | None = None,
     ) -> dict:
-        """Store one chunk after checking its sha256; assemble and verify the file once all chunks are in."""
-        target = self.db.call(
-            "artifact_upload_target", credential_hash, artifact_id, file_index, chunk_index, len(data)
-        )[0]
-        sha = hashlib.sha256(data).hexdigest()
-        if claimed_sha256 is None:
-            raise Refusal("each chunk needs its sha256 in the X-Chunk-Sha256 header", 400, "chunk")
-        if sha != claimed_sha256.lower():
+        """Store one chunk after checking its digest (crc32c, or sha256 from older agents); assemble and
+        verify the file once all its chunks are in. `data` is the chunk, or a ChunkBody streaming it."""
+        body = data if isinstance(data, ChunkBody) else ChunkBody.of(data)
+        if claimed_crc32c is None and claimed_sha256 is None:
             raise Refusal(
-                f"{target['path']}: chunk {chunk_index} has sha256 {sha}, "
-                f"the uploader said {claimed_sha256}; send it again",
-                422,
-                "chunk",
+                "each chunk needs its crc32c (X-Chunk-Crc32c) or sha256 (X-Chunk-Sha256)", 400, "chunk"
             )
-        if not target["verified"]:
-            _write_at(self._staging_file(target), int(target["chunk_size"]) * chunk_index, data)
-        recorded = self.db.call(
-            "record_artifact_chunk", credential_hash, artifact_id, file_index, chunk_index, len(data), sha
+        target = self.db.call(
+            "artifact_upload_target", credential_hash, artifact_id, file_index, chunk_index, body.length
         )[0]
+        staged = None if target["verified"] else self._staging_file(target)
+        # Streamed into place while its digest is computed: bytes that then fail the check are never
+        # recorded (and a resend overwrites them); assembly re-checks every recorded chunk anyway.
+        sha, crc = _receive(body, staged, int(target["chunk_size"]) * chunk_index, claimed_sha256 is not None
+                            and claimed_crc32c is None)  # fmt: skip
+        check_chunk_digest(target["path"], chunk_index, sha, crc, claimed_sha256, claimed_crc32c)
+        recorded = self.db.call(
+            "record_artifact_chunk_v2", credential_hash, artifact_id, file_index, chunk_index, body.length,
+            sha if claimed_crc32c is None else None, crc if claimed_crc32c is not None else None,
+        )[0]  # fmt: skip
         if recorded["file_verified"]:
             return {"file_verified": True, "state": self.status(credential_hash, artifact_id)["state"]}
         if recorded["all_chunks"]:
@@ -196,26 +205,32 @@ class ArtifactReceiver:
             return self._assemble_locked(credential_hash, target, staged)
 
     def _assemble_locked(self, credential_hash: str, target: dict, staged: Path) -> dict:
+        # One pass over the staged bytes: each chunk is checked against the digest it arrived with (crc32c
+        # costs a fraction of the sha256 this pass computes anyway) while the whole file's sha256 — the
+        # proof against the manifest — is computed over the same bytes.
         chunks = self.db.call(
-            "artifact_file_chunks", credential_hash, target["artifact_id"], target["file_index"]
+            "artifact_file_chunks_v2", credential_hash, target["artifact_id"], target["file_index"]
         )
         chunk_size = int(target["chunk_size"])
         bad: list[int] = []
         digest = hashlib.sha256()
         size = 0
         try:
-            with open(staged, "rb") as handle:
+            fd = os.open(staged, os.O_RDONLY)
+        except FileNotFoundError:
+            bad = [c["chunk_index"] for c in chunks]
+        else:
+            try:
                 for chunk in chunks:
-                    handle.seek(chunk["chunk_index"] * chunk_size)
-                    data = handle.read(chunk["size"])
-                    if len(data) != chunk["size"] or hashlib.sha256(data).hexdigest() != chunk["sha256"]:
+                    data = os.pread(fd, chunk["size"], chunk["chunk_index"] * chunk_size)
+                    if len(data) != chunk["size"] or not chunk_matches(data, chunk):
                         bad.append(chunk["chunk_index"])
                         continue
                     digest.update(data)
                     size += len(data)
-                os.fsync(handle.fileno())
-        except FileNotFoundError:
-            bad = [c["chunk_index"] for c in chunks]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         if bad:
             self.db.call(
                 "discard_artifact_chunks",
@@ -270,6 +285,81 @@ class ArtifactReceiver:
         return artifact
 
 
+@dataclass(frozen=True)
+class ChunkBody:
+    """A chunk's bytes as blocks (a request body read piece by piece) and its announced length."""
+
+    length: int
+    blocks: Iterable[bytes]
+
+    @classmethod
+    def of(cls, data: bytes) -> ChunkBody:
+        return cls(len(data), (data,))
+
+
+def _receive(body: ChunkBody, staged: Path | None, offset: int, want_sha256: bool) -> tuple[str | None, int]:
+    """Write the chunk's blocks at `offset` of the staged file (None: only digest them) and return
+    (sha256 if asked, crc32c) of exactly the bytes received. A body shorter than announced is refused."""
+    crc = 0
+    sha = hashlib.sha256() if want_sha256 else None
+    received = 0
+    fd = None
+    if staged is not None:
+        staged.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(staged, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for block in body.blocks:
+            if received + len(block) > body.length:
+                raise Refusal(f"the chunk body is longer than its Content-Length {body.length}", 400, "chunk")
+            crc = google_crc32c.extend(crc, block)
+            if sha is not None:
+                sha.update(block)
+            if fd is not None:
+                _pwrite_all(fd, block, offset + received)
+            received += len(block)
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if received != body.length:
+        raise Refusal(f"the chunk body ended after {received} of {body.length} bytes", 400, "chunk")
+    return (sha.hexdigest() if sha is not None else None), crc
+
+
+def check_chunk_digest(
+    path: str, chunk_index: int, sha: str | None, crc: int, claimed_sha256: str | None,
+    claimed_crc32c: str | None,
+) -> None:  # fmt: skip
+    """Refuse (422, naming the chunk) a chunk whose received bytes do not match the digest its uploader
+    sent: crc32c as 8 hex digits (preferred), else sha256."""
+    if claimed_crc32c is not None:
+        try:
+            claimed = int(claimed_crc32c, 16)
+        except ValueError as exc:
+            raise Refusal("X-Chunk-Crc32c must be the crc32c as 8 hex digits", 400, "chunk") from exc
+        if crc != claimed:
+            raise Refusal(
+                f"{path}: chunk {chunk_index} has crc32c {crc:08x}, the uploader said {claimed_crc32c}; "
+                "send it again",
+                422,
+                "chunk",
+            )
+        return
+    assert claimed_sha256 is not None and sha is not None
+    if sha != claimed_sha256.lower():
+        raise Refusal(
+            f"{path}: chunk {chunk_index} has sha256 {sha}, the uploader said {claimed_sha256}; "
+            "send it again",
+            422,
+            "chunk",
+        )
+
+
+def chunk_matches(data: bytes, chunk: dict) -> bool:
+    if chunk.get("crc32c") is not None:
+        return google_crc32c.value(data) == chunk["crc32c"]
+    return hashlib.sha256(data).hexdigest() == chunk["sha256"]
+
+
 def shared_file_path(shared_dir: str, relative: str) -> Path:
     check_relative_path(relative)
     return Path(shared_dir) / relative
@@ -284,12 +374,10 @@ def _hash_stream(stream: Any) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _write_at(path: Path, offset: int, data: bytes) -> None:
-    """Write a chunk in place in the file's staging copy and make it durable before it is recorded."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        os.pwrite(fd, data, offset)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    # No fsync per chunk: a recorded chunk that a crash lost is caught when the file is assembled (every
+    # chunk is checked against its digest there) and sent again; the assembled file is fsynced once.
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        view, offset = view[written:], offset + written

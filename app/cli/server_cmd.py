@@ -7,6 +7,11 @@ import click
 from app.cli.options import server_side, settings_from
 from app.migrate import require_current
 
+# Artifact chunks (tens of MiB) and downloads go through this server: read the socket in 1 MiB steps, not
+# waitress's 8 KiB, and buffer up to 16 MiB of a response in memory before spilling it to a temporary file
+# (a download streams 1 MiB blocks; with the 1 MiB default every one of them took a detour through disk).
+BULK_TRANSFER = {"recv_bytes": 1024 * 1024, "outbuf_overflow": 16 * 1024 * 1024}
+
 
 @click.command("server")
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -30,8 +35,9 @@ def server_cmd(host: str, port: int, threads: int, database_url: str | None, dat
     )
     click.echo(f"serving on http://{host}:{port}", err=True)
     waitress.serve(
-        app, host=host, port=port, threads=threads, ident="tuneplane", clear_untrusted_proxy_headers=True
-    )
+        app, host=host, port=port, threads=threads, ident="tuneplane", clear_untrusted_proxy_headers=True,
+        **BULK_TRANSFER,
+    )  # fmt: skip
 
 
 COMMANDS = [server_cmd]

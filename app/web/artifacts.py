@@ -8,6 +8,7 @@ artifacts only (admins: all).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from psycopg.types.json import Jsonb
 
 from app.artifacts.blobs import FsBlobStore
 from app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified, verify_stored
-from app.artifacts.receiver import ArtifactReceiver, Registration
+from app.artifacts.receiver import MAX_CHUNK_BYTES, ArtifactReceiver, ChunkBody, Registration
 from app.errors import Refusal
 from app.security import token_hash
 from app.web.auth import current_user, login_required
@@ -26,7 +27,7 @@ from app.web.state import get_db
 bp = Blueprint("artifacts", __name__)
 
 NODE_SCHEME = "Node "
-MAX_CHUNK_BYTES = 256 * 1024 * 1024
+STREAM_BLOCK = 1024 * 1024
 
 
 def node_endpoint(view):
@@ -113,10 +114,12 @@ def put_chunk(artifact_id: int, file_index: int, chunk_index: int):
     length = request.content_length
     if length is None or length > MAX_CHUNK_BYTES:
         raise Refusal("a chunk needs a Content-Length of at most 256 MiB", 411 if length is None else 413)
-    data = request.get_data(cache=False)
+    # Streamed from the socket into the staged file block by block (no whole-chunk copy in memory).
+    body = ChunkBody(length, iter(functools.partial(request.stream.read, STREAM_BLOCK), b""))
     answer = receiver().put_chunk(
-        cred, artifact_id, file_index, chunk_index, data, request.headers.get("X-Chunk-Sha256")
-    )
+        cred, artifact_id, file_index, chunk_index, body, request.headers.get("X-Chunk-Sha256"),
+        request.headers.get("X-Chunk-Crc32c"),
+    )  # fmt: skip
     return json_response(answer)
 
 

@@ -102,3 +102,15 @@ def test_a_node_without_a_consuming_member_cannot_read_an_artifact(db: Database,
         art = deliver_artifact(http, setup.member["id"], "model", src)
         response = http.get(f"/api/input-artifacts/{art['id']}")
     assert response.status_code == 404
+
+
+def test_a_chunk_larger_than_the_gateways_message_limit_is_accepted(db: Database, gw) -> None:
+    # The gateway bounds control messages at 16 MiB (client_max_size); artifact chunks are bounded by the
+    # stored chunk size instead (up to 256 MiB), so a 20 MiB chunk goes through in one request.
+    db.fetch_one("UPDATE artifact_settings SET chunk_size = %s RETURNING chunk_size", (20 * 1024 * 1024,))
+    setup = make_member(db)
+    src = gw["tmp"] / "big"
+    write_tree(src, {"weights.bin": os.urandom(20 * 1024 * 1024 + 5)})
+    with node_http(gw["url"], setup.credential) as http:
+        result = deliver_artifact(http, setup.member["id"], "big", src)
+    assert result["state"] == "complete" and result["chunks_sent"] == 2

@@ -6,6 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
+import google_crc32c
 import httpx
 import pytest
 
@@ -278,3 +279,23 @@ def test_the_console_lists_artifacts_with_a_verify_button_and_the_job_page_loads
     assert page.status_code == 200 and "a.bin" in page.text and manifest.digest in page.text
     job_page = httpx.get(f"{env['url']}/jobs/{setup.job_id}", headers={"Authorization": f"Bearer {token}"})
     assert job_page.status_code == 200 and f"/jobs/{setup.job_id}/artifacts" in job_page.text
+
+
+def test_a_chunk_is_checked_by_its_crc32c_and_one_without_a_digest_is_refused(db: Database, env) -> None:
+    setup = make_member(db)
+    src = env["tmp"] / "out"
+    manifest = write_tree(src, {"a.bin": os.urandom(100)})
+    with node_http(env["url"], setup.credential) as http:
+        from workers.artifacts.deliver import register
+
+        art = register(http, setup.member["id"], "a", manifest)
+        url = f"/api/artifacts/{art['id']}/files/0/chunks/0"
+        good_crc = f"{google_crc32c.value((src / 'a.bin').read_bytes()):08x}"
+        damaged = http.put(url, content=b"x" * 100, headers={"X-Chunk-Crc32c": good_crc})
+        assert damaged.status_code == 422 and "crc32c" in damaged.json()["error"]
+        bare = http.put(url, content=(src / "a.bin").read_bytes())
+        assert bare.status_code == 400 and "X-Chunk-Crc32c" in bare.json()["error"]
+        assert http.get(f"/api/artifacts/{art['id']}/upload").json()["files"][0]["chunks"] == []
+        ok = http.put(url, content=(src / "a.bin").read_bytes(), headers={"X-Chunk-Crc32c": good_crc})
+    assert ok.status_code == 200 and ok.json()["state"] == "complete"
+    assert db.fetch_one("SELECT state FROM artifacts WHERE id = %s", (art["id"],))["state"] == "complete"

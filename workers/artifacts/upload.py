@@ -10,7 +10,7 @@ and then the artifact are complete: it re-hashes each assembled file against the
 
 from __future__ import annotations
 
-import hashlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import google_crc32c
+
 from workers.artifacts.manifest import Manifest
 
-DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
+DEFAULT_CHUNK_SIZE = 32 * 1024 * 1024
 
 
 class UploadError(RuntimeError):
@@ -51,14 +53,19 @@ def chunk_count(size: int, chunk_size: int) -> int:
 
 
 def read_chunk(path: Path, chunk: Chunk) -> tuple[bytes, str]:
-    with open(path, "rb") as handle:
-        handle.seek(chunk.offset)
-        data = handle.read(chunk.length)
+    """The chunk's bytes and their crc32c (8 hex digits). crc32c, not sha256: the server proves the whole
+    file by its sha256 in one pass once every chunk is in; a chunk's own digest only has to catch damage
+    in transit, and costing a fraction of sha256 it keeps the uploader at one hash pass per byte."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, chunk.length, chunk.offset)
+    finally:
+        os.close(fd)
     if len(data) != chunk.length:
         raise UploadError(
             f"{path}: file is shorter than its manifest entry (changed after the manifest was built)"
         )
-    return data, hashlib.sha256(data).hexdigest()
+    return data, f"{google_crc32c.value(data):08x}"
 
 
 class ChunkTransport(Protocol):
@@ -68,7 +75,7 @@ class ChunkTransport(Protocol):
         """{"state", "chunk_size", "files": [{"index", "path", "size", "sha256", "verified", "chunks"}]}"""
         ...
 
-    def put_chunk(self, file_index: int, chunk_index: int, data: bytes, sha256: str) -> dict[str, Any]: ...
+    def put_chunk(self, file_index: int, chunk_index: int, data: bytes, crc32c: str) -> dict[str, Any]: ...
 
     def finish(self) -> dict[str, Any]: ...
 
@@ -123,8 +130,8 @@ def upload_artifact(
 
     def send(item: tuple[dict, Chunk]) -> int:
         entry, chunk = item
-        data, sha = read_chunk(root_path / entry["path"], chunk)
-        transport.put_chunk(entry["index"], chunk.index, data, sha)
+        data, crc = read_chunk(root_path / entry["path"], chunk)
+        transport.put_chunk(entry["index"], chunk.index, data, crc)
         if on_chunk is not None:
             on_chunk(entry["path"], chunk.index, len(data))
         return len(data)
@@ -178,12 +185,12 @@ class HttpChunkTransport:
     def status(self) -> dict[str, Any]:
         return self._request("GET", f"/api/artifacts/{self.artifact_id}/upload")
 
-    def put_chunk(self, file_index: int, chunk_index: int, data: bytes, sha256: str) -> dict[str, Any]:
+    def put_chunk(self, file_index: int, chunk_index: int, data: bytes, crc32c: str) -> dict[str, Any]:
         return self._request(
             "PUT",
             f"/api/artifacts/{self.artifact_id}/files/{file_index}/chunks/{chunk_index}",
             content=data,
-            headers={"Content-Type": "application/octet-stream", "X-Chunk-Sha256": sha256},
+            headers={"Content-Type": "application/octet-stream", "X-Chunk-Crc32c": crc32c},
         )
 
     def finish(self) -> dict[str, Any]:
