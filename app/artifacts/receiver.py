@@ -167,7 +167,7 @@ class ArtifactReceiver:
                             and claimed_crc32c is None)  # fmt: skip
         check_chunk_digest(target["path"], chunk_index, sha, crc, claimed_sha256, claimed_crc32c)
         recorded = self.db.call(
-            "record_artifact_chunk_v2", credential_hash, artifact_id, file_index, chunk_index, body.length,
+            "record_artifact_chunk", credential_hash, artifact_id, file_index, chunk_index, body.length,
             sha if claimed_crc32c is None else None, crc if claimed_crc32c is not None else None,
         )[0]  # fmt: skip
         if recorded["file_verified"]:
@@ -209,7 +209,7 @@ class ArtifactReceiver:
         # costs a fraction of the sha256 this pass computes anyway) while the whole file's sha256 — the
         # proof against the manifest — is computed over the same bytes.
         chunks = self.db.call(
-            "artifact_file_chunks_v2", credential_hash, target["artifact_id"], target["file_index"]
+            "artifact_file_chunks", credential_hash, target["artifact_id"], target["file_index"]
         )
         chunk_size = int(target["chunk_size"])
         bad: list[int] = []

@@ -8,6 +8,8 @@
 --   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
 --
 -- Drops (signature changes):
+DROP FUNCTION IF EXISTS tuneplane.record_artifact_chunk(text, bigint, integer, integer, integer, text);
+DROP FUNCTION IF EXISTS tuneplane.artifact_file_chunks(text, bigint, integer);
 
 -- resolve_inputs: each input pinned to a complete artifact by manifest digest, in spec order:
 -- {name, path, artifact (the reference as written), artifact_id, job_id, artifact_name, rank, attempt,
@@ -407,41 +409,47 @@ BEGIN
 END;
 $$;
 
--- record_artifact_chunk: the server stored chunk p_chunk_index of a file after checking its sha256.
--- Idempotent (a chunk sent twice replaces the first record). Returns whether the file now has all its
--- chunks (the server then assembles and verifies it). A chunk for an already verified file is ignored.
+-- record_artifact_chunk: the server stored chunk p_chunk_index of a file after checking its digest, which
+-- it records: crc32c (current agents) or sha256 (older ones), at least one (400 otherwise). Idempotent (a
+-- chunk sent twice replaces the first record). Returns whether the file now has all its chunks (the
+-- server then assembles and verifies it). A chunk for an already verified file is ignored.
 CREATE OR REPLACE FUNCTION tuneplane.record_artifact_chunk(p_credential_hash text, p_artifact_id bigint,
                                                 p_file_index integer, p_chunk_index integer, p_size integer,
-                                                p_sha256 text)
+                                                p_sha256 text, p_crc32c bigint)
 RETURNS TABLE (file_verified boolean, all_chunks boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
     t record;
     held integer;
 BEGIN
+    IF p_sha256 IS NULL AND p_crc32c IS NULL THEN
+        RAISE EXCEPTION 'a chunk needs its sha256 or its crc32c' USING ERRCODE = 'TP400', COLUMN = 'chunk';
+    END IF;
     SELECT * INTO t FROM tuneplane.artifact_upload_target(p_credential_hash, p_artifact_id, p_file_index,
                                                            p_chunk_index, p_size);
     IF t.verified THEN
         RETURN QUERY SELECT true, true;
         RETURN;
     END IF;
-    INSERT INTO tuneplane.artifact_chunks (artifact_id, file_index, chunk_index, size, sha256)
-    VALUES (p_artifact_id, p_file_index, p_chunk_index, p_size, p_sha256)
+    INSERT INTO tuneplane.artifact_chunks (artifact_id, file_index, chunk_index, size, sha256, crc32c)
+    VALUES (p_artifact_id, p_file_index, p_chunk_index, p_size, p_sha256, p_crc32c)
     ON CONFLICT (artifact_id, file_index, chunk_index)
-    DO UPDATE SET sha256 = EXCLUDED.sha256, size = EXCLUDED.size, recorded_at = now();
+    DO UPDATE SET sha256 = EXCLUDED.sha256, crc32c = EXCLUDED.crc32c, size = EXCLUDED.size, recorded_at = now();
     SELECT count(*) INTO held FROM tuneplane.artifact_chunks c
      WHERE c.artifact_id = p_artifact_id AND c.file_index = p_file_index;
     RETURN QUERY SELECT false, held >= t.chunk_count;
 END;
 $$;
 
--- artifact_file_chunks: the recorded chunks of one file, in order (what the server assembles).
-CREATE OR REPLACE FUNCTION tuneplane.artifact_file_chunks(p_credential_hash text, p_artifact_id bigint, p_file_index integer)
-RETURNS TABLE (chunk_index integer, size integer, sha256 text)
+-- artifact_file_chunks: the recorded chunks of one file in order, each with the digest it arrived with
+-- (what the server checks while it hashes the assembled file).
+CREATE OR REPLACE FUNCTION tuneplane.artifact_file_chunks(p_credential_hash text, p_artifact_id bigint,
+                                                          p_file_index integer)
+RETURNS TABLE (chunk_index integer, size integer, sha256 text, crc32c bigint)
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
-    RETURN QUERY SELECT c.chunk_index, c.size, c.sha256 FROM tuneplane.artifact_chunks c
+    RETURN QUERY SELECT c.chunk_index, c.size, c.sha256, c.crc32c FROM tuneplane.artifact_chunks c
                   WHERE c.artifact_id = p_artifact_id AND c.file_index = p_file_index ORDER BY c.chunk_index;
 END;
 $$;
