@@ -140,7 +140,9 @@ def test_registering_again_resumes_and_a_changed_manifest_is_refused_once_comple
     setup = make_member(db)
     manifest = write_tree(tmp_path, {"a.bin": b"aaa"})
     art = register(db, setup, manifest)
-    db.call("record_artifact_chunk", setup.credential_hash, art["id"], 0, 0, 3, manifest.files[0].sha256, None)
+    db.call(
+        "record_artifact_chunk", setup.credential_hash, art["id"], 0, 0, 3, manifest.files[0].sha256, None
+    )
     again = register(db, setup, manifest)
     assert again["id"] == art["id"]
     status = db.call("artifact_upload_status", setup.credential_hash, art["id"])[0]["artifact_upload_status"]
