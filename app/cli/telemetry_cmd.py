@@ -102,6 +102,20 @@ def collector_cmd(
     ca_bundle: str | None,
 ) -> None:
     """Tail a member's metric files and ship them to the telemetry gateway through a durable spool."""
+    # First: a SIGTERM from here on only asks for a drain. The agent starts the collector with SIGTERM
+    # blocked, so a signal sent before this line stays pending instead of killing the process.
+    stop_requested: list[bool] = []
+    collector = None
+
+    def _stop(_signum: int, _frame: object) -> None:
+        stop_requested.append(True)
+        if collector is not None:
+            collector.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+
     from app.client.http import ClientError
     from workers.collector.collector import Collector, CollectorConfig, CollectorError
     from workers.collector.fs_check import NetworkFilesystemError
@@ -131,19 +145,17 @@ def collector_cmd(
         collector = Collector(config)
     except (NetworkFilesystemError, CollectorError, ClientError) as exc:
         raise ExpectedError(str(exc)) from exc
-
-    def _stop(_signum: int, _frame: object) -> None:
+    if stop_requested:
         collector.stop()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
     click.echo(
         f"collector {collector.collector_id} reading {output_dir}, spool {spool_dir}, "
         f"{collector.spool.pending_count()} batches pending, shipping to {gateway}",
         err=True,
     )
-    collector.run()
+    status = collector.run()
     click.echo(f"collector stopped; {collector.spool.pending_count()} batches left in the spool", err=True)
+    if status:
+        raise SystemExit(status)
 
 
 @click.command("metrics")

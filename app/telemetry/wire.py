@@ -6,6 +6,14 @@
 The header names the batch (`collector`, `seq`), optionally the scope it was written for, and the series in
 order as `[source, name, count]`; the arrays hold the points of those series one after another. Columns
 rather than rows keep encoding and decoding in numpy, so neither side spends per-point Python time.
+Optional header entries: `health` (the collector's summary), `refused` (points the collector could not
+read, as `[source, name, reason, count]`), `damage` (regions of files it skipped, as `[source, file,
+offset, bytes, reason]`) and `final` (the member ended and the collector read every file to its end;
+this is its last batch).
+
+Only the structure is checked here (a malformed structure is a 400 for the whole batch); whether each
+series' source and name may be stored is decided per series by the gateway (app.telemetry.limits), so one
+bad name costs only its own points.
 """
 
 from __future__ import annotations
@@ -16,10 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from app.telemetry.limits import name_problem, scrub
+
 MAGIC = b"TPB1"
 CONTENT_TYPE = "application/x-tuneplane-batch"
 MAX_BATCH_BYTES = 64 * 1024 * 1024
-MAX_NAME_LEN = 512
+# Series names longer than this are refused per series by the gateway; the header bounds what it parses.
+MAX_HEADER_STRING = 4096
 _HEAD = struct.Struct("<4sI")
 
 
@@ -41,6 +52,9 @@ class Batch:
     wall_times: np.ndarray
     scope: dict | None = None
     health: dict = field(default_factory=dict)
+    refused: list[tuple[str, str, str, int]] = field(default_factory=list)
+    damage: list[tuple[str, str, int, int, str]] = field(default_factory=list)
+    final: bool = False
 
     @property
     def count(self) -> int:
@@ -57,12 +71,21 @@ def encode(
     *,
     scope: dict | None = None,
     health: dict | None = None,
+    refused: list | None = None,
+    damage: list | None = None,
+    final: bool = False,
 ) -> bytes:
-    header = {"collector": collector, "seq": seq, "series": [list(s) for s in series]}
+    header: dict = {"collector": collector, "seq": seq, "series": [list(s) for s in series]}
     if scope:
         header["scope"] = scope
     if health:
         header["health"] = health
+    if refused:
+        header["refused"] = [list(r) for r in refused]
+    if damage:
+        header["damage"] = [list(d) for d in damage]
+    if final:
+        header["final"] = True
     head = json.dumps(header, separators=(",", ":")).encode()
     return b"".join(
         (
@@ -93,8 +116,8 @@ def decode(payload: bytes) -> Batch:
     collector = header.get("collector")
     seq = header.get("seq")
     series = header.get("series")
-    if not isinstance(collector, str) or not 1 <= len(collector) <= 200:
-        raise WireError("collector must be a string of 1-200 characters", "collector")
+    if not isinstance(collector, str) or not 1 <= len(collector) <= 200 or name_problem(collector):
+        raise WireError("collector must be 1-200 characters without control characters", "collector")
     if not isinstance(seq, int) or isinstance(seq, bool) or not 0 <= seq < 2**63:
         raise WireError("seq must be a non-negative integer", "seq")
     if not isinstance(series, list):
@@ -112,8 +135,6 @@ def decode(payload: bytes) -> Batch:
             or entry[2] < 0
         ):
             raise WireError("each series must be [source, name, count]", "series")
-        if not entry[0] or not entry[1] or len(entry[0]) > MAX_NAME_LEN or len(entry[1]) > MAX_NAME_LEN:
-            raise WireError(f"series source and name must be 1-{MAX_NAME_LEN} characters", "series")
         checked.append((entry[0], entry[1], entry[2]))
         total += entry[2]
     body = start + head_len
@@ -124,10 +145,75 @@ def decode(payload: bytes) -> Batch:
     steps = np.frombuffer(payload, dtype="<i8", count=total, offset=body)
     values = np.frombuffer(payload, dtype="<f8", count=total, offset=body + 8 * total)
     walls = np.frombuffer(payload, dtype="<f8", count=total, offset=body + 16 * total)
-    scope = header.get("scope")
-    if scope is not None and not isinstance(scope, dict):
-        raise WireError("scope must be an object", "scope")
     health = header.get("health") or {}
     if not isinstance(health, dict):
         raise WireError("health must be an object", "health")
-    return Batch(collector, seq, checked, steps, values, walls, scope, health)
+    return Batch(
+        collector,
+        seq,
+        checked,
+        steps,
+        values,
+        walls,
+        _scope(header.get("scope")),
+        scrub(health),  # type: ignore[arg-type]
+        _refused(header.get("refused")),
+        _damage(header.get("damage")),
+        header.get("final") is True,
+    )
+
+
+def _is_int(value: object, low: int = 0, high: int = 2**63 - 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def _scope(scope: object) -> dict | None:
+    if scope is None:
+        return None
+    if not isinstance(scope, dict):
+        raise WireError("scope must be an object", "scope")
+    for key, value in scope.items():
+        if key not in ("job_id", "attempt", "member"):
+            raise WireError(f"scope.{scrub(key)} is not a scope field (job_id, attempt, member)", "scope")
+        if not _is_int(value, 0, 2**31 - 1 if key != "job_id" else 2**63 - 1):
+            raise WireError(f"scope.{key} must be a non-negative integer", "scope")
+    return scope
+
+
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str) or len(value) > MAX_HEADER_STRING:
+        raise WireError(f"{what} must be a string of at most {MAX_HEADER_STRING} characters", what)
+    return scrub(value)  # type: ignore[return-value]
+
+
+def _refused(entries: object) -> list[tuple[str, str, str, int]]:
+    if entries is None:
+        return []
+    if not isinstance(entries, list) or len(entries) > 10_000:
+        raise WireError("refused must be a list of [source, name, reason, count]", "refused")
+    out = []
+    for entry in entries:
+        if not isinstance(entry, list) or len(entry) != 4 or not _is_int(entry[3], 1, 2**31 - 1):
+            raise WireError("refused must be a list of [source, name, reason, count]", "refused")
+        out.append((_text(entry[0], "refused"), _text(entry[1], "refused"), _text(entry[2], "refused"), entry[3]))
+    return out
+
+
+def _damage(entries: object) -> list[tuple[str, str, int, int, str]]:
+    if entries is None:
+        return []
+    if not isinstance(entries, list) or len(entries) > 10_000:
+        raise WireError("damage must be a list of [source, file, offset, bytes, reason]", "damage")
+    out = []
+    for entry in entries:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 5
+            or not _is_int(entry[2])
+            or not _is_int(entry[3], 1)
+        ):
+            raise WireError("damage must be a list of [source, file, offset, bytes, reason]", "damage")
+        out.append(
+            (_text(entry[0], "damage"), _text(entry[1], "damage"), entry[2], entry[3], _text(entry[4], "damage"))
+        )
+    return out

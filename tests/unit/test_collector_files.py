@@ -39,11 +39,68 @@ def test_jsonl_lines_without_a_step_are_skipped_and_counted(tmp_path: Path) -> N
     (tmp_path / "m.jsonl").write_text('{"loss": 1}\nnot json\n[1,2]\n{"step": 3, "loss": 2, "ok": true}\n')
     tracker = OutputTracker(tmp_path)
     tracker.discover()
-    points = _points(tracker)
+    chunks = list(tracker.read(10_000))
     state = next(iter(tracker.states.values()))
     tracker.close()
-    assert [(p.name, p.step) for p in points] == [("loss", 3)]
-    assert state.bad_records == 3
+    assert [(p.name, p.step) for c in chunks for p in c.points] == [("loss", 3)]
+    assert state.bad_records == 4
+    refused: dict = {}
+    for chunk in chunks:
+        for key, n in chunk.refused.items():
+            refused[key] = refused.get(key, 0) + n
+    assert refused == {
+        ("", "line has no integer step"): 1,
+        ("", "line is not a JSON object"): 2,
+        ("ok", "value is not a number"): 1,
+    }
+
+
+def test_jsonl_bad_values_are_refused_one_by_one_and_the_rest_is_read(tmp_path: Path) -> None:
+    lines = [
+        '{"step": 1, "loss": 0.5}',
+        '{"step": 9223372036854775808, "loss": 0.1}',  # 2^63
+        '{"step": 2, "loss": 1' + "0" * 400 + "}",  # an integer no float64 holds
+        '{"step": 3, "bad\\u0000key": 1.0, "loss": 0.25}',
+        '{"step": 4, "' + "k" * 600 + '": 1.0, "loss": 0.125}',
+        '{"step": 5, "loss": NaN, "up": Infinity, "down": -Infinity}',
+        '{"step": 6, "loss": "high", "lr": 0.1}',
+        '{"step": 7, "loss": 0.0625}',
+    ]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    chunks = list(tracker.read(10_000))
+    tracker.close()
+    points = [(p.name, p.step, p.value) for c in chunks for p in c.points]
+    finite = [(n, s, v) for n, s, v in points if v == v and abs(v) != float("inf")]
+    assert sorted(finite) == [
+        ("loss", 1, 0.5),
+        ("loss", 3, 0.25),
+        ("loss", 4, 0.125),
+        ("loss", 7, 0.0625),
+        ("lr", 6, 0.1),
+    ]
+    odd = sorted((n, s, str(v)) for n, s, v in points if (n, s, v) not in finite)
+    assert odd == [("down", 5, "-inf"), ("loss", 5, "nan"), ("up", 5, "inf")]
+    refused = {key: n for c in chunks for key, n in c.refused.items()}
+    assert refused == {
+        ("loss", "step outside ±(2^53-1)"): 1,
+        ("loss", "number too large for a float64"): 1,
+        ("", "name holds a NUL or control character"): 1,
+        ("", "name longer than 512 characters"): 1,
+        ("loss", "value is not a number"): 1,
+    }
+
+
+def test_jsonl_last_line_without_newline_is_read_once_the_member_ended(tmp_path: Path) -> None:
+    (tmp_path / "m.jsonl").write_bytes(b'{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.25}')
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    assert [p.step for c in tracker.read(100) for p in c.points] == [1]
+    assert tracker.unread()
+    assert [p.step for c in tracker.read(100, final=True) for p in c.points] == [2]
+    assert not tracker.unread()
+    tracker.close()
 
 
 def test_rotated_file_keeps_its_offset_and_the_new_file_starts_at_zero(tmp_path: Path) -> None:

@@ -71,7 +71,7 @@ def test_file_cut_in_the_middle_of_a_record_yields_complete_records_then_resumes
     first = [p for chunk in tracker.read(10_000) for p in chunk.points]
     state = next(iter(tracker.states.values()))
     assert state.offset == records[119][0]  # stopped before the partial record
-    assert state.bad_records == 0 and not state.framing_lost
+    assert state.bad_records == 0
 
     with open(target, "ab") as handle:  # the writer finishes the record and the rest of the file
         handle.write(full[cut_at:])
@@ -154,41 +154,60 @@ def _simple_frames(n: int) -> list[bytes]:
 
 
 def test_bad_data_crc_skips_and_counts_the_record(tmp_path: Path) -> None:
-    frames = [
-        tfrecord.frame(_event(s, summary_pb2.Summary.Value(tag="x", simple_value=s))) for s in range(10)
-    ]
+    frames = _simple_frames(10)
     broken = bytearray(frames[4])
     broken[14] ^= 0x01  # a flipped bit inside the data
     frames[4] = bytes(broken)
     (tmp_path / "events.out.tfevents.4.x").write_bytes(b"".join(frames))
     tracker = OutputTracker(tmp_path)
     tracker.discover()
-    steps = [p.step for c in tracker.read(100) for p in c.points]
-    state = next(iter(tracker.states.values()))
+    chunks = list(tracker.read(100))
     tracker.close()
-    assert steps == [0, 1, 2, 3, 5, 6, 7, 8, 9]
-    assert state.bad_records == 1 and not state.framing_lost
-
-
-def test_bad_length_crc_ends_the_file(tmp_path: Path) -> None:
-    frames = [
-        tfrecord.frame(_event(s, summary_pb2.Summary.Value(tag="x", simple_value=s))) for s in range(10)
+    assert [p.step for c in chunks for p in c.points] == [0, 1, 2, 3, 5, 6, 7, 8, 9]
+    offset = sum(len(f) for f in frames[:4])
+    assert [d for c in chunks for d in c.damage] == [
+        tfrecord.Damage(offset, len(frames[4]), tfrecord.BAD_DATA_CRC)
     ]
-    broken = bytearray(frames[6])
-    broken[2] ^= 0x40  # the length field
-    frames[6] = bytes(broken)
+
+
+def test_flipped_length_byte_loses_one_record_not_the_rest_of_the_file(tmp_path: Path) -> None:
+    frames = _simple_frames(3000)
+    for index, at in ((600, 2), (2100, 20)):  # a length byte of one record, a payload byte of another
+        broken = bytearray(frames[index])
+        broken[at] ^= 0x40
+        frames[index] = bytes(broken)
     path = tmp_path / "events.out.tfevents.5.x"
     path.write_bytes(b"".join(frames))
     tracker = OutputTracker(tmp_path)
     tracker.discover()
-    steps = [p.step for c in tracker.read(100) for p in c.points]
-    with open(path, "ab") as handle:
-        handle.write(tfrecord.frame(_event(99, summary_pb2.Summary.Value(tag="x", simple_value=1.0))))
-    later = [p.step for c in tracker.read(100) for p in c.points]
-    state = next(iter(tracker.states.values()))
+    chunks = list(tracker.read(1000))
+    with open(path, "ab") as handle:  # the writer goes on after the damage
+        handle.write(tfrecord.frame(_event(5000, summary_pb2.Summary.Value(tag="x", simple_value=1.0))))
+    later = [p.step for c in tracker.read(1000) for p in c.points]
     tracker.close()
-    assert steps == [0, 1, 2, 3, 4, 5]
-    assert state.framing_lost and later == []
+    steps = [p.step for c in chunks for p in c.points]
+    assert steps == [s for s in range(3000) if s not in (600, 2100)]
+    assert later == [5000]
+    damage = [d for c in chunks for d in c.damage]
+    assert damage == [
+        tfrecord.Damage(sum(len(f) for f in frames[:600]), len(frames[600]), tfrecord.BAD_LENGTH),
+        tfrecord.Damage(sum(len(f) for f in frames[:2100]), len(frames[2100]), tfrecord.BAD_DATA_CRC),
+    ]
+
+
+def test_cut_short_tail_is_damage_only_once_the_writer_is_gone(tmp_path: Path) -> None:
+    frames = _simple_frames(5)
+    path = tmp_path / "events.out.tfevents.6.x"
+    path.write_bytes(b"".join(frames) + frames[0][:9])
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    assert [p.step for c in tracker.read(100) for p in c.points] == [0, 1, 2, 3, 4]
+    assert tracker.unread()
+    final = list(tracker.read(100, final=True))
+    tracker.close()
+    assert [d for c in final for d in c.damage] == [
+        tfrecord.Damage(sum(len(f) for f in frames), 9, tfrecord.CUT_SHORT)
+    ]
 
 
 def test_masked_crc_matches_the_tfrecord_definition() -> None:

@@ -2,8 +2,12 @@
 positions it reaches, and let the shipper thread send what is durable.
 
 Reading pauses while the spool is over its size limit (the source files are the buffer then); nothing is
-dropped. On SIGTERM the collector reads once more, syncs, and keeps shipping for up to `drain_timeout`
-seconds before it exits; whatever is left stays in the spool for the next start.
+dropped. On SIGTERM, or when the agent has written the `member-exited` marker into the spool directory,
+the collector drains: it reads every file to its end (with the marker, a cut-short tail counts as damage
+and a last line without its newline is read), syncs, and keeps shipping for up to `drain_timeout`
+seconds. With the marker and everything acknowledged it sends one last, empty batch marked `final`, which
+makes the member's metrics `complete` (or `incomplete` with the reason, when batches were refused).
+Whatever could not be sent stays in the spool for the next start, and the exit status says so.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ from workers.collector.sources import Chunk, FileState, OutputTracker
 from workers.collector.spool import Spool
 
 log = logging.getLogger(__name__)
+
+MEMBER_EXITED = "member-exited"  # marker the agent writes into the spool directory when the member ended
+FINAL_SENT = "final-sent"  # written by the collector once its final batch was acknowledged
+EXIT_UNDRAINED = 3  # batches are left in the spool (the gateway could not be reached in time)
 
 
 class CollectorError(Exception):
@@ -75,6 +83,7 @@ class Collector:
         self.tracker = OutputTracker(config.output_dir, states)
         self.shipper = Shipper(self.spool, config.gateway_url, config.token, ca_bundle=config.ca_bundle)
         self.points_read = 0
+        self.records_spooled = 0
 
     def _check_scope(self) -> None:
         path = self.config.spool_dir / "scope.json"
@@ -93,13 +102,10 @@ class Collector:
 
     def _health(self) -> dict:
         damaged = {s.path: s.bad_records for s in self.tracker.states.values() if s.bad_records}
-        lost = [s.path for s in self.tracker.states.values() if s.framing_lost]
         last = [s.last_data_at for s in self.tracker.states.values() if s.last_data_at]
         health: dict = {"files": len(self.tracker.states)}
         if damaged:
-            health["damaged_records"] = damaged
-        if lost:
-            health["framing_lost"] = lost
+            health["refused_or_damaged"] = damaged
         if last:
             health["last_data_at"] = max(last)
         if self.spool.stats.corrupt_records:
@@ -123,38 +129,90 @@ class Collector:
             walls,
             scope=self.config.scope,
             health=self._health(),
+            refused=[(source, name, reason, n) for (name, reason), n in sorted(chunk.refused.items())],
+            damage=[(source, chunk.state.path, d.offset, d.length, d.reason) for d in chunk.damage],
         )
         state = {_state_key(chunk.state.identity.key): chunk.state.checkpoint()}
         appended = self.spool.append(payload, state)
         assert appended == seq, "only the collector loop appends to its spool"
         self.points_read += chunk.count
+        self.records_spooled += 1
 
-    def poll_once(self) -> int:
-        """Read what is new in every file and spool it; returns the number of points read."""
+    def poll_once(self, final: bool = False) -> int:
+        """Read what is new in every file and spool it; returns the number of spool records written
+        (points, refusals or damage)."""
         if self.spool.full:
             return 0
-        before = self.points_read
+        before = self.records_spooled
         self.tracker.discover()
-        for chunk in self.tracker.read(self.config.batch_points):
-            if chunk.count:
+        for chunk in self.tracker.read(self.config.batch_points, final=final):
+            if chunk.news:
                 self._spool_chunk(chunk)
             if self.spool.full:
                 break
         self.spool.sync()
-        return self.points_read - before
+        return self.records_spooled - before
 
-    def run(self) -> None:
+    @property
+    def member_exited(self) -> bool:
+        return (self.config.spool_dir / MEMBER_EXITED).exists()
+
+    def drain_files(self, final: bool, deadline: float) -> None:
+        """Read every file to its end (what a single read leaves, the next one takes), waiting for the
+        shipper while the spool is full."""
+        while time.monotonic() < deadline:
+            wrote = self.poll_once(final=final)
+            if self.spool.full:
+                self.spool.sync(force=True)
+                time.sleep(0.05)
+                continue
+            if wrote == 0 and not self.tracker.unread():
+                return
+        log.warning("drain: files still unread at the deadline")
+
+    def _wait_shipped(self, deadline: float) -> bool:
+        self.spool.sync(force=True)
+        while self.spool.pending_count() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self.spool.pending_count() == 0
+
+    def _send_final(self, deadline: float) -> None:
+        """All batches are acknowledged: one empty batch marked final ends the member's metrics."""
+        rejected = len(list((self.config.spool_dir / "rejected").glob("*.batch")))
+        health = self._health()
+        if rejected:
+            health["rejected_batches"] = rejected
+        payload = wire.encode(
+            self.collector_id,
+            self.spool.last_seq + 1,
+            [],
+            [],
+            [],
+            [],
+            scope=self.config.scope,
+            health=health,
+            final=True,
+        )
+        self.spool.append(payload, {})
+        if self._wait_shipped(deadline):
+            (self.config.spool_dir / FINAL_SENT).write_text(f"{self.spool.last_seq}\n")
+
+    def run(self) -> int:
+        """The collector's life; returns its exit status (0, or EXIT_UNDRAINED with batches left)."""
         self.shipper.start()
         try:
-            while not self.stop_event.is_set():
+            while not self.stop_event.is_set() and not self.member_exited:
                 if self.poll_once() == 0:
                     self.spool.sync(force=True)
                     self.stop_event.wait(self.config.poll_interval)
-            self.poll_once()
-            self.spool.sync(force=True)
+            final = self.member_exited
             deadline = time.monotonic() + self.config.drain_timeout
-            while self.spool.pending_count() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            self.drain_files(final, deadline)
+            shipped = self._wait_shipped(deadline)
+            if shipped and final and not (self.config.spool_dir / FINAL_SENT).exists():
+                self._send_final(deadline)
+                shipped = self.spool.pending_count() == 0
+            return 0 if shipped else EXIT_UNDRAINED
         finally:
             self.shipper.stop()
             self.shipper.join(timeout=60)

@@ -1,10 +1,11 @@
 """Sending spooled batches to the telemetry gateway, oldest first, `parallel` at a time (two in flight
 let the database load one batch while the next one travels and is decoded).
 
-2xx (stored, or already stored: a duplicate) acknowledges the batch. A batch the gateway refuses for its
-content (400, 409, 413, 422) is set aside in the spool's rejected/ folder so it cannot block the rest.
-Everything else (connection errors, 5xx, 401/403 while a token is being sorted out) is retried with a
-capped exponential backoff; the batch stays in the spool meanwhile.
+2xx (stored, or already stored: a duplicate) acknowledges the batch. Any other 4xx is final: the gateway
+refuses points one by one and answers 4xx only for a batch it can never take (malformed, a token revoked
+or of another member), so the batch is set aside in the spool's rejected/ folder with the reason and
+cannot block the rest. Only an outage is retried with a capped exponential backoff (connection errors,
+5xx, 408 and 429); the batch stays in the spool meanwhile.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from workers.collector.spool import Spool
 
 log = logging.getLogger(__name__)
 
-REJECT_STATUSES = frozenset({400, 409, 413, 422})
+RETRY_STATUSES = frozenset({408, 429})
 
 
 @dataclass
@@ -117,7 +118,7 @@ class Shipper:
             self.spool.ack(record.seq)
             return True
         reason = _json(response).get("error") or response.text[:200]
-        if status in REJECT_STATUSES:
+        if 400 <= status < 500 and status not in RETRY_STATUSES:
             log.error("gateway refused batch %d (%d: %s); kept in rejected/", record.seq, status, reason)
             with self._stats_lock:
                 self.stats.rejected += 1

@@ -14,11 +14,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.telemetry import limits
 from workers.collector import jsonl, tb_events, tfrecord
 from workers.collector.file_identity import FileIdentity, identify, still_same
 from workers.collector.points import Point
 
 READ_CHUNK = 8 * 1024 * 1024
+NOT_AN_EVENT = "record is not a TensorBoard event"
+LINE_TOO_LONG = f"line longer than {READ_CHUNK} bytes"
 
 
 def classify(name: str) -> str | None:
@@ -52,8 +55,7 @@ class FileState:
     path: str
     offset: int = 0
     tags: dict[str, str] = field(default_factory=dict)
-    bad_records: int = 0
-    framing_lost: bool = False
+    bad_records: int = 0  # damaged regions and refused points or lines, for the health summary
     last_data_at: float | None = None
 
     def checkpoint(self) -> dict:
@@ -65,7 +67,6 @@ class FileState:
             "offset": self.offset,
             "tags": self.tags,
             "bad_records": self.bad_records,
-            "framing_lost": self.framing_lost,
             "last_data_at": self.last_data_at,
         }
 
@@ -79,7 +80,6 @@ class FileState:
             offset=int(data["offset"]),
             tags=dict(data.get("tags") or {}),
             bad_records=int(data.get("bad_records") or 0),
-            framing_lost=bool(data.get("framing_lost")),
             last_data_at=data.get("last_data_at"),
         )
 
@@ -87,13 +87,21 @@ class FileState:
 @dataclass
 class Chunk:
     """Points read from one file, by series (name → steps, values, wall times), and the offset just past
-    the last record they came from. Columns, not point objects: the collector's cost per point is what
-    bounds its throughput."""
+    the last record they came from, with what was refused (name, reason → count) and the damaged regions
+    skipped in those bytes. Columns, not point objects: the collector's cost per point is what bounds its
+    throughput."""
 
     state: FileState
     end_offset: int
     series: dict[str, tuple[list[int], list[float], list[float]]]
     count: int
+    refused: dict[tuple[str, str], int] = field(default_factory=dict)
+    damage: list[tfrecord.Damage] = field(default_factory=list)
+
+    @property
+    def news(self) -> bool:
+        """Anything to spool: points, refusals or damage."""
+        return bool(self.count or self.refused or self.damage)
 
     @property
     def points(self) -> list[Point]:
@@ -106,18 +114,32 @@ class Chunk:
 
 
 class _Columns:
-    """Accumulates one chunk's points by series name."""
+    """Accumulates one chunk's points by series name, refusing (and counting) a point whose name or step
+    breaks app.telemetry.limits."""
 
-    __slots__ = ("count", "series")
+    __slots__ = ("count", "damage", "refused", "series")
 
     def __init__(self) -> None:
         self.series: dict[str, tuple[list[int], list[float], list[float]]] = {}
         self.count = 0
+        self.refused: dict[tuple[str, str], int] = {}
+        self.damage: list[tfrecord.Damage] = []
+
+    def refuse(self, name: str, reason: str, count: int = 1) -> None:
+        key = (name if limits.name_problem(name) is None else "", reason)
+        self.refused[key] = self.refused.get(key, 0) + count
 
     def add(self, name: str, step: int, value: float, wall: float) -> None:
         columns = self.series.get(name)
         if columns is None:
+            problem = limits.name_problem(name)
+            if problem is not None:
+                self.refuse(name, problem)
+                return
             columns = self.series[name] = ([], [], [])
+        if not limits.STEP_MIN <= step <= limits.STEP_MAX:
+            self.refuse(name, limits.STEP_RANGE)
+            return
         columns[0].append(step)
         columns[1].append(value)
         columns[2].append(wall)
@@ -182,11 +204,15 @@ class OutputTracker:
             return True
         return False
 
-    def read(self, max_points: int) -> Iterator[Chunk]:
+    def unread(self) -> bool:
+        """Whether any tracked file holds bytes past its position (the drain reads until it does not)."""
+        return any(os.fstat(fd).st_size > self.states[key].offset for key, fd in self.handles.items())
+
+    def read(self, max_points: int, final: bool = False) -> Iterator[Chunk]:
+        """New points of every file. `final`: the writer is gone, so a cut-short tail is damage (a
+        TensorBoard record) or a last line without its newline (JSONL), not something to wait for."""
         for key, fd in list(self.handles.items()):
             state = self.states[key]
-            if state.framing_lost:
-                continue
             size = os.fstat(fd).st_size
             if size < state.offset:
                 # Truncated in place (copytruncate rotation): start over from the beginning.
@@ -199,62 +225,73 @@ class OutputTracker:
                 if widened is not None:
                     state.identity = widened
             data = os.pread(fd, min(READ_CHUNK, size - state.offset), state.offset)
+            at_end = final and state.offset + len(data) >= size
             if state.kind == "tensorboard":
-                yield from self._read_tensorboard(state, data, max_points)
+                yield from self._read_tensorboard(state, data, max_points, at_end)
             else:
-                yield from self._read_jsonl(state, data, max_points, full_chunk=len(data) == READ_CHUNK)
+                full_chunk = len(data) == READ_CHUNK
+                yield from self._read_jsonl(state, data, max_points, full_chunk, at_end)
 
-    def _read_tensorboard(self, state: FileState, data: bytes, max_points: int) -> Iterator[Chunk]:
+    def _read_tensorboard(
+        self, state: FileState, data: bytes, max_points: int, final: bool
+    ) -> Iterator[Chunk]:
         start = state.offset
-        found = tfrecord.scan(data, start)
-        state.bad_records += found.bad_data_crc
-        if found.framing_lost:
-            state.framing_lost = True
+        found = tfrecord.scan(data, start, final=final)
+        damage = sorted(found.damage, key=lambda d: d.offset)
         columns = _Columns()
         for record_end, record in found.records:
+            # Damage before this record travels with it (its position and its damage are spooled together).
+            while damage and damage[0].offset < record_end:
+                columns.damage.append(damage.pop(0))
             try:
                 for tag, step, wall, value in tb_events.event_scalars(record, state.source, state.tags):
                     columns.add(tag, step, value, wall)
             except tb_events.EventDecodeError:
-                state.bad_records += 1
+                columns.damage.append(
+                    tfrecord.Damage(record_end - len(record) - 16, len(record) + 16, NOT_AN_EVENT)
+                )
             if columns.count >= max_points:
                 yield self._chunk(state, record_end, columns)
                 columns = _Columns()
-        final = start + found.consumed
-        if columns.count or final != state.offset:
-            yield self._chunk(state, final, columns)
+        columns.damage.extend(damage)
+        end = start + found.consumed
+        if columns.count or columns.refused or columns.damage or end != state.offset:
+            yield self._chunk(state, end, columns)
 
     def _read_jsonl(
-        self, state: FileState, data: bytes, max_points: int, full_chunk: bool
+        self, state: FileState, data: bytes, max_points: int, full_chunk: bool, final: bool
     ) -> Iterator[Chunk]:
         now = time.time()
         columns = _Columns()
         end = state.offset
-        for line_end, line in jsonl.split_lines(data, state.offset):
+        lines = list(jsonl.split_lines(data, state.offset))
+        if final and (not lines or lines[-1][0] < state.offset + len(data)):
+            # The writer is gone: a last line without its newline is all it will ever write.
+            lines.append((state.offset + len(data), data[(lines[-1][0] - state.offset) if lines else 0 :]))
+        for line_end, line in lines:
             end = line_end
             if not line.strip():
                 continue
             parsed = jsonl.parse_line(line, now)
-            if parsed is None:
-                state.bad_records += 1
-                continue
-            step, wall, metrics = parsed
-            for name, value in metrics:
-                columns.add(name, step, value, wall)
+            for name, reason in parsed.refused:
+                columns.refuse(name, reason)
+            for name, value in parsed.metrics:
+                columns.add(name, parsed.step, value, parsed.wall_time)  # type: ignore[arg-type]
             if columns.count >= max_points:
                 yield self._chunk(state, end, columns)
                 columns = _Columns()
         if end == state.offset and full_chunk:
             # One line longer than a whole chunk: not a metrics line; skip past it.
-            state.bad_records += 1
+            columns.refuse("", LINE_TOO_LONG)
             end = state.offset + len(data)
-        if columns.count or end != state.offset:
+        if columns.count or columns.refused or end != state.offset:
             yield self._chunk(state, end, columns)
 
     @staticmethod
     def _chunk(state: FileState, end: int, columns: _Columns) -> Chunk:
         if columns.count:
             state.last_data_at = time.time()
-        chunk = Chunk(state, end, columns.series, columns.count)
+        state.bad_records += len(columns.damage) + sum(columns.refused.values())
+        chunk = Chunk(state, end, columns.series, columns.count, columns.refused, columns.damage)
         state.offset = end
         return chunk

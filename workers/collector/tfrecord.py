@@ -2,9 +2,12 @@
 
 Each record: u64 little-endian length, u32 masked CRC32C of those 8 bytes, the data, u32 masked CRC32C of
 the data. A record cut short at the end of the file is normal while the writer runs: reading stops before
-it and the caller resumes from the same offset later. A bad length CRC means the framing is lost, so the
-rest of the file cannot be trusted and reading ends there for good. A bad data CRC skips that one record
-(its length is still trustworthy) and is counted, so the caller can raise a health flag.
+it and the caller resumes from the same offset later (at the member's end, `final`, it is damage).
+
+Damage loses only what is damaged. A bad data CRC skips that one record (its length is trustworthy). A bad
+length CRC means the framing is lost at that byte, so the reader resynchronises: it scans forward for the
+next offset whose length CRC verifies and whose record's data CRC verifies, and goes on from there. Every
+skipped region is returned as a `Damage` (offset, bytes, reason) so that it can be recorded and shown.
 """
 
 from __future__ import annotations
@@ -35,37 +38,84 @@ def frame(data: bytes) -> bytes:
     return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
 
 
+BAD_DATA_CRC = "record data fails its CRC"
+BAD_LENGTH = "record length fails its CRC; skipped to the next intact record"
+CUT_SHORT = "record cut short at the end of the file"
+
+
+@dataclass(frozen=True)
+class Damage:
+    offset: int  # in the file
+    length: int  # bytes skipped
+    reason: str
+
+
 @dataclass
 class ScanResult:
     """What one pass over a buffer found."""
 
     records: list[tuple[int, bytes]] = field(default_factory=list)  # (offset just past the record, data)
-    consumed: int = 0  # bytes of the buffer fully handled (complete records, including skipped bad ones)
-    bad_data_crc: int = 0
-    framing_lost: bool = False  # a bad length CRC: nothing after `consumed` can be read
+    consumed: int = 0  # bytes of the buffer fully handled (complete records and skipped damage)
+    damage: list[Damage] = field(default_factory=list)
+
+    @property
+    def bad_data_crc(self) -> int:
+        return sum(1 for d in self.damage if d.reason == BAD_DATA_CRC)
 
 
-def scan(buffer: bytes | memoryview, base_offset: int = 0) -> ScanResult:
-    """Split `buffer` (file bytes starting at `base_offset`) into complete records."""
+def _header_at(view: memoryview, pos: int) -> int | None:
+    """The record length at `pos` if its length CRC verifies (and it is not absurd), else None."""
+    length, length_crc = _HEADER.unpack_from(view, pos)
+    if length > MAX_RECORD_BYTES or masked_crc32c(view[pos : pos + 8]) != length_crc:
+        return None
+    return length
+
+
+def _resync(view: memoryview, start: int) -> int:
+    """The first offset at or after `start` where an intact record starts, or where a record whose header
+    verifies runs past the buffer (it may be completed later); len(view) - HEADER_SIZE + 1 if none, since
+    no offset before that can start a record."""
+    end = len(view)
+    for pos in range(start, end - HEADER_SIZE + 1):
+        length = _header_at(view, pos)
+        if length is None:
+            continue
+        total = HEADER_SIZE + length + FOOTER_SIZE
+        if end - pos < total:
+            return pos
+        (data_crc,) = _FOOTER.unpack_from(view, pos + HEADER_SIZE + length)
+        if masked_crc32c(view[pos + HEADER_SIZE : pos + HEADER_SIZE + length]) == data_crc:
+            return pos
+    return max(start, end - HEADER_SIZE + 1)
+
+
+def scan(buffer: bytes | memoryview, base_offset: int = 0, final: bool = False) -> ScanResult:
+    """Split `buffer` (file bytes starting at `base_offset`) into complete records. With `final` (the
+    writer is gone and the buffer reaches the end of the file) a cut-short tail is damage too."""
     view = memoryview(buffer)
     result = ScanResult()
     pos = 0
     end = len(view)
     while end - pos >= HEADER_SIZE:
-        length, length_crc = _HEADER.unpack_from(view, pos)
-        if masked_crc32c(view[pos : pos + 8]) != length_crc or length > MAX_RECORD_BYTES:
-            result.framing_lost = True
-            break
+        length = _header_at(view, pos)
+        if length is None:
+            resume = _resync(view, pos + 1)
+            result.damage.append(Damage(base_offset + pos, resume - pos, BAD_LENGTH))
+            pos = resume
+            continue
         total = HEADER_SIZE + length + FOOTER_SIZE
         if end - pos < total:
             break  # partial last record: wait for the writer
         data = view[pos + HEADER_SIZE : pos + HEADER_SIZE + length]
         (data_crc,) = _FOOTER.unpack_from(view, pos + HEADER_SIZE + length)
-        pos += total
         if masked_crc32c(data) != data_crc:
-            result.bad_data_crc += 1
+            result.damage.append(Damage(base_offset + pos, total, BAD_DATA_CRC))
         else:
-            result.records.append((base_offset + pos, bytes(data)))
+            result.records.append((base_offset + pos + total, bytes(data)))
+        pos += total
+    if final and pos < end:
+        result.damage.append(Damage(base_offset + pos, end - pos, CUT_SHORT))
+        pos = end
     result.consumed = pos
     return result
 
