@@ -25,7 +25,7 @@ from app.db import SEARCH_PATH_OPTION
 from app.errors import Refusal, refusal_from_db
 from app.gateway_limits import input_limits_middleware
 from app.security import token_hash
-from app.telemetry import wire
+from app.telemetry import limits, wire
 from app.telemetry.ingest import batch_digest, store_batch
 
 log = logging.getLogger(__name__)
@@ -35,16 +35,17 @@ PRUNE_EVERY_S = 3600.0
 
 
 class SdkPoint(BaseModel):
-    name: str = Field(min_length=1, max_length=wire.MAX_NAME_LEN)
-    step: int = Field(ge=-(2**63), lt=2**63)
-    value: float
+    # Checked per point (app.telemetry.limits): a bad name, step or value refuses that point alone.
+    name: str = Field(max_length=wire.MAX_HEADER_STRING)
+    step: int
+    value: float | int
     wall_time: float | None = None
 
 
 class SdkBatch(BaseModel):
     client: str = Field(min_length=1, max_length=200)
     seq: int = Field(ge=0, lt=2**63)
-    source: str = Field(default="sdk", min_length=1, max_length=wire.MAX_NAME_LEN)
+    source: str = Field(default="sdk", min_length=1, max_length=limits.MAX_NAME_LEN)
     points: list[SdkPoint] = Field(max_length=100_000)
 
 
@@ -78,6 +79,8 @@ async def refusals(request: web.Request, handler) -> web.StreamResponse:
         refusal = refusal_from_db(exc)
         if refusal is not None:
             return _error(refusal.status, refusal.message, refusal.fields)
+        if isinstance(exc, psycopg.DataError):  # content PostgreSQL cannot hold: final, not "retry later"
+            return _error(422, f"the database cannot store this batch: {exc.diag.message_primary or exc}")
         log.exception("database error")
         return _error(503, "database error; retry later")
     except web.HTTPException:
@@ -120,22 +123,32 @@ async def post_points(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise wire.WireError(f"body is not JSON: {exc}", "body") from exc
     sdk = SdkBatch.model_validate(data)
-    order: dict[str, list[SdkPoint]] = {}
-    for point in sdk.points:
-        order.setdefault(point.name, []).append(point)
-    ordered = [p for points in order.values() for p in points]
+    order: dict[str, list[tuple[int, float, float]]] = {}
+    refused: dict[tuple[str, str], int] = {}
     now = time.time()
+    for point in sdk.points:
+        why = None
+        try:
+            value = float(point.value)
+        except OverflowError:
+            why = limits.VALUE_TOO_LARGE
+        if why is None and not limits.step_ok(point.step):
+            why = limits.STEP_RANGE
+        if why is not None:
+            key = (point.name if limits.name_problem(point.name) is None else "", why)
+            refused[key] = refused.get(key, 0) + 1
+            continue
+        wall = now if point.wall_time is None else point.wall_time
+        order.setdefault(point.name, []).append((point.step, value, wall))
+    ordered = [p for points in order.values() for p in points]
     batch = wire.Batch(
         collector=sdk.client,
         seq=sdk.seq,
         series=[(sdk.source, name, len(points)) for name, points in order.items()],
-        steps=np.fromiter((p.step for p in ordered), dtype=np.int64, count=len(ordered)),
-        values=np.fromiter((p.value for p in ordered), dtype=np.float64, count=len(ordered)),
-        wall_times=np.fromiter(
-            (now if p.wall_time is None else p.wall_time for p in ordered),
-            dtype=np.float64,
-            count=len(ordered),
-        ),
+        steps=np.fromiter((p[0] for p in ordered), dtype=np.int64, count=len(ordered)),
+        values=np.fromiter((p[1] for p in ordered), dtype=np.float64, count=len(ordered)),
+        wall_times=np.fromiter((p[2] for p in ordered), dtype=np.float64, count=len(ordered)),
+        refused=[(sdk.source, name, why, n) for (name, why), n in refused.items()],
     )
     return await _store(request, batch, batch_digest(raw))
 

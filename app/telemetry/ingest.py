@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import psycopg
 
+from app.telemetry import limits
 from app.telemetry.wire import Batch
 
 ROLLUP_WIDTHS = (64, 512, 4096, 32768)
@@ -129,20 +130,76 @@ def point_series(batch: Batch, ids: list[int]) -> np.ndarray:
     return np.repeat(np.asarray(ids, dtype=np.int64), counts)
 
 
+def screen(batch: Batch, series_refused: list[str | None] | None = None) -> Batch:
+    """The batch without the points that may not be stored (a bad source or name, a step outside the
+    documented range, or a series the database refused: `series_refused[i]` is series i's reason), each
+    refused point counted in `batch.refused` with its reason. The points of one series stay together."""
+    if not batch.count and not batch.series:
+        return batch
+    counts = np.fromiter((c for _, _, c in batch.series), dtype=np.int64, count=len(batch.series))
+    ends = np.cumsum(counts)
+    keep = limits.steps_in_range(batch.steps)
+    refused = list(batch.refused)
+    series: list[tuple[str, str, int]] = []
+    for index, (source, name, count) in enumerate(batch.series):
+        lo, hi = int(ends[index] - count), int(ends[index])
+        why = series_refused[index] if series_refused else None
+        problem = limits.name_problem(source)
+        if problem is not None:
+            why = f"source: {problem}"
+        why = why or limits.name_problem(name)
+        shown_source = source if limits.name_problem(source) is None else ""
+        shown_name = name if limits.name_problem(name) is None else ""
+        if why is not None:
+            keep[lo:hi] = False
+            if count:
+                refused.append((shown_source, shown_name, why, count))
+            continue
+        kept = int(keep[lo:hi].sum())
+        if kept < count:
+            refused.append((source, name, limits.STEP_RANGE, count - kept))
+        if kept:
+            series.append((source, name, kept))
+    if len(refused) == len(batch.refused):
+        return batch  # nothing refused: the batch as it came
+    return replace(
+        batch,
+        series=series,
+        steps=batch.steps[keep],
+        values=batch.values[keep],
+        wall_times=batch.wall_times[keep],
+        refused=refused,
+    )
+
+
+_BEGIN_SQL = (
+    "SELECT * FROM tuneplane.telemetry_begin_batch(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s::text[])"
+)
+_MERGE_SQL = (
+    "SELECT tuneplane.telemetry_merge_batch(%s, %s, %s, %s::bigint[], %s::int[], %s::bigint[], %s::bigint[],"
+    " %s::float8[], %s::float8[], %s::float8[], %s::bigint[], %s::bigint[], %s::float8[],"
+    " %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::float8[],"
+    " %s, %s::jsonb, %s::text[], %s::text[], %s::text[], %s::bigint[],"
+    " %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::text[], %s)"
+)
+
+
 async def store_batch(conn: psycopg.AsyncConnection, token_hash: str, batch: Batch, digest: str) -> dict:
-    """Store `batch` in one transaction; {"stored": n, "duplicate": bool}. The rows other batches also
-    touch (series, rollup buckets, the collector's row) are locked last, after the COPY, so that batches
-    sent in parallel overlap."""
+    """Store `batch` in one transaction; {"stored": n, "refused": m, "duplicate": bool}. Points that may
+    not be stored are refused one by one and counted with their reasons; the rest is stored. The rows
+    other batches also touch (series, rollup buckets, the collector's row) are locked last, after the
+    COPY, so that batches sent in parallel overlap."""
+    offered = batch.count
+    batch = screen(batch)
     async with conn.transaction():
         cur = await conn.execute(
-            "SELECT * FROM tuneplane.telemetry_begin_batch"
-            "(%s, %s, %s, %s, %s, %s::jsonb, %s::text[], %s::text[])",
+            _BEGIN_SQL,
             (
                 token_hash,
                 batch.collector,
                 batch.seq,
                 digest,
-                batch.count,
+                offered,
                 json.dumps(batch.scope) if batch.scope else None,
                 [s for s, _, _ in batch.series],
                 [n for _, n, _ in batch.series],
@@ -150,26 +207,38 @@ async def store_batch(conn: psycopg.AsyncConnection, token_hash: str, batch: Bat
         )
         row = await cur.fetchone()
         if row["duplicate"]:
-            return {"stored": 0, "duplicate": True, "seq": batch.seq}
-        sids = point_series(batch, row["series_ids"])
+            return {"stored": 0, "refused": 0, "duplicate": True, "seq": batch.seq}
+        ids = row["series_ids"]
+        if any(i is None for i in ids):  # over the member's series cap: those series' points alone
+            batch = screen(batch, row["refused"])
+            ids = [i for i in ids if i is not None]
+        sids = point_series(batch, ids)
         if batch.count:
             async with conn.cursor().copy(COPY_SQL) as copy:
                 await copy.write(copy_buffer(sids, batch.steps, batch.values, batch.wall_times))
         agg = aggregates(sids, batch.steps, batch.values)
+        refused, damage = batch.refused, batch.damage
         await conn.execute(
-            "SELECT tuneplane.telemetry_merge_batch(%s::bigint[], %s::int[], %s::bigint[], %s::bigint[],"
-            " %s::float8[], %s::float8[], %s::float8[], %s::bigint[], %s::bigint[], %s::float8[],"
-            " %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::float8[],"
-            " %s, %s, %s, %s, %s, %s::jsonb)",
+            _MERGE_SQL,
             (
+                token_hash,
+                batch.collector,
+                batch.seq,
                 *agg.rollups,
                 *agg.series,
-                batch.collector,
-                row["job_id"],
-                row["attempt"],
-                row["member_rank"],
                 batch.count,
                 json.dumps(batch.health or {}),
+                [r[0] for r in refused],
+                [r[1] for r in refused],
+                [r[2] for r in refused],
+                [r[3] for r in refused],
+                [d[0] for d in damage],
+                [d[1] for d in damage],
+                [d[2] for d in damage],
+                [d[3] for d in damage],
+                [d[4] for d in damage],
+                batch.final,
             ),
         )
-        return {"stored": batch.count, "duplicate": False, "seq": batch.seq}
+        n_refused = sum(r[3] for r in refused)
+        return {"stored": batch.count, "refused": n_refused, "duplicate": False, "seq": batch.seq}

@@ -195,7 +195,9 @@ def _refused(entries: object) -> list[tuple[str, str, str, int]]:
     for entry in entries:
         if not isinstance(entry, list) or len(entry) != 4 or not _is_int(entry[3], 1, 2**31 - 1):
             raise WireError("refused must be a list of [source, name, reason, count]", "refused")
-        out.append((_text(entry[0], "refused"), _text(entry[1], "refused"), _text(entry[2], "refused"), entry[3]))
+        out.append(
+            (_text(entry[0], "refused"), _text(entry[1], "refused"), _text(entry[2], "refused"), entry[3])
+        )
     return out
 
 
@@ -214,6 +216,12 @@ def _damage(entries: object) -> list[tuple[str, str, int, int, str]]:
         ):
             raise WireError("damage must be a list of [source, file, offset, bytes, reason]", "damage")
         out.append(
-            (_text(entry[0], "damage"), _text(entry[1], "damage"), entry[2], entry[3], _text(entry[4], "damage"))
+            (
+                _text(entry[0], "damage"),
+                _text(entry[1], "damage"),
+                entry[2],
+                entry[3],
+                _text(entry[4], "damage"),
+            )
         )
     return out

@@ -8,6 +8,11 @@
 --   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
 --
 -- Drops (signature changes):
+DROP FUNCTION IF EXISTS tuneplane.telemetry_begin_batch(text, text, bigint, text, integer, jsonb, text[], text[]);
+DROP FUNCTION IF EXISTS tuneplane.telemetry_merge_batch(bigint[], integer[], bigint[], bigint[],
+    double precision[], double precision[], double precision[], bigint[], bigint[], double precision[],
+    bigint[], bigint[], bigint[], bigint[], bigint[], double precision[], text, bigint, integer, integer,
+    integer, jsonb);
 
 -- telemetry_canonical: the canonical name for a raw metric name, or NULL.
 CREATE OR REPLACE FUNCTION tuneplane.telemetry_canonical(p_name text)
@@ -97,12 +102,16 @@ BEGIN
     SELECT p_token_hash, p_job_id, p_attempt, p_member_rank, now() + coalesce(p_ttl, s.token_ttl)
       FROM tuneplane.telemetry_settings s
     RETURNING * INTO result;
+    -- The member's metrics are now being collected (a second token for the same member changes nothing).
+    INSERT INTO tuneplane.telemetry_members (job_id, attempt, member_rank)
+    VALUES (p_job_id, p_attempt, p_member_rank) ON CONFLICT DO NOTHING;
     RETURN result;
 END;
 $$;
 
--- revoke_telemetry_tokens: revokes the tokens of a job (or one attempt of it); returns how many.
--- Call it only after the members' collectors have drained, or their last points are refused.
+-- revoke_telemetry_tokens: revokes the tokens of a job (or one attempt of it) now; returns how many.
+-- Members' tokens are revoked on their own when the member ends (telemetry_member_ended, after the drain
+-- grace) and when its node is fenced (at once); this is for an operator.
 CREATE OR REPLACE FUNCTION tuneplane.revoke_telemetry_tokens(p_job_id bigint, p_attempt integer DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
@@ -110,7 +119,8 @@ DECLARE
     changed bigint;
 BEGIN
     UPDATE tuneplane.telemetry_tokens t SET revoked_at = now()
-     WHERE t.job_id = p_job_id AND (p_attempt IS NULL OR t.attempt = p_attempt) AND t.revoked_at IS NULL;
+     WHERE t.job_id = p_job_id AND (p_attempt IS NULL OR t.attempt = p_attempt)
+       AND (t.revoked_at IS NULL OR t.revoked_at > now());
     GET DIAGNOSTICS changed = ROW_COUNT;
     RETURN changed;
 END;
@@ -128,7 +138,7 @@ BEGIN
     IF tok.id IS NULL THEN
         RAISE EXCEPTION 'not a telemetry token' USING ERRCODE = 'TP401', COLUMN = 'token';
     END IF;
-    IF tok.revoked_at IS NOT NULL THEN
+    IF tok.revoked_at <= now() THEN  -- a future revoked_at is the drain grace after the member ended
         RAISE EXCEPTION 'telemetry token revoked' USING ERRCODE = 'TP401', COLUMN = 'token';
     END IF;
     IF tok.expires_at <= now() THEN
@@ -159,82 +169,146 @@ END;
 $$;
 
 -- telemetry_begin_batch: first step of the ingest transaction. Checks the token's scope (401/403), the
--- batch size (413), records the batch in the ledger and returns duplicate = true if (collector, seq) was
--- already stored (the caller then stores nothing); a known (collector, seq) with a different digest is
--- refused (409). Creates missing series (with canonical names) and returns their ids in the order given,
--- and the token's scope for telemetry_merge_batch.
+-- batch size (413), records the batch in the token's own ledger (job, attempt, member, collector, seq) and
+-- returns duplicate = true if that batch was already stored (the caller then stores nothing); the same
+-- batch with a different digest is refused (409). Creates missing series (with canonical names) and
+-- returns their ids in the order given; a series over the member's cap or with a name PostgreSQL should
+-- not hold gets a NULL id and its reason in `refused` (the caller refuses its points alone).
 CREATE OR REPLACE FUNCTION tuneplane.telemetry_begin_batch(p_token_hash text, p_collector text, p_seq bigint,
                                                 p_digest text, p_points integer, p_scope jsonb,
                                                 p_sources text[], p_names text[])
-RETURNS TABLE (duplicate boolean, series_ids bigint[], job_id bigint, attempt integer, member_rank integer)
+RETURNS TABLE (duplicate boolean, series_ids bigint[], refused text[], job_id bigint, attempt integer,
+               member_rank integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     tok record;
     inserted boolean;
     known_digest text;
     ids bigint[];
-    max_points integer;
+    why text[];
+    cfg tuneplane.telemetry_settings;
+    have integer;
+    wanted integer;
 BEGIN
     SELECT * INTO tok FROM tuneplane.telemetry_check_write(p_token_hash, p_scope);
-    SELECT s.max_batch_points INTO max_points FROM tuneplane.telemetry_settings s;
-    IF p_points > max_points THEN
-        RAISE EXCEPTION 'batch holds % points; the limit is %', p_points, max_points
+    SELECT * INTO cfg FROM tuneplane.telemetry_settings s;
+    IF p_points > cfg.max_batch_points THEN
+        RAISE EXCEPTION 'batch holds % points; the limit is %', p_points, cfg.max_batch_points
             USING ERRCODE = 'TP413', COLUMN = 'points';
     END IF;
     IF coalesce(array_length(p_sources, 1), 0) <> coalesce(array_length(p_names, 1), 0) THEN
         RAISE EXCEPTION 'sources and names differ in length' USING ERRCODE = 'TP400', COLUMN = 'series';
     END IF;
 
-    INSERT INTO tuneplane.telemetry_batches (collector_id, seq, token_id, digest, points)
-    VALUES (p_collector, p_seq, tok.token_id, p_digest, p_points)
-    ON CONFLICT (collector_id, seq) DO NOTHING
+    INSERT INTO tuneplane.telemetry_batches (job_id, attempt, member_rank, collector_id, seq, token_id, digest,
+                                             points)
+    VALUES (tok.job_id, tok.attempt, tok.member_rank, p_collector, p_seq, tok.token_id, p_digest, p_points)
+    ON CONFLICT ON CONSTRAINT telemetry_batches_pkey DO NOTHING
     RETURNING true INTO inserted;
 
     IF inserted IS NULL THEN
         SELECT b.digest INTO known_digest FROM tuneplane.telemetry_batches b
-         WHERE b.collector_id = p_collector AND b.seq = p_seq;
+         WHERE b.job_id = tok.job_id AND b.attempt = tok.attempt AND b.member_rank = tok.member_rank
+           AND b.collector_id = p_collector AND b.seq = p_seq;
         IF known_digest IS DISTINCT FROM p_digest THEN
             RAISE EXCEPTION 'batch % of collector % was already stored with other content', p_seq, p_collector
                 USING ERRCODE = 'TP409', COLUMN = 'seq';
         END IF;
         UPDATE tuneplane.telemetry_collectors c SET duplicates = c.duplicates + 1, last_batch_at = now()
-         WHERE c.collector_id = p_collector;
-        RETURN QUERY SELECT true, NULL::bigint[], tok.job_id, tok.attempt, tok.member_rank;
+         WHERE c.job_id = tok.job_id AND c.attempt = tok.attempt AND c.member_rank = tok.member_rank
+           AND c.collector_id = p_collector;
+        RETURN QUERY SELECT true, NULL::bigint[], NULL::text[], tok.job_id, tok.attempt, tok.member_rank;
         RETURN;
     END IF;
 
-    INSERT INTO tuneplane.telemetry_series (job_id, attempt, member_rank, source, name, canonical)
-    SELECT DISTINCT tok.job_id, tok.attempt, tok.member_rank, u.src, u.nm, tuneplane.telemetry_canonical(u.nm)
-      FROM unnest(p_sources, p_names) AS u(src, nm)
-     WHERE NOT EXISTS (SELECT 1 FROM tuneplane.telemetry_series s
-                        WHERE s.job_id = tok.job_id AND s.attempt = tok.attempt
-                          AND s.member_rank = tok.member_rank AND s.source = u.src AND s.name = u.nm)
-    ON CONFLICT ON CONSTRAINT telemetry_series_job_id_attempt_member_rank_source_name_key DO NOTHING;
+    -- New series, in order of first appearance, only while the member is under its cap. The member's row
+    -- is locked only when a series is new (rare), so parallel batches of known series never queue here.
+    IF EXISTS (SELECT 1 FROM unnest(p_sources, p_names) AS u(src, nm)
+                WHERE NOT EXISTS (SELECT 1 FROM tuneplane.telemetry_series s
+                                   WHERE s.job_id = tok.job_id AND s.attempt = tok.attempt
+                                     AND s.member_rank = tok.member_rank AND s.source = u.src AND s.name = u.nm)) THEN
+        INSERT INTO tuneplane.telemetry_members (job_id, attempt, member_rank)
+        VALUES (tok.job_id, tok.attempt, tok.member_rank) ON CONFLICT DO NOTHING;
+        SELECT m.series INTO have FROM tuneplane.telemetry_members m
+         WHERE m.job_id = tok.job_id AND m.attempt = tok.attempt AND m.member_rank = tok.member_rank FOR UPDATE;
+        WITH fresh AS (
+            SELECT u.src, u.nm, min(u.ord) AS ord
+              FROM unnest(p_sources, p_names) WITH ORDINALITY AS u(src, nm, ord)
+             WHERE length(u.src) BETWEEN 1 AND 512 AND length(u.nm) BETWEEN 1 AND 512
+               AND NOT EXISTS (SELECT 1 FROM tuneplane.telemetry_series s
+                                WHERE s.job_id = tok.job_id AND s.attempt = tok.attempt
+                                  AND s.member_rank = tok.member_rank AND s.source = u.src AND s.name = u.nm)
+             GROUP BY u.src, u.nm
+             ORDER BY min(u.ord)
+             LIMIT greatest(cfg.max_series_per_member - have, 0)),
+        made AS (
+            INSERT INTO tuneplane.telemetry_series (job_id, attempt, member_rank, source, name, canonical)
+            SELECT tok.job_id, tok.attempt, tok.member_rank, f.src, f.nm, tuneplane.telemetry_canonical(f.nm)
+              FROM fresh f
+            ON CONFLICT ON CONSTRAINT telemetry_series_job_id_attempt_member_rank_source_name_key DO NOTHING
+            RETURNING 1)
+        SELECT count(*) INTO wanted FROM made;
+        UPDATE tuneplane.telemetry_members m SET series = m.series + wanted, updated_at = now()
+         WHERE m.job_id = tok.job_id AND m.attempt = tok.attempt AND m.member_rank = tok.member_rank;
+    END IF;
 
-    SELECT array_agg(s.id ORDER BY u.ord) INTO ids
+    SELECT array_agg(s.id ORDER BY u.ord),
+           array_agg(CASE WHEN s.id IS NOT NULL THEN NULL
+                          WHEN length(u.src) NOT BETWEEN 1 AND 512 OR length(u.nm) NOT BETWEEN 1 AND 512
+                          THEN 'source and name must be 1-512 characters'
+                          ELSE format('the member has reached its limit of %s series', cfg.max_series_per_member)
+                     END ORDER BY u.ord)
+      INTO ids, why
       FROM unnest(p_sources, p_names) WITH ORDINALITY AS u(src, nm, ord)
-      JOIN tuneplane.telemetry_series s
+      LEFT JOIN tuneplane.telemetry_series s
         ON s.job_id = tok.job_id AND s.attempt = tok.attempt AND s.member_rank = tok.member_rank
        AND s.source = u.src AND s.name = u.nm;
-    RETURN QUERY SELECT false, coalesce(ids, ARRAY[]::bigint[]), tok.job_id, tok.attempt, tok.member_rank;
+    RETURN QUERY SELECT false, coalesce(ids, ARRAY[]::bigint[]), coalesce(why, ARRAY[]::text[]), tok.job_id,
+                        tok.attempt, tok.member_rank;
 END;
 $$;
 
--- telemetry_merge_batch: last step of the ingest transaction, after the points were copied. Merges the
--- batch's per-bucket aggregates into the rollups, its per-series summary into the series rows and the
--- collector's counters and health into its row. Rows arrive sorted by (series, width, bucket) so that
--- concurrent batches lock in one order.
+-- telemetry_merge_batch: last step of the ingest transaction, after the points were copied. The scope is
+-- the token's (re-read here, never handed in), and the batch must be one this token began. Merges the
+-- batch's per-bucket aggregates into the rollups, its per-series summary into the series rows, the points
+-- refused (source, name, reason, count) and the damaged regions (source, file, offset, bytes, reason) into
+-- the member's records, and the collector's counters and health into its row. A `final` batch ends the
+-- member's metrics: complete, or incomplete when the collector says batches were refused
+-- (health.rejected_batches); the member's token is then revoked at once. Rows arrive sorted by (series,
+-- width, bucket) so that concurrent batches lock in one order.
 CREATE OR REPLACE FUNCTION tuneplane.telemetry_merge_batch(
+    p_token_hash text, p_collector text, p_seq bigint,
     r_series bigint[], r_width integer[], r_bucket bigint[], r_n bigint[], r_sum double precision[],
     r_min double precision[], r_max double precision[], r_first bigint[], r_last bigint[],
     r_last_value double precision[],
     s_series bigint[], s_count bigint[], s_min_step bigint[], s_max_step bigint[], s_last_step bigint[],
     s_last_value double precision[],
-    p_collector text, p_job_id bigint, p_attempt integer, p_member_rank integer, p_points integer,
-    p_health jsonb)
+    p_points integer, p_health jsonb,
+    f_source text[], f_name text[], f_reason text[], f_count bigint[],
+    d_source text[], d_file text[], d_offset bigint[], d_bytes bigint[], d_reason text[],
+    p_final boolean DEFAULT false)
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    tok record;
+    refused_n bigint := coalesce((SELECT sum(c) FROM unnest(f_count) AS c), 0);
+    damaged_n bigint;
+    rejected integer;
 BEGIN
+    SELECT * INTO tok FROM tuneplane.authenticate_telemetry_token(p_token_hash);
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.telemetry_batches b
+                    WHERE b.job_id = tok.job_id AND b.attempt = tok.attempt AND b.member_rank = tok.member_rank
+                      AND b.collector_id = p_collector AND b.seq = p_seq AND b.token_id = tok.token_id) THEN
+        RAISE EXCEPTION 'batch % of collector % was not begun with this token', p_seq, p_collector
+            USING ERRCODE = 'TP409', COLUMN = 'seq';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(s_series) AS u(id)
+                LEFT JOIN tuneplane.telemetry_series s ON s.id = u.id
+               WHERE s.id IS NULL OR s.job_id <> tok.job_id OR s.attempt <> tok.attempt
+                  OR s.member_rank <> tok.member_rank) THEN
+        RAISE EXCEPTION 'a series of this batch is not this member''s' USING ERRCODE = 'TP403', COLUMN = 'series';
+    END IF;
+
     INSERT INTO tuneplane.telemetry_rollups AS r
            (series_id, width, bucket, n, sum, min, max, first_step, last_step, last_value)
     SELECT * FROM unnest(r_series, r_width, r_bucket, r_n, r_sum, r_min, r_max, r_first, r_last, r_last_value)
@@ -264,13 +338,146 @@ BEGIN
            AS u(id, cnt, min_step, max_step, last_step, last_value)
      WHERE s.id = u.id;
 
+    IF refused_n > 0 THEN
+        INSERT INTO tuneplane.telemetry_refusals AS f (job_id, attempt, member_rank, source, name, reason, count)
+        SELECT tok.job_id, tok.attempt, tok.member_rank, u.src, u.nm, u.why, sum(u.n)
+          FROM unnest(f_source, f_name, f_reason, f_count) AS u(src, nm, why, n)
+         GROUP BY u.src, u.nm, u.why
+        ON CONFLICT (job_id, attempt, member_rank, source, name, reason) DO UPDATE
+            SET count = f.count + EXCLUDED.count, last_at = now();
+    END IF;
+    WITH added AS (
+        INSERT INTO tuneplane.telemetry_damage (job_id, attempt, member_rank, source, file, file_offset, bytes, reason)
+        SELECT tok.job_id, tok.attempt, tok.member_rank, u.src, u.fl, u.off, u.n, u.why
+          FROM unnest(d_source, d_file, d_offset, d_bytes, d_reason) AS u(src, fl, off, n, why)
+        ON CONFLICT (job_id, attempt, member_rank, file, file_offset) DO NOTHING
+        RETURNING 1)
+    SELECT count(*) INTO damaged_n FROM added;
+    IF refused_n > 0 OR damaged_n > 0 OR p_final THEN
+        rejected := CASE WHEN jsonb_typeof(p_health -> 'rejected_batches') = 'number'
+                         THEN (p_health ->> 'rejected_batches')::integer ELSE 0 END;
+        INSERT INTO tuneplane.telemetry_members (job_id, attempt, member_rank)
+        VALUES (tok.job_id, tok.attempt, tok.member_rank) ON CONFLICT DO NOTHING;
+        UPDATE tuneplane.telemetry_members m
+           SET refused_points = m.refused_points + refused_n,
+               damaged_regions = m.damaged_regions + damaged_n,
+               state = CASE WHEN NOT p_final THEN m.state WHEN rejected > 0 THEN 'incomplete' ELSE 'complete' END,
+               reason = CASE WHEN NOT p_final THEN m.reason
+                             WHEN rejected > 0 THEN format('%s batch(es) refused by the gateway', rejected)
+                             ELSE '' END,
+               finished_at = CASE WHEN p_final THEN now() ELSE m.finished_at END,
+               updated_at = now()
+         WHERE m.job_id = tok.job_id AND m.attempt = tok.attempt AND m.member_rank = tok.member_rank;
+    END IF;
+    IF p_final THEN
+        -- The member is gone and its collector has read everything: nothing may write for it any more.
+        UPDATE tuneplane.telemetry_tokens t SET revoked_at = now()
+         WHERE t.job_id = tok.job_id AND t.attempt = tok.attempt AND t.member_rank = tok.member_rank
+           AND (t.revoked_at IS NULL OR t.revoked_at > now());
+    END IF;
+
     INSERT INTO tuneplane.telemetry_collectors AS c (collector_id, job_id, attempt, member_rank, batches,
                                                     points, health, last_batch_at)
-    VALUES (p_collector, p_job_id, p_attempt, p_member_rank, 1, p_points, coalesce(p_health, '{}'::jsonb), now())
-    ON CONFLICT (collector_id) DO UPDATE
+    VALUES (p_collector, tok.job_id, tok.attempt, tok.member_rank, 1, p_points, coalesce(p_health, '{}'::jsonb),
+            now())
+    ON CONFLICT ON CONSTRAINT telemetry_collectors_pkey DO UPDATE
         SET batches = c.batches + 1, points = c.points + EXCLUDED.points,
             health = CASE WHEN EXCLUDED.health = '{}'::jsonb THEN c.health ELSE EXCLUDED.health END,
             last_batch_at = now();
+END;
+$$;
+
+-- telemetry_member_ended (trigger on members.state): when a member ends, its telemetry token stops working
+-- after the drain grace (at once when the member was lost to a fence), and its metrics row notes the end.
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_member_ended()
+RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_attempt integer;
+    v_until timestamptz;
+BEGIN
+    IF tuneplane.member_is_live(NEW.state) OR NOT tuneplane.member_is_live(OLD.state) THEN
+        RETURN NEW;
+    END IF;
+    SELECT a.number INTO v_attempt FROM tuneplane.attempts a WHERE a.id = NEW.attempt_id;
+    SELECT now() + CASE WHEN NEW.state = 'lost' THEN interval '0' ELSE s.drain_grace END INTO v_until
+      FROM tuneplane.telemetry_settings s;
+    UPDATE tuneplane.telemetry_tokens t SET revoked_at = v_until
+     WHERE t.job_id = NEW.job_id AND t.attempt = v_attempt AND t.member_rank = NEW.rank
+       AND (t.revoked_at IS NULL OR t.revoked_at > v_until);
+    UPDATE tuneplane.telemetry_members m SET member_ended_at = coalesce(m.member_ended_at, now()), updated_at = now()
+     WHERE m.job_id = NEW.job_id AND m.attempt = v_attempt AND m.member_rank = NEW.rank;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER telemetry_member_ended AFTER UPDATE OF state ON tuneplane.members
+    FOR EACH ROW EXECUTE FUNCTION tuneplane.telemetry_member_ended();
+
+-- telemetry_node_fenced (trigger on nodes.fenced_at): a fenced node is not trusted; the tokens of every
+-- member placed on it stop working at once (also those still inside their drain grace).
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_node_fenced()
+RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.fenced_at IS NULL OR OLD.fenced_at IS NOT NULL THEN
+        RETURN NEW;
+    END IF;
+    UPDATE tuneplane.telemetry_tokens t SET revoked_at = now()
+      FROM tuneplane.members m JOIN tuneplane.attempts a ON a.id = m.attempt_id
+     WHERE m.node_id = NEW.id AND t.job_id = m.job_id AND t.attempt = a.number AND t.member_rank = m.rank
+       AND (t.revoked_at IS NULL OR t.revoked_at > now());
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER telemetry_node_fenced AFTER UPDATE OF fenced_at ON tuneplane.nodes
+    FOR EACH ROW EXECUTE FUNCTION tuneplane.telemetry_node_fenced();
+
+-- telemetry_job_members: where each member's metrics stand. `collecting` becomes `incomplete` once the
+-- member ended and its token's drain grace passed without the collector's final batch.
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_job_members(p_actor_id bigint, p_job_id bigint)
+RETURNS TABLE (attempt integer, member_rank integer, state text, reason text, refused_points bigint,
+               damaged_regions bigint, series integer, member_ended_at timestamptz, finished_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM tuneplane.telemetry_require_read(p_actor_id, p_job_id);
+    RETURN QUERY
+        SELECT m.attempt, m.member_rank,
+               CASE WHEN m.state = 'collecting' AND grace.until <= now() THEN 'incomplete' ELSE m.state END,
+               CASE WHEN m.state = 'collecting' AND grace.until <= now()
+                    THEN 'the collector did not finish within the drain grace after the member ended'
+                    ELSE m.reason END,
+               m.refused_points, m.damaged_regions, m.series, m.member_ended_at, m.finished_at
+          FROM tuneplane.telemetry_members m
+          LEFT JOIN LATERAL (SELECT max(t.revoked_at) AS until FROM tuneplane.telemetry_tokens t
+                              WHERE t.job_id = m.job_id AND t.attempt = m.attempt
+                                AND t.member_rank = m.member_rank) grace ON m.member_ended_at IS NOT NULL
+         WHERE m.job_id = p_job_id
+         ORDER BY m.attempt, m.member_rank;
+END;
+$$;
+
+-- telemetry_job_problems: what could not be stored for a job, newest first and bounded: refused points by
+-- reason (kind 'refused', with a count) and damaged file regions (kind 'damaged', with offset and bytes).
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_job_problems(p_actor_id bigint, p_job_id bigint,
+                                                           p_limit integer DEFAULT 200)
+RETURNS TABLE (kind text, attempt integer, member_rank integer, source text, what text, reason text,
+               count bigint, file_offset bigint, bytes bigint, at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM tuneplane.telemetry_require_read(p_actor_id, p_job_id);
+    RETURN QUERY
+        SELECT * FROM (
+            SELECT 'damaged'::text, d.attempt, d.member_rank, d.source, d.file, d.reason, 1::bigint,
+                   d.file_offset, d.bytes, d.recorded_at
+              FROM tuneplane.telemetry_damage d WHERE d.job_id = p_job_id
+            UNION ALL
+            SELECT 'refused'::text, f.attempt, f.member_rank, f.source, f.name, f.reason, f.count,
+                   NULL::bigint, NULL::bigint, f.last_at
+              FROM tuneplane.telemetry_refusals f WHERE f.job_id = p_job_id) x
+         ORDER BY 1, 2, 3, 4, 8 NULLS LAST, 5
+         LIMIT least(greatest(coalesce(p_limit, 200), 1), 1000);
 END;
 $$;
 

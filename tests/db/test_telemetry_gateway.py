@@ -69,7 +69,7 @@ def test_batch_is_stored_with_its_steps_and_values(db: Database, gateway: Gatewa
     token = member_token(db, job, 1, 0)
     response = _post(gateway, token, _batch())
     assert response.status_code == 200, response.text
-    assert response.json() == {"stored": 100, "duplicate": False, "seq": 1}
+    assert response.json() == {"stored": 100, "refused": 0, "duplicate": False, "seq": 1}
     rows = _stored(db, job)
     assert rows[:2] == [(1, 0, "loss", 0, 0.0), (1, 0, "loss", 1, 0.5)] and len(rows) == 100
     series = db.fetch_one("SELECT * FROM telemetry_series WHERE job_id = %s", (job,))
@@ -82,7 +82,8 @@ def test_resent_batch_is_skipped_by_the_ledger(db: Database, gateway: GatewayThr
     payload = _batch(7)
     assert _post(gateway, token, payload).json()["duplicate"] is False
     again = _post(gateway, token, payload)
-    assert again.status_code == 200 and again.json() == {"stored": 0, "duplicate": True, "seq": 7}
+    assert again.status_code == 200
+    assert again.json() == {"stored": 0, "refused": 0, "duplicate": True, "seq": 7}
     assert len(_stored(db, job)) == 100
     rollup = db.fetch_one("SELECT sum(n) AS n FROM telemetry_rollups WHERE width = 64")
     assert rollup["n"] == 100
@@ -191,7 +192,24 @@ def test_sdk_json_points_are_stored_and_deduplicated(db: Database, gateway: Gate
     ]
     bad = httpx.post(
         f"{gateway.url}/v1/telemetry/points",
-        json={"client": "x", "seq": 1, "points": [{"name": "", "step": 1, "value": 1}]},
+        json={
+            "client": "x",
+            "seq": 1,
+            "points": [
+                {"name": "", "step": 1, "value": 1},
+                {"name": "big", "step": 1, "value": 10**400},
+                {"name": "far", "step": 2**63, "value": 1},
+                {"name": "fine", "step": 3, "value": 1},
+            ],
+        },
         headers=headers,
     )
-    assert bad.status_code == 400 and "points.0.name" in bad.json()["error"]
+    assert bad.status_code == 200 and bad.json()["stored"] == 1 and bad.json()["refused"] == 3
+    refused = db.fetch_all(
+        "SELECT name, reason, count FROM telemetry_refusals WHERE job_id = %s ORDER BY name", (job,)
+    )
+    assert [(r["name"], r["reason"], r["count"]) for r in refused] == [
+        ("", "empty name", 1),
+        ("big", "number too large for a float64", 1),
+        ("far", "step outside ±(2^53-1)", 1),
+    ]

@@ -42,6 +42,7 @@ from typing import Any, NoReturn
 from app.security import new_token
 from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
 from workers.agent.delivery import DEFAULT_DEADLINE, Delivery, pending, plan_deliveries
+from workers.agent.collectors import MemberCollectors
 from workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
 from workers.agent.logship import ship_logs
 from workers.agent.members import MemberRecord, MemberStore, member_dir, member_tag, tag_suffix
@@ -90,7 +91,10 @@ class LaunchAgent:
         # Log shippers (workers.agent.logship), one per running member, with the event that ends them.
         self.shippers: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}
         self.runners: dict[int, subprocess.Popen] = {}
-        self.collectors: dict[int, subprocess.Popen] = {}
+        # Each member's metrics collector: started before it, kept alive, drained after it (collectors.py).
+        self.collectors = MemberCollectors(
+            self.paths.state_dir, self.store, ctx.extra, lambda line: _say(ctx, line), RUNNER_ENV_DROP
+        )
         # Children no longer tracked per member, waited for by the reaper (no zombies under the agent).
         self.retired: list[subprocess.Popen] = []
         self.reaper: asyncio.Task | None = None
@@ -261,6 +265,8 @@ class LaunchAgent:
         env = self._runner_env(member_id, token)
         logs = directory / "logs"
         logs.mkdir(exist_ok=True)
+        if token:
+            self.collectors.start(record, directory, token)
         with open(logs / "runner.log", "ab") as out:
             runner = subprocess.Popen(
                 [sys.executable, "-m", "app", "runner", "--member-dir", str(directory)],
@@ -280,8 +286,6 @@ class LaunchAgent:
         self.runners[member_id] = runner
         self.store.save(record)  # before the report: a restarted agent must find this pid
         self.publish()
-        if token:
-            self._start_collector(record, directory, token)
         _say(
             self.ctx,
             f"member {member_id} (job {record.job_id} rank {record.rank}) started, runner pid {runner.pid}",
@@ -322,7 +326,7 @@ class LaunchAgent:
         if await asyncio.to_thread(member_lock_held, directory):
             token = await self._telemetry_token(record)
             if token:
-                self._start_collector(record, directory, token)
+                self.collectors.start(record, directory, token)
         self.ensure_watcher(record)
         await self.report(record, "member_started", {"member_id": member_id, "pid": pid})
         return {"member_id": member_id, "pid": pid, "adopted": why}
@@ -360,56 +364,6 @@ class LaunchAgent:
             return None
         return plaintext
 
-    def _start_collector(self, record: MemberRecord, directory: Path, token: str) -> None:
-        spool = self.paths.state_dir / "spool" / str(record.member_id)
-        spool.mkdir(parents=True, exist_ok=True, mode=0o700)
-        env = {k: v for k, v in os.environ.items() if k not in RUNNER_ENV_DROP}
-        env["TUNEPLANE_TELEMETRY_TOKEN"] = token
-        argv = [
-            sys.executable,
-            "-m",
-            "app",
-            "collector",
-            "--output-dir",
-            str(directory / "output"),
-            "--spool-dir",
-            str(spool),
-            "--gateway",
-            self.ctx.extra["telemetry_url"],
-            "--collector-id",
-            f"{self.ctx.node or 'node'}-m{record.member_id}",
-            "--job-id",
-            str(record.job_id),
-            "--attempt",
-            str(record.attempt),
-            "--member",
-            str(record.rank),
-        ]
-        ca = self.ctx.extra.get("ca_bundle")
-        if ca:
-            argv += ["--ca-bundle", ca]
-        try:
-            with open(directory / "logs" / "collector.log", "ab") as out:
-                collector = subprocess.Popen(
-                    argv,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-        except OSError as exc:
-            _say(self.ctx, f"member {record.member_id}: collector not started ({exc})")
-            return
-        self.collectors[record.member_id] = collector
-        record.collector_pid, record.collector_started = collector.pid, start_time(collector.pid)
-        self.store.save(record)
-
-    def _stop_collector(self, record: MemberRecord) -> None:
-        if record.collector_pid and alive(record.collector_pid, record.collector_started):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(record.collector_pid, signal.SIGTERM)  # it drains its spool, then exits
-
     # ---- watching, exits ----------------------------------------------------------------------------
 
     def ensure_watcher(self, record: MemberRecord) -> None:
@@ -418,6 +372,7 @@ class LaunchAgent:
             self.watchers[record.member_id] = asyncio.get_running_loop().create_task(
                 self.watch(record.member_id), name=f"watch-{record.member_id}"
             )
+        self.collectors.watch(record, member_dir(self.paths, record.member_id))
         shipper = self.shippers.get(record.member_id)
         if shipper is None or shipper[0].done():
             stop = asyncio.Event()
@@ -484,7 +439,6 @@ class LaunchAgent:
         if runner is not None:
             self.retired.append(runner)
         self.publish()
-        self._stop_collector(record)
         self.ensure_delivery(record)
         return True
 
@@ -512,6 +466,8 @@ class LaunchAgent:
         delivery = self.deliveries.get(record.member_id)
         if delivery is not None:
             await delivery.first_pass.wait()
+        # Every metric file is read to its end and shipped (bounded) before the end is reported.
+        await self.collectors.drain(record, member_dir(self.paths, record.member_id))
         shipper = self.shippers.pop(record.member_id, None)
         if shipper is not None:
             shipper[1].set()
@@ -535,9 +491,9 @@ class LaunchAgent:
     async def reap(self) -> None:
         """Wait for every child that ended (collectors draining after their member, retired runners)."""
         while True:
-            for children in (self.collectors, self.runners):
+            for children in (self.collectors.processes, self.runners):
                 for member_id, child in list(children.items()):
-                    if child.poll() is not None and children is self.collectors:
+                    if child.poll() is not None and children is self.collectors.processes:
                         del children[member_id]
             self.retired = [child for child in self.retired if child.poll() is None]
             await asyncio.sleep(REAP_INTERVAL)

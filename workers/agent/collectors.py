@@ -1,0 +1,244 @@
+"""The agent's side of each member's metrics collector: start it with the member, keep it alive while the
+member runs, and after the member exits let it drain every file to its end, within a bounded time.
+
+- start: the collector starts before the member (its spool and token are under the agent's private state
+  directory, `<state-dir>/spool/<member id>/`, so a collector can be restarted after kill -9 or after an
+  agent restart). It is spawned with SIGTERM blocked; the collector installs its handler and then unblocks
+  it, so a stop that comes before its start-up finished waits instead of killing it.
+- watch: a collector that died while its member runs (kill -9, a crash) is restarted, with a delay that
+  doubles per death in a row; it resumes from its spool (every point exactly once).
+- drain: when the member has exited the agent writes the `member-exited` marker into the spool and sends
+  SIGTERM. The collector reads every file to its end, ships, and sends its final batch (which makes the
+  member's metrics `complete`), then writes `final-sent`. A collector that dies before that is started
+  again (the marker tells it to drain at once); the agent waits at most `drain_timeout` seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from workers.agent.members import MemberRecord, MemberStore
+from workers.collector.collector import FINAL_SENT, MEMBER_EXITED
+from workers.proctree import alive, start_time
+
+log = logging.getLogger("tuneplane.agent.collectors")
+
+TOKEN_FILE = "token"
+DRAIN_TIMEOUT = 60.0
+WATCH_INTERVAL = 0.5
+MAX_RESTART_DELAY = 30.0
+
+
+def _block_stop_signals() -> None:
+    """Runs in the child between fork and exec: the signal mask survives exec, so SIGTERM stays pending
+    until the collector has its handler."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+
+class MemberCollectors:
+    def __init__(
+        self,
+        state_dir: Path,
+        store: MemberStore,
+        settings: dict,
+        say: Callable[[str], None],
+        env_drop: tuple[str, ...],
+    ) -> None:
+        self.spool_root = state_dir / "spool"
+        self.store = store
+        self.settings = settings  # telemetry_url, ca_bundle, node, collector_drain_timeout
+        self.say = say
+        self.env_drop = env_drop
+        self.processes: dict[int, subprocess.Popen] = {}
+        self.watchers: dict[int, asyncio.Task] = {}
+        self.restarts: dict[int, int] = {}
+
+    def spool_dir(self, member_id: int) -> Path:
+        return self.spool_root / str(int(member_id))
+
+    # ---- start ----------------------------------------------------------------------------------------
+
+    def start(self, record: MemberRecord, member_dir: Path, token: str) -> None:
+        """Start the member's collector (before the member) and keep it alive while the member runs."""
+        spool = self.spool_dir(record.member_id)
+        spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+        token_path = spool / TOKEN_FILE
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(token)
+        self._spawn(record, member_dir)
+        self.watch(record, member_dir)
+
+    def _spawn(self, record: MemberRecord, member_dir: Path) -> bool:
+        spool = self.spool_dir(record.member_id)
+        try:
+            token = (spool / TOKEN_FILE).read_text().strip()
+        except OSError:
+            self.say(f"member {record.member_id}: no collector token kept; its metrics are not collected")
+            return False
+        env = {k: v for k, v in os.environ.items() if k not in self.env_drop}
+        env["TUNEPLANE_TELEMETRY_TOKEN"] = token
+        argv = [
+            sys.executable,
+            "-m",
+            "app",
+            "collector",
+            "--output-dir",
+            str(member_dir / "output"),
+            "--spool-dir",
+            str(spool),
+            "--gateway",
+            self.settings["telemetry_url"],
+            "--collector-id",
+            f"{self.settings.get('node') or 'node'}-m{record.member_id}",
+            "--job-id",
+            str(record.job_id),
+            "--attempt",
+            str(record.attempt),
+            "--member",
+            str(record.rank),
+        ]
+        if self.settings.get("ca_bundle"):
+            argv += ["--ca-bundle", self.settings["ca_bundle"]]
+        (member_dir / "logs").mkdir(parents=True, exist_ok=True)
+        try:
+            with open(member_dir / "logs" / "collector.log", "ab") as out:
+                process = subprocess.Popen(
+                    argv,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_block_stop_signals,
+                )
+        except OSError as exc:
+            self.say(f"member {record.member_id}: collector not started ({exc})")
+            return False
+        self.processes[record.member_id] = process
+        record.collector_pid, record.collector_started = process.pid, start_time(process.pid)
+        self.store.save(record)
+        return True
+
+    def running(self, record: MemberRecord) -> bool:
+        process = self.processes.get(record.member_id)
+        if process is not None:
+            return process.poll() is None
+        return bool(record.collector_pid) and alive(record.collector_pid, record.collector_started)
+
+    def has_token(self, record: MemberRecord) -> bool:
+        return (self.spool_dir(record.member_id) / TOKEN_FILE).exists()
+
+    # ---- keep alive while the member runs -------------------------------------------------------------
+
+    def watch(self, record: MemberRecord, member_dir: Path) -> None:
+        """Restart the collector whenever it dies while the member runs (also after an agent restart)."""
+        if not self.has_token(record):
+            return
+        task = self.watchers.get(record.member_id)
+        if task is None or task.done():
+            self.watchers[record.member_id] = asyncio.get_running_loop().create_task(
+                self._keep_alive(record.member_id, member_dir), name=f"collector-{record.member_id}"
+            )
+
+    async def _keep_alive(self, member_id: int, member_dir: Path) -> None:
+        delay = 0.0
+        while True:
+            record = self.store.get(member_id)
+            if record is None or record.state != "running":
+                return  # the drain (or nothing) takes over
+            spool = self.spool_dir(member_id)
+            if (spool / MEMBER_EXITED).exists():
+                return
+            if not self.running(record):
+                died = self._death(record)
+                self.restarts[member_id] = self.restarts.get(member_id, 0) + 1
+                self.say(f"member {member_id}: collector {died}; restarting it (it resumes from its spool)")
+                if delay:
+                    await asyncio.sleep(delay)
+                await asyncio.to_thread(self._spawn, record, member_dir)
+                delay = min(MAX_RESTART_DELAY, max(0.5, delay * 2))
+            else:
+                delay = 0.0 if delay <= 0.5 else delay
+            await asyncio.sleep(WATCH_INTERVAL)
+
+    def _death(self, record: MemberRecord) -> str:
+        process = self.processes.pop(record.member_id, None)
+        if process is None or process.returncode is None:
+            return "is gone"
+        code = process.returncode
+        return f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+
+    # ---- drain after the member exited ----------------------------------------------------------------
+
+    async def drain(self, record: MemberRecord, member_dir: Path) -> bool:
+        """Tell the collector its member exited and wait (bounded) until it has read every file to its end
+        and its final batch is acknowledged; restart it if it dies first. True when it finished."""
+        spool = self.spool_dir(record.member_id)
+        if not self.has_token(record):
+            return True  # this member ran without a collector
+        task = self.watchers.pop(record.member_id, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if not (spool / MEMBER_EXITED).exists():
+            (spool / MEMBER_EXITED).write_text(f"{time.time()}\n")
+        timeout = float(self.settings.get("collector_drain_timeout") or DRAIN_TIMEOUT)
+        deadline = time.monotonic() + timeout
+        signalled = False
+        while not (spool / FINAL_SENT).exists():
+            if time.monotonic() >= deadline:
+                self.say(
+                    f"member {record.member_id}: collector did not finish its drain in {timeout:g}s; "
+                    "what it has not sent stays in its spool"
+                )
+                self._terminate(record)
+                return False
+            if not self.running(record):
+                if self.processes.get(record.member_id) is not None or record.collector_pid:
+                    died = self._death(record)
+                    if (spool / FINAL_SENT).exists():
+                        break
+                    self.say(
+                        f"member {record.member_id}: collector {died} before its drain ended; restarting"
+                    )
+                if not await asyncio.to_thread(self._spawn, record, member_dir):
+                    return False
+                signalled = False
+            elif not signalled:
+                self._signal(record, signal.SIGTERM)
+                signalled = True
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(self._reap, record)
+        return True
+
+    def _signal(self, record: MemberRecord, signum: int) -> None:
+        if record.collector_pid and alive(record.collector_pid, record.collector_started):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(record.collector_pid, signum)
+
+    def _terminate(self, record: MemberRecord) -> None:
+        self._signal(record, signal.SIGKILL)
+        self._reap(record)
+
+    def _reap(self, record: MemberRecord) -> None:
+        process = self.processes.pop(record.member_id, None)
+        if process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
+
+    def forget(self, member_id: int) -> None:
+        """The member is done with: its spool (token included) can go once nothing is left to send."""
+        task = self.watchers.pop(member_id, None)
+        if task is not None:
+            task.cancel()
