@@ -88,12 +88,19 @@ def test_two_member_torchrun_job_rendezvouses_across_two_agents_and_succeeds(clu
     stdout = (cluster.member_dir(members[0]["node"], members[0]["id"]) / "logs" / "stdout.log").read_text()
     assert "sum 3.0" in stdout
     assert cluster.held() == 0
-    # Each member's collector shipped that member's metrics with a token scoped to it.
+    # Each member's collector shipped that member's metrics with a token scoped to it (revoked once the
+    # collector drained: the member's metrics are complete).
     for r in (0, 1):
-        scope = cluster.db.call(
-            "authenticate_telemetry_token", token_hash(seen[r]["TUNEPLANE_TELEMETRY_TOKEN"])
+        scope = cluster.db.fetch_one(
+            "SELECT job_id, attempt, member_rank, revoked_at FROM telemetry_tokens WHERE token_hash = %s",
+            (token_hash(seen[r]["TUNEPLANE_TELEMETRY_TOKEN"]),),
         )
-        assert (scope[0]["job_id"], scope[0]["attempt"], scope[0]["member_rank"]) == (job_id, 1, r)
+        assert (scope["job_id"], scope["attempt"], scope["member_rank"]) == (job_id, 1, r)
+        assert scope["revoked_at"] is not None
+    states = cluster.db.fetch_all(
+        "SELECT member_rank, state FROM telemetry_members WHERE job_id = %s ORDER BY 1", (job_id,)
+    )
+    assert [(s["member_rank"], s["state"]) for s in states] == [(0, "complete"), (1, "complete")]
     wait_for(
         lambda: (
             cluster.db.fetch_all(
