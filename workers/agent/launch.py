@@ -41,8 +41,8 @@ from typing import Any, NoReturn
 
 from app.security import new_token
 from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
-from workers.agent.delivery import DEFAULT_DEADLINE, Delivery, pending, plan_deliveries
 from workers.agent.collectors import MemberCollectors
+from workers.agent.delivery import DEFAULT_DEADLINE, Delivery, pending, plan_deliveries
 from workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
 from workers.agent.logship import ship_logs
 from workers.agent.members import MemberRecord, MemberStore, member_dir, member_tag, tag_suffix
