@@ -137,3 +137,14 @@ def assert_no_gpu_allocated_twice(db: Database) -> None:
                OR u.used_gpus > u.total_gpus"""
     )
     assert drift == []
+
+
+def agent_returns(db: Database, node_id: int, running: list[int] | None = None) -> int:
+    """A node's agent connects again, as the real one does: opens a session, reconciles (what it still
+    runs), then takes every command delivered to it and acknowledges each as done. Returns the epoch."""
+    epoch = db.call("node_session_opened", node_id, "127.0.0.1", "test")[0]["epoch"]
+    body = {"running": [{"member_id": m, "pid": 1} for m in running or []], "exited": []}
+    db.call("reconcile_node", node_id, epoch, json.dumps(body))
+    for command in db.call("claim_node_commands", node_id, epoch, 1000):
+        db.call("ack_node_command", node_id, epoch, command["id"], json.dumps({"done": True}), None)
+    return epoch

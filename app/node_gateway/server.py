@@ -374,6 +374,7 @@ class Gateway:
                 await self.db.call(
                     "ack_node_command",
                     session.node_id,
+                    session.epoch,
                     message.id,
                     jsonb(message.result) if message.result is not None else None,
                     message.error,

@@ -9,6 +9,90 @@
 --   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
 --
 -- Drops (signature changes):
+DROP FUNCTION IF EXISTS tuneplane.job_members_of(bigint, bigint);
+
+-- ==== The launch state machine ===========================================================================
+-- Every change of jobs.state, attempts.state and members.state is checked against this table by the
+-- trigger guard_state_transition: a pair that is not listed, or made by no function listed beside it, is
+-- refused (TP409) naming the function that tried. One writer per column: set_job_state (placement.sql,
+-- job_transition in submission.sql), set_attempt_state, set_member_state. Inserts are not transitions
+-- (a job is born queued by confirm_preview, an attempt and its members reserved by reserve_job_on).
+--
+--   job      queued → reserved                               reserve_job_on
+--            reserved → preparing                            begin_prepare
+--            reserved | preparing → running                  member_prepared (COMMIT)
+--            reserved | preparing | running → queued         finish_attempt_if_done (retry by max_attempts)
+--            reserved | preparing | running → succeeded | failed | cancelled   finish_attempt_if_done
+--            queued → cancelled                              cancel_job
+--   attempt  reserved → preparing                            begin_prepare
+--            preparing → running                             member_prepared (COMMIT)
+--            reserved | preparing → stopping                 decide_abort (ABORT)
+--            running → stopping                              stop_attempt
+--            any live → succeeded | failed | aborted | cancelled   finish_attempt_if_done
+--   member   reserved → preparing                            begin_prepare
+--            preparing → prepared                            member_prepared
+--            prepared → starting                             member_prepared (COMMIT)
+--            starting → running                              member_started
+--            starting | running → stopping                   stop_attempt
+--            reserved | preparing | prepared → aborted       decide_abort
+--            starting | running | stopping → exited | failed | cancelled   record_member_exit
+--            any live → lost                                 lose_node_members (fence_node, retire)
+-- Contact loss is not a state: members.contact_lost_at marks it (sweep_lost_nodes) and reconcile clears
+-- it; the member keeps the state it had, and its resources stay held.
+--
+-- ==== Lock order (every function follows it; tests/isolation and the concurrency tests check it) ========
+--   1. the node's session lock (advisory, shared by reports in require_node_session, exclusive in
+--      node_session_opened)
+--   2. the fleet's placement lock (advisory xact: reserve_next, fence_node)
+--   3. the node row (fence, unfence, retire, the check results a prepare report stores)
+--   4. jobs, by id (lock_attempt, lock_jobs_of_node; sweeps take them SKIP LOCKED)
+--   5. attempts, by id (lock_attempt)
+--   6. members, by id
+--   7. leaf rows: node_usage, gpu_allocations, node_commands, launch_decisions, events
+-- A function that touches members of one attempt starts with lock_attempt (job, then attempt); one that
+-- touches members of many jobs on a node starts with lock_jobs_of_node. Taking a lock already held is free,
+-- so inner helpers repeat lock_attempt safely.
+DELETE FROM tuneplane.state_transitions;
+INSERT INTO tuneplane.state_transitions (entity, from_state, to_state, writers)
+SELECT 'job', f, t, w FROM (VALUES
+    ('queued', 'reserved', '{reserve_job_on}'::text[]),
+    ('reserved', 'preparing', '{begin_prepare}'),
+    ('reserved', 'running', '{member_prepared}'),
+    ('preparing', 'running', '{member_prepared}'),
+    ('queued', 'cancelled', '{cancel_job}')
+) v(f, t, w)
+UNION ALL
+SELECT 'job', f, t, '{finish_attempt_if_done}'
+  FROM unnest('{reserved,preparing,running}'::text[]) f, unnest('{queued,succeeded,failed,cancelled}'::text[]) t
+UNION ALL
+SELECT 'attempt', f, t, w FROM (VALUES
+    ('reserved', 'preparing', '{begin_prepare}'::text[]),
+    ('preparing', 'running', '{member_prepared}'),
+    ('reserved', 'stopping', '{decide_abort}'),
+    ('preparing', 'stopping', '{decide_abort}'),
+    ('running', 'stopping', '{stop_attempt}')
+) v(f, t, w)
+UNION ALL
+SELECT 'attempt', f, t, '{finish_attempt_if_done}'
+  FROM unnest('{reserved,preparing,running,stopping}'::text[]) f,
+       unnest('{succeeded,failed,aborted,cancelled}'::text[]) t
+UNION ALL
+SELECT 'member', f, t, w FROM (VALUES
+    ('reserved', 'preparing', '{begin_prepare}'::text[]),
+    ('preparing', 'prepared', '{member_prepared}'),
+    ('prepared', 'starting', '{member_prepared}'),
+    ('starting', 'running', '{member_started}'),
+    ('starting', 'stopping', '{stop_attempt}'),
+    ('running', 'stopping', '{stop_attempt}')
+) v(f, t, w)
+UNION ALL
+SELECT 'member', f, 'aborted', '{decide_abort}' FROM unnest('{reserved,preparing,prepared}'::text[]) f
+UNION ALL
+SELECT 'member', f, t, '{record_member_exit}'
+  FROM unnest('{starting,running,stopping}'::text[]) f, unnest('{exited,failed,cancelled}'::text[]) t
+UNION ALL
+SELECT 'member', f, 'lost', '{lose_node_members}'
+  FROM unnest('{reserved,preparing,prepared,starting,running,stopping}'::text[]) f;
 
 -- node_allocation (declared by 0022 as a stub): what is allocated on a node now.
 CREATE OR REPLACE FUNCTION tuneplane.node_allocation(p_node_id bigint)
@@ -21,7 +105,7 @@ $$;
 CREATE OR REPLACE FUNCTION tuneplane.member_is_live(p_state text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT p_state IN ('reserved', 'preparing', 'prepared', 'starting', 'running', 'stopping', 'unknown');
+    SELECT p_state IN ('reserved', 'preparing', 'prepared', 'starting', 'running', 'stopping');
 $$;
 
 -- set_member_state: the one writer of members.state.
@@ -38,7 +122,7 @@ $$;
 
 -- finish_attempt_if_done: once every member of an attempt has ended and been released, the attempt gets
 -- its outcome and the job its next state: succeeded, cancelled, back to queued for a retry (while
--- attempts remain), or failed.
+-- attempts remain), or failed. Caller holds the job lock (lock_attempt).
 CREATE OR REPLACE FUNCTION tuneplane.finish_attempt_if_done(p_attempt_id bigint)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -50,7 +134,7 @@ DECLARE
     v_state  text;
     v_reason text;
 BEGIN
-    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id FOR UPDATE;
+    a := tuneplane.lock_attempt(p_attempt_id);
     IF a.state IN ('succeeded', 'failed', 'aborted', 'cancelled') THEN
         RETURN a.state;
     END IF;
@@ -73,10 +157,9 @@ BEGIN
         v_state := 'failed';
         v_reason := format('member rank %s %s: %s', v_bad.rank, v_bad.state, v_bad.reason);
     END IF;
-    UPDATE tuneplane.attempts SET state = v_state, reason = v_reason, ended_at = clock_timestamp()
-     WHERE id = a.id;
+    PERFORM tuneplane.set_attempt_state(a.id, v_state, v_reason);
 
-    SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id FOR UPDATE;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
     IF v_state = 'succeeded' THEN
         PERFORM tuneplane.set_job_state(j.id, 'succeeded', format('attempt %s: %s', a.number, v_reason));
     ELSIF v_state = 'cancelled' THEN
@@ -101,11 +184,13 @@ CREATE OR REPLACE FUNCTION tuneplane.decide_abort(p_attempt_id bigint, p_reason 
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
+    a tuneplane.attempts;
     d tuneplane.launch_decisions;
     m tuneplane.members;
 BEGIN
-    -- Every decision is taken under the attempt's row lock, so COMMIT and ABORT cannot race.
-    PERFORM 1 FROM tuneplane.attempts WHERE id = p_attempt_id FOR UPDATE;
+    -- Every decision is taken under the attempt's row lock (after its job's), so COMMIT and ABORT cannot
+    -- race.
+    a := tuneplane.lock_attempt(p_attempt_id);
     INSERT INTO tuneplane.launch_decisions (attempt_id, decision, reason)
     VALUES (p_attempt_id, 'abort', p_reason)
     ON CONFLICT (attempt_id) DO NOTHING;
@@ -114,15 +199,18 @@ BEGIN
         RETURN false;
     END IF;
     FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = p_attempt_id AND tuneplane.member_is_live(state)
-              ORDER BY rank LOOP
+              ORDER BY id FOR UPDATE LOOP
         PERFORM tuneplane.set_member_state(m.id, 'aborted', 'launch aborted: ' || d.reason);
         -- Nothing started (agents start only after COMMIT), so the resources can go back at once.
         PERFORM tuneplane.release_member(m.id);
-        PERFORM tuneplane.enqueue_node_command(m.node_id, 'abort',
-            jsonb_build_object('member_id', m.id, 'attempt_id', p_attempt_id, 'reason', d.reason));
+        IF (SELECT scheduling_state FROM tuneplane.nodes WHERE id = m.node_id) <> 'retired' THEN
+            PERFORM tuneplane.enqueue_node_command(m.node_id, 'abort',
+                jsonb_build_object('member_id', m.id, 'attempt_id', p_attempt_id, 'reason', d.reason));
+        END IF;
     END LOOP;
-    UPDATE tuneplane.attempts SET state = 'stopping', reason = 'aborting: ' || d.reason
-     WHERE id = p_attempt_id AND state IN ('reserved', 'preparing');
+    IF a.state IN ('reserved', 'preparing') THEN
+        PERFORM tuneplane.set_attempt_state(p_attempt_id, 'stopping', 'aborting: ' || d.reason);
+    END IF;
     PERFORM tuneplane.finish_attempt_if_done(p_attempt_id);
     RETURN true;
 END;
@@ -150,7 +238,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     a tuneplane.attempts;
 BEGIN
-    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id FOR UPDATE;
+    a := tuneplane.lock_attempt(p_attempt_id);
     IF a.id IS NULL THEN
         RAISE EXCEPTION 'no attempt %', p_attempt_id USING ERRCODE = 'TP404', COLUMN = 'attempt_id';
     END IF;
@@ -182,16 +270,15 @@ BEGIN
     END IF;
     SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
     SELECT prepare_timeout INTO v_timeout FROM tuneplane.launch_settings;
-    UPDATE tuneplane.attempts
-       SET state = 'preparing', capsule_digest = p_capsule_digest, prepare_deadline = now() + v_timeout,
-           reason = 'preparing'
+    UPDATE tuneplane.attempts SET capsule_digest = p_capsule_digest, prepare_deadline = now() + v_timeout
      WHERE id = a.id;
+    PERFORM tuneplane.set_attempt_state(a.id, 'preparing', 'preparing');
     SELECT jsonb_agg(jsonb_build_object('rank', mm.rank, 'node_id', mm.node_id, 'node', n.name,
                                         'address', n.address, 'probe_port', n.probe_port) ORDER BY mm.rank)
       INTO v_peers
       FROM tuneplane.members mm JOIN tuneplane.nodes n ON n.id = mm.node_id
      WHERE mm.attempt_id = a.id;
-    FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY rank LOOP
+    FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY id FOR UPDATE LOOP
         PERFORM tuneplane.set_member_state(m.id, 'preparing', 'preparing on its node');
         PERFORM tuneplane.enqueue_node_command(m.node_id, 'prepare', jsonb_build_object(
             'member_id', m.id, 'attempt_id', a.id, 'attempt', a.number, 'job_id', a.job_id, 'rank', m.rank,
@@ -208,41 +295,48 @@ BEGIN
 END;
 $$;
 
--- member_of_node: the member a node reports on, locked; refuses a member of another node (404).
+-- member_of_node: the member a node reports on, locked in the contract's order (job → attempt → member);
+-- refuses a member of another node (404).
 CREATE OR REPLACE FUNCTION tuneplane.member_of_node(p_node_id bigint, p_member_id bigint)
 RETURNS tuneplane.members
 LANGUAGE plpgsql AS $$
 DECLARE
     m tuneplane.members;
 BEGIN
-    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id AND node_id = p_node_id FOR UPDATE;
+    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id AND node_id = p_node_id;
     IF m.id IS NULL THEN
         RAISE EXCEPTION 'member % is not placed on this node', p_member_id USING ERRCODE = 'TP404',
             COLUMN = 'member_id';
     END IF;
+    PERFORM tuneplane.lock_attempt(m.attempt_id);
+    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id FOR UPDATE;
     RETURN m;
 END;
 $$;
 
 -- member_prepared (report kind `member_prepared`): preparing → prepared. When it is the last member to
--- prepare, records COMMIT and sends START to every member's node in the same transaction.
+-- prepare, records COMMIT and sends START to every member's node in the same transaction. A report from
+-- a fenced node is ignored (its members are lost).
 -- p_payload: {"member_id": 1, "peer_check": {...}, "storage_check": {...}}
 CREATE OR REPLACE FUNCTION tuneplane.member_prepared(p_node_id bigint, p_epoch bigint, p_payload jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
+    n        tuneplane.nodes;
     m        tuneplane.members;
     a        tuneplane.attempts;
     v_left   integer;
     v_member tuneplane.members;
 BEGIN
-    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
-    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    n := tuneplane.require_node_session(p_node_id, p_epoch);
+    -- The node row before the job (lock order).
     UPDATE tuneplane.nodes SET last_peer_check = coalesce(p_payload -> 'peer_check', last_peer_check),
                                last_storage_check = coalesce(p_payload -> 'storage_check', last_storage_check)
      WHERE id = p_node_id;
-    SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id FOR UPDATE;
-    IF m.state <> 'preparing' OR EXISTS (SELECT 1 FROM tuneplane.launch_decisions WHERE attempt_id = a.id) THEN
+    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id;
+    IF m.state <> 'preparing' OR n.fenced_at IS NOT NULL
+       OR EXISTS (SELECT 1 FROM tuneplane.launch_decisions WHERE attempt_id = a.id) THEN
         RETURN jsonb_build_object('ignored', true, 'state', m.state);
     END IF;
     PERFORM tuneplane.set_member_state(m.id, 'prepared', 'prepared; waiting for the commit decision');
@@ -257,9 +351,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN jsonb_build_object('ignored', true, 'state', 'decided');
     END IF;
-    UPDATE tuneplane.attempts SET state = 'running', committed_at = clock_timestamp(), reason = 'committed'
-     WHERE id = a.id;
-    FOR v_member IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY rank LOOP
+    PERFORM tuneplane.set_attempt_state(a.id, 'running', 'committed');
+    FOR v_member IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY id FOR UPDATE LOOP
         PERFORM tuneplane.set_member_state(v_member.id, 'starting', 'commit recorded; starting');
         PERFORM tuneplane.enqueue_node_command(v_member.node_id, 'start',
             jsonb_build_object('member_id', v_member.id, 'attempt_id', a.id));
@@ -281,11 +374,12 @@ DECLARE
     v_node text;
 BEGIN
     PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
-    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    -- The node row before the job (lock order).
     UPDATE tuneplane.nodes SET last_peer_check = coalesce(p_payload -> 'peer_check', last_peer_check),
                                last_storage_check = coalesce(p_payload -> 'storage_check', last_storage_check)
      WHERE id = p_node_id
     RETURNING name INTO v_node;
+    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
     IF m.state NOT IN ('reserved', 'preparing', 'prepared') THEN
         RETURN jsonb_build_object('ignored', true, 'state', m.state);
     END IF;
@@ -295,20 +389,24 @@ BEGIN
 END;
 $$;
 
--- expire_prepare_deadlines: ABORT every attempt whose members were not all prepared in time.
+-- expire_prepare_deadlines: ABORT every attempt whose members were not all prepared in time. Follows the
+-- lock order: the job first (SKIP LOCKED: a job busy with a report is taken on the next sweep).
 CREATE OR REPLACE FUNCTION tuneplane.expire_prepare_deadlines()
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    a tuneplane.attempts;
+    v_attempt bigint;
     v_count integer := 0;
 BEGIN
-    FOR a IN SELECT * FROM tuneplane.attempts
-              WHERE state = 'preparing' AND prepare_deadline < now()
-              FOR UPDATE SKIP LOCKED LOOP
-        IF tuneplane.decide_abort(a.id, format('prepare deadline passed; not prepared: rank %s',
+    FOR v_attempt IN SELECT a.id FROM tuneplane.attempts a
+                      WHERE a.state = 'preparing' AND a.prepare_deadline < now() ORDER BY a.id LOOP
+        PERFORM 1 FROM tuneplane.jobs WHERE id = (SELECT job_id FROM tuneplane.attempts WHERE id = v_attempt)
+            FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        CONTINUE WHEN (SELECT state FROM tuneplane.attempts WHERE id = v_attempt) <> 'preparing';
+        IF tuneplane.decide_abort(v_attempt, format('prepare deadline passed; not prepared: rank %s',
                 (SELECT string_agg(rank::text, ', ' ORDER BY rank) FROM tuneplane.members
-                  WHERE attempt_id = a.id AND state <> 'prepared'))) THEN
+                  WHERE attempt_id = v_attempt AND state <> 'prepared'))) THEN
             v_count := v_count + 1;
         END IF;
     END LOOP;
@@ -316,25 +414,31 @@ BEGIN
 END;
 $$;
 
--- member_started (report kind `member_started`): starting | unknown → running. p_payload: {member_id, pid}
+-- member_started (report kind `member_started`): starting → running. Records the session it was started
+-- in (reconcile never releases a member started in the session it reconciles). p_payload: {member_id, pid}
 CREATE OR REPLACE FUNCTION tuneplane.member_started(p_node_id bigint, p_epoch bigint, p_payload jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
+    n tuneplane.nodes;
     m tuneplane.members;
     a tuneplane.attempts;
     v_total integer;
     v_running integer;
 BEGIN
-    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    n := tuneplane.require_node_session(p_node_id, p_epoch);
     m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
-    IF m.state NOT IN ('starting', 'unknown') THEN
+    IF m.state <> 'starting' OR n.fenced_at IS NOT NULL THEN
+        IF m.state IN ('running', 'stopping') THEN
+            UPDATE tuneplane.members SET started_epoch = p_epoch, contact_lost_at = NULL WHERE id = m.id;
+        END IF;
         RETURN jsonb_build_object('ignored', true, 'state', m.state);
     END IF;
-    UPDATE tuneplane.members SET pid = (p_payload ->> 'pid')::integer, started_at = clock_timestamp()
+    UPDATE tuneplane.members SET pid = (p_payload ->> 'pid')::integer, started_at = clock_timestamp(),
+                                 started_epoch = p_epoch, contact_lost_at = NULL
      WHERE id = m.id;
     PERFORM tuneplane.set_member_state(m.id, 'running', 'running');
-    SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id FOR UPDATE;
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id;
     SELECT count(*), count(*) FILTER (WHERE state = 'running') INTO v_total, v_running
       FROM tuneplane.members WHERE attempt_id = a.id;
     IF v_total = v_running AND a.state = 'running' THEN
@@ -346,45 +450,52 @@ BEGIN
 END;
 $$;
 
--- stop_attempt: committed attempt → stopping; sends STOP to every member still live.
+-- stop_attempt: committed attempt → stopping; sends STOP to every member still live (members on a retired
+-- node were already lost by the retire). Caller holds the job lock.
 CREATE OR REPLACE FUNCTION tuneplane.stop_attempt(p_attempt_id bigint, p_reason text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
+    a tuneplane.attempts;
     m tuneplane.members;
     v_grace interval;
 BEGIN
+    a := tuneplane.lock_attempt(p_attempt_id);
     SELECT stop_grace INTO v_grace FROM tuneplane.launch_settings;
-    UPDATE tuneplane.attempts SET state = 'stopping', reason = p_reason
-     WHERE id = p_attempt_id AND state = 'running';
+    IF a.state = 'running' THEN
+        PERFORM tuneplane.set_attempt_state(p_attempt_id, 'stopping', p_reason);
+    END IF;
     FOR m IN SELECT * FROM tuneplane.members
-              WHERE attempt_id = p_attempt_id AND state IN ('starting', 'running', 'stopping', 'unknown') LOOP
+              WHERE attempt_id = p_attempt_id AND state IN ('starting', 'running', 'stopping')
+              ORDER BY id FOR UPDATE LOOP
         IF m.state IN ('starting', 'running') THEN
             PERFORM tuneplane.set_member_state(m.id, 'stopping', p_reason);
         END IF;
-        PERFORM tuneplane.enqueue_node_command(m.node_id, 'stop', jsonb_build_object(
-            'member_id', m.id, 'attempt_id', p_attempt_id, 'reason', p_reason,
-            'grace_seconds', extract(epoch FROM v_grace)));
+        PERFORM tuneplane.send_stop(m, p_reason);
     END LOOP;
 END;
 $$;
 
 -- record_member_exit: a member's node confirmed it ended: exited (status 0) or failed; its resources go
--- back. A failure stops the rest of the attempt. Shared by member_exited and reconcile_node.
+-- back. A failure stops the rest of the attempt. Shared by member_exited, reconcile_node and the
+-- acknowledgements of START and KILL. Caller holds the job lock.
 CREATE OR REPLACE FUNCTION tuneplane.record_member_exit(p_member tuneplane.members, p_exit_code integer, p_reason text)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     a tuneplane.attempts;
+    m tuneplane.members;
     v_state text;
     v_reason text;
 BEGIN
-    IF NOT tuneplane.member_is_live(p_member.state) THEN
+    a := tuneplane.lock_attempt(p_member.attempt_id);
+    SELECT * INTO m FROM tuneplane.members WHERE id = p_member.id FOR UPDATE;
+    IF NOT tuneplane.member_is_live(m.state) THEN
         -- Already ended (cancelled, lost …): only make sure nothing stays held.
-        PERFORM tuneplane.release_member(p_member.id);
+        PERFORM tuneplane.release_member(m.id);
+        PERFORM tuneplane.finish_attempt_if_done(a.id);
         RETURN;
     END IF;
-    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_member.attempt_id FOR UPDATE;
     IF p_exit_code = 0 THEN
         v_state := 'exited';
         v_reason := 'exited with status 0';
@@ -395,14 +506,20 @@ BEGIN
                                   WHEN p_exit_code < 0 THEN format('killed by signal %s', -p_exit_code)
                                   ELSE format('exited with status %s', p_exit_code) END);
     END IF;
-    IF p_member.state = 'stopping' AND a.cancel_requested_at IS NOT NULL THEN
+    IF m.state = 'stopping' AND a.cancel_requested_at IS NOT NULL THEN
         v_state := 'cancelled';
         v_reason := 'stopped on cancel';
     END IF;
-    PERFORM tuneplane.set_member_state(p_member.id, v_state, v_reason, p_exit_code);
-    PERFORM tuneplane.release_member(p_member.id);
+    IF m.state IN ('reserved', 'preparing', 'prepared') THEN
+        -- Not started: an end reported before START can only mean the launch failed on that node.
+        PERFORM tuneplane.decide_abort(a.id, format('rank %s ended before it was started: %s', m.rank, v_reason));
+        RETURN;
+    END IF;
+    UPDATE tuneplane.members SET contact_lost_at = NULL WHERE id = m.id;
+    PERFORM tuneplane.set_member_state(m.id, v_state, v_reason, p_exit_code);
+    PERFORM tuneplane.release_member(m.id);
     IF v_state = 'failed' AND a.state = 'running' THEN
-        PERFORM tuneplane.stop_attempt(a.id, format('rank %s %s; stopping the other members', p_member.rank,
+        PERFORM tuneplane.stop_attempt(a.id, format('rank %s %s; stopping the other members', m.rank,
                                                     v_reason));
     END IF;
     PERFORM tuneplane.finish_attempt_if_done(a.id);
@@ -426,6 +543,7 @@ $$;
 -- cancel_job: the owner or an admin cancels. queued → cancelled at once; before COMMIT the launch is
 -- aborted (nothing started) and the job is cancelled; after COMMIT every member gets STOP and the job
 -- is cancelled only when every node has confirmed its member stopped (resources are released then).
+-- Members on a fenced or retired node were already lost (and released) by the fence or retire.
 CREATE OR REPLACE FUNCTION tuneplane.cancel_job(p_job_id bigint, p_actor_id bigint, p_reason text DEFAULT NULL)
 RETURNS tuneplane.jobs
 LANGUAGE plpgsql AS $$
@@ -466,8 +584,10 @@ BEGIN
 END;
 $$;
 
--- sweep_lost_nodes: members whose node lost contact become `unknown` (never failed: a lost connection
--- is not proof that a workload stopped); their resources stay held. Returns how many changed.
+-- sweep_lost_nodes: members whose node lost contact get contact_lost_at (their state is kept: a lost
+-- connection is not proof that a workload stopped) and their resources stay held. Driven from the nodes
+-- that are lost and their held members (index members_node_held), so its cost does not grow with
+-- history. Lock order: the job first (SKIP LOCKED), then the member. Returns how many were marked.
 CREATE OR REPLACE FUNCTION tuneplane.sweep_lost_nodes()
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -475,18 +595,25 @@ DECLARE
     m record;
     v_count integer := 0;
 BEGIN
-    FOR m IN SELECT mm.*, n.name AS node_name, n.last_heartbeat_at
-               FROM tuneplane.members mm JOIN tuneplane.nodes n ON n.id = mm.node_id
-              WHERE mm.state IN ('starting', 'running', 'stopping')
-                AND n.fenced_at IS NULL
+    FOR m IN SELECT mm.id, mm.job_id, mm.rank, n.name AS node_name, n.last_heartbeat_at
+               FROM tuneplane.nodes n
+               JOIN tuneplane.members mm ON mm.node_id = n.id AND mm.released_at IS NULL
+              WHERE n.fenced_at IS NULL AND n.scheduling_state <> 'retired'
                 AND tuneplane.node_connectivity(n.last_heartbeat_at) = 'lost'
-              FOR UPDATE OF mm SKIP LOCKED LOOP
-        PERFORM tuneplane.set_member_state(m.id, 'unknown',
-            format('node %s lost contact (last heartbeat %s); state unknown, resources held until it '
-                   'reconnects or an operator fences it', m.node_name,
-                   to_char(m.last_heartbeat_at, 'YYYY-MM-DD HH24:MI:SS TZ')));
+                AND mm.contact_lost_at IS NULL
+                AND mm.state IN ('starting', 'running', 'stopping')
+              ORDER BY mm.job_id, mm.id LOOP
+        PERFORM 1 FROM tuneplane.jobs WHERE id = m.job_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE tuneplane.members
+           SET contact_lost_at = clock_timestamp(),
+               reason = format('node %s lost contact (last heartbeat %s); resources held until it reconnects '
+                               'or an operator fences it', m.node_name,
+                               to_char(m.last_heartbeat_at, 'YYYY-MM-DD HH24:MI:SS TZ'))
+         WHERE id = m.id AND contact_lost_at IS NULL AND released_at IS NULL;
+        CONTINUE WHEN NOT FOUND;
         PERFORM tuneplane.set_job_state(m.job_id, (SELECT state FROM tuneplane.jobs WHERE id = m.job_id),
-            format('member rank %s is unknown: node %s lost contact; waiting for it to reconnect or be fenced',
+            format('contact lost with member rank %s (node %s); waiting for it to reconnect or be fenced',
                    m.rank, m.node_name));
         v_count := v_count + 1;
     END LOOP;
@@ -496,13 +623,17 @@ $$;
 
 -- reconcile_node (report kind `reconcile`): after (re)connecting, the agent says what it runs and what
 -- ended while it was away. p_payload: {"running": [{"member_id": 1, "pid": 2}],
---                                       "exited": [{"member_id": 3, "exit_code": 0}]}
--- Held members it still runs go back to running; ones it reports ended are recorded; held members it
--- does not mention are failed (gone) — except a member that never reported started and whose START is
--- still unacknowledged in the node's outbox (contact was lost between COMMIT and START): it goes back to
--- `starting` and the pending START starts it (failing it would let that START run a workload on
--- released GPUs). Anything the agent runs that the database does not consider live on this node
--- (cancelled, lost to a fence, unknown to us) gets a KILL command.
+--                                       "exited": [{"member_id": 3, "exit_code": 0, "reason": "…"}]}
+-- * ended members are recorded with the node's exit status (never as "gone");
+-- * held members it still runs keep their state and lose their contact-lost mark; a `stopping` one gets
+--   STOP again unless one is still waiting in the outbox;
+-- * a member not yet started whose START is still unacknowledged stays `starting` (the START is delivered
+--   after this reconcile);
+-- * a member started in this very session is never released (its report raced this list);
+-- * any other held member it does not mention is gone: failed, released — and KILLed all the same, in
+--   case something of it still runs;
+-- * whatever it runs that is not live here (cancelled, lost to a fence, unknown) gets KILL.
+-- Marks the session reconciled: only then does claim_node_commands deliver commands to it.
 CREATE OR REPLACE FUNCTION tuneplane.reconcile_node(p_node_id bigint, p_epoch bigint, p_payload jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
@@ -513,18 +644,19 @@ DECLARE
     v_exited jsonb;
     v_item jsonb;
     v_kill bigint[] := '{}';
+    v_gone bigint[] := '{}';
     v_restored integer := 0;
-    v_gone integer := 0;
     v_waiting integer := 0;
 BEGIN
     n := tuneplane.require_node_session(p_node_id, p_epoch);
+    PERFORM tuneplane.lock_jobs_of_node(p_node_id);
     SELECT coalesce(array_agg((e ->> 'member_id')::bigint), '{}') INTO v_running
       FROM jsonb_array_elements(coalesce(p_payload -> 'running', '[]'::jsonb)) e;
     v_exited := coalesce(p_payload -> 'exited', '[]'::jsonb);
 
     FOR v_item IN SELECT * FROM jsonb_array_elements(v_exited) LOOP
         SELECT * INTO m FROM tuneplane.members
-         WHERE id = (v_item ->> 'member_id')::bigint AND node_id = p_node_id FOR UPDATE;
+         WHERE id = (v_item ->> 'member_id')::bigint AND node_id = p_node_id;
         IF m.id IS NOT NULL THEN
             PERFORM tuneplane.record_member_exit(m, (v_item ->> 'exit_code')::integer, v_item ->> 'reason');
         END IF;
@@ -532,28 +664,35 @@ BEGIN
 
     FOR m IN SELECT * FROM tuneplane.members
               WHERE node_id = p_node_id AND released_at IS NULL
-                AND state IN ('running', 'stopping', 'unknown')
-              FOR UPDATE LOOP
+                AND state IN ('starting', 'running', 'stopping')
+              ORDER BY id FOR UPDATE LOOP
         IF m.id = ANY (v_running) AND n.fenced_at IS NULL THEN
-            IF m.state = 'unknown' THEN
-                PERFORM tuneplane.set_member_state(m.id, 'running', 'node reconnected; still running');
+            IF m.contact_lost_at IS NOT NULL THEN
+                UPDATE tuneplane.members SET contact_lost_at = NULL,
+                       reason = format('node %s reconnected; still %s', n.name, m.state)
+                 WHERE id = m.id;
                 PERFORM tuneplane.set_job_state(m.job_id, (SELECT state FROM tuneplane.jobs WHERE id = m.job_id),
-                    format('node %s reconnected; member rank %s is still running', n.name, m.rank));
+                    format('node %s reconnected; member rank %s is still %s', n.name, m.rank, m.state));
                 v_restored := v_restored + 1;
             END IF;
-        ELSIF m.state = 'unknown' AND m.started_at IS NULL AND n.fenced_at IS NULL AND EXISTS (
+            IF m.state = 'stopping' THEN
+                PERFORM tuneplane.send_stop(m, m.reason);
+            END IF;
+        ELSIF m.state = 'starting' AND m.started_at IS NULL AND n.fenced_at IS NULL AND EXISTS (
                 SELECT 1 FROM tuneplane.node_commands c
                  WHERE c.node_id = p_node_id AND c.kind = 'start' AND c.acked_at IS NULL
                    AND (c.payload ->> 'member_id')::bigint = m.id) THEN
-            -- Lost contact before its START was handled: not gone, not started yet. START is still in
-            -- the outbox (delivered in order after this session opened), so it starts now.
-            PERFORM tuneplane.set_member_state(m.id, 'starting', 'node reconnected; START not yet handled');
+            -- Not started yet: START is still in the outbox and is delivered after this reconcile.
+            UPDATE tuneplane.members SET contact_lost_at = NULL WHERE id = m.id;
             v_waiting := v_waiting + 1;
+        ELSIF m.started_epoch = p_epoch THEN
+            -- Reported started in this session, after the agent took its list: not gone.
+            NULL;
         ELSIF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(v_exited) e
                            WHERE (e ->> 'member_id')::bigint = m.id) THEN
             PERFORM tuneplane.record_member_exit(m, NULL,
-                format('node %s reconnected and no longer runs it (exit status unknown)', n.name));
-            v_gone := v_gone + 1;
+                format('node %s reconnected and does not run it (exit status unknown)', n.name));
+            v_gone := v_gone || m.id;
         END IF;
     END LOOP;
 
@@ -562,83 +701,88 @@ BEGIN
      WHERE n.fenced_at IS NOT NULL
         OR NOT EXISTS (SELECT 1 FROM tuneplane.members mm
                         WHERE mm.id = r AND mm.node_id = p_node_id AND mm.released_at IS NULL
-                          AND mm.state IN ('starting', 'running', 'stopping', 'unknown'));
-    IF array_length(v_kill, 1) > 0 THEN
-        PERFORM tuneplane.enqueue_node_command(p_node_id, 'kill', jsonb_build_object(
-            'member_ids', to_jsonb(v_kill),
-            'reason', CASE WHEN n.fenced_at IS NOT NULL THEN 'node was fenced: ' || coalesce(n.fenced_reason, '')
-                           ELSE 'the control plane does not consider these members live on this node' END));
-    END IF;
-    RETURN jsonb_build_object('restored', v_restored, 'gone', v_gone, 'starting', v_waiting,
+                          AND mm.state IN ('starting', 'running', 'stopping'));
+    v_kill := v_kill || v_gone;
+    PERFORM tuneplane.send_kill(p_node_id, v_kill,
+        CASE WHEN n.fenced_at IS NOT NULL THEN 'node was fenced: ' || coalesce(n.fenced_reason, '')
+             ELSE 'the control plane does not consider these members live on this node' END);
+    UPDATE tuneplane.nodes SET session_reconciled_epoch = p_epoch WHERE id = p_node_id;
+    -- Commands were withheld until now: wake the gateway holding this session.
+    PERFORM pg_notify('tuneplane_node_commands', p_node_id::text);
+    RETURN jsonb_build_object('restored', v_restored, 'gone', cardinality(v_gone), 'starting', v_waiting,
                               'kill', to_jsonb(v_kill));
 END;
 $$;
 
--- fence_node: an operator declares a node dead. Its held members become `lost` and their resources
--- are released; attempts they belonged to are aborted (before COMMIT) or stopped (after); the node gets
--- no new work until unfence_node. If the agent comes back it is told to kill what it still runs.
+-- fence_node: an operator declares a node dead. Its held members become `lost` with KILL queued for its
+-- agent, their resources are released, and their attempts aborted or stopped (lose_node_members); the node
+-- gets no new work and its reports start nothing until unfence_node, which needs the agent back.
 CREATE OR REPLACE FUNCTION tuneplane.fence_node(p_node text, p_reason text DEFAULT NULL, p_actor text DEFAULT NULL)
 RETURNS TABLE (node_id bigint, node text, members_lost integer)
 LANGUAGE plpgsql AS $$
 DECLARE
+    v_id bigint := tuneplane.resolve_node(p_node);
     v_node tuneplane.nodes;
-    m tuneplane.members;
-    v_lost integer := 0;
     v_why text;
-    v_attempts bigint[] := '{}';
-    v_attempt bigint;
 BEGIN
-    SELECT * INTO v_node FROM tuneplane.nodes WHERE id = tuneplane.resolve_node(p_node) FOR UPDATE;
+    PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'),
+                                  (SELECT fleet_id FROM tuneplane.nodes WHERE id = v_id)::integer);
+    SELECT * INTO v_node FROM tuneplane.nodes WHERE id = v_id FOR UPDATE;
     v_why := format('node %s fenced by %s%s', v_node.name, coalesce(nullif(p_actor, ''), 'db:' || session_user),
                     CASE WHEN coalesce(p_reason, '') = '' THEN '' ELSE ': ' || p_reason END);
     UPDATE tuneplane.nodes SET fenced_at = coalesce(fenced_at, clock_timestamp()),
                                fenced_reason = coalesce(p_reason, fenced_reason)
      WHERE id = v_node.id;
     PERFORM tuneplane.log_node_event(v_node.fleet_id, v_node.id, 'fenced', p_actor, coalesce(p_reason, ''));
-    FOR m IN SELECT * FROM tuneplane.members WHERE members.node_id = v_node.id AND released_at IS NULL
-              FOR UPDATE LOOP
-        IF tuneplane.member_is_live(m.state) THEN
-            PERFORM tuneplane.set_member_state(m.id, 'lost', v_why);
-        END IF;
-        PERFORM tuneplane.release_member(m.id);
-        v_lost := v_lost + 1;
-        v_attempts := v_attempts || m.attempt_id;
-    END LOOP;
-    FOR v_attempt IN SELECT DISTINCT unnest(v_attempts) LOOP
-        IF NOT tuneplane.decide_abort(v_attempt, v_why) THEN
-            PERFORM tuneplane.stop_attempt(v_attempt, v_why || '; stopping the other members');
-        END IF;
-        PERFORM tuneplane.finish_attempt_if_done(v_attempt);
-    END LOOP;
-    node_id := v_node.id; node := v_node.name; members_lost := v_lost;
+    node_id := v_node.id; node := v_node.name;
+    members_lost := tuneplane.lose_node_members(v_node.id, v_why);
     RETURN NEXT;
 END;
 $$;
 
--- unfence_node: the operator lets a fenced node take work again (after it reconnected and reconciled).
+-- unfence_node: the operator lets a fenced node take work again. Refused (409) until the node's agent
+-- reconnected after the fence, reconciled in its current session, and acknowledged every KILL sent since
+-- the fence — until then something of its lost members may still run on its GPUs.
 CREATE OR REPLACE FUNCTION tuneplane.unfence_node(p_node text, p_reason text DEFAULT NULL, p_actor text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     v_id bigint := tuneplane.resolve_node(p_node);
+    n tuneplane.nodes;
+    v_pending integer;
 BEGIN
-    UPDATE tuneplane.nodes SET fenced_at = NULL, fenced_reason = NULL WHERE id = v_id AND fenced_at IS NOT NULL;
-    IF FOUND THEN
-        PERFORM tuneplane.log_node_event(NULL, v_id, 'unfenced', p_actor, coalesce(p_reason, ''));
+    SELECT * INTO n FROM tuneplane.nodes WHERE id = v_id FOR UPDATE;
+    IF n.fenced_at IS NULL THEN
+        RETURN false;
     END IF;
-    RETURN FOUND;
+    IF n.session_opened_at IS NULL OR n.session_opened_at < n.fenced_at OR n.session_closed_at IS NOT NULL
+       OR n.session_reconciled_epoch <> n.session_epoch THEN
+        RAISE EXCEPTION 'node % cannot be unfenced yet: its agent must reconnect and reconcile first '
+            '(fenced %, last session opened %)', n.name, to_char(n.fenced_at, 'YYYY-MM-DD HH24:MI:SS'),
+            coalesce(to_char(n.session_opened_at, 'YYYY-MM-DD HH24:MI:SS'), 'never')
+            USING ERRCODE = 'TP409', COLUMN = 'node';
+    END IF;
+    SELECT count(*) INTO v_pending FROM tuneplane.node_commands c
+     WHERE c.node_id = v_id AND c.kind = 'kill' AND c.created_at >= n.fenced_at
+       AND (c.acked_at IS NULL OR c.error IS NOT NULL);
+    IF v_pending > 0 THEN
+        RAISE EXCEPTION 'node % cannot be unfenced yet: % KILL command(s) sent since the fence are not '
+            'acknowledged (or failed) by its agent', n.name, v_pending USING ERRCODE = 'TP409', COLUMN = 'node';
+    END IF;
+    UPDATE tuneplane.nodes SET fenced_at = NULL, fenced_reason = NULL WHERE id = v_id;
+    PERFORM tuneplane.log_node_event(n.fleet_id, v_id, 'unfenced', p_actor, coalesce(p_reason, ''));
+    RETURN true;
 END;
 $$;
 
 CREATE OR REPLACE VIEW tuneplane.v_uncertain AS
 SELECT m.job_id, a.number AS attempt, m.id AS member_id, m.rank, n.name AS node, m.state, m.reason,
        n.last_heartbeat_at, tuneplane.node_connectivity(n.last_heartbeat_at) AS connectivity,
-       m.gpu_indices, m.updated_at
+       m.gpu_indices, m.updated_at, m.contact_lost_at
   FROM tuneplane.members m
   JOIN tuneplane.attempts a ON a.id = m.attempt_id
   JOIN tuneplane.nodes n ON n.id = m.node_id
- WHERE m.state = 'unknown';
-
+ WHERE m.contact_lost_at IS NOT NULL AND m.released_at IS NULL;
 -- report_node_probe (report kind `probe`): the agent's probe port and, optionally, the address peers
 -- should use for it (default: the address the gateway saw). p_payload: {"port": 41234, "address": "10.0.0.5"}
 CREATE OR REPLACE FUNCTION tuneplane.report_node_probe(p_node_id bigint, p_epoch bigint, p_payload jsonb)
@@ -779,13 +923,14 @@ $$;
 CREATE OR REPLACE FUNCTION tuneplane.job_members_of(p_actor_id bigint, p_job_id bigint)
 RETURNS TABLE (attempt integer, rank integer, member_id bigint, node text, gpu_indices integer[], cpus integer,
                memory_bytes bigint, state text, reason text, exit_code integer, started_at timestamptz,
-               ended_at timestamptz, updated_at timestamptz, resources_held boolean)
+               ended_at timestamptz, updated_at timestamptz, resources_held boolean,
+               contact_lost_at timestamptz)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
     RETURN QUERY
         SELECT a.number, m.rank, m.id, n.name, m.gpu_indices, m.cpus, m.memory_bytes, m.state, m.reason,
-               m.exit_code, m.started_at, m.ended_at, m.updated_at, m.released_at IS NULL
+               m.exit_code, m.started_at, m.ended_at, m.updated_at, m.released_at IS NULL, m.contact_lost_at
           FROM tuneplane.members m
           JOIN tuneplane.attempts a ON a.id = m.attempt_id
           JOIN tuneplane.nodes n ON n.id = m.node_id
@@ -810,5 +955,243 @@ BEGIN
                q.waiting, q.state_reason
           FROM queue q
          WHERE q.job_id = p_job_id;
+END;
+$$;
+
+-- guard_state_transition: BEFORE UPDATE OF state on jobs, attempts and members. Refuses a change that is
+-- not a row of state_transitions, or that no function allowed to make it is making (the functions on the
+-- call stack are read from PG_CONTEXT), naming the function that tried. An operator repairing data by hand
+-- sets `SET LOCAL tuneplane.operator_repair = 'why'` (docs/runbook.md) and is let through.
+CREATE OR REPLACE FUNCTION tuneplane.guard_state_transition() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_entity  text := CASE TG_TABLE_NAME WHEN 'jobs' THEN 'job' WHEN 'attempts' THEN 'attempt' ELSE 'member' END;
+    v_stack   text;
+    v_callers text[];
+    v_writers text[];
+BEGIN
+    IF OLD.state = NEW.state OR coalesce(current_setting('tuneplane.operator_repair', true), '') <> '' THEN
+        RETURN NEW;
+    END IF;
+    GET DIAGNOSTICS v_stack = PG_CONTEXT;
+    SELECT coalesce(array_agg(coalesce(x[1], x[2]) ORDER BY ord DESC), '{}') INTO v_callers
+      FROM regexp_matches(v_stack, 'function (?:tuneplane\.)?(\w+)\(|SQL function "(\w+)"', 'g')
+           WITH ORDINALITY AS r(x, ord);
+    SELECT writers INTO v_writers FROM tuneplane.state_transitions
+     WHERE entity = v_entity AND from_state = OLD.state AND to_state = NEW.state;
+    IF v_writers IS NULL THEN
+        RAISE EXCEPTION '% %: % → % is not a transition of the % lifecycle (attempted by %)', v_entity, OLD.id,
+            OLD.state, NEW.state, v_entity, coalesce(v_callers[1], 'a direct UPDATE')
+            USING ERRCODE = 'TP409', COLUMN = 'state';
+    END IF;
+    IF NOT v_callers && v_writers THEN
+        RAISE EXCEPTION '% %: % → % may be made only by % (attempted by %)', v_entity, OLD.id, OLD.state,
+            NEW.state, array_to_string(v_writers, ', '), coalesce(v_callers[1], 'a direct UPDATE')
+            USING ERRCODE = 'TP409', COLUMN = 'state';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER jobs_state_transition
+    BEFORE UPDATE OF state ON tuneplane.jobs
+    FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
+
+CREATE OR REPLACE TRIGGER attempts_state_transition
+    BEFORE UPDATE OF state ON tuneplane.attempts
+    FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
+
+CREATE OR REPLACE TRIGGER members_state_transition
+    BEFORE UPDATE OF state ON tuneplane.members
+    FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
+
+-- set_attempt_state: the one writer of attempts.state.
+CREATE OR REPLACE FUNCTION tuneplane.set_attempt_state(p_attempt_id bigint, p_state text, p_reason text)
+RETURNS void
+LANGUAGE sql AS $$
+    UPDATE tuneplane.attempts
+       SET state = p_state, reason = coalesce(p_reason, reason),
+           ended_at = CASE WHEN p_state IN ('succeeded', 'failed', 'aborted', 'cancelled')
+                           THEN clock_timestamp() ELSE ended_at END,
+           committed_at = CASE WHEN p_state = 'running' THEN coalesce(committed_at, clock_timestamp())
+                               ELSE committed_at END
+     WHERE id = p_attempt_id;
+$$;
+
+-- lock_attempt: the lock order's first steps for one attempt: its job, then the attempt (FOR UPDATE).
+-- Every function that changes an attempt or its members starts here (or holds the job lock already).
+CREATE OR REPLACE FUNCTION tuneplane.lock_attempt(p_attempt_id bigint)
+RETURNS tuneplane.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.attempts;
+BEGIN
+    PERFORM 1 FROM tuneplane.jobs WHERE id = (SELECT job_id FROM tuneplane.attempts WHERE id = p_attempt_id)
+        FOR UPDATE;
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id FOR UPDATE;
+    RETURN a;
+END;
+$$;
+
+-- send_stop: STOP (SIGTERM, the stop grace, then SIGKILL on the node) for one member, unless one is still
+-- waiting in its node's outbox. Records when, so expire_member_deadlines can escalate to KILL.
+CREATE OR REPLACE FUNCTION tuneplane.send_stop(p_member tuneplane.members, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF (SELECT scheduling_state FROM tuneplane.nodes WHERE id = p_member.node_id) = 'retired'
+       OR EXISTS (SELECT 1 FROM tuneplane.node_commands c
+                   WHERE c.node_id = p_member.node_id AND c.kind = 'stop' AND c.acked_at IS NULL
+                     AND (c.payload ->> 'member_id')::bigint = p_member.id) THEN
+        RETURN;
+    END IF;
+    PERFORM tuneplane.enqueue_node_command(p_member.node_id, 'stop', jsonb_build_object(
+        'member_id', p_member.id, 'attempt_id', p_member.attempt_id, 'reason', p_reason,
+        'grace_seconds', extract(epoch FROM (SELECT stop_grace FROM tuneplane.launch_settings))));
+END;
+$$;
+
+-- send_kill: KILL for members of one node (the node kills whatever runs for them and acknowledges; the
+-- acknowledgement is the proof launch_command_acked acts on). Marks kill_requested_at. A member whose KILL
+-- still waits in the outbox is not sent another.
+CREATE OR REPLACE FUNCTION tuneplane.send_kill(p_node_id bigint, p_member_ids bigint[], p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT coalesce(array_agg(DISTINCT u.mid ORDER BY u.mid), '{}') INTO p_member_ids
+      FROM unnest(p_member_ids) u(mid)
+     WHERE NOT EXISTS (SELECT 1 FROM tuneplane.node_commands c
+                        WHERE c.node_id = p_node_id AND c.kind = 'kill' AND c.acked_at IS NULL
+                          AND c.payload -> 'member_ids' @> to_jsonb(u.mid));
+    IF coalesce(cardinality(p_member_ids), 0) = 0
+       OR (SELECT scheduling_state FROM tuneplane.nodes WHERE id = p_node_id) = 'retired' THEN
+        RETURN;
+    END IF;
+    UPDATE tuneplane.members SET kill_requested_at = clock_timestamp()
+     WHERE id = ANY (p_member_ids) AND node_id = p_node_id;
+    PERFORM tuneplane.enqueue_node_command(p_node_id, 'kill',
+        jsonb_build_object('member_ids', to_jsonb(p_member_ids), 'reason', p_reason));
+END;
+$$;
+
+-- lock_jobs_of_node: the lock order for functions that touch members of many jobs on one node (reconcile,
+-- fence, retire): every job with a held member there, in id order, before any attempt or member.
+CREATE OR REPLACE FUNCTION tuneplane.lock_jobs_of_node(p_node_id bigint)
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT 1 FROM tuneplane.jobs
+     WHERE id IN (SELECT job_id FROM tuneplane.members WHERE node_id = p_node_id AND released_at IS NULL)
+     ORDER BY id FOR UPDATE;
+$$;
+
+-- lose_node_members: an operator declared a node dead (fence) or gone (retire). Every held member there
+-- becomes `lost` and is released, and gets KILL in the node's outbox (delivered if the agent comes back);
+-- the attempts they belonged to are aborted (before COMMIT) or stopped (after). Takes the placement lock
+-- of the node's fleet first, so a placement pass never reserves on a node being fenced. Returns how many
+-- members were lost.
+CREATE OR REPLACE FUNCTION tuneplane.lose_node_members(p_node_id bigint, p_why text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    v_lost bigint[] := '{}';
+    v_attempts bigint[] := '{}';
+    v_attempt bigint;
+BEGIN
+    PERFORM tuneplane.lock_jobs_of_node(p_node_id);
+    FOR m IN SELECT * FROM tuneplane.members WHERE node_id = p_node_id AND released_at IS NULL
+              ORDER BY id FOR UPDATE LOOP
+        IF tuneplane.member_is_live(m.state) THEN
+            PERFORM tuneplane.set_member_state(m.id, 'lost', p_why);
+        END IF;
+        PERFORM tuneplane.release_member(m.id);
+        v_lost := v_lost || m.id;
+        v_attempts := v_attempts || m.attempt_id;
+    END LOOP;
+    PERFORM tuneplane.send_kill(p_node_id, v_lost, p_why);
+    FOR v_attempt IN SELECT DISTINCT unnest(v_attempts) ORDER BY 1 LOOP
+        IF NOT tuneplane.decide_abort(v_attempt, p_why) THEN
+            PERFORM tuneplane.stop_attempt(v_attempt, p_why || '; stopping the other members');
+        END IF;
+        PERFORM tuneplane.finish_attempt_if_done(v_attempt);
+    END LOOP;
+    RETURN cardinality(v_lost);
+END;
+$$;
+
+-- launch_command_acked: what an acknowledgement means for the lifecycle (called by ack_node_command once,
+-- on the first ack of a command):
+--   START with an error → the node did not start the member: failed, released, the attempt stopped;
+--   STOP with an error  → escalate to KILL;
+--   KILL without error  → every listed member the node killed or does not run has ended: it is recorded
+--                         (failed, or cancelled when a cancel asked for its stop) and released.
+CREATE OR REPLACE FUNCTION tuneplane.launch_command_acked(p_cmd tuneplane.node_commands)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    v_id bigint;
+BEGIN
+    IF p_cmd.kind = 'start' AND p_cmd.error IS NOT NULL THEN
+        SELECT * INTO m FROM tuneplane.members
+         WHERE id = (p_cmd.payload ->> 'member_id')::bigint AND node_id = p_cmd.node_id;
+        IF m.id IS NOT NULL AND m.state = 'starting' AND m.started_at IS NULL THEN
+            PERFORM tuneplane.lock_attempt(m.attempt_id);
+            PERFORM tuneplane.record_member_exit(m, NULL, 'could not be started: ' || left(p_cmd.error, 500));
+        END IF;
+    ELSIF p_cmd.kind = 'stop' AND p_cmd.error IS NOT NULL THEN
+        SELECT * INTO m FROM tuneplane.members
+         WHERE id = (p_cmd.payload ->> 'member_id')::bigint AND node_id = p_cmd.node_id;
+        IF m.id IS NOT NULL AND m.released_at IS NULL THEN
+            PERFORM tuneplane.send_kill(p_cmd.node_id, ARRAY[m.id], 'STOP failed: ' || left(p_cmd.error, 500));
+        END IF;
+    ELSIF p_cmd.kind = 'kill' AND p_cmd.error IS NULL THEN
+        FOR v_id IN SELECT (e #>> '{}')::bigint FROM jsonb_array_elements(p_cmd.payload -> 'member_ids') e
+                     ORDER BY 1 LOOP
+            SELECT * INTO m FROM tuneplane.members WHERE id = v_id AND node_id = p_cmd.node_id;
+            CONTINUE WHEN m.id IS NULL OR m.released_at IS NOT NULL;
+            PERFORM tuneplane.lock_attempt(m.attempt_id);
+            PERFORM tuneplane.record_member_exit(m, -9,
+                'killed by the control plane: ' || coalesce(p_cmd.payload ->> 'reason', ''));
+        END LOOP;
+    END IF;
+END;
+$$;
+
+-- expire_member_deadlines: bounds `starting` and `stopping`. A member whose START was delivered to the
+-- node's current, reconciled session more than start_timeout ago and never reported started, or that is
+-- still stopping stop_grace + stop_timeout after its STOP was delivered, gets KILL (once). Its resources
+-- stay held until the node acknowledges the KILL (launch_command_acked) or an operator fences it. Returns
+-- how many got KILL.
+CREATE OR REPLACE FUNCTION tuneplane.expire_member_deadlines()
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    s tuneplane.launch_settings;
+    r record;
+    v_count integer := 0;
+BEGIN
+    SELECT * INTO s FROM tuneplane.launch_settings;
+    FOR r IN SELECT mm.id, mm.node_id, mm.job_id, mm.state, c.delivered_at
+               FROM tuneplane.members mm
+               JOIN tuneplane.nodes n ON n.id = mm.node_id
+               JOIN LATERAL (SELECT max(c.delivered_at) AS delivered_at FROM tuneplane.node_commands c
+                              WHERE c.node_id = mm.node_id AND c.kind = CASE mm.state WHEN 'starting' THEN 'start'
+                                                                                       ELSE 'stop' END
+                                AND (c.payload ->> 'member_id')::bigint = mm.id) c ON true
+              WHERE mm.released_at IS NULL AND mm.state IN ('starting', 'stopping')
+                AND mm.kill_requested_at IS NULL AND n.fenced_at IS NULL
+                AND n.session_reconciled_epoch = n.session_epoch AND n.session_closed_at IS NULL
+                AND c.delivered_at < now() - CASE mm.state WHEN 'starting' THEN s.start_timeout
+                                                          ELSE s.stop_grace + s.stop_timeout END
+              ORDER BY mm.job_id, mm.id LOOP
+        PERFORM 1 FROM tuneplane.jobs WHERE id = r.job_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        PERFORM tuneplane.send_kill(r.node_id, ARRAY[r.id],
+            CASE r.state WHEN 'starting' THEN format('not started within %s of START', s.start_timeout)
+                         ELSE format('still stopping %s after STOP', s.stop_grace + s.stop_timeout) END);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
 END;
 $$;

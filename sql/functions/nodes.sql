@@ -9,6 +9,7 @@
 --   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
 --
 -- Drops (signature changes):
+DROP FUNCTION IF EXISTS tuneplane.ack_node_command(bigint, bigint, jsonb, text);
 
 -- node_connectivity: connected | stale | lost from a heartbeat time (NULL = never heard from = lost).
 CREATE OR REPLACE FUNCTION tuneplane.node_connectivity(p_last_heartbeat_at timestamptz)
@@ -303,12 +304,16 @@ END;
 $$;
 
 -- require_node_session: refuses (409) a report or claim from a control session that is no longer current.
+-- Holds the node's session lock in shared mode until the caller's transaction ends, and
+-- node_session_opened takes it exclusively: a report that passed this check cannot be applied after a
+-- newer session opened (first in the lock order).
 CREATE OR REPLACE FUNCTION tuneplane.require_node_session(p_node_id bigint, p_epoch bigint)
 RETURNS tuneplane.nodes
 LANGUAGE plpgsql AS $$
 DECLARE
     n tuneplane.nodes;
 BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtext('tuneplane.node_session'), p_node_id::integer);
     SELECT * INTO n FROM tuneplane.nodes WHERE id = p_node_id;
     IF n.id IS NULL THEN
         RAISE EXCEPTION 'no node %', p_node_id USING ERRCODE = 'TP404', COLUMN = 'node';
@@ -322,14 +327,16 @@ END;
 $$;
 
 -- node_session_opened: an authenticated agent connected. Starts a new session epoch (older sessions are
--- fenced off), counts as a heartbeat, writes a `session_opened` event. Returns the epoch and the
--- heartbeat interval the agent must keep.
+-- fenced off: it waits for every report of the old session still in flight, see require_node_session),
+-- counts as a heartbeat, writes a `session_opened` event. Commands are withheld from the new session until
+-- it has reconciled (claim_node_commands). Returns the epoch and the heartbeat interval the agent must keep.
 CREATE OR REPLACE FUNCTION tuneplane.node_session_opened(p_node_id bigint, p_address text, p_gateway text)
 RETURNS TABLE (epoch bigint, heartbeat_interval_s double precision)
 LANGUAGE plpgsql AS $$
 DECLARE
     n tuneplane.nodes;
 BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('tuneplane.node_session'), p_node_id::integer);
     UPDATE tuneplane.nodes
        SET session_epoch = session_epoch + 1, session_opened_at = now(), session_closed_at = NULL,
            last_heartbeat_at = now(), address = coalesce(p_address, address)
@@ -535,12 +542,19 @@ END;
 $$;
 
 -- claim_node_commands: up to p_limit unacknowledged commands of a node, oldest first, that the session
--- p_epoch has not yet taken; marks them taken by it. Refuses a replaced session (409).
+-- p_epoch has not yet taken; marks them taken by it. Nothing until the session has reconciled
+-- (reconcile_node): a command must never race the reconcile list that predates it. Refuses a replaced
+-- session (409).
 CREATE OR REPLACE FUNCTION tuneplane.claim_node_commands(p_node_id bigint, p_epoch bigint, p_limit integer DEFAULT 100)
 RETURNS SETOF tuneplane.node_commands
 LANGUAGE plpgsql AS $$
+DECLARE
+    n tuneplane.nodes;
 BEGIN
-    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    n := tuneplane.require_node_session(p_node_id, p_epoch);
+    IF n.session_reconciled_epoch <> p_epoch THEN
+        RETURN;
+    END IF;
     RETURN QUERY
         WITH c AS (
             SELECT id FROM tuneplane.node_commands
@@ -556,26 +570,33 @@ BEGIN
 END;
 $$;
 
--- nodes_with_pending_commands: the subset of p_node_ids that have commands their current session has not
--- taken yet (the gateway's bounded-poll fallback to NOTIFY).
+-- nodes_with_pending_commands: the subset of p_node_ids that have commands their current, reconciled
+-- session has not taken yet (the gateway's bounded-poll fallback to NOTIFY).
 CREATE OR REPLACE FUNCTION tuneplane.nodes_with_pending_commands(p_node_ids bigint[])
 RETURNS TABLE (node_id bigint)
 LANGUAGE sql STABLE AS $$
     SELECT DISTINCT c.node_id
       FROM tuneplane.node_commands c JOIN tuneplane.nodes n ON n.id = c.node_id
      WHERE c.node_id = ANY (p_node_ids) AND c.acked_at IS NULL
+       AND n.session_reconciled_epoch = n.session_epoch
        AND c.claimed_epoch IS DISTINCT FROM n.session_epoch;
 $$;
 
--- ack_node_command: the node handled command p_command_id (result or error). Idempotent: a second ack
--- keeps the first outcome. Refuses a command of another node (404).
-CREATE OR REPLACE FUNCTION tuneplane.ack_node_command(p_node_id bigint, p_command_id bigint, p_result jsonb DEFAULT NULL,
-                                           p_error text DEFAULT NULL)
+-- ack_node_command: the node handled command p_command_id (result or error) in session p_epoch.
+-- Idempotent: a second ack keeps the first outcome. Refuses a replaced session (409: the command is
+-- delivered again to the current one) and a command of another node (404). The first ack's meaning for
+-- the launch lifecycle is decided by launch_command_acked (START/STOP errors, KILL done).
+CREATE OR REPLACE FUNCTION tuneplane.ack_node_command(p_node_id bigint, p_epoch bigint, p_command_id bigint,
+                                           p_result jsonb DEFAULT NULL, p_error text DEFAULT NULL)
 RETURNS tuneplane.node_commands
 LANGUAGE plpgsql AS $$
 DECLARE
     v_cmd tuneplane.node_commands;
+    v_first boolean;
 BEGIN
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    SELECT acked_at IS NULL INTO v_first FROM tuneplane.node_commands
+     WHERE id = p_command_id AND node_id = p_node_id;
     UPDATE tuneplane.node_commands
        SET acked_at = coalesce(acked_at, clock_timestamp()),
            result = CASE WHEN node_commands.acked_at IS NULL THEN p_result ELSE node_commands.result END,
@@ -585,6 +606,9 @@ BEGIN
     IF v_cmd.id IS NULL THEN
         RAISE EXCEPTION 'node % has no command %', p_node_id, p_command_id USING ERRCODE = 'TP404',
             COLUMN = 'command';
+    END IF;
+    IF v_first THEN
+        PERFORM tuneplane.launch_command_acked(v_cmd);
     END IF;
     RETURN v_cmd;
 END;
@@ -654,6 +678,12 @@ BEGIN
                         n.name USING ERRCODE = 'TP409', COLUMN = 'node';
     END IF;
     IF n.scheduling_state <> target THEN
+        IF target = 'retired' THEN
+            -- A retired node never reconnects (its credentials are revoked below): what it held is lost
+            -- and released now, so its jobs can still be cancelled and retried (lose_node_members).
+            PERFORM tuneplane.lose_node_members(n.id, format('node %s retired by %s%s', n.name, actor,
+                CASE WHEN coalesce(p_reason, '') = '' THEN '' ELSE ': ' || p_reason END));
+        END IF;
         UPDATE tuneplane.nodes SET scheduling_state = target WHERE id = n.id;
         IF target = 'retired' THEN
             UPDATE tuneplane.node_credentials SET revoked_at = now(), revoked_reason = 'node retired'

@@ -7,7 +7,16 @@ import json
 from app.db import Database
 from app.security import hash_password, new_token
 from app.web import create_app
-from tests.launch_fixtures import job, make_fleet, make_job, make_node, make_user, members_of, run_to_running
+from tests.launch_fixtures import (
+    agent_returns,
+    job,
+    make_fleet,
+    make_job,
+    make_node,
+    make_user,
+    members_of,
+    run_to_running,
+)
 
 
 def _admin_client(db: Database, db_url: str):
@@ -35,6 +44,10 @@ def test_fence_over_http_releases_resources_and_unfence_restores_placement(db: D
     assert json.dumps(row)  # the fleet view still renders
     other = make_job(db, user, fleet, gpus_per_node=2)
     assert db.call("reserve_next", fleet, 1000) == []
+    # Unfence is refused until the agent came back, reconciled and acknowledged the KILLs of the fence.
+    response = client.post("/nodes/fence", json={"node": str(node), "action": "unfence"}, headers=headers)
+    assert response.status_code == 409 and "reconnect" in response.get_json()["error"], response.get_json()
+    agent_returns(db, node)
     response = client.post("/nodes/fence", json={"node": str(node), "action": "unfence"}, headers=headers)
     assert response.get_json() == {"node_id": node, "unfenced": True}
     assert [r["job_id"] for r in db.call("reserve_next", fleet, 1000)] == [other]

@@ -179,7 +179,7 @@ def test_cancel_of_another_users_job_is_refused(db: Database, setup: dict) -> No
     assert job(db, job_id)["state"] == "cancelled"
 
 
-def test_lost_node_makes_members_unknown_and_keeps_resources_until_reconcile(
+def test_lost_node_marks_contact_lost_keeps_state_and_resources_until_reconcile(
     db: Database, setup: dict
 ) -> None:
     job_id, _ = _launch(db, setup, nodes=2)
@@ -189,7 +189,9 @@ def test_lost_node_makes_members_unknown_and_keeps_resources_until_reconcile(
         (m1["node_id"],),
     )
     assert db.call("sweep_lost_nodes")[0]["sweep_lost_nodes"] == 1
-    assert [m["state"] for m in members_of(db, job_id)] == ["running", "unknown"]
+    members = members_of(db, job_id)
+    assert [m["state"] for m in members] == ["running", "running"]
+    assert [m["contact_lost_at"] is not None for m in members] == [False, True]
     assert _held(db) == 2 and job(db, job_id)["state"] == "running"
     assert db.fetch_all("SELECT member_id FROM v_uncertain") == [{"member_id": m1["id"]}]
     # The node reconnects and still runs its member.
@@ -198,7 +200,10 @@ def test_lost_node_makes_members_unknown_and_keeps_resources_until_reconcile(
         "reconcile_node", m1["node_id"], 0, json.dumps({"running": [{"member_id": m1["id"], "pid": 1}]})
     )
     assert result[0]["reconcile_node"]["restored"] == 1
-    assert [m["state"] for m in members_of(db, job_id)] == ["running", "running"]
+    members = members_of(db, job_id)
+    assert [m["state"] for m in members] == ["running", "running"]
+    assert [m["contact_lost_at"] for m in members] == [None, None]
+    assert db.fetch_all("SELECT member_id FROM v_uncertain") == []
 
 
 def test_reconnected_node_without_the_member_fails_it(db: Database, setup: dict) -> None:
@@ -206,9 +211,12 @@ def test_reconnected_node_without_the_member_fails_it(db: Database, setup: dict)
     (m,) = run_to_running(db, job_id)
     db.fetch_all("UPDATE nodes SET last_heartbeat_at = now() - interval '1 hour' RETURNING id")
     db.call("sweep_lost_nodes")
-    db.call("reconcile_node", m["node_id"], 0, '{"running": []}')
+    epoch = db.call("node_session_opened", m["node_id"], "127.0.0.1", "test")[0]["epoch"]
+    db.call("reconcile_node", m["node_id"], epoch, '{"running": []}')
     j = job(db, job_id)
-    assert j["state"] == "failed" and "no longer runs it" in j["state_reason"]
+    assert j["state"] == "failed" and "does not run it" in j["state_reason"]
+    # released, and KILLed all the same in case something of it still runs
+    assert _commands(db, "kill")[-1]["payload"]["member_ids"] == [m["id"]]
     assert _held(db) == 0
 
 

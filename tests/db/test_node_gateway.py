@@ -82,6 +82,8 @@ def test_agent_enrolls_connects_reports_capacity_and_runs_commands_in_order(
             task = asyncio.create_task(session.run())
             await asyncio.wait_for(session.connected.wait(), 10)
             node_id = session.ctx.node_id
+            # Commands flow once the session reconciled (the launch hook does this in `tuneplane node`).
+            await session.report("reconcile", {"running": [], "exited": []})
             for i in range(5):
                 await asyncio.to_thread(
                     db.call, "enqueue_node_command", node_id, "test.record", Jsonb({"i": i}), "t"

@@ -16,8 +16,12 @@ from tests.helpers import wait_for
 from tests.node_helpers import enroll, events, fast_thresholds, make_fleet, make_token
 
 
-def _open(db: Database, node_id: int) -> int:
-    return db.call("node_session_opened", node_id, "127.0.0.1", "test")[0]["epoch"]
+def _open(db: Database, node_id: int, reconcile: bool = True) -> int:
+    """A session as the agent opens it: commands flow only once it has reconciled."""
+    epoch = db.call("node_session_opened", node_id, "127.0.0.1", "test")[0]["epoch"]
+    if reconcile:
+        db.call("reconcile_node", node_id, epoch, Jsonb({"running": [], "exited": []}))
+    return epoch
 
 
 def test_enrollment_token_is_one_time_and_stored_hashed(db: Database) -> None:
@@ -302,13 +306,29 @@ def test_outbox_delivers_in_order_once_per_session_and_again_after_reconnect(db:
     assert [r["id"] for r in first] == ids[:2]
     assert [r["id"] for r in db.call("claim_node_commands", node_id, epoch, 10)] == ids[2:]
     assert db.call("claim_node_commands", node_id, epoch, 10) == []
-    db.call("ack_node_command", node_id, ids[0], Jsonb({"ok": 1}), None)
-    db.call("ack_node_command", node_id, ids[0], Jsonb({"ok": 2}), None)  # a duplicate ack keeps the first
+    db.call("ack_node_command", node_id, epoch, ids[0], Jsonb({"ok": 1}), None)
+    db.call("ack_node_command", node_id, epoch, ids[0], Jsonb({"ok": 2}), None)  # a duplicate keeps the first
     assert db.fetch_one("SELECT result FROM node_commands WHERE id = %s", (ids[0],))["result"] == {"ok": 1}
     new_epoch = _open(db, node_id)
     assert [r["id"] for r in db.call("claim_node_commands", node_id, new_epoch, 10)] == ids[1:]
     with pytest.raises(Refusal):
-        db.call("ack_node_command", node_id + 999, ids[1], None, None)
+        db.call("ack_node_command", node_id, new_epoch, ids[1] + 999, None, None)
+    with pytest.raises(Refusal) as replaced:  # an ack from a replaced session is refused
+        db.call("ack_node_command", node_id, epoch, ids[1], None, None)
+    assert replaced.value.status == 409
+
+
+def test_commands_are_withheld_from_a_session_until_it_reconciled(db: Database) -> None:
+    make_fleet(db)
+    node, _ = enroll(db, make_token(db), "n1")
+    node_id = node["node_id"]
+    epoch = _open(db, node_id, reconcile=False)
+    db.call("enqueue_node_command", node_id, "ping", Jsonb({}), "test")
+    assert db.call("claim_node_commands", node_id, epoch, 10) == []
+    assert db.call("nodes_with_pending_commands", [node_id]) == []
+    db.call("reconcile_node", node_id, epoch, Jsonb({"running": [], "exited": []}))
+    assert db.call("nodes_with_pending_commands", [node_id]) == [{"node_id": node_id}]
+    assert len(db.call("claim_node_commands", node_id, epoch, 10)) == 1
 
 
 def test_concurrent_claims_of_one_session_never_hand_out_a_command_twice(db_url: str, db: Database) -> None:

@@ -217,6 +217,18 @@ class Cluster:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.diagnose(job_id)}") from None
 
+    def wait_contact_lost(self, job_id: int, timeout: float = 20.0) -> list[dict]:
+        """Every member of the job marked contact-lost (its state is kept: contact loss is not a state)."""
+
+        def reached() -> list[dict] | None:
+            rows = self.members(job_id)
+            return rows if rows and all(m["contact_lost_at"] is not None for m in rows) else None
+
+        try:
+            return wait_for(reached, timeout=timeout, what=f"members of job {job_id} contact-lost")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.diagnose(job_id)}") from None
+
     def held(self) -> int:
         return self.db.fetch_one("SELECT count(*) AS n FROM members WHERE released_at IS NULL")["n"]
 

@@ -176,7 +176,7 @@ def test_one_members_failed_prepare_aborts_the_launch_and_nothing_starts_anywher
     assert b_check is None or b_check["ok"] is True
 
 
-def test_killed_agent_leaves_its_member_unknown_and_held_until_the_restarted_agent_reconciles(
+def test_killed_agent_leaves_its_member_running_contact_lost_and_held_until_the_restarted_agent_reconciles(
     cluster: Cluster,
 ) -> None:
     agent = cluster.start_agent("a")
@@ -187,15 +187,20 @@ def test_killed_agent_leaves_its_member_unknown_and_held_until_the_restarted_age
     wait_for(lambda: _started(cluster, member), timeout=20, what="workload started")
     tag = _member_tag(cluster, "a", member["id"])
     cluster.kill9(agent)
-    (member,) = cluster.wait_members(job_id, "unknown", timeout=20)
-    assert "lost contact" in member["reason"] and member["released_at"] is None
+    (member,) = cluster.wait_contact_lost(job_id)
+    assert member["state"] == "running" and "lost contact" in member["reason"]
+    assert member["released_at"] is None
     assert cluster.held() == 1
     assert tagged(tag), "the workload must survive its agent's crash"
     assert cluster.job(job_id)["state"] == "running"
 
     cluster.start_agent("a", enroll=False)
-    (member,) = cluster.wait_members(job_id, "running", timeout=20)
-    assert "reconnected" in member["reason"]
+    (member,) = wait_for(
+        lambda: [m for m in cluster.members(job_id) if m["contact_lost_at"] is None],
+        timeout=20,
+        what="contact restored by the reconcile",
+    )
+    assert member["state"] == "running" and "reconnected" in member["reason"]
     flag.write_text("go")
     job = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=30)
     assert job["state"] == "succeeded", cluster.diagnose(job_id)
@@ -213,7 +218,7 @@ def test_fencing_a_lost_node_releases_its_resources_and_its_returning_agent_kill
     wait_for(lambda: _started(cluster, member), timeout=20, what="workload started")
     tag = _member_tag(cluster, "a", member["id"])
     cluster.kill9(agent)
-    cluster.wait_members(job_id, "unknown", timeout=20)
+    cluster.wait_contact_lost(job_id)
     assert cluster.held() == 1
     cluster.db.call("fence_node", "gpu/a", "e2e: declared dead", "user:test")
     (member,) = cluster.members(job_id)

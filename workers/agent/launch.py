@@ -562,8 +562,16 @@ class LaunchAgent:
         for member_id in member_ids:
             record = self.store.get(member_id)
             if record is not None and record.state == "running":
+                # The acknowledgement of KILL is the control plane's proof that nothing of the member
+                # runs any more (it releases what the member held): wait until its processes are gone.
                 await self.stop(member_id, reason, grace=2.0)
-                killed[str(member_id)] = "stopping"
+                killer = self.killers.get(member_id)
+                if killer is not None:
+                    await asyncio.wait_for(asyncio.shield(killer), timeout=10.0)
+                left = await asyncio.to_thread(self.processes_of, record)
+                if left:
+                    raise CommandFailed(f"member {member_id}: {len(left)} process(es) still alive after KILL")
+                killed[str(member_id)] = "killed"
                 continue
             pids = await asyncio.to_thread(tagged, member_tag(self.paths, member_id))
             signal_all(pids, signal.SIGKILL)
@@ -613,7 +621,8 @@ class LaunchAgent:
             result = await self.send("reconcile", {"running": running, "exited": exited})
         except (ConnectionError, TimeoutError, RuntimeError, Refused) as exc:
             _say(self.ctx, f"reconcile not sent ({exc})")
-            return
+            # No command reaches a session that has not reconciled: end it so the next one tries again.
+            raise ConnectionError(f"reconcile not accepted: {exc}") from exc
         _say(
             self.ctx,
             f"reconciled: running {[r['member_id'] for r in running]}, ended "

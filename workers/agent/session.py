@@ -134,7 +134,10 @@ class ControlSession:
             tasks.append(asyncio.create_task(self._heartbeats(interval)))
             tasks.append(asyncio.create_task(self._run_commands()))
             tasks.append(asyncio.create_task(self._report_capacity()))
-            tasks.extend(asyncio.create_task(hook(self.ctx)) for hook in SESSION_HOOKS)
+            for hook in SESSION_HOOKS:
+                task = asyncio.create_task(hook(self.ctx))
+                task.add_done_callback(self._hook_done)
+                tasks.append(task)
             self.connected.set()
             return await self._receive_loop()
         finally:
@@ -147,6 +150,14 @@ class ControlSession:
                     future.set_exception(ConnectionError("control connection closed"))
             if not self.ws.closed:
                 await self.ws.close()
+
+    def _hook_done(self, task: asyncio.Task) -> None:
+        """A session hook that failed (e.g. reconcile not accepted) ends the session: the control plane
+        delivers no command to a session that has not reconciled, so a new session must try again."""
+        if task.cancelled() or task.exception() is None or self.ws is None or self.ws.closed:
+            return
+        self.say(f"session set-up failed ({task.exception()}); reconnecting")
+        asyncio.get_running_loop().create_task(self.ws.close())
 
     def _first_message(self, message: aiohttp.WSMessage) -> dict:
         if message.type == aiohttp.WSMsgType.TEXT:

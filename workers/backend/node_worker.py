@@ -9,7 +9,7 @@ older than --heartbeat-timeout, and that worker's claim fences the dead one off.
 Placement loop (in the same process): LISTEN on `tuneplane_placement` (capacity came free) and
 `tuneplane_job_queued` (a confirmation), with a bounded poll as the fallback (GUIDE-postgres rule 1).
 Each pass runs reserve_next for the node-backend fleets with queued jobs, then the sweeps:
-expire_prepare_deadlines, sweep_lost_nodes and requeue_stalled_launches.
+expire_prepare_deadlines, sweep_lost_nodes, expire_member_deadlines and requeue_stalled_launches.
 """
 
 from __future__ import annotations
@@ -145,12 +145,14 @@ class NodeWorker:
 
     async def sweeps(self) -> None:
         expired = (await self.db.call_one("expire_prepare_deadlines"))["expire_prepare_deadlines"]
-        unknown = (await self.db.call_one("sweep_lost_nodes"))["sweep_lost_nodes"]
+        lost = (await self.db.call_one("sweep_lost_nodes"))["sweep_lost_nodes"]
+        killed = (await self.db.call_one("expire_member_deadlines"))["expire_member_deadlines"]
         requeued = (await self.db.call_one("requeue_stalled_launches"))["requeue_stalled_launches"]
-        if expired or unknown or requeued:
+        if expired or lost or killed or requeued:
             self.say(
-                f"sweep: {expired} launch(es) past their prepare deadline aborted, {unknown} member(s) "
-                f"now unknown, {requeued} stalled launch(es) re-enqueued"
+                f"sweep: {expired} launch(es) past their prepare deadline aborted, {lost} member(s) lost "
+                f"contact, {killed} member(s) past their start/stop deadline sent KILL, {requeued} stalled "
+                "launch(es) re-enqueued"
             )
 
     async def _listen(self) -> None:
