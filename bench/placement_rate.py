@@ -1,8 +1,12 @@
 """Placements per second in SQL with 1,000 simulated nodes in one fleet (target: 1,000/s or more).
 
-Two measurements in the same run, both against the real stored functions on an embedded PostgreSQL:
-  batch  - 4,000 queued jobs (mostly 1 node, some 2; 1, 2 or 4 GPUs), reserve_next passes of --pass-size
-           jobs until the fleet is full;
+Three measurements in the same run, on an embedded PostgreSQL:
+  batch  - 4,000 queued jobs (mostly 1 node, some 2; 1, 2 or 4 GPUs), reserve_next passes placing at most
+           --pass-size jobs each until the fleet is full (the real stored function);
+  bare   - the floor: the same allocation rows the batch wrote (attempts, members, gpu_allocations), copied
+           with plain INSERT … SELECT into tables of the same shape and indexes (no triggers, no foreign
+           keys, no search, no job events, no queue), in transactions of --pass-size placements; the ratio
+           batch/bare says what the placement logic costs on top of writing its rows;
   single - one job queued at a time, one reserve_next call per job (the latency-bound path).
 Run: .venv/bin/python bench/placement_rate.py [--nodes 1000] [--jobs 4000] [--pass-size 250]
 """
@@ -29,7 +33,8 @@ SETUP = """
 INSERT INTO tuneplane.users (username, role) VALUES ('bench', 'user');
 INSERT INTO tuneplane.fleets (name, backend) VALUES ('bench', 'node');
 INSERT INTO tuneplane.nodes (fleet_id, name, cpus, memory_bytes, address, last_heartbeat_at)
-SELECT 1, 'n' || i, 128, 1024::bigint ^ 4, '10.0.0.1', now() + interval '1 hour'
+SELECT 1, 'n' || i, 128, 1024::bigint ^ 4, '10.0.' || (i / 250) || '.' || (i % 250 + 1),
+       now() + interval '1 hour'
   FROM generate_series(1, {nodes}) i;
 INSERT INTO tuneplane.node_gpus (node_id, gpu_index, model, simulated)
 SELECT n.id, g, 'Simulated GPU', true FROM tuneplane.nodes n, generate_series(0, 7) g;
@@ -59,8 +64,35 @@ RESET = [
     "SELECT tuneplane.release_member(id) FROM tuneplane.members WHERE released_at IS NULL",
     "DELETE FROM public.pgqueuer",
 ]
+BARE_TABLES = ("attempts", "members", "gpu_allocations")
+BARE_INSERT = {
+    "attempts": "INSERT INTO bare_attempts SELECT * FROM tuneplane.attempts WHERE id = ANY(%(ids)s)",
+    "members": "INSERT INTO bare_members SELECT * FROM tuneplane.members WHERE attempt_id = ANY(%(ids)s)",
+    "gpu_allocations": "INSERT INTO bare_gpu_allocations SELECT g.* FROM tuneplane.gpu_allocations g"
+    " JOIN tuneplane.members m ON m.id = g.member_id WHERE m.attempt_id = ANY(%(ids)s)",
+}
 DOUBLE = """SELECT count(*) FROM (SELECT node_id, gpu_index FROM tuneplane.gpu_allocations
                                  WHERE released_at IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d"""
+
+
+def bare_inserts(conn: psycopg.Connection, pass_sizes: list[int]) -> float:
+    """Seconds to INSERT the placements' rows again into look-alike tables, one transaction per pass."""
+    for table in BARE_TABLES:
+        conn.execute(
+            f"CREATE TEMP TABLE bare_{table} (LIKE tuneplane.{table} INCLUDING DEFAULTS INCLUDING INDEXES)"
+        )
+    attempts = [r[0] for r in conn.execute("SELECT id FROM tuneplane.attempts ORDER BY id").fetchall()]
+    took = 0.0
+    start = 0
+    for size in pass_sizes:
+        ids = attempts[start : start + size]
+        start += size
+        t0 = time.perf_counter()
+        with conn.transaction():
+            for table in BARE_TABLES:
+                conn.execute(BARE_INSERT[table], {"ids": ids})
+        took += time.perf_counter() - t0
+    return took
 
 
 def measure(url: str, args: argparse.Namespace) -> None:
@@ -79,6 +111,7 @@ def measure(url: str, args: argparse.Namespace) -> None:
                 break
         placed = sum(n for n, _ in passes)
         placing_time = sum(t for n, t in passes if n)
+        bare_time = bare_inserts(conn, [n for n, _ in passes if n])
         for statement in RESET:
             conn.execute(statement)
         single: list[float] = []
@@ -105,6 +138,11 @@ def measure(url: str, args: argparse.Namespace) -> None:
     print(
         f"single: {len(single)} calls, one job each: {single_rate:,.0f}/s "
         f"(ratio to target: {single_rate / TARGET:.2f}); p50 {p50:.2f} ms, p99 {p99:.2f} ms"
+    )
+    bare_rate = placed / bare_time
+    print(
+        f"bare:   the same rows by plain INSERT in {bare_time:.2f} s = {bare_rate:,.0f} placements/s; "
+        f"placement / bare INSERT = {batch_rate / bare_rate:.2f}"
     )
     print(f"GPUs allocated twice: {doubles}")
 

@@ -70,8 +70,11 @@ def launch_details(db: Database, user_id: int, job_id: int, state: str) -> dict:
                 "head_job_id": row["head_job_id"],
                 "waiting_seconds": row["waiting"].total_seconds(),
                 "reason": row["state_reason"],
-                "text": waiting_text(row),
+                # The figures of the moment are not part of the stored reason (a placement pass would
+                # rewrite every waiting job each time capacity moves); they are computed on read.
+                "fit_now": db.call("placement_fit_now", job_id)[0]["placement_fit_now"],
             }
+            waiting["text"] = f"{waiting_text(row)}; {waiting['fit_now']}"
     latest = attempts[0]["number"] if attempts else None
     return {
         "terminal": state in TERMINAL,

@@ -8,6 +8,8 @@
 --   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
 --
 -- Drops (signature changes):
+-- reserve_next writes its placements set-based now; its per-placement helper is gone.
+DROP FUNCTION IF EXISTS tuneplane.reserve_job_on(tuneplane.jobs, bigint[]);
 
 CREATE OR REPLACE FUNCTION tuneplane.node_usage_follow_nodes() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -42,6 +44,11 @@ CREATE OR REPLACE TRIGGER node_usage_on_gpu_delete AFTER DELETE ON tuneplane.nod
 CREATE OR REPLACE TRIGGER launch_decisions_immutable
     BEFORE UPDATE OR DELETE ON tuneplane.launch_decisions
     FOR EACH ROW EXECUTE FUNCTION tuneplane.refuse_change();
+
+-- Decisions are forever: TRUNCATE (which skips row triggers) is refused too.
+CREATE OR REPLACE TRIGGER launch_decisions_no_truncate
+    BEFORE TRUNCATE ON tuneplane.launch_decisions
+    FOR EACH STATEMENT EXECUTE FUNCTION tuneplane.refuse_change();
 
 -- Eligible nodes of a fleet with their free capacity right now.
 CREATE OR REPLACE FUNCTION tuneplane.fleet_free_capacity(p_fleet_id bigint)
@@ -87,91 +94,72 @@ BEGIN
 END;
 $$;
 
--- reserve_job_on: allocate the envelope of p_job on p_nodes (rank order) as a new attempt. Returns the
--- attempt id. Enqueues the pgqueuer `launch` job in the same transaction. Set-based (one statement for
--- all members and their GPUs) because placement throughput is bounded by statements per placement.
-CREATE OR REPLACE FUNCTION tuneplane.reserve_job_on(p_job tuneplane.jobs, p_nodes bigint[])
-RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_attempt   bigint;
-    v_number    integer;
-    v_settings  tuneplane.launch_settings;
-BEGIN
-    SELECT * INTO v_settings FROM tuneplane.launch_settings;
-    SELECT coalesce(max(number), 0) + 1 INTO v_number FROM tuneplane.attempts WHERE job_id = p_job.id;
-    INSERT INTO tuneplane.attempts (job_id, number, fleet_id, reason, master_addr, master_port)
-    VALUES (p_job.id, v_number, p_job.fleet_id, 'reserved',
-            (SELECT address FROM tuneplane.nodes WHERE id = p_nodes[1]),
-            v_settings.rendezvous_port_base + ((p_job.id * 31 + v_number) % v_settings.rendezvous_port_span))
-    RETURNING id INTO v_attempt;
-
-    WITH picks AS (
-        SELECT r.ord - 1 AS rank, r.node_id,
-               (SELECT coalesce(array_agg(x.gpu_index ORDER BY x.gpu_index), '{}')
-                  FROM (SELECT ng.gpu_index FROM tuneplane.node_gpus ng
-                         WHERE ng.node_id = r.node_id
-                           AND NOT EXISTS (SELECT 1 FROM tuneplane.gpu_allocations a
-                                            WHERE a.node_id = ng.node_id AND a.gpu_index = ng.gpu_index
-                                              AND a.released_at IS NULL)
-                         ORDER BY ng.gpu_index
-                         LIMIT p_job.gpus_per_node) x) AS gpus
-          FROM unnest(p_nodes) WITH ORDINALITY AS r (node_id, ord)
-    ), added AS (
-        INSERT INTO tuneplane.members (attempt_id, job_id, rank, node_id, gpu_indices, cpus, memory_bytes)
-        SELECT v_attempt, p_job.id, picks.rank, picks.node_id, picks.gpus, p_job.cpus_per_node, p_job.memory_per_node
-          FROM picks
-        RETURNING id, node_id, gpu_indices
-    )
-    INSERT INTO tuneplane.gpu_allocations (member_id, node_id, gpu_index)
-    SELECT added.id, added.node_id, unnest(added.gpu_indices) FROM added;
-
-    IF EXISTS (SELECT 1 FROM tuneplane.members
-                WHERE attempt_id = v_attempt AND cardinality(gpu_indices) < p_job.gpus_per_node) THEN
-        RAISE EXCEPTION 'a node has fewer free GPUs than its usage row says' USING ERRCODE = 'TP500';
-    END IF;
-    UPDATE tuneplane.node_usage
-       SET used_gpus = used_gpus + p_job.gpus_per_node,
-           used_cpus = used_cpus + p_job.cpus_per_node,
-           used_memory = used_memory + p_job.memory_per_node
-     WHERE node_id = ANY (p_nodes);
-    PERFORM tuneplane.set_job_state(p_job.id, 'reserved',
-        format('reserved %s on %s (attempt %s); waiting for a worker to prepare it',
-               tuneplane.describe_request(p_job),
-               (SELECT string_agg(name, ', ' ORDER BY array_position(p_nodes, id))
-                  FROM tuneplane.nodes WHERE id = ANY (p_nodes)),
-               v_number),
-        jsonb_build_object('attempt', v_number, 'nodes', to_jsonb(p_nodes)));
-    -- Same transaction as the reservation (GUIDE-postgres rule 6); the dedupe key makes it once.
-    INSERT INTO public.pgqueuer (priority, status, entrypoint, payload, dedupe_key)
-    VALUES (greatest(least(p_job.priority, 1000), -1000), 'queued', 'launch',
-            convert_to(jsonb_build_object('attempt_id', v_attempt)::text, 'UTF8'), 'launch:' || v_attempt)
-    ON CONFLICT DO NOTHING;
-    RETURN v_attempt;
-END;
-$$;
-
--- reserve_next: one placement pass over a fleet's queue. Serialized per fleet by a transaction-level
--- advisory lock. Reserves every job that fits (see the backfill rule above) and refreshes the reason of
--- every job that does not. Returns the attempts it created.
--- Why no snapshot table: each candidate search is an index range scan on node_usage_fit that sees this
--- transaction's own allocations, and stops at the first nodes that fit (best fit = fewest free GPUs).
+-- reserve_next: one placement pass over a fleet's queue; returns the attempts it created.
+-- Serialized per fleet by a transaction-level advisory lock. Walks EVERY queued job of the fleet in queue
+-- order (no count cap: a job that fits behind thousands that do not is placed); p_max_jobs bounds how many
+-- jobs one pass places (NULL: no bound), so one transaction stays short; the worker runs another pass when
+-- a pass hit the bound.
+--   * Each placed job's whole envelope (every member's node, GPU indices, CPUs, memory) becomes a new
+--     attempt `reserved`, and its pgqueuer `launch` job is enqueued in the same transaction.
+--   * Node rows: the candidate search locks the nodes it picks FOR KEY SHARE SKIP LOCKED and re-reads them
+--     under that lock. fence_node and change_node_scheduling (cordon/drain/retire) lock the node FOR UPDATE
+--     first, so a node being fenced, cordoned or retired right now is skipped, one fenced before this
+--     statement is not eligible, and one fenced after it waits for this pass to commit and then sees (and
+--     releases) what the pass reserved. Heartbeats (FOR NO KEY UPDATE) do not conflict with KEY SHARE.
+--   * Queued jobs are read without a lock; a job is locked (FOR UPDATE SKIP LOCKED, still `queued`) only
+--     when it fits, so a pass writes nothing for a job it cannot place unless that job's reason changes.
+--   * Capacity only shrinks inside a pass, so a request shape (nodes, GPUs, CPUs, memory) that found no fit
+--     is not searched again in the same pass.
+--   * Rendezvous: rank 0's node address and a port from launch_settings' range that no live attempt uses at
+--     that address (preferred: base + (job id * 31 + attempt number) mod span; the next free one otherwise).
+--     The partial unique index attempts_rendezvous_live (0065) is the truth behind that rule.
+--   * Writes are batched per pass: one INSERT for all attempts, one for all members and their GPUs, one for
+--     the pgqueuer jobs (its NOTIFY trigger is per statement); per placement only the candidate search, the
+--     job lock, the port probe and the node_usage update (later searches must see it) run in the loop.
+--     Job state and reasons go through set_job_state, which writes (and makes an event) only on change.
+-- Reasons of jobs it cannot place are stable words (needs, head or behind which job), never the figures of
+-- the moment, so a pass rewrites a reason only when the job's situation changes; the "best fit now" figures
+-- are computed when read (placement_fit_now).
 CREATE OR REPLACE FUNCTION tuneplane.reserve_next(p_fleet_id bigint, p_max_jobs integer DEFAULT 1000)
 RETURNS TABLE (job_id bigint, attempt_id bigint)
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_job        tuneplane.jobs;
-    v_nodes      bigint[];
-    v_head       tuneplane.jobs;
-    v_claim      bigint[] := '{}';
-    v_fit        integer;
-    v_best       text;
-    v_reason     text;
-    v_fresh      timestamptz;
-    v_fits       jsonb := '{}';
-    v_shape      text;
+    v_job       tuneplane.jobs;
+    v_nodes     bigint[];
+    v_names     text[];
+    v_addr      text;
+    v_head_id   bigint;
+    v_head      tuneplane.jobs;
+    v_claim     bigint[] := '{}';
+    v_fresh     timestamptz;
+    v_settings  tuneplane.launch_settings;
+    v_failed    text[] := '{}';
+    v_shape     text;
+    v_number    integer;
+    v_port      integer;
+    v_tries     integer;
+    v_reason    text;
+    v_short     integer;
+    -- This pass's placements (index i), written set-based after the walk.
+    p_job       bigint[] := '{}';
+    p_number    integer[] := '{}';
+    p_addr      text[] := '{}';
+    p_port      integer[] := '{}';
+    p_prio      integer[] := '{}';
+    p_reason    text[] := '{}';
+    p_detail    jsonb[] := '{}';
+    p_rdv       text[] := '{}';
+    -- Their members, in placement order.
+    m_job       bigint[] := '{}';
+    m_rank      integer[] := '{}';
+    m_node      bigint[] := '{}';
+    m_gpus      integer[] := '{}';
+    m_cpus      integer[] := '{}';
+    m_memory    bigint[] := '{}';
+    v_attempts  bigint[];
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
+    SELECT * INTO v_settings FROM tuneplane.launch_settings;
     -- Connected = heartbeat younger than stale_after (the same rule as node_connectivity()).
     SELECT now() - s.stale_after INTO v_fresh FROM tuneplane.node_settings s;
 
@@ -179,65 +167,101 @@ BEGIN
         SELECT * FROM tuneplane.jobs j
          WHERE j.fleet_id = p_fleet_id AND j.state = 'queued'
          ORDER BY j.priority DESC, j.created_at, j.id
-         LIMIT p_max_jobs
-         FOR UPDATE SKIP LOCKED
     LOOP
-        SELECT coalesce(array_agg(c.node_id ORDER BY c.free_gpus, c.node_id), '{}') INTO v_nodes
-          FROM (SELECT u.node_id, u.free_gpus
-                  FROM tuneplane.node_usage u
-                  JOIN tuneplane.nodes n ON n.id = u.node_id
-                 WHERE u.fleet_id = p_fleet_id
-                   AND u.free_gpus >= v_job.gpus_per_node
-                   AND n.cpus - u.used_cpus >= v_job.cpus_per_node
-                   AND n.memory_bytes - u.used_memory >= v_job.memory_per_node
-                   AND n.scheduling_state = 'active' AND n.fenced_at IS NULL AND n.last_heartbeat_at > v_fresh
-                   AND (v_head.id IS NULL
-                        OR NOT u.node_id = ANY (v_claim)
-                        OR (u.free_gpus - v_job.gpus_per_node >= v_head.gpus_per_node
-                            AND n.cpus - u.used_cpus - v_job.cpus_per_node >= v_head.cpus_per_node
-                            AND n.memory_bytes - u.used_memory - v_job.memory_per_node >= v_head.memory_per_node))
-                 ORDER BY u.free_gpus, u.node_id
-                 LIMIT v_job.nodes) c;
+        EXIT WHEN p_max_jobs IS NOT NULL AND cardinality(p_job) >= p_max_jobs;
+        v_shape := format('%s/%s/%s/%s', v_job.nodes, v_job.gpus_per_node, v_job.cpus_per_node,
+                          v_job.memory_per_node);
+        v_nodes := '{}';
+        IF NOT v_shape = ANY (v_failed) THEN
+            -- Best fit (fewest free GPUs first), an index range scan on node_usage_fit that sees this pass's
+            -- own allocations; the picked node rows are locked and re-checked (see above).
+            SELECT coalesce(array_agg(c.node_id ORDER BY c.free_gpus, c.node_id), '{}'),
+                   coalesce(array_agg(c.name ORDER BY c.free_gpus, c.node_id), '{}'),
+                   (array_agg(c.address ORDER BY c.free_gpus, c.node_id))[1]
+              INTO v_nodes, v_names, v_addr
+              FROM (SELECT u.node_id, u.free_gpus, n.name, n.address
+                      FROM tuneplane.node_usage u
+                      JOIN tuneplane.nodes n ON n.id = u.node_id
+                     WHERE u.fleet_id = p_fleet_id
+                       AND u.free_gpus >= v_job.gpus_per_node
+                       AND n.cpus - u.used_cpus >= v_job.cpus_per_node
+                       AND n.memory_bytes - u.used_memory >= v_job.memory_per_node
+                       AND n.scheduling_state = 'active' AND n.fenced_at IS NULL AND n.last_heartbeat_at > v_fresh
+                       AND (v_head_id IS NULL
+                            OR NOT u.node_id = ANY (v_claim)
+                            OR (u.free_gpus - v_job.gpus_per_node >= v_head.gpus_per_node
+                                AND n.cpus - u.used_cpus - v_job.cpus_per_node >= v_head.cpus_per_node
+                                AND n.memory_bytes - u.used_memory - v_job.memory_per_node >= v_head.memory_per_node))
+                     ORDER BY u.free_gpus, u.node_id
+                     LIMIT v_job.nodes
+                       FOR KEY SHARE OF n SKIP LOCKED) c;
+        END IF;
 
-        IF coalesce(array_length(v_nodes, 1), 0) = v_job.nodes THEN
-            attempt_id := tuneplane.reserve_job_on(v_job, v_nodes);
-            job_id := v_job.id;
-            -- Capacity changed: recompute the "why not" figures when next needed.
-            v_best := NULL;
-            v_fits := '{}';
-            RETURN NEXT;
+        IF cardinality(v_nodes) = v_job.nodes THEN
+            -- It fits: lock the job (a concurrent cancel holds it: skip it) and number the attempt.
+            SELECT (SELECT coalesce(max(a.number), 0) + 1 FROM tuneplane.attempts a WHERE a.job_id = j.id)
+              INTO v_number
+              FROM tuneplane.jobs j
+             WHERE j.id = v_job.id AND j.state = 'queued'
+               FOR UPDATE OF j SKIP LOCKED;
+            CONTINUE WHEN NOT FOUND;
+            -- A rendezvous port no live attempt uses at rank 0's address (normally the preferred one).
+            v_port := v_settings.rendezvous_port_base
+                      + ((v_job.id * 31 + v_number) % v_settings.rendezvous_port_span)::integer;
+            v_tries := 0;
+            WHILE v_addr IS NOT NULL
+                  AND ((v_addr || ':' || v_port) = ANY (p_rdv)
+                       OR EXISTS (SELECT 1 FROM tuneplane.attempts a
+                                   WHERE a.master_addr = v_addr AND a.master_port = v_port
+                                     AND a.state IN ('reserved', 'preparing', 'running', 'stopping'))) LOOP
+                v_tries := v_tries + 1;
+                IF v_tries >= v_settings.rendezvous_port_span THEN
+                    v_port := NULL;
+                    EXIT;
+                END IF;
+                v_port := v_settings.rendezvous_port_base
+                          + ((v_port - v_settings.rendezvous_port_base + 1) % v_settings.rendezvous_port_span);
+            END LOOP;
+            IF v_port IS NULL THEN
+                -- Not placed this pass (nothing was taken yet); the operator widens the port range.
+                v_reason := format('waiting for a rendezvous port: every port of %s..%s is in use at %s '
+                                   '(launch_settings.rendezvous_port_span)', v_settings.rendezvous_port_base,
+                                   v_settings.rendezvous_port_base + v_settings.rendezvous_port_span - 1, v_addr);
+                IF v_job.state_reason IS DISTINCT FROM v_reason THEN
+                    PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
+                END IF;
+                CONTINUE;
+            END IF;
+            UPDATE tuneplane.node_usage
+               SET used_gpus = used_gpus + v_job.gpus_per_node,
+                   used_cpus = used_cpus + v_job.cpus_per_node,
+                   used_memory = used_memory + v_job.memory_per_node
+             WHERE node_id = ANY (v_nodes);
+            p_job := p_job || v_job.id;
+            p_number := p_number || v_number;
+            p_addr := p_addr || v_addr;
+            p_port := p_port || v_port;
+            p_rdv := p_rdv || (v_addr || ':' || v_port);
+            p_prio := p_prio || greatest(least(v_job.priority, 1000), -1000);
+            p_reason := p_reason || format('reserved %s on %s (attempt %s); waiting for a worker to prepare it',
+                                           tuneplane.describe_request(v_job), array_to_string(v_names, ', '),
+                                           v_number);
+            p_detail := p_detail || jsonb_build_object('attempt', v_number, 'nodes', to_jsonb(v_nodes));
+            FOR i IN 1 .. v_job.nodes LOOP
+                m_job := m_job || v_job.id;
+                m_rank := m_rank || (i - 1);
+                m_node := m_node || v_nodes[i];
+                m_gpus := m_gpus || v_job.gpus_per_node;
+                m_cpus := m_cpus || v_job.cpus_per_node;
+                m_memory := m_memory || v_job.memory_per_node;
+            END LOOP;
             CONTINUE;
         END IF;
 
-        -- Why not: how many nodes could take one member now (counted once per request shape while
-        -- capacity is unchanged), and the roomiest node.
-        v_shape := format('%s/%s/%s', v_job.gpus_per_node, v_job.cpus_per_node, v_job.memory_per_node);
-        v_fit := (v_fits ->> v_shape)::integer;
-        IF v_fit IS NULL THEN
-            SELECT count(*) INTO v_fit
-              FROM tuneplane.node_usage u JOIN tuneplane.nodes n ON n.id = u.node_id
-             WHERE u.fleet_id = p_fleet_id AND u.free_gpus >= v_job.gpus_per_node
-               AND n.cpus - u.used_cpus >= v_job.cpus_per_node
-               AND n.memory_bytes - u.used_memory >= v_job.memory_per_node
-               AND n.scheduling_state = 'active' AND n.fenced_at IS NULL AND n.last_heartbeat_at > v_fresh;
-            v_fits := v_fits || jsonb_build_object(v_shape, v_fit);
-        END IF;
-        IF v_best IS NULL THEN
-            SELECT coalesce(max(format('largest free: %s GPUs, %s CPUs on %s', u.free_gpus, n.cpus - u.used_cpus,
-                                       n.name)), 'no schedulable connected node in the fleet')
-              INTO v_best
-              FROM (SELECT u2.node_id FROM tuneplane.node_usage u2 JOIN tuneplane.nodes n2 ON n2.id = u2.node_id
-                     WHERE u2.fleet_id = p_fleet_id AND n2.scheduling_state = 'active' AND n2.fenced_at IS NULL
-                       AND n2.last_heartbeat_at > v_fresh
-                     ORDER BY u2.free_gpus DESC, n2.cpus - u2.used_cpus DESC, u2.node_id
-                     LIMIT 1) b
-              JOIN tuneplane.node_usage u ON u.node_id = b.node_id
-              JOIN tuneplane.nodes n ON n.id = b.node_id;
-        END IF;
-        v_reason := format('waiting for resources: needs %s; best fit now: %s node%s can take a member (%s)',
-                           tuneplane.describe_request(v_job), v_fit, CASE WHEN v_fit = 1 THEN '' ELSE 's' END,
-                           v_best);
-        IF v_head.id IS NULL THEN
+        v_failed := v_failed || v_shape;
+        v_reason := format('waiting for resources: needs %s', tuneplane.describe_request(v_job));
+        IF v_head_id IS NULL THEN
+            v_head_id := v_job.id;
             v_head := v_job;
             -- The head claims the capable nodes with the most free GPUs now.
             SELECT coalesce(array_agg(x.node_id), '{}') INTO v_claim
@@ -249,16 +273,114 @@ BEGIN
                        AND n.memory_bytes >= v_job.memory_per_node
                      ORDER BY u.free_gpus DESC, n.cpus - u.used_cpus DESC, u.node_id
                      LIMIT v_job.nodes) x;
-            IF coalesce(array_length(v_claim, 1), 0) < v_job.nodes THEN
-                v_reason := v_reason || format('; only %s schedulable node(s) could ever hold a member',
-                                               coalesce(array_length(v_claim, 1), 0));
+            v_short := cardinality(v_claim);
+            IF v_short = 0 THEN
+                v_reason := v_reason || '; at the head of the queue; no schedulable connected node in the fleet '
+                                     || 'can hold a member';
+            ELSIF v_short < v_job.nodes THEN
+                v_reason := v_reason || format('; at the head of the queue; only %s schedulable node(s) could '
+                                               'ever hold a member', v_short);
+            ELSE
+                v_reason := v_reason || '; at the head of the queue, waiting for capacity to free up';
             END IF;
         ELSE
-            v_reason := v_reason || format('; behind job %s at the head of the queue', v_head.id);
+            v_reason := v_reason || format('; behind job %s at the head of the queue', v_head_id);
         END IF;
-        PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
+        -- Only a changed reason is written (the cursor's row is the job as this pass found it).
+        IF v_job.state_reason IS DISTINCT FROM v_reason THEN
+            PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
+        END IF;
     END LOOP;
+
+    IF cardinality(p_job) = 0 THEN
+        RETURN;
+    END IF;
+
+    WITH added AS (
+        INSERT INTO tuneplane.attempts (job_id, number, fleet_id, reason, master_addr, master_port)
+        SELECT p.job_id, p.number, p_fleet_id, 'reserved', p.addr, p.port
+          FROM unnest(p_job, p_number, p_addr, p_port) WITH ORDINALITY AS p (job_id, number, addr, port, i)
+         ORDER BY p.i
+        RETURNING id, attempts.job_id
+    )
+    SELECT array_agg(added.id ORDER BY p.i) INTO v_attempts
+      FROM added JOIN unnest(p_job) WITH ORDINALITY AS p (job_id, i) ON p.job_id = added.job_id;
+
+    -- Members in rank order, each with the lowest free GPU indices of its node: members of this pass on
+    -- one node take consecutive slices of that node's free indices, in placement order.
+    WITH m AS (
+        SELECT x.*, a.attempt_id, sum(x.gpus) OVER (PARTITION BY x.node_id ORDER BY x.i) - x.gpus AS before
+          FROM unnest(m_job, m_rank, m_node, m_gpus, m_cpus, m_memory)
+               WITH ORDINALITY AS x (job_id, rank, node_id, gpus, cpus, memory, i)
+          JOIN unnest(p_job, v_attempts) AS a (job_id, attempt_id) ON a.job_id = x.job_id
+    ), free AS (
+        SELECT ng.node_id, ng.gpu_index, row_number() OVER (PARTITION BY ng.node_id ORDER BY ng.gpu_index) AS k
+          FROM tuneplane.node_gpus ng
+         WHERE ng.node_id IN (SELECT DISTINCT m.node_id FROM m)
+           AND NOT EXISTS (SELECT 1 FROM tuneplane.gpu_allocations a
+                            WHERE a.node_id = ng.node_id AND a.gpu_index = ng.gpu_index AND a.released_at IS NULL)
+    ), picks AS (
+        SELECT m.i, m.attempt_id, m.job_id, m.rank, m.node_id, m.gpus, m.cpus, m.memory,
+               coalesce(array_agg(f.gpu_index ORDER BY f.gpu_index) FILTER (WHERE f.gpu_index IS NOT NULL),
+                        '{}') AS gpu_indices
+          FROM m LEFT JOIN free f ON f.node_id = m.node_id AND f.k > m.before AND f.k <= m.before + m.gpus
+         GROUP BY m.i, m.attempt_id, m.job_id, m.rank, m.node_id, m.gpus, m.cpus, m.memory
+    ), short AS (
+        SELECT count(*) AS n FROM picks WHERE cardinality(picks.gpu_indices) < picks.gpus
+    ), added AS (
+        INSERT INTO tuneplane.members (attempt_id, job_id, rank, node_id, gpu_indices, cpus, memory_bytes)
+        SELECT picks.attempt_id, picks.job_id, picks.rank, picks.node_id,
+               picks.gpu_indices, picks.cpus, picks.memory
+          FROM picks
+         ORDER BY picks.i
+        RETURNING id, node_id, gpu_indices
+    ), allocated AS (
+        INSERT INTO tuneplane.gpu_allocations (member_id, node_id, gpu_index)
+        SELECT added.id, added.node_id, unnest(added.gpu_indices) FROM added
+    )
+    SELECT short.n INTO v_short FROM short;  -- the INSERTs above run to completion either way
+    IF v_short > 0 THEN
+        RAISE EXCEPTION 'a node has fewer free GPUs than its usage row says' USING ERRCODE = 'TP500';
+    END IF;
+
+    -- The one writer of job state (each change is a job_events row with its detail).
+    PERFORM tuneplane.set_job_state(r.job_id, 'reserved', r.reason, r.detail)
+       FROM unnest(p_job, p_reason, p_detail) AS r (job_id, reason, detail);
+
+    -- Same transaction as the reservations (GUIDE-postgres rule 6); the dedupe key makes each one once;
+    -- one statement, so pgqueuer's statement-level NOTIFY trigger fires once per pass.
+    INSERT INTO public.pgqueuer (priority, status, entrypoint, payload, dedupe_key)
+    SELECT q.prio, 'queued', 'launch', convert_to(jsonb_build_object('attempt_id', q.attempt)::text, 'UTF8'),
+           'launch:' || q.attempt
+      FROM unnest(v_attempts, p_prio) AS q (attempt, prio)
+    ON CONFLICT DO NOTHING;
+
+    RETURN QUERY SELECT r.job_id, r.attempt_id FROM unnest(p_job, v_attempts) AS r (job_id, attempt_id);
 END;
+$$;
+
+-- placement_fit_now: the "best fit now" figures for a queued job's request, computed when read (placement
+-- keeps them out of the stored reason so that a pass does not rewrite every waiting job when capacity
+-- moves): how many eligible nodes could take one member now, and the roomiest eligible node.
+CREATE OR REPLACE FUNCTION tuneplane.placement_fit_now(p_job_id bigint)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    WITH j AS (SELECT * FROM tuneplane.jobs WHERE id = p_job_id),
+    eligible AS (
+        SELECT u.node_id, n.name, u.free_gpus, n.cpus - u.used_cpus AS free_cpus,
+               n.memory_bytes - u.used_memory AS free_memory
+          FROM j JOIN tuneplane.node_usage u ON u.fleet_id = j.fleet_id
+          JOIN tuneplane.nodes n ON n.id = u.node_id
+         WHERE n.scheduling_state = 'active' AND n.fenced_at IS NULL
+           AND tuneplane.node_connectivity(n.last_heartbeat_at) = 'connected'
+    )
+    SELECT format('best fit now: %s node%s can take a member (%s)', fit, CASE WHEN fit = 1 THEN '' ELSE 's' END,
+                  coalesce((SELECT format('largest free: %s GPUs, %s CPUs on %s', e.free_gpus, e.free_cpus, e.name)
+                              FROM eligible e ORDER BY e.free_gpus DESC, e.free_cpus DESC, e.node_id LIMIT 1),
+                           'no schedulable connected node in the fleet'))
+      FROM (SELECT count(*) AS fit FROM eligible e, j
+             WHERE e.free_gpus >= j.gpus_per_node AND e.free_cpus >= j.cpus_per_node
+               AND e.free_memory >= j.memory_per_node) c;
 $$;
 
 -- release_member: give back a member's GPUs, CPUs and memory (idempotent). Called by the lifecycle

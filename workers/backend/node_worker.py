@@ -39,6 +39,8 @@ log = logging.getLogger("tuneplane.worker")
 
 CHANNELS = ("tuneplane_placement", "tuneplane_job_queued")
 BACKEND = "node"
+# Most jobs one reserve_next transaction places.
+PASS_PLACEMENTS = 1000
 
 
 @dataclass(frozen=True)
@@ -115,9 +117,15 @@ class NodeWorker:
     async def placement_pass(self) -> int:
         placed = 0
         for fleet in await self.db.call("placement_fleets", BACKEND):
-            for row in await self.db.call("reserve_next", fleet["fleet_id"], 1000):
-                placed += 1
-                self._launch_now(row["attempt_id"])
+            # reserve_next walks the whole queue but places at most PASS_PLACEMENTS jobs per transaction
+            # (short transactions); a pass that hit the bound is followed by another at once.
+            while True:
+                rows = await self.db.call("reserve_next", fleet["fleet_id"], PASS_PLACEMENTS)
+                for row in rows:
+                    self._launch_now(row["attempt_id"])
+                placed += len(rows)
+                if len(rows) < PASS_PLACEMENTS:
+                    break
         self.stats["placements"] += placed
         return placed
 
