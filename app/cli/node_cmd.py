@@ -85,6 +85,7 @@ from app.node_gateway.config import DEFAULT_PORT, ENV_NODE_GATEWAY_URL
 )
 @click.option("--hold-prepare", type=float, default=0.0, hidden=True)
 @click.option("--hold-after-spawn", type=float, default=0.0, hidden=True)
+@click.option("--hold-exit-report", type=float, default=0.0, hidden=True)
 def node_cmd(
     server: str,
     enroll_token: str | None,
@@ -101,6 +102,7 @@ def node_cmd(
     delivery_deadline: float,
     hold_prepare: float,
     hold_after_spawn: float,
+    hold_exit_report: float,
 ) -> None:
     """Run the Node agent: enroll once, then keep an outbound control connection to the gateway."""
     from app.cli import ExpectedError
@@ -122,6 +124,7 @@ def node_cmd(
         delivery_deadline=delivery_deadline,
         hold_prepare=hold_prepare,
         hold_after_spawn=hold_after_spawn,
+        hold_exit_report=hold_exit_report,
     )
     try:
         main(options)

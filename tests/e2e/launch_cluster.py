@@ -9,11 +9,13 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import io
+import os
 import signal
 import socket
 import subprocess
 import tarfile
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,12 +106,14 @@ class Cluster:
     def agent_dirs(self, name: str) -> tuple[Path, Path]:
         return self.root / name / "state", self.root / name / "work"
 
-    def start_agent(self, name: str, *extra: str, enroll: bool = True) -> Proc:
+    def start_agent(self, name: str, *extra: str, enroll: bool = True, server: str | None = None) -> Proc:
+        """An agent dialing the gateway (or `server`, e.g. a proxy in front of it)."""
+        server = server or self.url
         state, work = self.agent_dirs(name)
         argv = [
             "node",
             "--server",
-            self.url,
+            server,
             "--state-dir",
             str(state),
             "--work-dir",
@@ -126,7 +130,7 @@ class Cluster:
             argv += ["--enroll-token", make_token(self.db, self.fleet)]
         proc = Proc(argv)
         self.agents[name] = proc
-        proc.wait_line(f"connected to {self.url} as node {self.fleet}/{name}")
+        proc.wait_line(f"connected to {server} as node {self.fleet}/{name}")
         wait_for(
             lambda: self.node(name)["probe_port"] is not None and self.node(name)["cpus"] > 0,
             timeout=20,
@@ -160,6 +164,17 @@ class Cluster:
             " WHERE name = %s",
             (name,),
         )
+
+    def restart_gateway(self, meanwhile: Callable[[], object] | None = None) -> None:
+        """kill -9 the node gateway, run `meanwhile`, and start the gateway again on the same port."""
+        assert self.gateway is not None
+        self.kill9(self.gateway)
+        if meanwhile is not None:
+            meanwhile()
+        self.gateway = start_gateway(self.db_url, self.gateway_port, "--data-dir", str(self.data_dir))
+
+    def kill9_pid(self, pid: int) -> None:
+        os.kill(pid, signal.SIGKILL)
 
     def kill9(self, proc: Proc) -> None:
         proc.process.send_signal(signal.SIGKILL)

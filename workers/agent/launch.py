@@ -474,6 +474,10 @@ class LaunchAgent:
             with contextlib.suppress(Exception):
                 await shipper[0]
         _say(self.ctx, f"member {record.member_id}: {record.reason}")
+        hold = float(self.ctx.extra.get("hold_exit_report") or 0)
+        if hold > 0:
+            _say(self.ctx, f"member {record.member_id}: holding the exit report {hold:g}s (test option)")
+            await asyncio.sleep(hold)
         payload = record.unreported.get("member_exited") or {
             "member_id": record.member_id,
             "exit_code": record.exit_code,

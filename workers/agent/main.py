@@ -54,9 +54,11 @@ class AgentOptions:
     # Seconds after a member's end within which its outputs are delivered (retried until then).
     delivery_deadline: float = 6 * 3600.0
     # Tests only: keep every PREPARE in flight this long (a slow, cold preparation); wait this long
-    # between spawning a runner and recording it (a crash in that window).
+    # between spawning a runner and recording it (a crash in that window); wait this long between a
+    # member's end record and its exit report (a reconnect or crash in that window).
     hold_prepare: float = 0.0
     hold_after_spawn: float = 0.0
+    hold_exit_report: float = 0.0
 
 
 def default_node_name() -> str:
@@ -126,6 +128,7 @@ async def run_agent(options: AgentOptions, *, say=print) -> None:
             say=say,
             hold_prepare=options.hold_prepare,
             hold_after_spawn=options.hold_after_spawn,
+            hold_exit_report=options.hold_exit_report,
             delivery_deadline=options.delivery_deadline,
         )
 
