@@ -128,6 +128,12 @@ class InputRef(StrictModel):
     path: str | None = Field(None, max_length=1024)
 
 
+# An output becomes an artifact of that name; `logs` is the member's own logs artifact and NAME.N are the
+# checkpoints published of output NAME while the member runs (docs/artifacts.md).
+OUTPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
+RESERVED_OUTPUT_NAMES = ("logs",)
+
+
 class OutputSpec(StrictModel):
     name: str = Field(min_length=1, max_length=128)
     path: str = Field(min_length=1, max_length=1024)
@@ -135,6 +141,15 @@ class OutputSpec(StrictModel):
     # server's blob store, "shared" registers it on the fleet's shared mount; unset: the fleet's default
     # (object delivery when declared, else its shared mount). The preview refuses what the fleet lacks.
     delivery: Literal["object", "shared"] | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not OUTPUT_NAME.match(value):
+            raise ValueError("must be 1-41 letters, digits, _ or - (starting with a letter or digit)")
+        if value in RESERVED_OUTPUT_NAMES:
+            raise ValueError(f"{value!r} is reserved for the member's own logs artifact")
+        return value
 
     @field_validator("path")
     @classmethod
@@ -158,6 +173,15 @@ class JobSpec(StrictModel):
     priority: int = Field(0, ge=-1000, le=1000)
     inputs: list[InputRef] = Field(default_factory=list, max_length=64)
     outputs: list[OutputSpec] = Field(default_factory=list, max_length=64)
+
+    @field_validator("outputs")
+    @classmethod
+    def _unique_outputs(cls, value: list[OutputSpec]) -> list[OutputSpec]:
+        names = [o.name for o in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"output names must be unique ({', '.join(twice)} given twice)")
+        return value
 
     @field_validator("fleet")
     @classmethod

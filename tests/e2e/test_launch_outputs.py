@@ -61,7 +61,7 @@ def test_agent_killed_mid_upload_resumes_after_restart_and_never_completes_wrong
     )
     wait_for(lambda: _chunks(cluster, job_id) >= 20, timeout=60, what="the upload to be under way")
     cluster.kill9(agent)
-    artifact = cluster.db.fetch_one("SELECT * FROM artifacts WHERE job_id = %s", (job_id,))
+    artifact = cluster.db.fetch_one("SELECT * FROM artifacts WHERE job_id = %s AND name = 'ckpt'", (job_id,))
     assert artifact["state"] == "uploading", "the upload finished before the agent was killed"
     assert cluster.job(job_id)["state"] == "running"  # the member's end is not reported yet
 
@@ -71,7 +71,7 @@ def test_agent_killed_mid_upload_resumes_after_restart_and_never_completes_wrong
     # The restarted agent reported the end from its durable record at once; delivery resumed meanwhile.
     artifact = wait_for(
         lambda: cluster.db.fetch_one(
-            "SELECT * FROM artifacts WHERE job_id = %s AND state <> 'uploading'", (job_id,)
+            "SELECT * FROM artifacts WHERE job_id = %s AND name = 'ckpt' AND state <> 'uploading'", (job_id,)
         ),
         timeout=120,
         what="the resumed upload to end",

@@ -23,14 +23,16 @@ from pathlib import Path
 from workers.agent.members import MemberRecord, MemberStore
 from workers.agent.outputs import Outcome, deliver_output, fail_artifact, planned_outputs
 from workers.agent.prepare import NodeAccess
+from workers.artifacts.member_logs import logs_output
 
 DEFAULT_DEADLINE = 6 * 3600.0
 BACKOFF_BASE, BACKOFF_CAP = 1.0, 60.0
 
 
-def plan_deliveries(record: MemberRecord, directory: Path, deadline: float) -> None:
-    """Fill the record's deliveries for a member that exited 0 (saved by the caller with its end)."""
-    outputs = planned_outputs(directory)
+def plan_deliveries(record: MemberRecord, directory: Path, deadline: float, *, outputs: bool = True) -> None:
+    """Fill the record's deliveries for a member that ended (saved by the caller with its end): the spec's
+    outputs when it exited 0 (`outputs`), and its logs whatever its exit status."""
+    outputs = [*(planned_outputs(directory) if outputs else []), logs_output()]
     record.deliveries = {
         o["name"]: {"output": o, "state": "pending", "tries": 0, "error": "", "artifact_id": None}
         for o in outputs

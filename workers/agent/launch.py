@@ -431,9 +431,8 @@ class LaunchAgent:
             "reason": reason,
         }
         directory = member_dir(self.paths, record.member_id)
-        if code == 0:
-            deadline = float(self.ctx.extra.get("delivery_deadline") or DEFAULT_DEADLINE)
-            plan_deliveries(record, directory, deadline)
+        deadline = float(self.ctx.extra.get("delivery_deadline") or DEFAULT_DEADLINE)
+        plan_deliveries(record, directory, deadline, outputs=code == 0)
         self.store.save(record)
         runner = self.runners.pop(record.member_id, None)
         if runner is not None:

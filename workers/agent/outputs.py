@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from workers.agent.prepare import NodeAccess
+from workers.artifacts.member_logs import snapshot_logs
 
 # 4xx answers that are worth another try (the server was busy or timed the request out).
 RETRYABLE_4XX = (408, 425, 429)
@@ -68,7 +69,8 @@ def deliver_output(access: NodeAccess, directory: Path, output: dict) -> Outcome
     except (OSError, ValueError) as exc:
         return Outcome("failed", f"the member directory has no readable member.json ({exc})")
     name = output["name"]
-    root = directory / "output" / output["path"]
+    kind = output.get("kind") or "output"
+    root = snapshot_logs(directory) if kind == "logs" else directory / "output" / output["path"]
     if not root.is_dir():
         return Outcome("failed", f"{output['path']} is not a directory in the output directory")
     choices = [output["delivery"]] if output.get("delivery") else ["object", "shared"]
@@ -84,8 +86,9 @@ def deliver_output(access: NodeAccess, directory: Path, output: dict) -> Outcome
             shared = shared_destination(member, name) if delivery == "shared" else None
             try:
                 result = deliver_artifact(
-                    http, int(member["member_id"]), name, root, delivery=delivery, shared_path=shared
-                )
+                    http, int(member["member_id"]), name, root, kind=kind, delivery=delivery,
+                    shared_path=shared,
+                )  # fmt: skip
             except (UploadError, OSError, httpx.HTTPError) as exc:
                 if _retryable(exc):
                     return Outcome("retry", f"{delivery} delivery: {exc}")
