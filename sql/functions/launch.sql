@@ -16,9 +16,9 @@ DROP FUNCTION IF EXISTS tuneplane.job_members_of(bigint, bigint);
 -- trigger guard_state_transition: a pair that is not listed, or made by no function listed beside it, is
 -- refused (TP409) naming the function that tried. One writer per column: set_job_state (placement.sql,
 -- job_transition in submission.sql), set_attempt_state, set_member_state. Inserts are not transitions
--- (a job is born queued by confirm_preview, an attempt and its members reserved by reserve_job_on).
+-- (a job is born queued by confirm_preview, an attempt and its members reserved by reserve_next).
 --
---   job      queued → reserved                               reserve_job_on
+--   job      queued → reserved                               reserve_next
 --            reserved → preparing                            begin_prepare
 --            reserved | preparing → running                  member_prepared (COMMIT)
 --            reserved | preparing | running → queued         finish_attempt_if_done (retry by max_attempts)
@@ -55,7 +55,7 @@ DROP FUNCTION IF EXISTS tuneplane.job_members_of(bigint, bigint);
 DELETE FROM tuneplane.state_transitions;
 INSERT INTO tuneplane.state_transitions (entity, from_state, to_state, writers)
 SELECT 'job', f, t, w FROM (VALUES
-    ('queued', 'reserved', '{reserve_job_on}'::text[]),
+    ('queued', 'reserved', '{reserve_next}'::text[]),
     ('reserved', 'preparing', '{begin_prepare}'),
     ('reserved', 'running', '{member_prepared}'),
     ('preparing', 'running', '{member_prepared}'),
