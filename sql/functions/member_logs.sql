@@ -123,13 +123,12 @@ DECLARE
     v_settings tuneplane.member_log_settings;
     m          record;
     s          tuneplane.member_log_streams;
-    c          record;
     v_after    bigint := coalesce(p_after, 0);
     v_from     bigint;
-    v_chunks   jsonb := '[]'::jsonb;
-    v_bytes    bigint := 0;
+    v_chunks   jsonb;
+    v_bytes    bigint;
     v_next     bigint;
-    v_more     boolean := false;
+    v_more     boolean;
 BEGIN
     SELECT * INTO j FROM tuneplane.get_job(p_actor_id, p_job_id);
     SELECT * INTO v_settings FROM tuneplane.member_log_settings;
@@ -180,19 +179,24 @@ BEGIN
         SELECT mc.start_offset FROM tuneplane.member_log_chunks mc
          WHERE mc.member_id = m.id AND mc.stream = p_stream AND mc.start_offset <= v_after
          ORDER BY mc.start_offset DESC LIMIT 1) ch;
-    v_next := v_after;
-    FOR c IN SELECT mc.start_offset, mc.end_offset, mc.text FROM tuneplane.member_log_chunks mc
-              WHERE mc.member_id = m.id AND mc.stream = p_stream AND mc.start_offset >= v_from
-                AND mc.end_offset > v_after
-              ORDER BY mc.start_offset LOOP
-        IF v_bytes > 0 AND v_bytes + (c.end_offset - c.start_offset) > p_limit THEN
-            v_more := true;
-            EXIT;
-        END IF;
-        v_chunks := v_chunks || jsonb_build_object('offset', c.start_offset, 'end', c.end_offset, 'text', c.text);
-        v_bytes := v_bytes + (c.end_offset - c.start_offset);
-        v_next := c.end_offset;
-    END LOOP;
+    -- One set-based read (appending to a jsonb value in a loop copied it every time: O(n²) in chunks).
+    -- Chunks are taken in offset order while their running byte total stays within p_limit (the first
+    -- one always); every chunk is at least one byte, so p_limit + 1 chunks always reach past the limit and
+    -- the scan never reads more than that.
+    SELECT coalesce(jsonb_agg(jsonb_build_object('offset', t.start_offset, 'end', t.end_offset, 'text', t.text)
+                              ORDER BY t.start_offset) FILTER (WHERE t.taken), '[]'::jsonb),
+           coalesce(sum(t.end_offset - t.start_offset) FILTER (WHERE t.taken), 0),
+           coalesce(max(t.end_offset) FILTER (WHERE t.taken), v_after),
+           coalesce(bool_or(NOT t.taken), false)
+      INTO v_chunks, v_bytes, v_next, v_more
+      FROM (SELECT w.*, w.nth = 1 OR w.upto <= p_limit AS taken
+              FROM (SELECT l.*, row_number() OVER (ORDER BY l.start_offset) AS nth,
+                           sum(l.end_offset - l.start_offset) OVER (ORDER BY l.start_offset) AS upto
+                      FROM (SELECT mc.start_offset, mc.end_offset, mc.text FROM tuneplane.member_log_chunks mc
+                             WHERE mc.member_id = m.id AND mc.stream = p_stream AND mc.start_offset >= v_from
+                               AND mc.end_offset > v_after
+                             ORDER BY mc.start_offset
+                             LIMIT p_limit::bigint + 1) l) w) t;
     RETURN jsonb_build_object(
         'job_id', p_job_id, 'job_state', j.state, 'rank', m.rank, 'attempt', m.attempt, 'member_id', m.id,
         'node', m.node, 'member_state', m.state, 'exit_code', m.exit_code, 'stream', p_stream,
