@@ -537,7 +537,12 @@ $$;
 -- telemetry_series_buckets: one series downsampled to at most p_max_buckets buckets (1..1000) over a step
 -- range, each with min, max, mean and the last value. Reads the coarsest rollup whose width fits the
 -- bucket width (bucket edges then follow that rollup's grid), or raw points when buckets are narrower
--- than 64 steps. No caller check: use telemetry_buckets for user-facing reads.
+-- than 64 steps. A step far outside the others (one step of 2^50 among steps 0..10,000) would leave all
+-- real data in one or two equal-width buckets; when fewer than a quarter of the buckets would hold data,
+-- the buckets instead split the occupied steps into equal shares (ntile over the raw points when at most
+-- 64,000, else over the finest rollup cells that number at most 16 per bucket), so gaps cost nothing.
+-- Step arithmetic is exact over the whole int64 range. No caller check: use telemetry_buckets for
+-- user-facing reads.
 CREATE OR REPLACE FUNCTION tuneplane.telemetry_series_buckets(p_series_id bigint, p_max_buckets integer,
                                                    p_step_from bigint DEFAULT NULL,
                                                    p_step_to bigint DEFAULT NULL,
@@ -553,6 +558,10 @@ DECLARE
     level integer := 0;
     w bigint;
     lo_aligned bigint;
+    occupied bigint;
+    npoints bigint;
+    fine integer;
+    wide boolean;
 BEGIN
     IF p_max_buckets IS NULL OR p_max_buckets < 1 OR p_max_buckets > 1000 THEN
         RAISE EXCEPTION 'max buckets must be between 1 and 1000' USING ERRCODE = 'TP400', COLUMN = 'max_points';
@@ -566,42 +575,97 @@ BEGIN
     IF hi < lo THEN
         RETURN;
     END IF;
-    want := greatest(1, ceil((hi - lo + 1)::numeric / p_max_buckets)::bigint);
+    -- Ingest keeps steps within ±(2^53-1); older data may span the whole int64 range, where step - lo
+    -- overflows: then (only then) the arithmetic is numeric.
+    wide := hi::numeric - lo >= 4611686018427387904;
+    want := greatest(1, ceil((hi::numeric - lo + 1) / p_max_buckets))::bigint;
     IF p_use_rollups THEN
         SELECT max(lv) INTO level FROM unnest(ARRAY[64, 512, 4096, 32768]) AS lv WHERE lv <= want;
     END IF;
-    IF coalesce(level, 0) = 0 THEN
-        w := want;
-        RETURN QUERY
-            SELECT lo + g.b * w, lo + g.b * w + w - 1, g.cnt, g.mn, g.mx, g.mean, g.ls, g.lv
-              FROM (SELECT (p.step - lo) / w AS b,
-                           count(*) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS cnt,
-                           min(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mn,
-                           max(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mx,
-                           avg(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mean,
-                           max(p.step) AS ls,
-                           (array_agg(p.value ORDER BY p.step DESC))[1] AS lv
-                      FROM tuneplane.telemetry_points p
-                     WHERE p.series_id = p_series_id AND p.step BETWEEN lo AND hi
-                     GROUP BY 1) g
-             ORDER BY g.b;
-        RETURN;
-    END IF;
-    -- Output buckets are whole multiples of the rollup width, aligned to its grid.
-    w := ceil(want::numeric / level)::bigint * level;
-    lo_aligned := lo - (((lo % level) + level) % level);
-    RETURN QUERY
-        SELECT lo_aligned + g.b * w, lo_aligned + g.b * w + w - 1, g.cnt, g.mn, g.mx,
-               CASE WHEN g.cnt > 0 THEN g.total / g.cnt END, g.ls, g.lv
-          FROM (SELECT (r.bucket * level - lo_aligned) / w AS b,
-                       sum(r.n)::bigint AS cnt, sum(r.sum) AS total,
-                       min(r.min) FILTER (WHERE r.min <> 'NaN') AS mn,
-                       max(r.max) FILTER (WHERE r.max <> 'NaN') AS mx,
-                       max(r.last_step) AS ls,
-                       (array_agg(r.last_value ORDER BY r.last_step DESC))[1] AS lv
-                  FROM tuneplane.telemetry_rollups r
+    IF coalesce(level, 0) > 0 THEN
+        w := ceil(want::numeric / level)::bigint * level;
+        lo_aligned := lo - (((lo % level) + level) % level);
+        SELECT count(DISTINCT floor((c.bucket::numeric * level - lo_aligned) / w)) INTO occupied
+          FROM (SELECT r.bucket FROM tuneplane.telemetry_rollups r
                  WHERE r.series_id = p_series_id AND r.width = level
                    AND r.bucket BETWEEN floor(lo::numeric / level)::bigint AND floor(hi::numeric / level)::bigint
+                 LIMIT 64000) c;
+        IF occupied * 4 >= least(p_max_buckets, ceil((hi::numeric - lo_aligned + 1) / w)) THEN
+            -- Dense: equal-width buckets, whole multiples of the rollup width, aligned to its grid.
+            RETURN QUERY
+                SELECT least(lo_aligned + g.b * w, 9223372036854775807)::bigint,
+                       least(lo_aligned + g.b * w + w - 1, 9223372036854775807)::bigint, g.cnt, g.mn, g.mx,
+                       CASE WHEN g.cnt > 0 THEN g.total / g.cnt END, g.ls, g.lv
+                  FROM (SELECT floor((r.bucket::numeric * level - lo_aligned) / w) AS b,
+                               sum(r.n)::bigint AS cnt, sum(r.sum) AS total,
+                               min(r.min) FILTER (WHERE r.min <> 'NaN') AS mn,
+                               max(r.max) FILTER (WHERE r.max <> 'NaN') AS mx,
+                               max(r.last_step) AS ls,
+                               (array_agg(r.last_value ORDER BY r.last_step DESC))[1] AS lv
+                          FROM tuneplane.telemetry_rollups r
+                         WHERE r.series_id = p_series_id AND r.width = level
+                           AND r.bucket BETWEEN floor(lo::numeric / level)::bigint
+                                            AND floor(hi::numeric / level)::bigint
+                         GROUP BY 1) g
+                 ORDER BY g.b;
+            RETURN;
+        END IF;
+    END IF;
+    -- Raw points: equal-width buckets, or equal shares of the points when most buckets would be empty.
+    w := want;
+    SELECT count(DISTINCT floor((p.step::numeric - lo) / w)), count(*) INTO occupied, npoints
+      FROM (SELECT p.step FROM tuneplane.telemetry_points p
+             WHERE p.series_id = p_series_id AND p.step BETWEEN lo AND hi LIMIT 64001) p;
+    IF npoints <= 64000 AND occupied * 4 < least(npoints, p_max_buckets) THEN
+        RETURN QUERY
+            SELECT min(g.step), max(g.step),
+                   count(*) FILTER (WHERE g.value NOT IN ('NaN', 'Infinity', '-Infinity')),
+                   min(g.value) FILTER (WHERE g.value NOT IN ('NaN', 'Infinity', '-Infinity')),
+                   max(g.value) FILTER (WHERE g.value NOT IN ('NaN', 'Infinity', '-Infinity')),
+                   avg(g.value) FILTER (WHERE g.value NOT IN ('NaN', 'Infinity', '-Infinity')),
+                   max(g.step), (array_agg(g.value ORDER BY g.step DESC))[1]
+              FROM (SELECT p.step, p.value,
+                           ntile(least(p_max_buckets, npoints)::integer) OVER (ORDER BY p.step, p.wall_time) AS b
+                      FROM tuneplane.telemetry_points p
+                     WHERE p.series_id = p_series_id AND p.step BETWEEN lo AND hi) g
+             GROUP BY g.b ORDER BY g.b;
+        RETURN;
+    END IF;
+    IF coalesce(level, 0) > 0 THEN
+        -- Too many raw points: equal shares of the finest rollup cells that number at most 16 per bucket.
+        SELECT min(lv) INTO fine FROM unnest(ARRAY[64, 512, 4096, 32768]) AS lv
+         WHERE (SELECT count(*) FROM (SELECT 1 FROM tuneplane.telemetry_rollups r
+                                       WHERE r.series_id = p_series_id AND r.width = lv
+                                         AND r.bucket BETWEEN floor(lo::numeric / lv)::bigint
+                                                          AND floor(hi::numeric / lv)::bigint
+                                       LIMIT 16 * p_max_buckets + 1) x) <= 16 * p_max_buckets;
+        fine := coalesce(fine, 32768);
+        RETURN QUERY
+            SELECT greatest(min(g.bucket) * fine, lo), least(max(g.bucket)::numeric * fine + fine - 1, hi)::bigint,
+                   sum(g.n)::bigint,
+                   min(g.min) FILTER (WHERE g.min <> 'NaN'), max(g.max) FILTER (WHERE g.max <> 'NaN'),
+                   CASE WHEN sum(g.n) > 0 THEN sum(g.sum) / sum(g.n) END,
+                   max(g.last_step), (array_agg(g.last_value ORDER BY g.last_step DESC))[1]
+              FROM (SELECT r.*, ntile(p_max_buckets) OVER (ORDER BY r.bucket) AS b
+                      FROM tuneplane.telemetry_rollups r
+                     WHERE r.series_id = p_series_id AND r.width = fine
+                       AND r.bucket BETWEEN floor(lo::numeric / fine)::bigint
+                                        AND floor(hi::numeric / fine)::bigint) g
+             GROUP BY g.b ORDER BY g.b;
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT least(lo + g.b * w, 9223372036854775807)::bigint,
+               least(lo + g.b * w + w - 1, 9223372036854775807)::bigint, g.cnt, g.mn, g.mx, g.mean, g.ls, g.lv
+          FROM (SELECT CASE WHEN wide THEN floor((p.step::numeric - lo) / w) ELSE (p.step - lo) / w END AS b,
+                       count(*) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS cnt,
+                       min(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mn,
+                       max(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mx,
+                       avg(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mean,
+                       max(p.step) AS ls,
+                       (array_agg(p.value ORDER BY p.step DESC))[1] AS lv
+                  FROM tuneplane.telemetry_points p
+                 WHERE p.series_id = p_series_id AND p.step BETWEEN lo AND hi
                  GROUP BY 1) g
          ORDER BY g.b;
 END;

@@ -235,3 +235,39 @@ def test_metrics_cli_prints_bounded_series(db: Database, db_url: str, gateway: G
         assert refused.exit_code == 1 and "no such job" in refused.output
     finally:
         server.shutdown()
+
+
+@pytest.mark.parametrize("points", [10_000, 100_000])
+def test_a_step_far_outside_the_series_does_not_ruin_its_buckets(
+    db: Database, gateway: GatewayThread, points: int
+) -> None:
+    job = make_job(db, make_user(db, "alice"))
+    token = member_token(db, job)
+    steps = [*range(points), 2**50]
+    _send(gateway, token, "loss", steps, np.arange(len(steps), dtype=np.float64), seq=1)
+    series = _series_id(db, job, "loss")
+    buckets = _buckets(db, series, 500, True)
+    assert 400 <= len(buckets) <= 500
+    dense = [b for b in buckets if b["bucket_end"] < points]
+    assert len(dense) >= len(buckets) - 2  # the outlier takes at most a bucket of its own
+    assert max(b["bucket_end"] - b["bucket_start"] for b in dense) <= 4 * points / 500
+    assert sum(b["n"] for b in buckets) == len(steps) and buckets[-1]["last_step"] == 2**50
+
+
+def test_extreme_steps_stored_before_the_range_check_still_read(db: Database, gateway: GatewayThread) -> None:
+    job = make_job(db, make_user(db, "alice"))
+    _send(gateway, member_token(db, job), "loss", range(100), np.ones(100), seq=1)
+    series = _series_id(db, job, "loss")
+    db.fetch_all(
+        "INSERT INTO telemetry_points VALUES (%s, -9223372036854775808, 1, 0), (%s, 9223372036854775807, 2, 0)"
+        " RETURNING 1",
+        (series, series),
+    )
+    db.fetch_all(
+        "UPDATE telemetry_series SET min_step = -9223372036854775808, max_step = 9223372036854775807"
+        " WHERE id = %s RETURNING 1",
+        (series,),
+    )
+    for rollups in (True, False):
+        buckets = _buckets(db, series, 1000, rollups)
+        assert buckets and sum(b["n"] for b in buckets) >= 100
