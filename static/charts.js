@@ -1,17 +1,28 @@
-// Job Charts: draws each .tp-chart with uPlot from the bounded /jobs/<id>/metrics endpoint; one line per
-// (attempt, member, source) with its min-max band; redraws when the htmx live tick reports new data.
+// Job Charts: draws each .tp-chart with uPlot from the bounded /jobs/<id>/metrics endpoint of one or more
+// jobs (data-sources: [{job, url}]); one line per (job, attempt, member, source, name) with its min–max
+// band. Controls (#tp-log, #tp-smooth) apply to every chart: log scale, and smoothing computed by the
+// server on the full series (a trailing mean over a window of steps, the same at every zoom). A bucket
+// whose last value is NaN or ±Infinity is a gap with a red marker at the top. Export writes exactly the
+// plotted columns (CSV or JSON). Redraws when the htmx live tick reports new data.
 (function () {
   "use strict";
   const palette = ["#2456d6", "#d6243a", "#1e7b34", "#9a6700", "#7a2bd6", "#0b8a8a", "#c25e00", "#555"];
-  const charts = new Map();
+  const charts = new Map();   // element → uPlot
+  const plotted = new Map();  // element → {columns, rows}: what is drawn, for export
 
-  // Small values (learning rates) need more than uPlot's default precision on the y axis.
   function tick(v) {
     if (v == null) return "";
     if (v !== 0 && Math.abs(v) < 0.01) return v.toExponential(1);
     return String(+v.toPrecision(4));
   }
   const yAxis = { values: (u, vals) => vals.map(tick), size: 60 };
+
+  function controls() {
+    const log = document.getElementById("tp-log");
+    const smooth = document.getElementById("tp-smooth");
+    const steps = smooth ? parseInt(smooth.value, 10) : 0;
+    return { log: !!(log && log.checked), smooth: steps > 0 ? steps : 0 };
+  }
 
   function align(tables) {
     const xs = Array.from(new Set(tables.flatMap(t => t[0]))).sort((a, b) => a - b);
@@ -27,43 +38,119 @@
     return out;
   }
 
-  function build(el, payload) {
-    const tables = [], series = [{ label: "step" }], bands = [];
-    payload.series.forEach((s, i) => {
-      const b = s.buckets;
-      tables.push([b.map(x => x.last_step), b.map(x => x.mean), b.map(x => x.min), b.map(x => x.max)]);
-      const color = palette[i % palette.length];
-      const name = `a${s.attempt} m${s.member} ${s.name}`;
-      const base = series.length;
-      series.push({ label: name, stroke: color, width: 1.5, spanGaps: true });
-      series.push({ label: name + " min", stroke: color + "55", width: 0.5, spanGaps: true, show: true });
-      series.push({ label: name + " max", stroke: color + "55", width: 0.5, spanGaps: true, show: true });
-      bands.push({ series: [base + 2, base + 1], fill: color + "22" });
-    });
-    return { data: tables.length ? align(tables) : [[]], series, bands };
+  // Sources tell series apart: the job (when comparing), attempt, member, source and raw name.
+  function labelOf(job, s, many) {
+    return `${many ? "job " + job + " · " : ""}a${s.attempt} m${s.member} · ${s.source} · ${s.name}`;
+  }
+
+  function build(payloads, opts) {
+    const tables = [], series = [{ label: "step" }], bands = [], names = [], markers = [];
+    const many = payloads.length > 1;
+    const positive = v => (opts.log && v != null && v <= 0 ? null : v);
+    let i = 0;
+    for (const { job, payload } of payloads) {
+      for (const s of payload.series) {
+        const b = s.buckets;
+        const line = b.map(x => positive(opts.smooth ? (x.smoothed ?? null) : x.mean));
+        tables.push([b.map(x => x.last_step), line, b.map(x => positive(x.min)), b.map(x => positive(x.max))]);
+        b.forEach(x => { if (x.non_finite && x.mean == null) markers.push({ x: x.last_step, kind: x.non_finite }); });
+        const color = palette[i % palette.length];
+        const name = labelOf(job, s, many) + (opts.smooth ? ` (smoothed ${opts.smooth})` : "");
+        const base = series.length;
+        series.push({ label: name, stroke: color, width: 1.5, spanGaps: false });
+        series.push({ label: name + " min", stroke: color + "55", width: 0.5, spanGaps: false });
+        series.push({ label: name + " max", stroke: color + "55", width: 0.5, spanGaps: false });
+        bands.push({ series: [base + 2, base + 1], fill: color + "22" });
+        names.push(name);
+        i++;
+      }
+    }
+    const data = tables.length ? align(tables) : [[]];
+    return { data, series, bands, names, markers };
+  }
+
+  // Red ticks at the top of the plot where a bucket ended on NaN or ±Infinity.
+  function markerPlugin(markers) {
+    return {
+      hooks: {
+        draw: [u => {
+          const ctx = u.ctx;
+          ctx.save();
+          ctx.fillStyle = "#d6243a";
+          for (const m of markers) {
+            const x = u.valToPos(m.x, "x", true);
+            if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) continue;
+            ctx.beginPath();
+            ctx.moveTo(x - 4, u.bbox.top);
+            ctx.lineTo(x + 4, u.bbox.top);
+            ctx.lineTo(x, u.bbox.top + 8);
+            ctx.fill();
+          }
+          ctx.restore();
+        }],
+      },
+    };
+  }
+
+  function remember(el, built) {
+    const columns = ["step"];
+    built.names.forEach(n => { columns.push(n, n + " min", n + " max"); });
+    const rows = built.data[0].map((x, r) => built.data.map(col => col[r]));
+    plotted.set(el, { columns, rows, markers: built.markers });
+    el.dataset.plottedRows = String(rows.length);
   }
 
   async function draw(el) {
-    const response = await fetch(el.dataset.url, { headers: { Accept: "application/json" } });
-    if (!response.ok) { el.textContent = "could not load: HTTP " + response.status; return; }
-    const payload = await response.json();
-    const built = build(el, payload);
-    const existing = charts.get(el);
-    if (existing && existing.series.length === built.series.length) {
-      existing.setData(built.data, true);
-      return;
+    const opts = controls();
+    const sources = JSON.parse(el.dataset.sources);
+    const payloads = [];
+    for (const source of sources) {
+      const url = source.url + (opts.smooth ? `&smooth=${opts.smooth}` : "");
+      const response = await fetch(url, { headers: { Accept: "application/json" } });
+      if (!response.ok) { el.textContent = "could not load: HTTP " + response.status; return; }
+      payloads.push({ job: source.job, payload: await response.json() });
     }
+    const built = build(payloads, opts);
+    remember(el, built);
+    const existing = charts.get(el);
     if (existing) existing.destroy();
-    const opts = {
-      width: Math.max(320, el.clientWidth || 600), height: 260,
-      series: built.series, bands: built.bands,
-      scales: { x: { time: false } }, legend: { live: true }, axes: [{}, yAxis],
+    const target = el.querySelector(".tp-plot") || el;
+    const uopts = {
+      width: Math.max(320, target.clientWidth || 600), height: 260,
+      series: built.series, bands: built.bands, plugins: [markerPlugin(built.markers)],
+      scales: { x: { time: false }, y: opts.log ? { distr: 3 } : {} }, legend: { live: true }, axes: [{}, yAxis],
     };
-    charts.set(el, new uPlot(opts, built.data, el));
+    charts.set(el, new uPlot(uopts, built.data, target));
+    el.dataset.drawn = [opts.log ? "log" : "linear", opts.smooth || 0, built.names.length].join(":");
+  }
+
+  function csvCell(v) {
+    if (v == null) return "";
+    const text = String(v);
+    return /[",\n]/.test(text) ? '"' + text.replace(/"/g, '""') + '"' : text;
+  }
+
+  function exportChart(el, format) {
+    const p = plotted.get(el);
+    if (!p) return;
+    let body, type;
+    if (format === "csv") {
+      body = [p.columns, ...p.rows].map(r => r.map(csvCell).join(",")).join("\n") + "\n";
+      type = "text/csv";
+    } else {
+      body = JSON.stringify({ columns: p.columns, rows: p.rows, non_finite: p.markers }, null, 1);
+      type = "application/json";
+    }
+    const link = document.createElement("a");
+    link.href = URL.createObjectURL(new Blob([body], { type }));
+    link.download = `${el.dataset.name || "chart"}.${format}`;
+    document.body.appendChild(link);
+    link.click();
+    link.remove();
   }
 
   function drawAll() {
-    document.querySelectorAll(".tp-chart[data-url]").forEach(el => { draw(el); });
+    document.querySelectorAll(".tp-chart[data-sources]").forEach(el => { draw(el); });
   }
 
   let version = null;
@@ -71,12 +158,18 @@
     const live = document.getElementById("tp-live");
     version = live ? live.dataset.version : null;
     drawAll();
+    ["tp-log", "tp-smooth"].forEach(id => {
+      const input = document.getElementById(id);
+      if (input) input.addEventListener("change", drawAll);
+    });
+    document.addEventListener("click", event => {
+      const button = event.target.closest && event.target.closest("[data-export]");
+      if (button) exportChart(button.closest(".tp-chart-card").querySelector(".tp-chart"), button.dataset.export);
+    });
   });
   document.addEventListener("htmx:afterSwap", (event) => {
     const live = document.getElementById("tp-live");
-    if (live && event.detail.target && event.detail.target.id === "tp-live" || (live && live.dataset.version !== version)) {
-      if (live.dataset.version !== version) { version = live.dataset.version; drawAll(); }
-    }
+    if (live && live.dataset.version !== version) { version = live.dataset.version; drawAll(); }
     const raw = event.detail.target && event.detail.target.querySelector && event.detail.target.querySelector(".tp-raw-chart");
     if (raw) {
       const xs = JSON.parse(raw.dataset.points), ys = JSON.parse(raw.dataset.values);

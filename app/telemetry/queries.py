@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from app.db import Database
 from app.errors import Refusal
 
@@ -20,6 +22,20 @@ CANONICAL_LABELS = {
 }
 
 
+def finite(value: float | None) -> float | None:
+    """A number JSON can carry: NaN and ±Infinity become None (their kind goes in a `non_finite` field)."""
+    return value if value is None or math.isfinite(value) else None
+
+
+def non_finite(value: float | None) -> str | None:
+    """'NaN', 'Infinity' or '-Infinity' for a non-finite value, else None."""
+    if value is None or math.isfinite(value):
+        return None
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
 def _series_json(row: dict) -> dict:
     return {
         "id": row["id"],
@@ -31,7 +47,8 @@ def _series_json(row: dict) -> dict:
         "point_count": row["point_count"],
         "min_step": row["min_step"],
         "max_step": row["max_step"],
-        "last_value": row["last_value"],
+        "last_value": finite(row["last_value"]),
+        "last_non_finite": non_finite(row["last_value"]),
         "last_at": row["last_at"],
     }
 
@@ -62,8 +79,14 @@ def job_metrics(
     max_points: int = 500,
     step_from: int | None = None,
     step_to: int | None = None,
+    smooth: int | None = None,
 ) -> dict:
-    """Each matching series (canonical ones when no name is given) with at most `max_points` buckets."""
+    """Each matching series (canonical ones when no name is given) with at most `max_points` buckets.
+    Non-finite values are null with a `non_finite` marker ('NaN', 'Infinity', '-Infinity'), so the answer
+    is valid JSON. With `smooth` (a window in steps) each bucket also carries `smoothed`: the trailing mean
+    of the full series over that window at the bucket's last step (the same at every zoom)."""
+    if smooth is not None and smooth < 1:
+        raise Refusal("smooth must be a window of 1 step or more", 400, "smooth")
     if not 1 <= max_points <= MAX_BUCKETS:
         raise Refusal(f"max_points must be between 1 and {MAX_BUCKETS}", 400, "max_points")
     series = job_series(db, actor_id, job_id, name=name, attempt=attempt, member=member, source=source)
@@ -78,15 +101,49 @@ def job_metrics(
                 "start": r["bucket_start"],
                 "end": r["bucket_end"],
                 "n": r["n"],
-                "min": r["min"],
-                "max": r["max"],
-                "mean": r["mean"],
+                "min": finite(r["min"]),
+                "max": finite(r["max"]),
+                "mean": finite(r["mean"]),
                 "last_step": r["last_step"],
-                "last_value": r["last_value"],
+                "last_value": finite(r["last_value"]),
+                "non_finite": non_finite(r["last_value"]),
             }
             for r in rows
         ]
-    return {"job_id": job_id, "max_points": max_points, "series": series, "truncated": truncated}
+        if smooth and entry["buckets"]:
+            steps = [b["last_step"] for b in entry["buckets"]]
+            smoothed = db.call("telemetry_smoothed", actor_id, entry["id"], smooth, steps)
+            for bucket, row in zip(entry["buckets"], smoothed, strict=True):
+                bucket["smoothed"] = finite(row["value"])
+    return {
+        "job_id": job_id,
+        "max_points": max_points,
+        "smooth": smooth,
+        "series": series,
+        "truncated": truncated,
+    }
+
+
+def job_health(db: Database, actor_id: int, job_id: int, limit: int = 200) -> dict:
+    """Where each member's metrics stand (collecting, complete, incomplete with the reason) and what could
+    not be stored: damaged file regions and refused points by reason."""
+    members = db.call("telemetry_job_members", actor_id, job_id)
+    problems = db.call("telemetry_job_problems", actor_id, job_id, limit)
+    states = {m["state"] for m in members}
+    if not members:
+        summary = "no metrics collector"
+    elif states == {"complete"}:
+        summary = "metrics complete"
+    elif "incomplete" in states:
+        summary = "metrics incomplete"
+    else:
+        summary = "collecting metrics"
+    return {
+        "summary": summary,
+        "members": members,
+        "damaged": [p for p in problems if p["kind"] == "damaged"],
+        "refused": [p for p in problems if p["kind"] == "refused"],
+    }
 
 
 def raw_page(
@@ -104,7 +161,15 @@ def raw_page(
         raise Refusal(f"limit must be between 1 and {MAX_RAW_PAGE}", 400, "limit")
     rows = db.call("telemetry_raw_points", actor_id, series_id, step_from, step_to, limit + 1, skip)
     more = len(rows) > limit
-    rows = rows[:limit]
+    rows = [
+        {
+            "step": r["step"],
+            "value": finite(r["value"]),
+            "non_finite": non_finite(r["value"]),
+            "wall_time": finite(r["wall_time"]),
+        }
+        for r in rows[:limit]
+    ]
     following = None
     if more and rows:
         last = rows[-1]["step"]

@@ -1,5 +1,7 @@
-"""Job Charts: canonical metrics with attempts and members overlaid, the raw scalar inspector, and the
-bounded metric endpoints the charts, the CLI and API clients read (`/jobs/<id>/metrics`, `/…/raw`)."""
+"""Job Charts: canonical metrics with attempts, members and sources overlaid (several jobs compared on one
+chart at `/charts/compare?jobs=1,2`), the raw scalar inspector, what could not be stored (damaged file
+regions, refused points) and whether each member's metrics are complete, and the bounded metric endpoints
+the charts, the CLI and API clients read (`/jobs/<id>/metrics`, `/…/raw`, `/…/metrics/health`)."""
 
 from __future__ import annotations
 
@@ -53,8 +55,46 @@ def metrics(job_id: int):
         max_points=_int_arg("max_points", 500),
         step_from=_int_arg("step_from"),
         step_to=_int_arg("step_to"),
+        smooth=_int_arg("smooth"),
     )
     return json_response(data)
+
+
+@bp.get("/jobs/<int:job_id>/metrics/health")
+@login_required
+def health(job_id: int):
+    """Metrics complete or what is missing, damaged regions and refused points (job page, charts, CLI)."""
+    data = queries.job_health(get_db(), current_user().id, job_id)
+    return respond("telemetry/_health.html", {"job_id": job_id, **data}, json_data=data)
+
+
+@bp.get("/charts/compare")
+@login_required
+def compare():
+    """Several jobs' canonical metrics on shared charts (jobs picked on the jobs list or by id)."""
+    raw = ",".join(request.args.getlist("jobs"))  # jobs=1,2 or the jobs list's jobs=1&jobs=2
+    ids: list[int] = []
+    for part in raw.replace(" ", ",").split(","):
+        if not part:
+            continue
+        if not part.isdigit() or len(part) > 18:
+            raise Refusal(f"jobs: {part[:40]!r} is not a job id", 400, "jobs")
+        if int(part) not in ids:
+            ids.append(int(part))
+    if not ids:
+        raise Refusal("jobs: name at least one job id (jobs=12,15)", 400, "jobs")
+    if len(ids) > 8:
+        raise Refusal("jobs: at most 8 jobs on one chart", 400, "jobs")
+    present: dict[str, set[int]] = {}
+    for job_id in ids:
+        for entry in queries.job_series(get_db(), current_user().id, job_id):
+            if entry["canonical"]:
+                present.setdefault(entry["canonical"], set()).add(job_id)
+    ordered = [(c, queries.CANONICAL_LABELS[c]) for c in queries.CANONICAL_LABELS if c in present]
+    data = {"title": "Compare jobs", "job_ids": ids, "canonical": ordered}
+    return respond(
+        "telemetry/compare.html", data, json_data={"jobs": ids, "canonical": [c for c, _ in ordered]}
+    )
 
 
 @bp.get("/jobs/<int:job_id>/metrics/raw")
@@ -101,6 +141,7 @@ def charts(job_id: int):
         "sources": sorted({s["source"] for s in series}),
         "last_at": last_at,
         "version": _live_version(job_id),
+        "health": queries.job_health(get_db(), current_user().id, job_id),
     }
     return respond("telemetry/charts.html", data, json_data={"job_id": job_id, "series": series})
 

@@ -671,6 +671,43 @@ BEGIN
 END;
 $$;
 
+-- telemetry_series_smoothed: the trailing mean of a series' finite values over (t - p_window, t] at each
+-- given step t: smoothing defined on the full series, so it does not change with the zoom or the number
+-- of buckets (the charts evaluate it at each bucket's last step). Windows under 1,024 steps read raw
+-- points; wider ones the rollup cells of the widest width ≤ window/16 (the cell holding t counts whole,
+-- an error of at most 1/16 of the window). At most 1,000 steps per call.
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_series_smoothed(p_series_id bigint, p_window bigint,
+                                                               p_steps bigint[])
+RETURNS TABLE (step bigint, value double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    cell integer;
+BEGIN
+    IF p_window IS NULL OR p_window < 1 OR p_window > 4611686018427387904 THEN
+        RAISE EXCEPTION 'smoothing window must be 1 step or more' USING ERRCODE = 'TP400', COLUMN = 'smooth';
+    END IF;
+    IF coalesce(array_length(p_steps, 1), 0) > 1000 THEN
+        RAISE EXCEPTION 'at most 1000 steps per call' USING ERRCODE = 'TP400', COLUMN = 'steps';
+    END IF;
+    SELECT max(lv) INTO cell FROM unnest(ARRAY[64, 512, 4096, 32768]) AS lv WHERE lv * 16 <= p_window;
+    IF cell IS NULL THEN
+        RETURN QUERY
+            SELECT t.t, (SELECT avg(p.value) FROM tuneplane.telemetry_points p
+                          WHERE p.series_id = p_series_id AND p.step > t.t - p_window AND p.step <= t.t
+                            AND p.value NOT IN ('NaN', 'Infinity', '-Infinity'))
+              FROM unnest(p_steps) AS t(t);
+        RETURN;
+    END IF;
+    RETURN QUERY
+        SELECT t.t, (SELECT CASE WHEN sum(r.n) > 0 THEN sum(r.sum) / sum(r.n) END
+                       FROM tuneplane.telemetry_rollups r
+                      WHERE r.series_id = p_series_id AND r.width = cell
+                        AND r.bucket > floor((t.t::numeric - p_window) / cell)
+                        AND r.bucket <= floor(t.t::numeric / cell))
+          FROM unnest(p_steps) AS t(t);
+END;
+$$;
+
 -- telemetry_buckets: telemetry_series_buckets for a user (owner or admin; 404 otherwise).
 CREATE OR REPLACE FUNCTION tuneplane.telemetry_buckets(p_actor_id bigint, p_series_id bigint, p_max_buckets integer,
                                             p_step_from bigint DEFAULT NULL, p_step_to bigint DEFAULT NULL)
@@ -685,6 +722,22 @@ BEGIN
         RAISE EXCEPTION 'no such series of yours: %', p_series_id USING ERRCODE = 'TP404', COLUMN = 'series';
     END IF;
     RETURN QUERY SELECT * FROM tuneplane.telemetry_series_buckets(p_series_id, p_max_buckets, p_step_from, p_step_to);
+END;
+$$;
+
+-- telemetry_smoothed: telemetry_series_smoothed for a user (owner or admin; 404 otherwise).
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_smoothed(p_actor_id bigint, p_series_id bigint, p_window bigint,
+                                                        p_steps bigint[])
+RETURNS TABLE (step bigint, value double precision)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    job bigint;
+BEGIN
+    SELECT s.job_id INTO job FROM tuneplane.telemetry_series s WHERE s.id = p_series_id;
+    IF job IS NULL OR NOT tuneplane.telemetry_can_read(p_actor_id, job) THEN
+        RAISE EXCEPTION 'no such series of yours: %', p_series_id USING ERRCODE = 'TP404', COLUMN = 'series';
+    END IF;
+    RETURN QUERY SELECT * FROM tuneplane.telemetry_series_smoothed(p_series_id, p_window, p_steps);
 END;
 $$;
 

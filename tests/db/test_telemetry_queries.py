@@ -259,8 +259,8 @@ def test_extreme_steps_stored_before_the_range_check_still_read(db: Database, ga
     _send(gateway, member_token(db, job), "loss", range(100), np.ones(100), seq=1)
     series = _series_id(db, job, "loss")
     db.fetch_all(
-        "INSERT INTO telemetry_points VALUES (%s, -9223372036854775808, 1, 0), (%s, 9223372036854775807, 2, 0)"
-        " RETURNING 1",
+        "INSERT INTO telemetry_points VALUES (%s, -9223372036854775808, 1, 0),"
+        " (%s, 9223372036854775807, 2, 0) RETURNING 1",
         (series, series),
     )
     db.fetch_all(
