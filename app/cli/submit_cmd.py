@@ -335,6 +335,11 @@ def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
     ):
         click.echo(f"  {label:<16} {job[label]}")
     echo_launch(job)
+    # Telemetry (issue 11): whether every member's metrics arrived, and what could not be stored.
+    from app.cli.telemetry_cmd import echo_health
+
+    with api_client(server, token, ca_bundle) as client:
+        echo_health(client.get(f"/jobs/{job_id}/metrics/health"))
     click.echo("events:")
     for event in job["events"]:
         click.echo(

@@ -189,8 +189,9 @@ def metrics_cmd(
             params[key] = value
     with ApiClient(resolve(server, token)) as client:
         data = client.get(f"/jobs/{job_id}/metrics", params=params)
+        health = client.get(f"/jobs/{job_id}/metrics/health")
     if as_json:
-        print_json(data)
+        print_json({**data, "health": health})
         return
     rows = []
     for series in data["series"]:
@@ -205,7 +206,7 @@ def metrics_cmd(
                 "member": series["member"],
                 "points": series["point_count"],
                 "steps": f"{series['min_step']}..{series['max_step']}" if buckets else "",
-                "last": last.get("last_value"),
+                "last": last.get("last_value") if last.get("non_finite") is None else last["non_finite"],
                 "min": min((b["min"] for b in buckets if b["min"] is not None), default=None),
                 "max": max((b["max"] for b in buckets if b["max"] is not None), default=None),
             }
@@ -215,6 +216,25 @@ def metrics_cmd(
         ["name", "canonical", "source", "attempt", "member", "points", "steps", "last", "min", "max"],
         empty="(no metrics yet)",
     )
+    echo_health(health)
+
+
+def echo_health(health: dict) -> None:
+    """'metrics complete' or what is missing, then each damaged region and refused-point count."""
+    members = ", ".join(
+        f"a{m['attempt']} m{m['member_rank']} {m['state']}" + (f" ({m['reason']})" if m["reason"] else "")
+        for m in health["members"]
+    )
+    click.echo(f"{health['summary']}" + (f": {members}" if members else ""))
+    for d in health["damaged"]:
+        click.echo(
+            f"warning: damaged region skipped: a{d['attempt']} m{d['member_rank']} {d['what']} "
+            f"at byte {d['file_offset']}, {d['bytes']} bytes: {d['reason']}"
+        )
+    for r in health["refused"]:
+        what = f" {r['what'][:80]}" if r["what"] else ""
+        where = f"a{r['attempt']} m{r['member_rank']} {r['source']}{what}"
+        click.echo(f"warning: {r['count']} point(s) refused: {where}: {r['reason']}")
 
 
 COMMANDS = [telemetry_gateway_cmd, collector_cmd, metrics_cmd]

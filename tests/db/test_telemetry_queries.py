@@ -212,6 +212,19 @@ def test_metrics_cli_prints_bounded_series(db: Database, db_url: str, gateway: G
     job = make_job(db, alice)
     token = member_token(db, job)
     _send(gateway, token, "loss", range(3_000), np.linspace(2, 1, 3_000), seq=1)
+    damaged = wire.encode(
+        "c-loss",
+        2,
+        [],
+        [],
+        [],
+        [],
+        damage=[("tensorboard:run", "run/events.out.tfevents.9", 512, 30, "record data fails its CRC")],
+        refused=[("jsonl:m", "loss", "step outside ±(2^53-1)", 2)],
+    )
+    httpx.post(
+        f"{gateway.url}/v1/telemetry/batches", content=damaged, headers={"Authorization": f"Bearer {token}"}
+    )
     server = make_server("127.0.0.1", 0, create_app(db_url), threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -224,6 +237,11 @@ def test_metrics_cli_prints_bounded_series(db: Database, db_url: str, gateway: G
         table = CliRunner().invoke(main, ["metrics", str(job)], env=env)
         assert table.exit_code == 0, table.output
         assert "loss" in table.output and "0..2999" in table.output
+        assert "collecting metrics: a1 m0 collecting" in table.output
+        assert "warning: damaged region skipped: a1 m0 run/events.out.tfevents.9 at byte 512, 30 bytes" in (
+            table.output
+        )
+        assert "warning: 2 point(s) refused: a1 m0 jsonl:m loss: step outside ±(2^53-1)" in table.output
         as_json = CliRunner().invoke(
             main, ["metrics", str(job), "--name", "loss", "--max-points", "50", "--json"], env=env
         )
