@@ -1,8 +1,9 @@
 """PostgreSQL's isolationtester drives two and three sessions through the launch functions in every
 interleaving each spec of tests/isolation/ lists; the output must match the reviewed expected file
-(placement: no double allocation; prepare/commit: exactly one decision; reconcile vs start: a member is
-never released by the reconcile of the session it started in; session fence: a report of a replaced
-session is applied before the new session opens or refused, never after).
+(placement: no double allocation; prepare/commit: exactly one decision; fence vs placement: nothing
+reserved on a node being fenced; reconcile vs start: a member is never released by the reconcile of the
+session it started in; session fence: a report of a replaced session is applied before the new session
+opens or refused, never after).
 
 A new spec's output is written next to the test's tmp directory when it differs (read it, review it,
 then copy it to tests/isolation/expected/)."""
