@@ -772,13 +772,16 @@ SELECT f.id AS fleet_id,
        count(*) FILTER (WHERE v.scheduling_state = 'retired')::integer AS retired,
        coalesce(sum(v.gpus) FILTER (WHERE v.scheduling_state <> 'retired'), 0)::integer AS gpus,
        coalesce(sum(v.simulated_gpus) FILTER (WHERE v.scheduling_state <> 'retired'), 0)::integer AS simulated_gpus,
-       -- What the scheduler may use now: active and connected nodes only.
-       coalesce(sum(v.gpus) FILTER (WHERE v.scheduling_state = 'active' AND v.connectivity = 'connected'), 0)::integer
+       -- What the scheduler may use now: active, connected and unfenced nodes only (reserve_next's rule).
+       coalesce(sum(v.gpus) FILTER (WHERE v.scheduling_state = 'active' AND v.connectivity = 'connected'
+                                      AND v.fenced_at IS NULL), 0)::integer
            AS schedulable_gpus,
        coalesce(sum(v.allocated_gpus), 0)::integer AS allocated_gpus,
        coalesce(sum(v.cpus) FILTER (WHERE v.scheduling_state <> 'retired'), 0)::integer AS cpus,
        coalesce(sum(v.memory_bytes) FILTER (WHERE v.scheduling_state <> 'retired'), 0)::bigint AS memory_bytes,
-       f.created_at
+       f.created_at,
+       -- Appended (CREATE OR REPLACE VIEW only appends): fenced nodes, whatever their scheduling state.
+       count(*) FILTER (WHERE v.fenced_at IS NOT NULL AND v.scheduling_state <> 'retired')::integer AS fenced
   FROM tuneplane.fleets f
   LEFT JOIN tuneplane.v_nodes v ON v.fleet_id = f.id
  GROUP BY f.id;

@@ -92,3 +92,17 @@ def test_fleet_page_shows_fence_and_last_checks(db: Database, db_url: str) -> No
     )
     assert "cannot reach rank 1 on n1" in html and "fenced" in html and "Unfence" in html
     assert 'shared storage: <span class="state ok">ok</span>' in html
+
+
+def test_fenced_nodes_do_not_count_as_schedulable_in_v_fleet_and_on_the_fleet_page(
+    db: Database, db_url: str
+) -> None:
+    fleet = make_fleet(db)
+    make_node(db, fleet, "n0", gpus=2)
+    make_node(db, fleet, "n1", gpus=4)
+    db.call("fence_node", "gpu/n1", "psu died", "test")
+    row = db.fetch_one("SELECT schedulable_gpus, gpus, fenced FROM v_fleet WHERE fleet_id = %s", (fleet,))
+    assert row == {"schedulable_gpus": 2, "gpus": 6, "fenced": 1}
+    client, headers = _admin_client(db, db_url)
+    html = client.get("/fleets/gpu", headers={"Authorization": headers["Authorization"]}).get_data(as_text=True)
+    assert "2 schedulable / 6 reported" in html and "1 fenced" in html
