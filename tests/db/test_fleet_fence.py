@@ -104,5 +104,6 @@ def test_fenced_nodes_do_not_count_as_schedulable_in_v_fleet_and_on_the_fleet_pa
     row = db.fetch_one("SELECT schedulable_gpus, gpus, fenced FROM v_fleet WHERE fleet_id = %s", (fleet,))
     assert row == {"schedulable_gpus": 2, "gpus": 6, "fenced": 1}
     client, headers = _admin_client(db, db_url)
-    html = client.get("/fleets/gpu", headers={"Authorization": headers["Authorization"]}).get_data(as_text=True)
+    page = client.get("/fleets/gpu", headers={"Authorization": headers["Authorization"]})
+    html = page.get_data(as_text=True)
     assert "2 schedulable / 6 reported" in html and "1 fenced" in html

@@ -83,8 +83,9 @@ def test_live_attempts_never_share_a_rendezvous_address_and_port(db: Database) -
     ports = db.fetch_all("SELECT master_addr, master_port FROM attempts ORDER BY id")
     assert {p["master_addr"] for p in ports} == {"10.1.0.1"}
     assert sorted(p["master_port"] for p in ports) == [29500, 29501]
-    assert "waiting for a rendezvous port: every port of 29500..29501 is in use at 10.1.0.1" in (
-        job(db, jobs[2])["state_reason"]
+    assert (
+        "waiting for a rendezvous port: every port of 29500..29501 is in use at 10.1.0.1"
+        in (job(db, jobs[2])["state_reason"])
     )
     # The table refuses a second live attempt on the same address and port even without placement.
     attempt = members_of(db, jobs[0])[0]["attempt_id"]
