@@ -421,8 +421,10 @@ class Gateway:
                 )
             )["rotate_node_credential"]
         except Refusal as refusal:
+            # Only the node's newest confirmed credential may rotate: a session opened with an older one
+            # (in its grace period) never gets a new credential; it simply stops being usable.
             log.warning("rotation for node %s refused: %s", session.node, refusal.message)
-            session.rotate_due = time.time() + self.settings["heartbeat_interval"]
+            session.rotate_due = float("inf")
             return
         session.rotation_pending = new_id
         await session.send({"type": "rotate_credential", "credential_id": new_id, "credential": credential})

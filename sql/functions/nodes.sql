@@ -224,23 +224,41 @@ BEGIN
 END;
 $$;
 
--- rotate_node_credential: issues a new credential for a node while p_current_credential_id is live.
+-- rotate_node_credential: issues a new credential for a node, only from the node's newest confirmed
+-- credential: p_current_credential_id must be live, confirmed (first used or confirmed saved) and not
+-- superseded (no grace period running; no newer confirmed credential). So a rotated-out credential still
+-- inside its grace period (a stale copy of the state directory, an old agent process) cannot start a
+-- rotation whose confirmation would push the real agent's credential into its grace period and lock it out.
 -- The old one keeps working until the agent confirms it saved the new one (confirm_node_credential) or
 -- first authenticates with it, and then for the grace period only. A still-unconfirmed newer credential
--- from an earlier, interrupted rotation is revoked so at most one is outstanding.
+-- from an earlier, interrupted rotation is revoked so at most one is outstanding. Refuses (409) anything else.
 CREATE OR REPLACE FUNCTION tuneplane.rotate_node_credential(p_node_id bigint, p_current_credential_id bigint,
                                                  p_new_credential_hash text)
 RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
+    cred tuneplane.node_credentials;
+    newer bigint;
     new_id bigint;
 BEGIN
-    PERFORM 1 FROM tuneplane.node_credentials
+    SELECT * INTO cred FROM tuneplane.node_credentials
      WHERE id = p_current_credential_id AND node_id = p_node_id AND revoked_at IS NULL
        AND (grace_until IS NULL OR grace_until > now())
        FOR UPDATE;
-    IF NOT FOUND THEN
+    IF cred.id IS NULL THEN
         RAISE EXCEPTION 'credential % is not a live credential of node %', p_current_credential_id, p_node_id
+            USING ERRCODE = 'TP409', COLUMN = 'credential';
+    END IF;
+    SELECT max(c.id) INTO newer FROM tuneplane.node_credentials c
+     WHERE c.node_id = p_node_id AND c.id > cred.id AND c.first_used_at IS NOT NULL AND c.revoked_at IS NULL;
+    IF cred.grace_until IS NOT NULL OR newer IS NOT NULL THEN
+        RAISE EXCEPTION 'credential % of node % was rotated out (credential % replaced it); only the newest '
+                        'confirmed credential may rotate', cred.id, p_node_id, coalesce(newer::text, 'a newer one')
+            USING ERRCODE = 'TP409', COLUMN = 'credential';
+    END IF;
+    IF cred.first_used_at IS NULL THEN
+        RAISE EXCEPTION 'credential % of node % was never confirmed; only the newest confirmed credential may '
+                        'rotate', cred.id, p_node_id
             USING ERRCODE = 'TP409', COLUMN = 'credential';
     END IF;
     UPDATE tuneplane.node_credentials SET revoked_at = now(), revoked_reason = 'replaced before confirmation'

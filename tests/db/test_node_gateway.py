@@ -196,6 +196,47 @@ def test_gateway_rotates_the_credential_over_the_session_and_the_old_one_expires
     wait_for(old_is_refused, timeout=10)
 
 
+def test_a_session_opened_with_a_rotated_out_credential_gets_no_rotation(
+    db_url: str, db: Database, tmp_path: Path
+) -> None:
+    """A stale copy of the state directory (an old credential still in its grace period) connects after the
+    real agent rotated: the gateway never rotates from it, so the real agent's credential stays current."""
+    fast_thresholds(db, heartbeat=0.2, stale=2, lost=4, rotate=0.5, grace=60.0)
+    make_fleet(db)
+    token = make_token(db)
+
+    async def scenario() -> tuple[str, list[str]]:
+        async with running_gateway(db_url) as (_gateway, url), aiohttp.ClientSession() as http:
+            enrolled = await enroll(http, url, token, "n1")
+            stale_copy = MemoryCredentialStore(enrolled)
+            paths = AgentPaths.prepare(tmp_path / "state")
+            store = FileCredentialStore(paths.credential_path)
+            store.save(enrolled)
+            lines: list[str] = []
+            real = ControlSession(http, url, store, AgentContext(paths=paths), _capacity, say=lines.append)
+            task = asyncio.create_task(real.run())
+            await until(lambda: events(db, "credential_rotated"))
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            stale_lines: list[str] = []
+            stale = ControlSession(http, url, stale_copy, AgentContext(), _capacity, say=stale_lines.append)
+            task = asyncio.create_task(stale.run())
+            await asyncio.wait_for(stale.connected.wait(), 10)
+            await asyncio.sleep(1.5)  # three rotation periods: the gateway would have rotated by now
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return store.load().credential, stale_lines
+
+    current, stale_lines = asyncio.run(scenario())
+    assert not any("credential rotated" in line for line in stale_lines)
+    assert len(events(db, "credential_rotated")) == 1
+    row = db.call("authenticate_node_credential", token_hash(current))[0]
+    live = db.fetch_all(
+        "SELECT id FROM node_credentials WHERE revoked_at IS NULL AND grace_until IS NULL ORDER BY id"
+    )
+    assert live == [{"id": row["credential_id"]}]
+
+
 def test_reports_dispatch_through_the_registry_and_unknown_kinds_are_refused(
     db_url: str, db: Database
 ) -> None:

@@ -133,6 +133,32 @@ def test_rotated_credential_works_during_grace_then_is_refused(db: Database) -> 
     assert "rotated out" in message and "grace period ended" in message
 
 
+def test_a_rotated_out_credential_in_its_grace_period_cannot_start_a_rotation(db: Database) -> None:
+    make_fleet(db)
+    node, old = enroll(db, make_token(db), "n1")
+    first = db.call("authenticate_node_credential", token_hash(old))[0]["credential_id"]
+    new, new_digest = new_token("tpn")
+    rotated = db.call("rotate_node_credential", node["node_id"], first, new_digest)[0]
+    second = rotated["rotate_node_credential"]
+    db.call("confirm_node_credential", node["node_id"], second)
+    assert db.call("authenticate_node_credential", token_hash(old))  # still inside its grace period
+    with pytest.raises(Refusal) as refused:
+        db.call("rotate_node_credential", node["node_id"], first, new_token("tpn")[1])
+    assert refused.value.status == 409
+    assert "only the newest confirmed credential may rotate" in refused.value.message
+    creds = db.fetch_all(
+        "SELECT id, grace_until IS NULL AS current FROM node_credentials WHERE node_id = %s ORDER BY id",
+        (node["node_id"],),
+    )
+    assert creds == [{"id": first, "current": False}, {"id": second, "current": True}]
+    assert db.call("authenticate_node_credential", token_hash(new))[0]["credential_id"] == second
+    # The newest confirmed one rotates as before; a never-confirmed one does not.
+    third = db.call("rotate_node_credential", node["node_id"], second, new_token("tpn")[1])[0]
+    unconfirmed = third["rotate_node_credential"]
+    with pytest.raises(Refusal, match="never confirmed"):
+        db.call("rotate_node_credential", node["node_id"], unconfirmed, new_token("tpn")[1])
+
+
 def test_an_interrupted_rotation_is_replaced_not_accumulated(db: Database) -> None:
     make_fleet(db)
     node, old = enroll(db, make_token(db), "n1")
