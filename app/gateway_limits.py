@@ -1,28 +1,50 @@
 """The input-limits layer of both aiohttp gateways (node control, telemetry): one middleware in front.
 
 It applies app.input_limits to every request before its handler runs: query parameters and route
-segments (NUL, lone surrogates, integer parameters within their SQL type), and a JSON body — anything
-sent as application/json, and every body sent to a path the gateway declares JSON-only — parsed once by
-the bounded parser and kept in `request[JSON_KEY]` for `request_json()`. The node gateway checks values
-too (NUL, surrogates, bigint range, no NaN); the telemetry gateway only depth, since it refuses a bad
-point alone (app/telemetry). Refusals answer the gateways' JSON error shape `{"error", "status",
-"fields"}`; a value PostgreSQL still refuses (a data exception, class 22) is the client's 400, not a
-500. The body size is aiohttp's client_max_size (413).
+segments (NUL, lone surrogates, integer parameters within their SQL type, ids within bigint), and a
+JSON body — anything sent as application/json, and every body sent to a path the gateway declares
+JSON-only — parsed once by the bounded parser (depth, NUL, surrogates, bigint range, no NaN) and kept in
+`request[JSON_KEY]` for `request_json()`. The telemetry gateway's `points` get the depth check only: it
+refuses a bad point alone (app/telemetry), not the batch. Refusals answer the gateways' JSON error
+shape `{"error", "status", "fields"}`; a value PostgreSQL still refuses (a data exception, class 22) is
+the client's 400, not a 500. The body size is aiohttp's client_max_size (413).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 import psycopg
-from aiohttp import web
+from aiohttp import http_exceptions, web
 
 from app import input_limits
-from app.errors import Refusal
+from app.errors import Refusal, clip
 
 # A typed request key where aiohttp has them (3.12+), a plain string before.
 JSON_KEY: Any = web.RequestKey("tuneplane_json", object) if hasattr(web, "RequestKey") else "tuneplane_json"
+
+
+class _ClientProtocolErrors(logging.Filter):
+    """aiohttp answers a malformed request (a request line over 8 KiB, a bad header) with 400 itself,
+    but logs it as an ERROR with a traceback; it is the client's fault: one warning line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, http_exceptions.HttpProcessingError):
+            record.msg = f"{record.getMessage()}: refused a malformed request ({clip(str(exc).strip(), 200)})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_client_protocol_errors() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, _ClientProtocolErrors) for f in server_log.filters):
+        server_log.addFilter(_ClientProtocolErrors())
 
 
 def refusal_response(refusal: Refusal) -> web.Response:
@@ -40,19 +62,24 @@ def _is_json(request: web.Request) -> bool:
     return ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))
 
 
-def input_limits_middleware(json_paths: Iterable[str] = (), *, values: bool = True) -> Any:
-    """The middleware for one gateway: `json_paths` take JSON whatever the Content-Type says."""
+def input_limits_middleware(json_paths: Iterable[str] = (), *, depth_only: Iterable[str] = ()) -> Any:
+    """The middleware for one gateway: `json_paths` (route patterns as added, `/x/{id}/y`) take JSON
+    whatever the Content-Type says; under the top-level keys `depth_only` only the depth is checked."""
     always_json = frozenset(json_paths)
+    depth_only_keys = frozenset(depth_only)
+    quiet_client_protocol_errors()
 
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         try:
             input_limits.check_query(request.query)
             for name, value in request.match_info.items():
-                input_limits.check_text(value, name, 4096)
-            if request.body_exists and (request.path in always_json or _is_json(request)):
+                input_limits.check_route_value(name, value)
+            resource = request.match_info.route.resource
+            route = resource.canonical if resource is not None else request.path
+            if request.body_exists and (route in always_json or _is_json(request)):
                 raw = await request.read()
-                request[JSON_KEY] = input_limits.load_json(raw, values=values)
+                request[JSON_KEY] = input_limits.load_json(raw, depth_only=depth_only_keys)
             return await handler(request)
         except Refusal as refusal:
             return refusal_response(refusal)

@@ -71,6 +71,20 @@ def parse_int(raw: str, field: str, low: int, high: int) -> int:
     return value
 
 
+def check_route_value(name: str, value: object) -> None:
+    """A route segment: text rules for strings; ids (`…_id`) within bigint, indexes (`…index`) within
+    integer — the SQL types they are looked up as — or the route names nothing (404)."""
+    if isinstance(value, str):
+        check_text(value, name, 4096)
+        if not value.isdigit():
+            return
+        value = int(value)
+    if isinstance(value, int):
+        high = INT8[1] if name.endswith("_id") else INT4[1] if name.endswith("index") else None
+        if high is not None and value > high:
+            raise Refusal(f"no such {name}", status=404, field=name)
+
+
 def check_query(args: Any) -> None:
     """Every query parameter (a MultiDict or aiohttp's MultiDictProxy) against the generic rules."""
     for key, value in args.items():
@@ -85,12 +99,16 @@ def _refuse_constant(name: str) -> Any:
 
 
 def load_json(
-    raw: bytes | str, field: str = "body", max_bytes: int = MAX_JSON_BYTES, *, values: bool = True
+    raw: bytes | str,
+    field: str = "body",
+    max_bytes: int = MAX_JSON_BYTES,
+    *,
+    depth_only: frozenset[str] = frozenset(),
 ) -> Any:
     """Parse a JSON body within the limits, or refuse with a 4xx naming where it breaks them.
 
-    values=False checks the nesting depth only (the telemetry gateway judges each point's values itself,
-    refusing a bad point alone rather than the batch).
+    Under the top-level keys in `depth_only` only the nesting depth is checked (the telemetry gateway
+    judges each point's values itself, refusing a bad point alone rather than the batch).
     """
     if len(raw) > max_bytes:
         raise Refusal(f"the JSON body is larger than {max_bytes} bytes", status=413, field=field)
@@ -104,18 +122,18 @@ def load_json(
         raise Refusal("the JSON body is not UTF-8", status=400, field=field) from None
     except ValueError as exc:
         raise Refusal(f"the body is not JSON: {exc}", status=400, field=field) from None
-    check_json_value(value, field, values=values)
+    check_json_value(value, field, depth_only=depth_only)
     return value
 
 
-def check_json_value(value: Any, field: str = "body", *, values: bool = True) -> Any:
+def check_json_value(value: Any, field: str = "body", *, depth_only: frozenset[str] = frozenset()) -> Any:
     """Walk a parsed JSON value without recursion: depth, strings, integers and floats within bounds.
 
     A refusal names the offending value by its dotted path (`resources.nodes`, `env.A`, `points.3.step`).
     """
-    stack: list[tuple[Any, str, int]] = [(value, "", 1)]
+    stack: list[tuple[Any, str, int, bool]] = [(value, "", 1, True)]
     while stack:
-        item, path, depth = stack.pop()
+        item, path, depth, values = stack.pop()
         where = path or field
         if isinstance(item, dict):
             if depth > MAX_JSON_DEPTH:
@@ -124,12 +142,12 @@ def check_json_value(value: Any, field: str = "body", *, values: bool = True) ->
                 key_path = f"{path}.{key}" if path else str(key)
                 if values:
                     check_text(str(key), clip(ascii(key_path)[1:-1], 120))
-                stack.append((child, key_path, depth + 1))
+                stack.append((child, key_path, depth + 1, values and not (depth == 1 and key in depth_only)))
         elif isinstance(item, list):
             if depth > MAX_JSON_DEPTH:
                 raise Refusal(f"nested more than {MAX_JSON_DEPTH} levels deep", status=400, field=where)
             for index, child in enumerate(item):
-                stack.append((child, f"{path}.{index}" if path else str(index), depth + 1))
+                stack.append((child, f"{path}.{index}" if path else str(index), depth + 1, values))
         elif not values:
             continue
         elif isinstance(item, str):

@@ -131,7 +131,15 @@ class Gateway:
     # ---- application wiring -------------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
-        limits = input_limits_middleware([protocol.ENROLL_PATH, protocol.REPORTS_PATH])
+        # Handlers of these routes parse the body as JSON whatever its Content-Type (the artifact routes
+        # of app/artifacts/gateway_routes.py among them).
+        json_routes = [
+            protocol.ENROLL_PATH,
+            protocol.REPORTS_PATH,
+            "/api/artifacts",
+            "/api/artifacts/{artifact_id}/fail",
+        ]
+        limits = input_limits_middleware(json_routes)
         app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[limits])
         app.router.add_post(protocol.ENROLL_PATH, self.enroll)
         app.router.add_get(protocol.CONTROL_PATH, self.control)
@@ -283,7 +291,7 @@ class Gateway:
             return await self._refuse_socket(request, refusal)
         ws = web.WebSocketResponse(max_msg_size=4 * 1024 * 1024)
         if not ws.can_prepare(request).ok:
-            return _json_error(Refusal("this endpoint speaks WebSocket only", status=400))
+            return _json_error(Refusal("this endpoint speaks WebSocket only", status=400, field="Upgrade"))
         await ws.prepare(request)
         node_id = ident["node_id"]
         opened = await self.db.call_one("node_session_opened", node_id, request.remote, self.name)

@@ -191,9 +191,9 @@ async def _prune_forever(pool: AsyncConnectionPool) -> None:
 
 
 def create_app(database_url: str, *, pool_max: int = 8, prune: bool = True) -> web.Application:
-    # The input-limits layer (app/gateway_limits.py) in front: query, route and JSON depth; each point's
-    # values are judged here, point by point.
-    limits = input_limits_middleware(["/v1/telemetry/points"], values=False)
+    # The input-limits layer (app/gateway_limits.py) in front: query, route, JSON depth and the batch's
+    # own fields; each point's values are judged here, point by point.
+    limits = input_limits_middleware(["/v1/telemetry/points"], depth_only=["points"])
     app = web.Application(client_max_size=wire.MAX_BATCH_BYTES, middlewares=[limits, refusals])
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

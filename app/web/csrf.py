@@ -53,7 +53,8 @@ def check_csrf() -> None:
     if not sent and request.mimetype in ("application/x-www-form-urlencoded", "multipart/form-data"):
         sent = request.form.get(FORM_FIELD, "")
     expected = session.get(SESSION_KEY) or ""
-    if not expected or not sent or not hmac.compare_digest(str(sent), str(expected)):
+    # Compared as bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not a 403).
+    if not expected or not sent or not hmac.compare_digest(str(sent).encode(), str(expected).encode()):
         raise Refusal(
             "the form's CSRF token is missing or wrong; reload the page and try again",
             status=403,

@@ -78,8 +78,7 @@ class HttpsAwareSessionInterface(SecureCookieSessionInterface):
 def check_request() -> None:
     input_limits.check_query(request.args)
     for name, value in (request.view_args or {}).items():
-        if isinstance(value, str):
-            input_limits.check_text(value, name, 4096)
+        input_limits.check_route_value(name, value)
     if request.is_json:
         request.max_content_length = input_limits.MAX_JSON_BYTES
         if request.content_length or request.headers.get("Transfer-Encoding"):
