@@ -19,6 +19,9 @@ CANONICAL_LABELS = {
     "grad_norm": "Gradient norm",
     "gpu_utilization": "GPU utilisation",
     "gpu_memory": "GPU memory",
+    "gpu_power": "GPU power",
+    "cpu_utilization": "CPU utilisation",
+    "memory_rss": "Resident memory",
 }
 
 

@@ -188,6 +188,25 @@ def test_canonical_names_map_common_framework_names(db: Database) -> None:
         "torch/max_memory_allocated": "gpu_memory",
         "kl_loss": None,
         "accuracy": None,
+        # issue 11: throughput however it is spelled, add_scalars sub-runs, HF Trainer, Lightning, torchtune
+        "tokens/throughput": "throughput",
+        "perf/throughput/tokens": "throughput",
+        "tokens_per_second_per_gpu": "throughput",
+        "train_steps_per_second": "throughput",
+        "samples/s": "throughput",
+        "train_loss_step": "loss",
+        "train_loss_epoch": "loss",
+        "val/loss": "eval_loss",
+        "lr-Adam/pg1": "learning_rate",
+        "peak_memory_active": "gpu_memory",
+        "peak_memory_reserved": "gpu_memory",
+        "system/gpu.0.utilization": "gpu_utilization",
+        "system/gpu.0.memory_used": "gpu_memory",
+        "system/gpu.0.power_watts": "gpu_power",
+        "system/cpu_percent": "cpu_utilization",
+        "system/rss_bytes": "memory_rss",
+        "epoch": None,
+        "total_flos": None,
     }
     got = {n: db.fetch_one("SELECT telemetry_canonical(%s) AS c", (n,))["c"] for n in cases}
     assert got == cases

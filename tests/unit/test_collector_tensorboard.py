@@ -218,3 +218,23 @@ def test_masked_crc_matches_the_tfrecord_definition() -> None:
     crc = google_crc32c.value(length)
     assert tfrecord.masked_crc32c(length) == (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
     assert tfrecord.scan(tfrecord.frame(b"")).records == [(16, b"")]
+
+
+def test_add_scalars_sub_runs_are_named_by_their_directory_suffix(tmp_path: Path) -> None:
+    SummaryWriter = pytest.importorskip("torch.utils.tensorboard").SummaryWriter
+
+    writer = SummaryWriter(log_dir=str(tmp_path / "run"))
+    for step in range(20):
+        writer.add_scalars("eval", {"loss": 1.0 / (step + 1), "accuracy": step / 20}, step)
+        writer.add_scalars("train/tokens", {"throughput": 100.0 + step}, step)
+        writer.add_scalar("train/loss", 2.0, step)
+    writer.close()
+    points = _read_all(tmp_path)
+    names = {(p.source, p.name) for p in points}
+    assert names == {
+        ("tensorboard:run/eval_loss", "eval/loss"),
+        ("tensorboard:run/eval_accuracy", "eval/accuracy"),
+        ("tensorboard:run/train_tokens_throughput", "train/tokens/throughput"),
+        ("tensorboard:run", "train/loss"),
+    }
+    assert len(points) == 80

@@ -35,6 +35,16 @@ def classify(name: str) -> str | None:
     return None
 
 
+def subrun_name(run_dir: str, tag: str) -> str:
+    """The name of a scalar written by `add_scalars(main_tag, {key: value})`: PyTorch and tensorboardX
+    write it into a sub-run directory `<main_tag with / as _>_<key>` under the tag `main_tag`, so the
+    directory's suffix tells the scalars apart (`eval` in `eval_loss/` → `eval/loss`)."""
+    prefix = tag.replace("/", "_") + "_"
+    if run_dir.startswith(prefix) and len(run_dir) > len(prefix):
+        return f"{tag}/{run_dir[len(prefix):]}"
+    return tag
+
+
 def source_for(kind: str, relative: Path) -> str:
     if kind == "tensorboard":
         # A TensorBoard "run" is a directory; files of one run (one per writer restart) are one source.
@@ -239,13 +249,18 @@ class OutputTracker:
         found = tfrecord.scan(data, start, final=final)
         damage = sorted(found.damage, key=lambda d: d.offset)
         columns = _Columns()
+        run_dir = Path(state.path).parent.name
+        names: dict[str, str] = {}
         for record_end, record in found.records:
             # Damage before this record travels with it (its position and its damage are spooled together).
             while damage and damage[0].offset < record_end:
                 columns.damage.append(damage.pop(0))
             try:
                 for tag, step, wall, value in tb_events.event_scalars(record, state.source, state.tags):
-                    columns.add(tag, step, value, wall)
+                    name = names.get(tag)
+                    if name is None:
+                        name = names[tag] = subrun_name(run_dir, tag)
+                    columns.add(name, step, value, wall)
             except tb_events.EventDecodeError:
                 columns.damage.append(
                     tfrecord.Damage(record_end - len(record) - 16, len(record) + 16, NOT_AN_EVENT)
