@@ -85,6 +85,15 @@ def _env_int(name: str) -> int | None:
     show_default=True,
     help="Most points in one batch.",
 )
+@click.option(
+    "--sample-interval",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="Seconds between host/GPU samples of the member (0: none).",
+)
+@click.option("--member-tag", default=None, help="The member's process tag (its CPU and RSS are sampled).")
+@click.option("--gpus", default="", help="The member's GPU indices, comma separated (sampled through NVML).")
 @click.option("--ca-bundle", envvar="TUNEPLANE_CA_BUNDLE", default=None)
 def collector_cmd(
     output_dir: Path,
@@ -99,6 +108,9 @@ def collector_cmd(
     fsync_interval: float,
     drain_timeout: float,
     batch_points: int,
+    sample_interval: float,
+    member_tag: str | None,
+    gpus: str,
     ca_bundle: str | None,
 ) -> None:
     """Tail a member's metric files and ship them to the telemetry gateway through a durable spool."""
@@ -140,6 +152,9 @@ def collector_cmd(
         drain_timeout=drain_timeout,
         ca_bundle=ca_bundle,
         batch_points=batch_points,
+        sample_interval=sample_interval,
+        member_tag=member_tag,
+        gpu_indices=tuple(int(g) for g in gpus.split(",") if g.strip().isdigit()),
     )
     try:
         collector = Collector(config)

@@ -22,8 +22,10 @@ from tests.conftest import free_port
 from tests.e2e.telemetry_processes import expected_points, start_gateway, stop, stored_points
 from tests.telemetry_support import make_job, make_user, member_token, running_gateway
 from workers.agent.collectors import MemberCollectors
-from workers.agent.members import MemberRecord, MemberStore
+from workers.agent.members import MemberRecord, MemberStore, member_tag
+from workers.agent.state import AgentPaths
 from workers.collector import tfrecord
+from workers.proctree import TAG_VARIABLE
 
 pytestmark = pytest.mark.e2e
 
@@ -81,9 +83,9 @@ def _stored(db_url: str, job: int):
 
 def _lifecycle(tmp: Path, gateway_url: str) -> MemberCollectors:
     return MemberCollectors(
-        tmp / "state",
+        AgentPaths(tmp / "state", tmp / "work"),
         MemberStore(tmp / "state" / "members"),
-        {"telemetry_url": gateway_url, "node": "n1", "collector_drain_timeout": 120},
+        {"telemetry_url": gateway_url, "node": "n1", "collector_drain_timeout": 120, "sample_interval": 0},
         lambda line: print(line, flush=True),
         ("TUNEPLANE_DATABASE_URL",),
     )
@@ -212,3 +214,56 @@ def _request_waiting(port: int) -> bool:
             if local_port == port and parts[3] == "01" and rx_queue > 0:
                 return True
     return False
+
+
+def test_member_cpu_and_rss_are_shipped_under_canonical_names(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    job = make_job(db, make_user(db, "alice"))
+    token = member_token(db, job)
+    member_dir = tmp_path / "member"
+    (member_dir / "output").mkdir(parents=True)
+    with running_gateway(db_url) as gateway:
+        collectors = _lifecycle(tmp_path, gateway.url)
+        collectors.settings["sample_interval"] = 0.2
+        record = MemberRecord(member_id=3, attempt_id=3, job_id=job, attempt=1, rank=0, state="running")
+        collectors.store.save(record)
+        tag = member_tag(collectors.paths, 3)
+        stop_flag = tmp_path / "stop"
+        busy = f"import os\nwhile not os.path.exists({str(stop_flag)!r}): pass\n"
+
+        def cpu_shipped() -> bool:
+            return bool(
+                db.fetch_all(
+                    "SELECT 1 FROM telemetry_series WHERE job_id = %s AND name = 'system/cpu_percent'", (job,)
+                )
+            )
+
+        async def scenario() -> bool:
+            collectors.start(record, member_dir, token)
+            member = subprocess.Popen([sys.executable, "-c", busy], env={**os.environ, TAG_VARIABLE: tag})
+            deadline = time.monotonic() + 90
+            while not cpu_shipped() and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            stop_flag.write_text("")
+            assert await asyncio.to_thread(member.wait, 60) == 0
+            record.state = "ended"
+            collectors.store.save(record)
+            return await collectors.drain(record, member_dir)
+
+        assert asyncio.run(scenario())
+    rows = db.fetch_all(
+        "SELECT name, canonical, point_count, last_value FROM telemetry_series"
+        " WHERE job_id = %s AND source = 'system' ORDER BY name",
+        (job,),
+    )
+    by_name = {r["name"]: r for r in rows}
+    assert set(by_name) == {"system/cpu_percent", "system/rss_bytes"}  # no GPUs here: CPU and RSS only
+    assert by_name["system/cpu_percent"]["canonical"] == "cpu_utilization"
+    assert by_name["system/rss_bytes"]["canonical"] == "memory_rss"
+    cpu = db.fetch_one(
+        "SELECT max(p.value) AS top FROM telemetry_points p JOIN telemetry_series s ON s.id = p.series_id"
+        " WHERE s.job_id = %s AND s.name = 'system/cpu_percent'",
+        (job,),
+    )
+    assert cpu["top"] > 30  # the busy member used about one core

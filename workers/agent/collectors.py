@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -26,7 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.agent.members import MemberRecord, MemberStore
+from workers.agent.members import MemberRecord, MemberStore, member_tag
+from workers.agent.state import AgentPaths
 from workers.collector.collector import FINAL_SENT, MEMBER_EXITED
 from workers.proctree import alive, start_time
 
@@ -38,6 +40,14 @@ WATCH_INTERVAL = 0.5
 MAX_RESTART_DELAY = 30.0
 
 
+def _gpu_indices(member_dir: Path) -> list[int]:
+    """The GPUs the member was given (member.json, written at prepare)."""
+    try:
+        return [int(g) for g in json.loads((member_dir / "member.json").read_text()).get("gpu_indices") or []]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
 def _block_stop_signals() -> None:
     """Runs in the child between fork and exec: the signal mask survives exec, so SIGTERM stays pending
     until the collector has its handler."""
@@ -47,13 +57,14 @@ def _block_stop_signals() -> None:
 class MemberCollectors:
     def __init__(
         self,
-        state_dir: Path,
+        paths: AgentPaths,
         store: MemberStore,
         settings: dict,
         say: Callable[[str], None],
         env_drop: tuple[str, ...],
     ) -> None:
-        self.spool_root = state_dir / "spool"
+        self.paths = paths
+        self.spool_root = paths.state_dir / "spool"
         self.store = store
         self.settings = settings  # telemetry_url, ca_bundle, node, collector_drain_timeout
         self.say = say
@@ -106,7 +117,14 @@ class MemberCollectors:
             str(record.attempt),
             "--member",
             str(record.rank),
+            # Host and GPU samples of the member's processes and GPUs (workers/collector/system.py).
+            "--member-tag",
+            member_tag(self.paths, record.member_id),
+            "--gpus",
+            ",".join(str(g) for g in _gpu_indices(member_dir)),
         ]
+        if self.settings.get("sample_interval") is not None:
+            argv += ["--sample-interval", str(self.settings["sample_interval"])]
         if self.settings.get("ca_bundle"):
             argv += ["--ca-bundle", self.settings["ca_bundle"]]
         (member_dir / "logs").mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,8 @@ from workers.collector.fs_check import check_local
 from workers.collector.shipper import Shipper
 from workers.collector.sources import Chunk, FileState, OutputTracker
 from workers.collector.spool import Spool
+from workers.collector.system import SOURCE as SYSTEM_SOURCE
+from workers.collector.system import SystemSampler, load_nvml
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +56,10 @@ class CollectorConfig:
     spool_max_bytes: int = 2 * 1024 * 1024 * 1024
     drain_timeout: float = 30.0
     ca_bundle: str | None = None
+    # Host and GPU samples of the member (workers.collector.system); 0 turns them off.
+    sample_interval: float = 10.0
+    member_tag: str | None = None
+    gpu_indices: tuple[int, ...] = ()
 
 
 def _state_key(key: tuple[int, int]) -> str:
@@ -84,6 +90,11 @@ class Collector:
         self.shipper = Shipper(self.spool, config.gateway_url, config.token, ca_bundle=config.ca_bundle)
         self.points_read = 0
         self.records_spooled = 0
+        self.sampler: SystemSampler | None = None
+        if config.sample_interval > 0 and (config.member_tag or config.gpu_indices):
+            nvml = load_nvml() if config.gpu_indices else None
+            self.sampler = SystemSampler(config.member_tag, list(config.gpu_indices), nvml)
+        self._next_sample = 0.0
 
     def _check_scope(self) -> None:
         path = self.config.spool_dir / "scope.json"
@@ -153,6 +164,29 @@ class Collector:
         self.spool.sync()
         return self.records_spooled - before
 
+    def sample_system(self) -> None:
+        """One host/GPU sample of the member as one batch (source `system`, step = milliseconds since the
+        epoch), when the sampling interval has passed."""
+        if self.sampler is None or time.monotonic() < self._next_sample or self.spool.full:
+            return
+        self._next_sample = time.monotonic() + self.config.sample_interval
+        values = self.sampler.sample()
+        if not values:
+            return
+        now = time.time()
+        names = sorted(values)
+        payload = wire.encode(
+            self.collector_id,
+            self.spool.last_seq + 1,
+            [(SYSTEM_SOURCE, name, 1) for name in names],
+            [int(now * 1000)] * len(names),
+            [values[name] for name in names],
+            [now] * len(names),
+            scope=self.config.scope,
+        )
+        self.spool.append(payload, {})
+        self.records_spooled += 1
+
     @property
     def member_exited(self) -> bool:
         return (self.config.spool_dir / MEMBER_EXITED).exists()
@@ -202,6 +236,7 @@ class Collector:
         self.shipper.start()
         try:
             while not self.stop_event.is_set() and not self.member_exited:
+                self.sample_system()
                 if self.poll_once() == 0:
                     self.spool.sync(force=True)
                     self.stop_event.wait(self.config.poll_interval)

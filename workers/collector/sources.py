@@ -41,7 +41,7 @@ def subrun_name(run_dir: str, tag: str) -> str:
     directory's suffix tells the scalars apart (`eval` in `eval_loss/` → `eval/loss`)."""
     prefix = tag.replace("/", "_") + "_"
     if run_dir.startswith(prefix) and len(run_dir) > len(prefix):
-        return f"{tag}/{run_dir[len(prefix):]}"
+        return f"{tag}/{run_dir[len(prefix) :]}"
     return tag
 
 

@@ -1,0 +1,77 @@
+"""Host and GPU samples of a member: CPU and RSS of its tagged processes from /proc (a real busy process),
+GPU utilisation, memory and power through NVML (a stand-in object, named so, with pynvml's calls)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from workers.collector.system import SystemSampler, load_nvml
+from workers.proctree import TAG_VARIABLE
+
+BUSY = "import time\nend = time.time() + 30\nblob = bytearray(64 * 2**20)\nwhile time.time() < end: pass\n"
+
+
+class NvmlStandIn:
+    """Stands in for pynvml on a machine without NVIDIA GPUs: the same calls, fixed readings per GPU."""
+
+    def __init__(self) -> None:
+        self.asked: list[int] = []
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        self.asked.append(index)
+        if index == 7:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        return index
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=40 + handle, memory=10)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(used=(handle + 1) * 2**30, total=80 * 2**30)
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        return 250_500 + handle  # milliwatts
+
+
+@pytest.fixture
+def busy_member():
+    tag = f"m1.test{os.getpid()}"
+    process = subprocess.Popen([sys.executable, "-c", BUSY], env={**os.environ, TAG_VARIABLE: tag})
+    time.sleep(0.3)  # its 64 MiB are touched
+    yield tag
+    process.kill()
+    process.wait(10)
+
+
+def test_cpu_and_rss_of_the_members_processes_and_gpus_through_nvml(busy_member: str) -> None:
+    nvml = NvmlStandIn()
+    sampler = SystemSampler(busy_member, [0, 1, 7], nvml)
+    first = sampler.sample()
+    assert "system/cpu_percent" not in first  # CPU needs two samples
+    time.sleep(0.5)
+    second = sampler.sample()
+    assert 30 < second["system/cpu_percent"] < 150  # one busy process: about one core
+    assert second["system/rss_bytes"] > 64 * 2**20
+    assert second["system/gpu.0.utilization"] == 40 and second["system/gpu.1.utilization"] == 41
+    assert second["system/gpu.1.memory_used"] == 2 * 2**30
+    assert second["system/gpu.0.power_watts"] == pytest.approx(250.5)
+    assert not any(name.startswith("system/gpu.7") for name in second)  # a lost GPU is skipped, not fatal
+
+
+def test_without_gpus_only_cpu_and_rss_appear(busy_member: str) -> None:
+    sampler = SystemSampler(busy_member, [], None)
+    sampler.sample()
+    time.sleep(0.2)
+    assert set(sampler.sample()) == {"system/cpu_percent", "system/rss_bytes"}
+
+
+def test_nvml_is_absent_here_and_that_is_not_an_error() -> None:
+    if os.path.exists("/dev/nvidiactl"):
+        pytest.skip("this machine has an NVIDIA driver")
+    assert load_nvml() is None
