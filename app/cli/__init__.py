@@ -40,6 +40,14 @@ def _known_errors() -> tuple[type[BaseException], ...]:
     return (ExpectedError, SettingsError, MigrationError, Refusal, ClientError)
 
 
+log = logging.getLogger("tuneplane.cli")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:300] + "…"
+
+
 class TunePlaneGroup(click.Group):
     """Turns expected failures into `Error: <one line>` on stderr and a non-zero exit status."""
 
@@ -54,6 +62,17 @@ class TunePlaneGroup(click.Group):
         except psycopg.OperationalError as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise click.ClickException(f"cannot reach the database: {first}") from exc
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except (OSError, ValueError, UnicodeError) as exc:
+            # A file, a setting or a value the user gave: one line (the traceback only in the debug log).
+            log.debug("command failed", exc_info=True)
+            raise click.ClickException(_one_line(exc)) from exc
+        except Exception as exc:
+            log.debug("command failed", exc_info=True)
+            raise click.ClickException(
+                f"unexpected {type(exc).__name__}: {_one_line(exc)} (TUNEPLANE_LOG_LEVEL=DEBUG shows where)"
+            ) from exc
 
 
 @click.group(cls=TunePlaneGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -6,7 +6,6 @@ INPUT is one of --recipe NAME [--param K=V …], --source DIR|FILE.tar.gz --entr
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 import tempfile
@@ -15,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from app.cli import ExpectedError
 from app.cli.options import api_client, client_options, json_option, print_json, print_table
 from app.client.archive_pack import PackError, pack_directory
 from app.client.http import ApiClient
+from app.client.spec_file import SpecFileError, load_spec_file
 
 _SHA256 = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
 
@@ -76,16 +75,10 @@ def _pairs(values: tuple[str, ...], flag: str) -> dict[str, str]:
 
 
 def _load_spec_file(path: str) -> dict:
-    text = Path(path).read_text(encoding="utf-8")
     try:
-        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ExpectedError(
-            f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'} ({exc})"
-        ) from exc
-    if not isinstance(data, dict):
-        raise ExpectedError(f"{path}: a JobSpec is a mapping of fields")
-    return data
+        return load_spec_file(path)
+    except SpecFileError as exc:
+        raise ExpectedError(str(exc)) from None
 
 
 def upload_source(client: ApiClient, source: Path) -> dict:
