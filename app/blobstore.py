@@ -70,6 +70,9 @@ class FilesystemBlobStore:
         """Move a staged file into place under its digest (verified); False if it was already there."""
         target = self.path(sha256)
         if target.is_file():
+            # Reused: refresh its time so blob garbage collection (which keeps recent blobs) cannot remove
+            # it before the caller records the row that needs it.
+            os.utime(target)
             return False
         actual = file_sha256(staged)
         if actual != sha256:

@@ -28,6 +28,7 @@ import google_crc32c
 from psycopg.types.json import Jsonb
 
 from app.artifacts.blobs import FsBlobStore
+from app.artifacts.gc import gc_lock
 from app.db import Database
 from app.errors import Refusal
 from workers.artifacts.manifest import READ_BLOCK, Manifest, ManifestError, check_relative_path
@@ -93,24 +94,32 @@ class ArtifactReceiver:
                 if not ok:
                     problems.append(problem)
                     continue
-            elif entry["size"] == 0:
-                handle, tmp = self.blobs.temp_file()
-                handle.close()
-                self.blobs.put_verified(tmp, EMPTY_SHA256, 0)
-            elif not self._blob_matches(entry["sha256"], entry["size"]):
+                artifact = self._record_file(credential_hash, artifact["id"], entry)
                 continue
-            artifact = self.db.call(
-                "record_artifact_file",
-                credential_hash,
-                artifact["id"],
-                entry["index"],
-                entry["sha256"],
-                entry["size"],
-            )[0]
+            # Placing or finding the blob and recording the file that uses it happen under the gc lock, so
+            # a collection cannot remove the blob in between (app/artifacts/gc.py).
+            with gc_lock(self.blob_dir, exclusive=False):
+                if entry["size"] == 0:
+                    handle, tmp = self.blobs.temp_file()
+                    handle.close()
+                    self.blobs.put_verified(tmp, EMPTY_SHA256, 0)
+                elif not self._blob_matches(entry["sha256"], entry["size"]):
+                    continue
+                artifact = self._record_file(credential_hash, artifact["id"], entry)
         if problems and artifact["delivery"] == "shared":
             reason = f"shared files do not match the manifest: {'; '.join(problems[:20])}"
             artifact = self.db.call("fail_artifact", credential_hash, artifact["id"], reason)[0]
         return artifact
+
+    def _record_file(self, credential_hash: str, artifact_id: int, entry: dict) -> dict:
+        return self.db.call(
+            "record_artifact_file",
+            credential_hash,
+            artifact_id,
+            entry["index"],
+            entry["sha256"],
+            entry["size"],
+        )[0]
 
     def _blob_matches(self, sha256: str, size: int) -> bool:
         stream = self.blobs.open(sha256)
@@ -257,15 +266,16 @@ class ArtifactReceiver:
                 reason,
             )
             raise Refusal(reason, 409, "file")
-        self.blobs.adopt_hashed(staged, target["sha256"])
-        artifact = self.db.call(
-            "record_artifact_file",
-            credential_hash,
-            target["artifact_id"],
-            target["file_index"],
-            target["sha256"],
-            target["size"],
-        )[0]
+        with gc_lock(self.blob_dir, exclusive=False):
+            self.blobs.adopt_hashed(staged, target["sha256"])
+            artifact = self.db.call(
+                "record_artifact_file",
+                credential_hash,
+                target["artifact_id"],
+                target["file_index"],
+                target["sha256"],
+                target["size"],
+            )[0]
         if artifact["state"] == "complete":
             shutil.rmtree(self._staging_root(target["artifact_id"]), ignore_errors=True)
         return artifact

@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "app.cli.jobs_launch_cmd",
     "app.cli.telemetry_cmd",
     "app.cli.artifacts_cmd",
+    "app.cli.blobs_cmd",
     "app.cli.node_cmd",
     "app.cli.fleet_cmd",
     "app.cli.launch_cmd",

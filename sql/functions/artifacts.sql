@@ -66,13 +66,21 @@ CREATE OR REPLACE FUNCTION tuneplane.artifacts_guard_change() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'DELETE' THEN
-        IF OLD.state = 'complete' THEN
-            RAISE EXCEPTION 'artifact % is complete; its manifest is immutable', OLD.id USING ERRCODE = 'TP409';
+        IF OLD.state IN ('complete', 'pruned') THEN
+            RAISE EXCEPTION 'artifact % is %; its manifest is immutable', OLD.id, OLD.state USING ERRCODE = 'TP409';
         END IF;
         RETURN OLD;
     END IF;
-    IF OLD.state = 'complete' THEN
-        RAISE EXCEPTION 'artifact % is complete; its manifest is immutable', OLD.id
+    -- A complete checkpoint may only be pruned by retention (prune_checkpoints): state, reason and
+    -- pruned_at change, the manifest and everything else stay.
+    IF OLD.state = 'complete' AND NEW.state = 'pruned' AND OLD.kind = 'checkpoint'
+       AND (to_jsonb(OLD) - ARRAY['state', 'reason', 'pruned_at', 'updated_at'])
+           = (to_jsonb(NEW) - ARRAY['state', 'reason', 'pruned_at', 'updated_at']) THEN
+        NEW.updated_at := now();
+        RETURN NEW;
+    END IF;
+    IF OLD.state IN ('complete', 'pruned') THEN
+        RAISE EXCEPTION 'artifact % is %; its manifest is immutable', OLD.id, OLD.state
             USING ERRCODE = 'TP409', COLUMN = 'manifest';
     END IF;
     IF NEW.state = 'complete' AND EXISTS (
@@ -95,7 +103,7 @@ DECLARE
     parent_state text;
 BEGIN
     SELECT state INTO parent_state FROM tuneplane.artifacts WHERE id = OLD.artifact_id;
-    IF parent_state = 'complete' THEN
+    IF parent_state IN ('complete', 'pruned') THEN
         RAISE EXCEPTION 'artifact % is complete; its files are immutable', OLD.artifact_id USING ERRCODE = 'TP409';
     END IF;
     RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
@@ -321,7 +329,7 @@ BEGIN
            AND a.shared_path IS NOT DISTINCT FROM v_shared THEN
             RETURN a;  -- the same registration again: resume
         END IF;
-        IF a.state = 'complete' THEN
+        IF a.state IN ('complete', 'pruned') THEN
             RAISE EXCEPTION 'artifact % of member % is complete with manifest %; a complete manifest is immutable',
                             p_name, m.rank, a.manifest_digest USING ERRCODE = 'TP409', COLUMN = 'manifest';
         END IF;
@@ -478,6 +486,59 @@ BEGIN
 END;
 $$;
 
+-- prune_checkpoints: retention. Keeps the newest artifact_settings.keep_checkpoints complete checkpoints of
+-- the job (by completion) and moves older ones complete → pruned, except one pinned as an input by a job
+-- that has not ended (its bytes are still needed). Returns how many it pruned. Called when a checkpoint
+-- completes; an operator may call it after lowering the setting.
+CREATE OR REPLACE FUNCTION tuneplane.prune_checkpoints(p_job_id bigint)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_keep integer;
+    pruned integer;
+BEGIN
+    SELECT keep_checkpoints INTO v_keep FROM tuneplane.artifact_settings;
+    WITH ranked AS (
+        SELECT a.id, row_number() OVER (ORDER BY a.completed_at DESC, a.id DESC) AS n
+          FROM tuneplane.artifacts a
+         WHERE a.job_id = p_job_id AND a.kind = 'checkpoint' AND a.state = 'complete'
+    )
+    UPDATE tuneplane.artifacts a
+       SET state = 'pruned', pruned_at = now(),
+           reason = format('pruned by retention: the job keeps its newest %s checkpoints', v_keep)
+      FROM ranked r
+     WHERE a.id = r.id AND r.n > v_keep
+       AND NOT EXISTS (SELECT 1 FROM tuneplane.jobs j
+                        WHERE j.state NOT IN ('succeeded', 'failed', 'cancelled')
+                          AND j.spec -> 'inputs' @> jsonb_build_array(
+                                  jsonb_build_object('manifest_digest', a.manifest_digest)));
+    GET DIAGNOSTICS pruned = ROW_COUNT;
+    RETURN pruned;
+END;
+$$;
+
+-- blob_references: every blob in the server's blob store that something still needs, and why: the files
+-- of artifacts that are uploading or complete (object delivery), the files of any other artifact a job
+-- that has not ended pinned as an input, every source archive and every attempt's capsule. Blob garbage
+-- collection (app/artifacts/gc.py, `tuneplane blobs gc`) removes only blobs outside this set.
+CREATE OR REPLACE FUNCTION tuneplane.blob_references()
+RETURNS TABLE (sha256 text, why text)
+LANGUAGE sql STABLE AS $$
+    SELECT f.sha256, min('artifact ' || a.id) FROM tuneplane.artifact_files f
+      JOIN tuneplane.artifacts a ON a.id = f.artifact_id
+     WHERE a.delivery = 'object'
+       AND (a.state IN ('uploading', 'complete')
+            OR EXISTS (SELECT 1 FROM tuneplane.jobs j
+                        WHERE j.state NOT IN ('succeeded', 'failed', 'cancelled')
+                          AND j.spec -> 'inputs' @> jsonb_build_array(
+                                  jsonb_build_object('manifest_digest', a.manifest_digest))))
+     GROUP BY f.sha256
+    UNION ALL
+    SELECT s.sha256, 'source archive' FROM tuneplane.source_archives s
+    UNION ALL
+    SELECT DISTINCT at.capsule_digest, 'capsule' FROM tuneplane.attempts at WHERE at.capsule_digest IS NOT NULL
+$$;
+
 -- record_artifact_file: the server re-hashed file p_file_index from bytes it holds (object delivery: the
 -- blob it stored; shared delivery: the file on the shared path) and got p_sha256 / p_size. A match marks
 -- the file verified and drops its chunk records; when every file is verified the artifact becomes
@@ -516,6 +577,9 @@ BEGIN
                reason = format('server verified %s files (%s bytes) against manifest %s',
                                a.file_count, a.total_bytes, left(a.manifest_digest, 16))
          WHERE id = a.id RETURNING * INTO a;
+        IF a.kind = 'checkpoint' THEN
+            PERFORM tuneplane.prune_checkpoints(a.job_id);
+        END IF;
     END IF;
     RETURN a;
 END;

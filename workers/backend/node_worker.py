@@ -53,6 +53,9 @@ class WorkerOptions:
     batch_size: int = 4
     # Tests only: wait this long between building the capsule and begin_prepare (a window to kill -9 in).
     hold_before_prepare: float = 0.0
+    # Blob garbage collection (app/artifacts/gc.py): how often, and how old an unreferenced blob must be.
+    blob_gc_interval: float = 6 * 3600.0
+    blob_gc_min_age: float = 3600.0
 
 
 class NodeWorker:
@@ -224,12 +227,34 @@ class NodeWorker:
         await self.stop.wait()
         qm.shutdown.set()
 
+    async def _blob_gc(self) -> None:
+        """The schedule of blob garbage collection: every blob_gc_interval seconds (the first one after one
+        interval), never letting a failure end the worker."""
+        from app.artifacts.gc import run_collection
+
+        while not self.stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), self.options.blob_gc_interval)
+            if self.stop.is_set():
+                return
+            try:
+                report = await asyncio.to_thread(
+                    run_collection, self.options.database_url, self.options.blob_dir,
+                    self.options.blob_gc_min_age,
+                )  # fmt: skip
+            except Exception as exc:  # the next round tries again
+                log.warning("blob garbage collection failed: %s", exc)
+                continue
+            if report.removed:
+                self.say(f"blob gc: removed {len(report.removed)} blob(s), {report.removed_bytes} bytes")
+
     async def run(self) -> None:
         await self.db.open()
         tasks = [
             asyncio.create_task(self._listen(), name="listen"),
             asyncio.create_task(self._schedule(), name="schedule"),
             asyncio.create_task(self._consume(), name="consume"),
+            asyncio.create_task(self._blob_gc(), name="blob-gc"),
         ]
         self.say(
             f"worker {self.options.name} (backend {BACKEND}) consuming `launch`; placement loop every "

@@ -1,0 +1,51 @@
+"""`tuneplane blobs gc`: the operator's blob garbage collection (the backend worker also runs it on a
+schedule). Talks to the database and the blob store directly, like `tuneplane db`."""
+
+from __future__ import annotations
+
+import click
+
+from app.cli.options import database, json_option, print_json, server_side, settings_from
+
+
+@click.group("blobs")
+def blobs_group() -> None:
+    """The server's content-addressed blob store (artifact files, source archives, capsules)."""
+
+
+@blobs_group.command("gc")
+@click.option(
+    "--min-age",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    help="Keep unreferenced blobs younger than this many seconds (uploads that are not recorded yet).",
+)
+@click.option("--dry-run", is_flag=True, help="Only report what would be removed.")
+@server_side
+@json_option
+def gc_cmd(
+    min_age: float, dry_run: bool, database_url: str | None, data_dir: str | None, as_json: bool
+) -> None:
+    """Remove blobs that no artifact, source archive or capsule needs (blob_references() in the database)."""
+    from app.artifacts.gc import collect
+    from app.db import Database
+
+    settings = settings_from(database_url, data_dir)
+    with database(settings) as url:
+        db = Database(url, max_size=1, name="tuneplane-blob-gc")
+        try:
+            report = collect(db, settings.blob_dir, min_age=min_age, dry_run=dry_run)
+        finally:
+            db.close()
+    if as_json:
+        print_json(report.as_json())
+        return
+    verb = "would remove" if dry_run else "removed"
+    click.echo(
+        f"{report.examined} blob(s) examined: {verb} {len(report.removed)} ({report.removed_bytes} bytes); "
+        f"kept {report.kept_referenced} referenced and {report.kept_recent} younger than {min_age:.0f}s"
+    )
+
+
+COMMANDS = [blobs_group]

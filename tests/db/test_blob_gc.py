@@ -1,0 +1,143 @@
+"""Blob garbage collection against real uploads over HTTP: what the database still references (artifacts,
+source archives, capsules) stays, the rest goes, and collections racing uploads never remove a blob an
+upload is about to record (app/artifacts/gc.py). Also checkpoint retention, which makes blobs garbage."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from app.artifacts.blobs import FsBlobStore
+from app.artifacts.gc import collect
+from app.artifacts.reader import verify_stored
+from app.db import Database
+from app.web import create_app
+from tests.artifact_fixtures import make_member, serve_app, write_tree
+from workers.artifacts.deliver import deliver_artifact, node_http
+
+CHUNK = 4096
+
+
+@pytest.fixture
+def env(db: Database, db_url: str, tmp_path: Path, port: int):
+    db.fetch_one("UPDATE artifact_settings SET chunk_size = %s RETURNING chunk_size", (CHUNK,))
+    blob_dir = tmp_path / "blobs"
+    app = create_app(db_url, config={"SECRET_KEY": "t", "TP_BLOB_DIR": str(blob_dir)})
+    with serve_app(app, port) as url:
+        yield {"url": url, "blob_dir": blob_dir, "tmp": tmp_path}
+
+
+def plant_blob(blob_dir: Path, data: bytes) -> str:
+    sha = hashlib.sha256(data).hexdigest()
+    path = FsBlobStore(blob_dir).path(sha)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return sha
+
+
+def deliver(env, setup, name: str, files: dict[str, bytes], kind: str = "output") -> dict:
+    src = env["tmp"] / f"src-{name}"
+    write_tree(src, files)
+    with node_http(env["url"], setup.credential) as http:
+        return deliver_artifact(http, setup.member["id"], name, src, kind=kind)
+
+
+def test_checkpoint_retention_keeps_the_newest_and_prunes_the_rest_immutably(db: Database, env) -> None:
+    db.fetch_one("UPDATE artifact_settings SET keep_checkpoints = 2 RETURNING 1")
+    setup = make_member(db)
+    made = [deliver(env, setup, f"ckpt.{n}", {"w.bin": os.urandom(3000)}, "checkpoint") for n in (1, 2, 3)]
+    assert all(a["state"] == "complete" for a in made)
+    states = {
+        r["name"]: r["state"]
+        for r in db.fetch_all("SELECT name, state FROM artifacts WHERE job_id = %s", (setup.job_id,))
+    }
+    assert states == {"ckpt.1": "pruned", "ckpt.2": "complete", "ckpt.3": "complete"}
+    # Pruned is final: the manifest stays, nothing else may change it, and it cannot come back.
+    from psycopg.errors import RaiseException
+
+    with pytest.raises(RaiseException, match="immutable"):
+        db.fetch_one("UPDATE artifacts SET state = 'complete' WHERE id = %s RETURNING 1", (made[0]["id"],))
+    with pytest.raises(RaiseException, match="immutable"):
+        db.fetch_one("UPDATE artifacts SET state = 'pruned', pruned_at = now() WHERE id = %s RETURNING 1",
+                     (made[1]["id"],))  # fmt: skip
+
+
+def test_gc_under_concurrent_uploads_removes_only_unreferenced_blobs(db: Database, env) -> None:
+    blob_dir = env["blob_dir"]
+    db.fetch_one("UPDATE artifact_settings SET keep_checkpoints = 1 RETURNING 1")
+    setup = make_member(db)
+    kept = deliver(env, setup, "model", {"weights.bin": os.urandom(5 * CHUNK + 7), "empty.txt": b""})
+    # A pruned checkpoint whose bytes a later upload will reuse (the race that matters: GC deciding a
+    # blob is garbage while a new artifact is found to need it), and one whose bytes nobody reuses.
+    reused_bytes, lone_bytes = os.urandom(2 * CHUNK + 1), os.urandom(CHUNK + 3)
+    deliver(env, setup, "ckpt.1", {"a.bin": reused_bytes}, "checkpoint")
+    deliver(env, setup, "ckpt.2", {"b.bin": lone_bytes}, "checkpoint")
+    deliver(env, setup, "ckpt.3", {"c.bin": os.urandom(100)}, "checkpoint")
+    # A source archive and a capsule the database references, and two blobs nothing references.
+    archive = plant_blob(blob_dir, b"archive bytes " + os.urandom(64))
+    db.fetch_one(
+        "INSERT INTO source_archives (sha256, size_bytes, member_count, unpacked_bytes) VALUES (%s, 78, 1, 1) "
+        "RETURNING 1",
+        (archive,),
+    )
+    capsule = plant_blob(blob_dir, b"capsule bytes " + os.urandom(64))
+    db.fetch_one(
+        "UPDATE attempts SET capsule_digest = %s WHERE job_id = %s RETURNING 1", (capsule, setup.job_id)
+    )
+    stray = [plant_blob(blob_dir, os.urandom(500)) for _ in range(3)]
+
+    uploads: list[dict] = []
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def upload(n: int) -> None:
+        try:
+            files = {
+                "x.bin": os.urandom(4 * CHUNK + n),
+                "again.bin": reused_bytes if n % 2 == 0 else b"z" * n,
+            }
+            uploads.append(deliver(env, setup, f"late-{n}", files))
+        except BaseException as exc:
+            errors.append(exc)
+
+    def collect_repeatedly() -> None:
+        while not done.is_set():
+            collect(db, blob_dir, min_age=0)
+
+    collector = threading.Thread(target=collect_repeatedly)
+    collector.start()
+    threads = [threading.Thread(target=upload, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    done.set()
+    collector.join(timeout=60)
+    assert not errors, errors
+    report = collect(db, blob_dir, min_age=0)
+
+    store = FsBlobStore(blob_dir)
+    complete = db.fetch_all("SELECT * FROM artifacts WHERE state = 'complete' ORDER BY id")
+    assert {a["name"] for a in complete} >= {"model", "ckpt.3", *(f"late-{n}" for n in range(8))}
+    assert all(u["state"] == "complete" for u in uploads) and len(uploads) == 8
+    for artifact in complete:  # every file of every complete artifact is still there, byte for byte
+        assert verify_stored(store, artifact).ok, artifact["name"]
+    assert store.has(archive) and store.has(capsule)
+    assert store.has(hashlib.sha256(reused_bytes).hexdigest())  # pruned, then needed again
+    assert not store.has(hashlib.sha256(lone_bytes).hexdigest())  # pruned and needed by nobody
+    assert not any(store.has(s) for s in stray)
+    assert report.removed == [] and kept["state"] == "complete"
+
+
+def test_recent_unreferenced_blobs_survive_a_collection(db: Database, env) -> None:
+    fresh = plant_blob(env["blob_dir"], os.urandom(100))
+    old = plant_blob(env["blob_dir"], os.urandom(100))
+    past = os.path.getmtime(FsBlobStore(env["blob_dir"]).path(old)) - 7200
+    os.utime(FsBlobStore(env["blob_dir"]).path(old), (past, past))
+    report = collect(db, env["blob_dir"], min_age=3600)
+    assert report.removed == [old] and report.kept_recent == 1
+    assert FsBlobStore(env["blob_dir"]).has(fresh)
