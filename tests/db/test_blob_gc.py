@@ -15,6 +15,7 @@ from app.artifacts.blobs import FsBlobStore
 from app.artifacts.gc import collect
 from app.artifacts.reader import verify_stored
 from app.db import Database
+from app.errors import Refusal
 from app.web import create_app
 from tests.artifact_fixtures import make_member, serve_app, write_tree
 from workers.artifacts.deliver import deliver_artifact, node_http
@@ -57,13 +58,14 @@ def test_checkpoint_retention_keeps_the_newest_and_prunes_the_rest_immutably(db:
     }
     assert states == {"ckpt.1": "pruned", "ckpt.2": "complete", "ckpt.3": "complete"}
     # Pruned is final: the manifest stays, nothing else may change it, and it cannot come back.
-    from psycopg.errors import RaiseException
-
-    with pytest.raises(RaiseException, match="immutable"):
+    with pytest.raises(Refusal, match="immutable"):
         db.fetch_one("UPDATE artifacts SET state = 'complete' WHERE id = %s RETURNING 1", (made[0]["id"],))
-    with pytest.raises(RaiseException, match="immutable"):
-        db.fetch_one("UPDATE artifacts SET state = 'pruned', pruned_at = now() WHERE id = %s RETURNING 1",
-                     (made[1]["id"],))  # fmt: skip
+    with pytest.raises(Refusal, match="immutable"):  # pruning changes the state, never the manifest
+        db.fetch_one(
+            "UPDATE artifacts SET state = 'pruned', pruned_at = now(), total_bytes = 1"
+            " WHERE id = %s RETURNING 1",
+            (made[1]["id"],),
+        )
 
 
 def test_gc_under_concurrent_uploads_removes_only_unreferenced_blobs(db: Database, env) -> None:
@@ -80,8 +82,8 @@ def test_gc_under_concurrent_uploads_removes_only_unreferenced_blobs(db: Databas
     # A source archive and a capsule the database references, and two blobs nothing references.
     archive = plant_blob(blob_dir, b"archive bytes " + os.urandom(64))
     db.fetch_one(
-        "INSERT INTO source_archives (sha256, size_bytes, member_count, unpacked_bytes) VALUES (%s, 78, 1, 1) "
-        "RETURNING 1",
+        "INSERT INTO source_archives (sha256, size_bytes, member_count, unpacked_bytes)"
+        " VALUES (%s, 78, 1, 1) RETURNING 1",
         (archive,),
     )
     capsule = plant_blob(blob_dir, b"capsule bytes " + os.urandom(64))
@@ -141,3 +143,41 @@ def test_recent_unreferenced_blobs_survive_a_collection(db: Database, env) -> No
     report = collect(db, env["blob_dir"], min_age=3600)
     assert report.removed == [old] and report.kept_recent == 1
     assert FsBlobStore(env["blob_dir"]).has(fresh)
+
+
+class PausedAfterReferences:
+    """The Database a collection uses, pausing right after it read blob_references() (until `proceed` or
+    two seconds), so a test can act between the collection's reading and its deleting."""
+
+    def __init__(self, db: Database) -> None:
+        self.db, self.read, self.proceed = db, threading.Event(), threading.Event()
+
+    def fetch_all(self, *args):
+        rows = self.db.fetch_all(*args)
+        self.read.set()
+        self.proceed.wait(timeout=2.0)
+        return rows
+
+
+def test_an_upload_reusing_a_blob_a_collection_is_about_to_remove_keeps_its_bytes(db: Database, env) -> None:
+    # The race the gc lock closes, made certain: a collection has read the references (the pruned
+    # checkpoint's blob is garbage in them) and has not deleted yet; a new artifact with the same bytes
+    # registers and the server finds the blob present. Without the lock it records the file verified and
+    # the collection then deletes the blob under a complete artifact; with it, the server waits for the
+    # collection, finds the blob gone and has it uploaded again.
+    blob_dir = env["blob_dir"]
+    db.fetch_one("UPDATE artifact_settings SET keep_checkpoints = 1 RETURNING 1")
+    setup = make_member(db)
+    shared = os.urandom(2 * CHUNK + 5)
+    deliver(env, setup, "ckpt.1", {"w.bin": shared}, "checkpoint")
+    deliver(env, setup, "ckpt.2", {"w.bin": os.urandom(10)}, "checkpoint")
+    paused = PausedAfterReferences(db)
+    collection = threading.Thread(target=collect, args=(paused, blob_dir), kwargs={"min_age": 0})
+    collection.start()
+    assert paused.read.wait(timeout=30)
+    art = deliver(env, setup, "model", {"w.bin": shared})
+    paused.proceed.set()
+    collection.join(timeout=30)
+    assert art["state"] == "complete"
+    row = db.fetch_one("SELECT * FROM artifacts WHERE id = %s", (art["id"],))
+    assert verify_stored(FsBlobStore(blob_dir), row).ok
