@@ -1,0 +1,416 @@
+"""Model-based test of the launch state machine: Hypothesis drives the real stored functions on a real
+PostgreSQL through random interleavings of what users, workers, agents, networks and operators do, with
+simulated agents that hold the physical truth (which workloads run on which GPUs). After every step it
+checks the guarantees TunePlane promises:
+
+- no GPU is used by two workloads, counting both what the database holds and what really runs;
+- no member is released while its node may still run it (unless an operator fenced or retired the node);
+- every decision is written once and never changes;
+- every member is started at most once;
+- every non-terminal job has a current reason; the resources of ended jobs are released.
+
+The agents are simulated (named so: SimAgent), the database and its functions are the real ones. Each
+example works in a fleet of its own, so examples share one database without resetting it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
+
+from app.db import Database
+from app.errors import Refusal
+from tests.launch_fixtures import make_job, make_node, make_user
+
+_fleets = itertools.count()
+STEPS: list[int] = []
+RACES: list[int] = []  # STARTs handled between taking a reconcile list and sending it
+
+
+@dataclass
+class SimAgent:
+    """A node's agent as the model sees it: its session, what it was told, and what really runs."""
+
+    node_id: int
+    epoch: int | None = None  # current control session; None while disconnected
+    reconciled: bool = False
+    retired: bool = False
+    running: dict[int, list[int]] = field(default_factory=dict)  # member id -> GPU indices (physical)
+    ever_started: dict[int, int] = field(default_factory=dict)  # member id -> how many times started
+    unreported_exits: dict[int, int] = field(default_factory=dict)
+    inflight: list[dict] = field(default_factory=list)  # received, not yet handled (the connection dropped)
+    preparing: set[int] = field(default_factory=set)
+
+
+class LaunchModel(RuleBasedStateMachine):
+    db: Database
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = next(_fleets)
+        self.fleet = self.db.fetch_one(
+            "INSERT INTO fleets (name, backend) VALUES (%s, 'node') RETURNING id", (f"model{n}",)
+        )["id"]
+        self.user = make_user(self.db, f"u{n}")
+        self.admin = make_user(self.db, f"a{n}", "admin")
+        self.agents = {}
+        for i in range(3):
+            node_id = make_node(self.db, self.fleet, f"m{n}n{i}", gpus=2)
+            self.agents[node_id] = SimAgent(node_id)
+            self._open_session(self.agents[node_id], reconcile=True)
+        self.decisions: dict[int, str] = {}
+        self.steps = 0
+
+    # ---- helpers -------------------------------------------------------------------------------------
+
+    def _call(self, fn: str, *args):
+        return self.db.call(fn, *args)
+
+    def _report(self, agent: SimAgent, kind: str, payload: dict) -> bool:
+        """Send a report on the agent's current session; False when there is none or it is refused."""
+        if agent.epoch is None or agent.retired:
+            return False
+        try:
+            self._call(kind, agent.node_id, agent.epoch, json.dumps(payload))
+            return True
+        except Refusal as refusal:
+            assert refusal.status in (404, 409), refusal
+            return False
+
+    def _open_session(self, agent: SimAgent, reconcile: bool, handle_inflight_first: bool = False) -> None:
+        agent.epoch = self._call("node_session_opened", agent.node_id, "127.0.0.1", "model")[0]["epoch"]
+        agent.reconciled = False
+        if reconcile:
+            listed = dict(agent.running)  # the list is taken first…
+            if handle_inflight_first:
+                RACES.append(sum(c["kind"] == "start" for c in agent.inflight))
+                self._handle_inflight(agent)  # …then a START of the old session races it
+            self._reconcile(agent, listed)
+
+    def _reconcile(self, agent: SimAgent, listed: dict[int, list[int]]) -> None:
+        body = {
+            "running": [{"member_id": m, "pid": 1} for m in listed],
+            "exited": [{"member_id": m, "exit_code": c} for m, c in agent.unreported_exits.items()],
+        }
+        if self._report(agent, "reconcile_node", body):
+            agent.unreported_exits.clear()
+            agent.reconciled = True
+            self._handle_inflight(agent)
+
+    def _handle_inflight(self, agent: SimAgent) -> None:
+        while agent.inflight and agent.epoch is not None:
+            self._handle(agent, agent.inflight.pop(0), start_error=False)
+
+    def _gpus_of(self, member_id: int) -> list[int]:
+        return self.db.fetch_one("SELECT gpu_indices FROM members WHERE id = %s", (member_id,))["gpu_indices"]
+
+    def _end(self, agent: SimAgent, member_id: int, code: int) -> None:
+        agent.running.pop(member_id, None)
+        if agent.epoch is None or not agent.reconciled or not self._report(
+            agent, "member_exited", {"member_id": member_id, "exit_code": code}
+        ):
+            agent.unreported_exits[member_id] = code
+
+    def _handle(self, agent: SimAgent, cmd: dict, start_error: bool) -> None:
+        kind, payload, error = cmd["kind"], cmd["payload"], None
+        if kind == "prepare":
+            agent.preparing.add(payload["member_id"])
+        elif kind == "start":
+            mid = payload["member_id"]
+            agent.preparing.discard(mid)
+            if mid in agent.running or mid in agent.ever_started or mid in agent.unreported_exits:
+                pass  # adopted: a member never starts twice
+            elif start_error:
+                error = "could not start (model)"
+            else:
+                agent.running[mid] = self._gpus_of(mid)
+                agent.ever_started[mid] = agent.ever_started.get(mid, 0) + 1
+                self._report(agent, "member_started", {"member_id": mid, "pid": 1})
+        elif kind == "stop":
+            mid = payload["member_id"]
+            if mid in agent.running:
+                self._end(agent, mid, -15)
+            elif mid not in agent.unreported_exits:
+                body = {"member_id": mid, "exit_code": None, "reason": "not here"}
+                self._report(agent, "member_exited", body)
+        elif kind == "kill":
+            for mid in payload["member_ids"]:
+                agent.running.pop(mid, None)
+        elif kind == "abort":
+            agent.preparing.discard(payload["member_id"])
+        if agent.epoch is not None:
+            try:
+                self._call(
+                    "ack_node_command", agent.node_id, agent.epoch, cmd["id"], json.dumps({"ok": True}), error
+                )
+            except Refusal as refusal:
+                assert refusal.status == 409, refusal
+
+    def _live_agents(self) -> list[SimAgent]:
+        return [a for a in self.agents.values() if not a.retired]
+
+    # ---- rules: users and workers --------------------------------------------------------------------
+
+    @rule(nodes=st.integers(1, 2), gpus=st.integers(1, 2), attempts=st.integers(1, 2))
+    def confirm(self, nodes: int, gpus: int, attempts: int) -> None:
+        make_job(self.db, self.user, self.fleet, nodes=nodes, gpus_per_node=gpus, max_attempts=attempts)
+
+    @rule()
+    def placement_pass(self) -> None:
+        self._call("reserve_next", self.fleet, 1000)
+
+    @rule(crash=st.booleans())
+    def launch(self, crash: bool) -> None:
+        for row in self.db.fetch_all(
+            "SELECT a.id FROM attempts a WHERE a.fleet_id = %s AND a.state = 'reserved' ORDER BY a.id",
+            (self.fleet,),
+        ):
+            epoch = self._call("claim_launch", row["id"], "model-worker")[0]["epoch"]
+            if crash:  # the worker dies; another takes over with a newer epoch and the old one is fenced
+                newer = self._call("claim_launch", row["id"], "model-worker-2")[0]["epoch"]
+                with pytest.raises(Refusal):
+                    self._call("begin_prepare", row["id"], epoch, "b" * 64)
+                epoch = newer
+            self._call("begin_prepare", row["id"], epoch, "a" * 64)
+
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        jobs = self.db.fetch_all(
+            "SELECT id FROM jobs WHERE fleet_id = %s AND state NOT IN ('succeeded', 'failed', 'cancelled')",
+            (self.fleet,),
+        )
+        if jobs:
+            self._call("cancel_job", data.draw(st.sampled_from([j["id"] for j in jobs])), self.admin, "model")
+
+    @rule()
+    def sweeps(self) -> None:
+        self._call("sweep_lost_nodes")
+        self._call("expire_prepare_deadlines")
+        self._call("expire_member_deadlines")
+
+    @rule(data=st.data(), deliver_starts=st.booleans())
+    def progress(self, data: st.DataObject, deliver_starts: bool) -> None:
+        """The happy path in one step: a placement pass, launches, PREPARE delivered and prepared, and
+        (or not yet) the STARTs of the COMMIT delivered and handled."""
+        self.placement_pass()
+        self.launch(False)
+        for agent in self._live_agents():
+            if agent.epoch is not None and agent.reconciled:
+                for cmd in self._call("claim_node_commands", agent.node_id, agent.epoch, 100):
+                    self._handle(agent, cmd, start_error=False)
+        self.prepare_reports(data, False)
+        if deliver_starts:
+            for agent in self._live_agents():
+                if agent.epoch is not None and agent.reconciled:
+                    for cmd in self._call("claim_node_commands", agent.node_id, agent.epoch, 100):
+                        self._handle(agent, cmd, start_error=False)
+
+    # The happy path is what most steps of a real system are: weight it (Hypothesis picks rules evenly).
+    progress_again = progress
+    progress_once_more = progress
+
+    # ---- rules: agents and the network ---------------------------------------------------------------
+
+    @rule(data=st.data(), fail=st.sampled_from([False, False, False, True]))
+    def prepare_reports(self, data: st.DataObject, fail: bool) -> None:
+        """Agents report the members they prepared; one of them may fail instead."""
+        candidates = [(a, m) for a in self._live_agents() if a.reconciled for m in sorted(a.preparing)]
+        if not candidates:
+            return
+        failing = data.draw(st.sampled_from(candidates)) if fail else None
+        for agent, mid in candidates:
+            agent.preparing.discard(mid)
+            if (agent, mid) == failing:
+                self._report(agent, "member_prepare_failed", {"member_id": mid, "reason": "model says no"})
+            else:
+                self._report(agent, "member_prepared", {"member_id": mid})
+
+    @rule(data=st.data(), start_error=st.booleans())
+    def deliver(self, data: st.DataObject, start_error: bool) -> None:
+        """The gateway delivers a node's commands; the agent handles some, the rest stay in flight."""
+        agents = [a for a in self._live_agents() if a.epoch is not None]
+        if not agents:
+            return
+        agent = data.draw(st.sampled_from(agents))
+        commands = self._call("claim_node_commands", agent.node_id, agent.epoch, 100)
+        handled = len(commands) if data.draw(st.booleans()) else data.draw(st.integers(0, len(commands)))
+        for cmd in commands[:handled]:
+            self._handle(agent, cmd, start_error and cmd["kind"] == "start")
+        agent.inflight.extend(commands[handled:])
+
+    @rule(data=st.data(), code=st.sampled_from([0, 0, 1]))
+    def workload_exits(self, data: st.DataObject, code: int) -> None:
+        running = [(a, m) for a in self.agents.values() for m in sorted(a.running)]
+        if running:
+            agent, mid = data.draw(st.sampled_from(running))
+            self._end(agent, mid, code)
+
+    @rule(data=st.data(), lose_heartbeat=st.booleans())
+    def connection_drops(self, data: st.DataObject, lose_heartbeat: bool) -> None:
+        agents = [a for a in self._live_agents() if a.epoch is not None]
+        if not agents:
+            return
+        agent = data.draw(st.sampled_from(agents))
+        self._call("node_session_closed", agent.node_id, agent.epoch, "model: connection dropped")
+        agent.epoch, agent.reconciled = None, False
+        if lose_heartbeat:  # test setup: the node has been silent for long (the sweep marks contact lost)
+            self.db.fetch_all(
+                "UPDATE nodes SET last_heartbeat_at = now() - interval '1 hour' WHERE id = %s RETURNING id",
+                (agent.node_id,),
+            )
+
+    @rule(data=st.data(), reconcile=st.booleans(), race=st.booleans())
+    def reconnect(self, data: st.DataObject, reconcile: bool, race: bool) -> None:
+        """A new session (also what a gateway restart looks like): with or without its reconcile, and
+        with the old session's in-flight START handled after the reconcile list was taken."""
+        agents = self._live_agents()
+        if agents:
+            agent = data.draw(st.sampled_from(agents))
+            self._open_session(agent, reconcile=reconcile, handle_inflight_first=race)
+
+    @rule(data=st.data(), race=st.booleans())
+    def gateway_restart(self, data: st.DataObject, race: bool) -> None:
+        """The gateway delivered commands (a START after COMMIT, say) and restarted before the agent
+        handled them; the agent reconnects and handles them around its reconcile."""
+        agents = [a for a in self._live_agents() if a.epoch is not None and a.reconciled]
+        if not agents:
+            return
+        agent = data.draw(st.sampled_from(agents))
+        agent.inflight.extend(self._call("claim_node_commands", agent.node_id, agent.epoch, 100))
+        self._call("node_session_closed", agent.node_id, agent.epoch, "model: gateway restarted")
+        agent.epoch, agent.reconciled = None, False
+        self._open_session(agent, reconcile=True, handle_inflight_first=race)
+
+    @rule(data=st.data())
+    def late_reconcile(self, data: st.DataObject) -> None:
+        agents = [a for a in self._live_agents() if a.epoch is not None and not a.reconciled]
+        if agents:
+            agent = data.draw(st.sampled_from(agents))
+            self._reconcile(agent, dict(agent.running))
+
+    # ---- rules: operators ----------------------------------------------------------------------------
+
+    @rule(
+        data=st.data(),
+        action=st.sampled_from(
+            ["fence", "unfence", "unfence", "uncordon", "uncordon", "uncordon", "cordon", "drain", "retire"]
+        ),
+    )
+    def operator(self, data: st.DataObject, action: str) -> None:
+        """An operator fences (declares dead), unfences (refused until the agent came back, reconciled and
+        acknowledged the KILLs), cordons, drains, uncordons or retires a node."""
+        agents = self._live_agents()
+        if not agents or (action == "retire" and len(agents) < 3):
+            return
+        agent = data.draw(st.sampled_from(agents))
+        node = str(agent.node_id)
+        if action == "fence":
+            self._call("fence_node", node, "model", "model")
+        elif action == "unfence":
+            try:
+                self._call("unfence_node", node, "model", "model")
+            except Refusal as refusal:
+                assert refusal.status == 409, refusal
+        else:
+            self._call("change_node_scheduling", node, action, "model", "model")
+            if action == "retire":
+                agent.retired, agent.epoch = True, None
+
+    # ---- invariants ----------------------------------------------------------------------------------
+
+    @invariant()
+    def no_gpu_used_twice(self) -> None:
+        self.steps += 1
+        held = self.db.fetch_all(
+            """SELECT m.id, m.node_id, m.gpu_indices FROM members m JOIN nodes n ON n.id = m.node_id
+                WHERE n.fleet_id = %s AND m.released_at IS NULL""",
+            (self.fleet,),
+        )
+        for agent in self.agents.values():
+            users: dict[int, set[int]] = {}
+            for row in held:
+                if row["node_id"] == agent.node_id:
+                    for g in row["gpu_indices"]:
+                        users.setdefault(g, set()).add(row["id"])
+            for mid, gpus in agent.running.items():
+                for g in gpus:
+                    users.setdefault(g, set()).add(mid)
+            assert all(len(u) == 1 for u in users.values()), f"node {agent.node_id}: GPUs in use {users}"
+
+    @invariant()
+    def nothing_released_that_may_still_run(self) -> None:
+        for agent in self.agents.values():
+            if not agent.running:
+                continue
+            node = self.db.fetch_one(
+                "SELECT fenced_at, scheduling_state FROM nodes WHERE id = %s", (agent.node_id,)
+            )
+            if node["fenced_at"] is not None or node["scheduling_state"] == "retired":
+                continue  # an operator declared the node dead; it gets no work until it proves otherwise
+            rows = self.db.fetch_all(
+                "SELECT id, state, released_at FROM members WHERE id = ANY(%s)", (list(agent.running),)
+            )
+            released = [r for r in rows if r["released_at"] is not None]
+            assert not released, f"released while still running on node {agent.node_id}: {released}"
+
+    @invariant()
+    def decisions_are_final_and_members_start_once(self) -> None:
+        for row in self.db.fetch_all(
+            """SELECT d.attempt_id, d.decision FROM launch_decisions d JOIN attempts a ON a.id = d.attempt_id
+                WHERE a.fleet_id = %s""",
+            (self.fleet,),
+        ):
+            assert self.decisions.setdefault(row["attempt_id"], row["decision"]) == row["decision"]
+        for agent in self.agents.values():
+            assert all(n == 1 for n in agent.ever_started.values()), agent.ever_started
+
+    @invariant()
+    def reasons_current_and_ended_jobs_released(self) -> None:
+        rows = self.db.fetch_all(
+            """SELECT j.id, j.state, j.state_reason,
+                      (SELECT count(*) FROM members m WHERE m.job_id = j.id AND m.released_at IS NULL) AS held
+                 FROM jobs j WHERE j.fleet_id = %s""",
+            (self.fleet,),
+        )
+        for row in rows:
+            assert row["state_reason"], row
+            if row["state"] in ("succeeded", "failed", "cancelled", "queued"):
+                assert row["held"] == 0, row
+
+    def teardown(self) -> None:
+        STEPS.append(self.steps)
+
+
+def test_launch_state_machine_keeps_its_promises(db: Database, capsys: pytest.CaptureFixture) -> None:
+    LaunchModel.db = db
+    run_state_machine_as_test(
+        LaunchModel,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=50,
+            deadline=None,
+            derandomize=True,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+            # Examples share one database (a fleet each), so a replay is not bit-identical: no shrinking;
+            # a failure is reported with the steps of the example that broke a promise.
+            phases=[Phase.explicit, Phase.generate],
+        ),
+    )
+    with capsys.disabled():
+        print(
+            f"\nlaunch model: {len(STEPS)} examples, {sum(STEPS)} steps (invariants checked after each), "
+            f"{sum(RACES)} START(s) raced a reconcile list"
+        )
+    assert sum(STEPS) > 1000 and sum(RACES) > 0
