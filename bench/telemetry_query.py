@@ -2,8 +2,8 @@
 rollups maintained at ingest and over the raw points without them. Targets (with rollups): p50 ≤ 20 ms,
 p99 ≤ 50 ms.
 
-Loads one series of --points points (binary COPY in 1M-point chunks, each chunk's rollups merged by
-telemetry_merge_batch exactly as the gateway does), VACUUM ANALYZEs, then times
+Loads one series of --points points (each 1M-point chunk stored by app.telemetry.ingest.store_batch, the
+gateway's own ingest transaction: ledger, binary COPY, rollups), VACUUM ANALYZEs, then times
 telemetry_series_buckets(series, 1000) over the whole series and over random windows, and the same query
 with p_use_rollups = false (raw aggregation). Prints the percentiles and the ratio.
 
@@ -13,45 +13,51 @@ Run: .venv/bin/python bench/telemetry_query.py [--points 10000000] [--database-u
 from __future__ import annotations
 
 import argparse
+import asyncio
 import random
 import time
 
 import numpy as np
 import psycopg
+from psycopg.rows import dict_row
 from telemetry_common import bench_database, job_with_token, percentile
 
-from app.telemetry.ingest import COPY_SQL, aggregates, copy_buffer
-
-MERGE_SQL = (
-    "SELECT tuneplane.telemetry_merge_batch(%s::bigint[], %s::int[], %s::bigint[], %s::bigint[],"
-    " %s::float8[], %s::float8[], %s::float8[], %s::bigint[], %s::bigint[], %s::float8[],"
-    " %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::float8[],"
-    " 'bench', %s, 1, 0, %s, '{}'::jsonb)"
-)
+from app.db import SEARCH_PATH_OPTION
+from app.security import token_hash
+from app.telemetry import wire
+from app.telemetry.ingest import batch_digest, store_batch
 
 
-def load(url: str, job: int, points: int, chunk: int = 1_000_000) -> int:
+async def _store_all(url: str, token: str, points: int, chunk: int) -> None:
     rng = np.random.default_rng(7)
-    with psycopg.connect(url, autocommit=True) as conn:
-        series = conn.execute(
-            "INSERT INTO tuneplane.telemetry_series (job_id, attempt, member_rank, source, name, canonical)"
-            " VALUES (%s, 1, 0, 'jsonl:metrics.jsonl', 'train/loss', 'loss') RETURNING id",
-            (job,),
-        ).fetchone()[0]
-        started = time.perf_counter()
-        for start in range(0, points, chunk):
+    async with await psycopg.AsyncConnection.connect(
+        url, autocommit=True, row_factory=dict_row, options=SEARCH_PATH_OPTION
+    ) as conn:
+        await conn.execute("UPDATE tuneplane.telemetry_settings SET max_batch_points = %s", (chunk,))
+        for seq, start in enumerate(range(0, points, chunk), start=1):
             steps = np.arange(start, min(points, start + chunk), dtype=np.int64)
             values = 2.0 * np.exp(-steps / 3e6) + rng.normal(scale=0.05, size=len(steps))
-            ids = np.full(len(steps), series, dtype=np.int64)
-            with conn.transaction():
-                with conn.cursor().copy(COPY_SQL) as copy:
-                    copy.write(copy_buffer(ids, steps, values, 1.7e9 + steps * 0.01))
-                agg = aggregates(ids, steps, values)
-                conn.execute(MERGE_SQL, (*agg.rollups, *agg.series, job, len(steps)))
-        print(f"loaded {points:,} points with rollups in {time.perf_counter() - started:.1f}s")
+            payload = wire.encode(
+                "bench",
+                seq,
+                [("jsonl:metrics.jsonl", "train/loss", len(steps))],
+                steps,
+                values,
+                1.7e9 + steps * 0.01,
+            )
+            await store_batch(conn, token_hash(token), wire.decode(payload), batch_digest(payload))
+
+
+def load(url: str, token: str, points: int, chunk: int = 1_000_000) -> int:
+    started = time.perf_counter()
+    asyncio.run(_store_all(url, token, points, chunk))
+    print(f"loaded {points:,} points with rollups in {time.perf_counter() - started:.1f}s")
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("VACUUM ANALYZE tuneplane.telemetry_points")
         conn.execute("VACUUM ANALYZE tuneplane.telemetry_rollups")
-    return series
+        return conn.execute(
+            "SELECT id FROM tuneplane.telemetry_series WHERE name = 'train/loss' ORDER BY id DESC LIMIT 1"
+        ).fetchone()[0]
 
 
 def timed(
@@ -72,8 +78,8 @@ def main() -> None:
     parser.add_argument("--database-url", default=None)
     args = parser.parse_args()
     with bench_database(args.database_url) as url:
-        job, _token = job_with_token(url)
-        series = load(url, job, args.points)
+        _job, token = job_with_token(url)
+        series = load(url, token, args.points)
         with psycopg.connect(url, autocommit=True) as conn:
             timed(conn, series, True, None, None)  # warm the cache as a live console would be
             whole = [timed(conn, series, True, None, None) for _ in range(args.repeat)]

@@ -1,7 +1,8 @@
 // Job Charts: draws each .tp-chart with uPlot from the bounded /jobs/<id>/metrics endpoint of one or more
 // jobs (data-sources: [{job, url}]); one line per (job, attempt, member, source, name) with its min–max
-// band. Controls (#tp-log, #tp-smooth) apply to every chart: log scale, and smoothing computed by the
-// server on the full series (a trailing mean over a window of steps, the same at every zoom). A bucket
+// band. Controls (#tp-x, #tp-log, #tp-smooth) apply to every chart: x by step, relative time (seconds
+// since the series' first bucket) or wall time, log scale, and smoothing computed by the server on the
+// full series (a trailing mean over a window of steps, the same at every zoom). A bucket
 // whose last value is NaN or ±Infinity is a gap with a red marker at the top. Export writes exactly the
 // plotted columns (CSV or JSON). Redraws when the htmx live tick reports new data.
 (function () {
@@ -21,7 +22,8 @@
     const log = document.getElementById("tp-log");
     const smooth = document.getElementById("tp-smooth");
     const steps = smooth ? parseInt(smooth.value, 10) : 0;
-    return { log: !!(log && log.checked), smooth: steps > 0 ? steps : 0 };
+    const x = document.getElementById("tp-x");
+    return { log: !!(log && log.checked), smooth: steps > 0 ? steps : 0, x: x ? x.value : "step" };
   }
 
   function align(tables) {
@@ -44,16 +46,20 @@
   }
 
   function build(payloads, opts) {
-    const tables = [], series = [{ label: "step" }], bands = [], names = [], markers = [];
+    const xLabel = { step: "step", relative: "seconds since start", wall: "wall time" }[opts.x] || "step";
+    const tables = [], series = [{ label: xLabel }], bands = [], names = [], markers = [];
     const many = payloads.length > 1;
     const positive = v => (opts.log && v != null && v <= 0 ? null : v);
     let i = 0;
     for (const { job, payload } of payloads) {
       for (const s of payload.series) {
-        const b = s.buckets;
+        // Time axes need each bucket's wall time (buckets stored before it was kept have none).
+        const b = opts.x === "step" ? s.buckets : s.buckets.filter(x => x.last_wall != null);
+        const start = b.length ? b[0].last_wall : 0;
+        const xOf = opts.x === "step" ? (x => x.last_step) : opts.x === "wall" ? (x => x.last_wall) : (x => x.last_wall - start);
         const line = b.map(x => positive(opts.smooth ? (x.smoothed ?? null) : x.mean));
-        tables.push([b.map(x => x.last_step), line, b.map(x => positive(x.min)), b.map(x => positive(x.max))]);
-        b.forEach(x => { if (x.non_finite && x.mean == null) markers.push({ x: x.last_step, kind: x.non_finite }); });
+        tables.push([b.map(xOf), line, b.map(x => positive(x.min)), b.map(x => positive(x.max))]);
+        b.forEach(x => { if (x.non_finite && x.mean == null) markers.push({ x: xOf(x), kind: x.non_finite }); });
         const color = palette[i % palette.length];
         const name = labelOf(job, s, many) + (opts.smooth ? ` (smoothed ${opts.smooth})` : "");
         const base = series.length;
@@ -66,7 +72,7 @@
       }
     }
     const data = tables.length ? align(tables) : [[]];
-    return { data, series, bands, names, markers };
+    return { data, series, bands, names, markers, xLabel };
   }
 
   // Red ticks at the top of the plot where a bucket ended on NaN or ±Infinity.
@@ -93,7 +99,7 @@
   }
 
   function remember(el, built) {
-    const columns = ["step"];
+    const columns = [built.xLabel];
     built.names.forEach(n => { columns.push(n, n + " min", n + " max"); });
     const rows = built.data[0].map((x, r) => built.data.map(col => col[r]));
     plotted.set(el, { columns, rows, markers: built.markers });
@@ -118,10 +124,12 @@
     const uopts = {
       width: Math.max(320, target.clientWidth || 600), height: 260,
       series: built.series, bands: built.bands, plugins: [markerPlugin(built.markers)],
-      scales: { x: { time: false }, y: opts.log ? { distr: 3 } : {} }, legend: { live: true }, axes: [{}, yAxis],
+      scales: { x: { time: opts.x === "wall" }, y: opts.log ? { distr: 3 } : {} }, legend: { live: true },
+      axes: [{ label: built.xLabel }, yAxis],
     };
     charts.set(el, new uPlot(uopts, built.data, target));
     el.dataset.drawn = [opts.log ? "log" : "linear", opts.smooth || 0, built.names.length].join(":");
+    el.dataset.x = opts.x;
   }
 
   function csvCell(v) {
@@ -158,7 +166,7 @@
     const live = document.getElementById("tp-live");
     version = live ? live.dataset.version : null;
     drawAll();
-    ["tp-log", "tp-smooth"].forEach(id => {
+    ["tp-x", "tp-log", "tp-smooth"].forEach(id => {
       const input = document.getElementById(id);
       if (input) input.addEventListener("change", drawAll);
     });

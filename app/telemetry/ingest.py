@@ -53,17 +53,20 @@ def copy_buffer(series_ids: np.ndarray, steps: np.ndarray, values: np.ndarray, w
 
 @dataclass
 class Aggregates:
-    rollups: tuple[list, ...]  # the r_* arguments of telemetry_merge_batch
+    rollups: tuple[list, ...]  # the r_* arguments of telemetry_merge_batch (r_last_wall last)
     series: tuple[list, ...]  # the s_* arguments
 
 
-def aggregates(series_ids: np.ndarray, steps: np.ndarray, values: np.ndarray) -> Aggregates:
+def aggregates(
+    series_ids: np.ndarray, steps: np.ndarray, values: np.ndarray, walls: np.ndarray
+) -> Aggregates:
     if len(steps) == 0:
-        return Aggregates(tuple([] for _ in range(10)), tuple([] for _ in range(6)))
+        return Aggregates(tuple([] for _ in range(11)), tuple([] for _ in range(6)))
     order = np.lexsort((steps, series_ids))
     sid = series_ids[order]
     st = steps[order]
     val = values[order]
+    wall = walls[order]
     finite = np.isfinite(val)
     fin_val = np.where(finite, val, 0.0)
     nan_val = np.where(finite, val, np.nan)
@@ -79,7 +82,7 @@ def aggregates(series_ids: np.ndarray, steps: np.ndarray, values: np.ndarray) ->
         ends = np.append(starts[1:], n) - 1
         return starts, ends
 
-    r_cols: list[list] = [[] for _ in range(10)]
+    r_cols: list[list] = [[] for _ in range(11)]
     for width in ROLLUP_WIDTHS:
         bucket = np.floor_divide(st, width)
         starts, ends = groups([sid, bucket])
@@ -97,11 +100,12 @@ def aggregates(series_ids: np.ndarray, steps: np.ndarray, values: np.ndarray) ->
             st[starts],
             st[ends],
             val[ends],
+            wall[ends],
         )
         for col, part in zip(r_cols, parts, strict=True):
             col.append(part)
     rollups = tuple(
-        _nan_to_none(np.concatenate(col)) if i in (5, 6) else np.concatenate(col).tolist()
+        _nan_to_none(np.concatenate(col)) if i in (5, 6, 10) else np.concatenate(col).tolist()
         for i, col in enumerate(r_cols)
     )
     starts, ends = groups([sid])
@@ -177,7 +181,7 @@ _BEGIN_SQL = (
 )
 _MERGE_SQL = (
     "SELECT tuneplane.telemetry_merge_batch(%s, %s, %s, %s::bigint[], %s::int[], %s::bigint[], %s::bigint[],"
-    " %s::float8[], %s::float8[], %s::float8[], %s::bigint[], %s::bigint[], %s::float8[],"
+    " %s::float8[], %s::float8[], %s::float8[], %s::bigint[], %s::bigint[], %s::float8[], %s::float8[],"
     " %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::bigint[], %s::float8[],"
     " %s, %s::jsonb, %s::text[], %s::text[], %s::text[], %s::bigint[],"
     " %s::text[], %s::text[], %s::bigint[], %s::bigint[], %s::text[], %s)"
@@ -216,7 +220,7 @@ async def store_batch(conn: psycopg.AsyncConnection, token_hash: str, batch: Bat
         if batch.count:
             async with conn.cursor().copy(COPY_SQL) as copy:
                 await copy.write(copy_buffer(sids, batch.steps, batch.values, batch.wall_times))
-        agg = aggregates(sids, batch.steps, batch.values)
+        agg = aggregates(sids, batch.steps, batch.values, batch.wall_times)
         refused, damage = batch.refused, batch.damage
         await conn.execute(
             _MERGE_SQL,

@@ -110,6 +110,7 @@ def job_metrics(
                 "last_step": r["last_step"],
                 "last_value": finite(r["last_value"]),
                 "non_finite": non_finite(r["last_value"]),
+                "last_wall": finite(r["last_wall"]),
             }
             for r in rows
         ]

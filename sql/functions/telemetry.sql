@@ -8,6 +8,12 @@
 --   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
 --
 -- Drops (signature changes):
+DROP FUNCTION IF EXISTS tuneplane.telemetry_merge_batch(text, text, bigint, bigint[], integer[], bigint[],
+    bigint[], double precision[], double precision[], double precision[], bigint[], bigint[],
+    double precision[], bigint[], bigint[], bigint[], bigint[], bigint[], double precision[], integer, jsonb,
+    text[], text[], text[], bigint[], text[], text[], bigint[], bigint[], text[], boolean);
+DROP FUNCTION IF EXISTS tuneplane.telemetry_buckets(bigint, bigint, integer, bigint, bigint);
+DROP FUNCTION IF EXISTS tuneplane.telemetry_series_buckets(bigint, integer, bigint, bigint, boolean);
 DROP FUNCTION IF EXISTS tuneplane.telemetry_begin_batch(text, text, bigint, text, integer, jsonb, text[], text[]);
 DROP FUNCTION IF EXISTS tuneplane.telemetry_merge_batch(bigint[], integer[], bigint[], bigint[],
     double precision[], double precision[], double precision[], bigint[], bigint[], double precision[],
@@ -280,7 +286,7 @@ CREATE OR REPLACE FUNCTION tuneplane.telemetry_merge_batch(
     p_token_hash text, p_collector text, p_seq bigint,
     r_series bigint[], r_width integer[], r_bucket bigint[], r_n bigint[], r_sum double precision[],
     r_min double precision[], r_max double precision[], r_first bigint[], r_last bigint[],
-    r_last_value double precision[],
+    r_last_value double precision[], r_last_wall double precision[],
     s_series bigint[], s_count bigint[], s_min_step bigint[], s_max_step bigint[], s_last_step bigint[],
     s_last_value double precision[],
     p_points integer, p_health jsonb,
@@ -310,9 +316,11 @@ BEGIN
     END IF;
 
     INSERT INTO tuneplane.telemetry_rollups AS r
-           (series_id, width, bucket, n, sum, min, max, first_step, last_step, last_value)
-    SELECT * FROM unnest(r_series, r_width, r_bucket, r_n, r_sum, r_min, r_max, r_first, r_last, r_last_value)
+           (series_id, width, bucket, n, sum, min, max, first_step, last_step, last_value, last_wall)
+    SELECT * FROM unnest(r_series, r_width, r_bucket, r_n, r_sum, r_min, r_max, r_first, r_last, r_last_value,
+                         r_last_wall)
     ON CONFLICT (series_id, width, bucket) DO UPDATE SET
+        last_wall = CASE WHEN EXCLUDED.last_step >= r.last_step THEN EXCLUDED.last_wall ELSE r.last_wall END,
         n = r.n + EXCLUDED.n,
         sum = r.sum + EXCLUDED.sum,
         -- NaN sorts above every number in PostgreSQL: it must not win a max or stick in a min.
@@ -548,7 +556,8 @@ CREATE OR REPLACE FUNCTION tuneplane.telemetry_series_buckets(p_series_id bigint
                                                    p_step_to bigint DEFAULT NULL,
                                                    p_use_rollups boolean DEFAULT true)
 RETURNS TABLE (bucket_start bigint, bucket_end bigint, n bigint, min double precision,
-               max double precision, mean double precision, last_step bigint, last_value double precision)
+               max double precision, mean double precision, last_step bigint, last_value double precision,
+               last_wall double precision)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     s tuneplane.telemetry_series;
@@ -595,13 +604,14 @@ BEGIN
             RETURN QUERY
                 SELECT least(lo_aligned + g.b * w, 9223372036854775807)::bigint,
                        least(lo_aligned + g.b * w + w - 1, 9223372036854775807)::bigint, g.cnt, g.mn, g.mx,
-                       CASE WHEN g.cnt > 0 THEN g.total / g.cnt END, g.ls, g.lv
+                       CASE WHEN g.cnt > 0 THEN g.total / g.cnt END, g.ls, g.lv, g.lw
                   FROM (SELECT floor((r.bucket::numeric * level - lo_aligned) / w) AS b,
                                sum(r.n)::bigint AS cnt, sum(r.sum) AS total,
                                min(r.min) FILTER (WHERE r.min <> 'NaN') AS mn,
                                max(r.max) FILTER (WHERE r.max <> 'NaN') AS mx,
                                max(r.last_step) AS ls,
-                               (array_agg(r.last_value ORDER BY r.last_step DESC))[1] AS lv
+                               (array_agg(r.last_value ORDER BY r.last_step DESC))[1] AS lv,
+                               (array_agg(r.last_wall ORDER BY r.last_step DESC))[1] AS lw
                           FROM tuneplane.telemetry_rollups r
                          WHERE r.series_id = p_series_id AND r.width = level
                            AND r.bucket BETWEEN floor(lo::numeric / level)::bigint
@@ -623,8 +633,9 @@ BEGIN
                    min(g.value) FILTER (WHERE g.value NOT IN ('NaN', 'Infinity', '-Infinity')),
                    max(g.value) FILTER (WHERE g.value NOT IN ('NaN', 'Infinity', '-Infinity')),
                    avg(g.value) FILTER (WHERE g.value NOT IN ('NaN', 'Infinity', '-Infinity')),
-                   max(g.step), (array_agg(g.value ORDER BY g.step DESC))[1]
-              FROM (SELECT p.step, p.value,
+                   max(g.step), (array_agg(g.value ORDER BY g.step DESC))[1],
+                   (array_agg(g.wall_time ORDER BY g.step DESC))[1]
+              FROM (SELECT p.step, p.value, p.wall_time,
                            ntile(least(p_max_buckets, npoints)::integer) OVER (ORDER BY p.step, p.wall_time) AS b
                       FROM tuneplane.telemetry_points p
                      WHERE p.series_id = p_series_id AND p.step BETWEEN lo AND hi) g
@@ -645,7 +656,8 @@ BEGIN
                    sum(g.n)::bigint,
                    min(g.min) FILTER (WHERE g.min <> 'NaN'), max(g.max) FILTER (WHERE g.max <> 'NaN'),
                    CASE WHEN sum(g.n) > 0 THEN sum(g.sum) / sum(g.n) END,
-                   max(g.last_step), (array_agg(g.last_value ORDER BY g.last_step DESC))[1]
+                   max(g.last_step), (array_agg(g.last_value ORDER BY g.last_step DESC))[1],
+                   (array_agg(g.last_wall ORDER BY g.last_step DESC))[1]
               FROM (SELECT r.*, ntile(p_max_buckets) OVER (ORDER BY r.bucket) AS b
                       FROM tuneplane.telemetry_rollups r
                      WHERE r.series_id = p_series_id AND r.width = fine
@@ -656,14 +668,16 @@ BEGIN
     END IF;
     RETURN QUERY
         SELECT least(lo + g.b * w, 9223372036854775807)::bigint,
-               least(lo + g.b * w + w - 1, 9223372036854775807)::bigint, g.cnt, g.mn, g.mx, g.mean, g.ls, g.lv
+               least(lo + g.b * w + w - 1, 9223372036854775807)::bigint, g.cnt, g.mn, g.mx, g.mean, g.ls, g.lv,
+               g.lw
           FROM (SELECT CASE WHEN wide THEN floor((p.step::numeric - lo) / w) ELSE (p.step - lo) / w END AS b,
                        count(*) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS cnt,
                        min(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mn,
                        max(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mx,
                        avg(p.value) FILTER (WHERE p.value NOT IN ('NaN', 'Infinity', '-Infinity')) AS mean,
                        max(p.step) AS ls,
-                       (array_agg(p.value ORDER BY p.step DESC))[1] AS lv
+                       (array_agg(p.value ORDER BY p.step DESC))[1] AS lv,
+                       (array_agg(p.wall_time ORDER BY p.step DESC))[1] AS lw
                   FROM tuneplane.telemetry_points p
                  WHERE p.series_id = p_series_id AND p.step BETWEEN lo AND hi
                  GROUP BY 1) g
@@ -712,7 +726,8 @@ $$;
 CREATE OR REPLACE FUNCTION tuneplane.telemetry_buckets(p_actor_id bigint, p_series_id bigint, p_max_buckets integer,
                                             p_step_from bigint DEFAULT NULL, p_step_to bigint DEFAULT NULL)
 RETURNS TABLE (bucket_start bigint, bucket_end bigint, n bigint, min double precision,
-               max double precision, mean double precision, last_step bigint, last_value double precision)
+               max double precision, mean double precision, last_step bigint, last_value double precision,
+               last_wall double precision)
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     job bigint;
@@ -769,7 +784,8 @@ END;
 $$;
 
 -- telemetry_prune: retention. Deletes series (with their points and rollups) whose last batch is older
--- than the retention setting, and ledger rows as old; returns what it deleted. The gateway calls it hourly.
+-- than the retention setting, and ledger, refusal, damage and member-completion rows as old; returns what
+-- it deleted. The gateway calls it hourly.
 CREATE OR REPLACE FUNCTION tuneplane.telemetry_prune(p_now timestamptz DEFAULT now())
 RETURNS TABLE (series bigint, points bigint, batches bigint)
 LANGUAGE plpgsql AS $$
@@ -788,6 +804,9 @@ BEGIN
     DELETE FROM tuneplane.telemetry_series s WHERE s.id = ANY (doomed);
     DELETE FROM tuneplane.telemetry_batches b WHERE b.received_at < cutoff;
     GET DIAGNOSTICS n_batches = ROW_COUNT;
+    DELETE FROM tuneplane.telemetry_refusals f WHERE f.last_at < cutoff;
+    DELETE FROM tuneplane.telemetry_damage d WHERE d.recorded_at < cutoff;
+    DELETE FROM tuneplane.telemetry_members m WHERE m.updated_at < cutoff;
     RETURN QUERY SELECT coalesce(array_length(doomed, 1), 0)::bigint, n_points, n_batches;
 END;
 $$;

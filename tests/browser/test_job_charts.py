@@ -45,7 +45,13 @@ def _send(gateway, token: str, series: list[tuple[str, str, list[int], list[floa
     steps = [s for _, _, st, _ in series for s in st]
     values = [v for _, _, _, vs in series for v in vs]
     payload = wire.encode(
-        "c1", 1, [(src, n, len(st)) for src, n, st, _ in series], steps, values, [1.7e9] * len(steps), **kw
+        "c1",
+        1,
+        [(src, n, len(st)) for src, n, st, _ in series],
+        steps,
+        values,
+        [1.7e9 + s for s in steps],
+        **kw,
     )
     response = httpx.post(
         f"{gateway.url}/v1/telemetry/batches", content=payload, headers={"Authorization": f"Bearer {token}"}
@@ -113,6 +119,14 @@ def test_two_jobs_compared_log_scale_smoothing_and_csv_export(
     plotted = {int(r[0]): float(r[column]) for r in body if r[column]}
     assert plotted == {b["last_step"]: b["smoothed"] for b in series["buckets"]}
     assert len(plotted) == len(series["buckets"]) >= 400
+
+    # Relative time: every series starts at 0 s (its buckets' wall times, kept in the rollups).
+    page.select_option("#tp-x", "relative")
+    expect(chart).to_have_attribute("data-x", "relative")
+    with page.expect_download() as download:
+        card.locator("[data-export=json]").click()
+    exported = json.loads(Path(download.value.path()).read_text())
+    assert exported["columns"][0] == "seconds since start" and exported["rows"][0][0] == 0
 
     # The JSON answer of a diverged series is valid JSON, and the page lists what could not be stored.
     raw = httpx.get(
