@@ -6,6 +6,8 @@ plain names. State changes are stored-function calls; Python never UPDATEs a sta
 
 from __future__ import annotations
 
+import random
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -15,7 +17,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from app.errors import refusal_from_db
+from app.errors import RETRY_PAUSES, busy_refusal, refusal_from_db, rolled_back
 
 SEARCH_PATH_OPTION = "-c search_path=tuneplane,public"
 
@@ -85,6 +87,20 @@ class Database:
         placeholders = sql.SQL(", ").join(sql.Placeholder() for _ in args)
         query = sql.SQL("SELECT * FROM {}({})").format(sql.Identifier(function), placeholders)
         return self.fetch_all(query, args)
+
+    def call_retrying(self, function: str, *args: Any) -> list[dict]:
+        """`call`, run again after a deadlock or serialization failure (the transaction was rolled back, so
+        nothing of it happened); still failing after RETRY_PAUSES, a 503 Refusal that says so."""
+        for attempt, pause in enumerate((*RETRY_PAUSES, None), start=1):
+            try:
+                return self.call(function, *args)
+            except psycopg.Error as exc:
+                if not rolled_back(exc):
+                    raise
+                if pause is None:
+                    raise busy_refusal(function, exc, attempt) from exc
+                time.sleep(pause * (1 + random.random()))
+        raise AssertionError("unreachable")
 
     def ping(self) -> bool:
         try:

@@ -54,3 +54,32 @@ def refusal_from_db(exc: psycopg.Error) -> Refusal | None:
         return None
     diag = exc.diag
     return Refusal(diag.message_primary or str(exc), status=int(code[2:]), field=diag.column_name)
+
+
+# Errors after which PostgreSQL rolled the whole transaction back, so running it again is safe: a deadlock
+# victim (40P01) and a serialization failure (40001). A call that meets one is retried a few times after
+# these pauses (seconds); what still fails is answered as retryable (503), never as an internal error.
+ROLLED_BACK_SQLSTATES = ("40P01", "40001")
+RETRY_PAUSES = (0.02, 0.05, 0.15)
+
+
+def rolled_back(exc: BaseException) -> bool:
+    """True for a database error after which the transaction may simply run again."""
+    return isinstance(exc, psycopg.Error) and (exc.sqlstate or "") in ROLLED_BACK_SQLSTATES
+
+
+def describe_db_error(exc: BaseException) -> str:
+    """A short, client-safe name for an unexpected database error (no SQL, no parameters)."""
+    if isinstance(exc, psycopg.Error) and exc.sqlstate:
+        primary = exc.diag.message_primary or type(exc).__name__
+        return clip(f"{primary} (SQLSTATE {exc.sqlstate})", MAX_FIELD_CHARS)
+    return clip(f"{type(exc).__name__}: {exc}", MAX_FIELD_CHARS)
+
+
+def busy_refusal(action: str, exc: BaseException, tries: int) -> Refusal:
+    """The answer when an action kept conflicting with concurrent changes: retryable, never a 500."""
+    return Refusal(
+        f"{action} conflicted with concurrent changes {tries} times ({describe_db_error(exc)}); "
+        "nothing was changed: try again",
+        status=503,
+    )

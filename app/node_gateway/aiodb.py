@@ -6,6 +6,8 @@ exactly as app.db.Database does for the synchronous side.
 
 from __future__ import annotations
 
+import asyncio
+import random
 from typing import Any
 
 import psycopg
@@ -15,7 +17,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from app.db import SEARCH_PATH_OPTION
-from app.errors import refusal_from_db
+from app.errors import RETRY_PAUSES, busy_refusal, refusal_from_db, rolled_back
 from app.gateway_limits import data_refusal
 
 
@@ -56,6 +58,20 @@ class AsyncDatabase:
     async def call_one(self, function: str, *args: Any) -> dict:
         rows = await self.call(function, *args)
         return rows[0]
+
+    async def call_retrying(self, function: str, *args: Any) -> list[dict]:
+        """`call`, run again after a deadlock or serialization failure (rolled back: nothing of it happened);
+        still failing after RETRY_PAUSES, a 503 Refusal. Only for idempotent calls (acks, confirmations)."""
+        for attempt, pause in enumerate((*RETRY_PAUSES, None), start=1):
+            try:
+                return await self.call(function, *args)
+            except psycopg.Error as exc:
+                if not rolled_back(exc):
+                    raise
+                if pause is None:
+                    raise busy_refusal(function, exc, attempt) from exc
+                await asyncio.sleep(pause * (1 + random.random()))
+        raise AssertionError("unreachable")
 
     async def fetch_all(self, query: Any, params: Any = None) -> list[dict]:
         async with self.pool.connection() as conn:

@@ -27,7 +27,7 @@ from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
 from app import __version__
-from app.errors import Refusal
+from app.errors import Refusal, describe_db_error
 from app.gateway_limits import input_limits_middleware, request_json
 from app.input_limits import load_json
 from app.node_gateway import files, launch, protocol
@@ -39,6 +39,9 @@ from app.security import new_token, token_hash
 log = logging.getLogger("tuneplane.node_gateway")
 
 COMMANDS_CHANNEL = "tuneplane_node_commands"
+# Database trouble that is nobody's fault and not final (deadlock victim, serialization failure, lost or
+# exhausted connection): answered as retryable, never allowed to end a node's control session.
+DB_TROUBLE: tuple[type[BaseException], ...] = (psycopg.Error,)  # PoolTimeout is one too
 
 
 @dataclass
@@ -259,6 +262,10 @@ class Gateway:
             result = await dispatch_report(self.db, node["node_id"], body.epoch, body.kind, body.payload)
         except Refusal as refusal:
             return _json_error(refusal)
+        except DB_TROUBLE as exc:
+            log.warning("HTTP report met a database error: %s", describe_db_error(exc))
+            answer = Refusal(f"database error ({describe_db_error(exc)}); send the report again", status=503)
+            return web.json_response({**answer.as_json(), "retryable": True}, status=503)
         return web.json_response({"ok": True, "result": result})
 
     async def fetch_file(self, request: web.Request) -> web.StreamResponse:
@@ -379,7 +386,8 @@ class Gateway:
             await self._maybe_rotate(session)
         elif isinstance(message, protocol.Ack):
             try:
-                await self.db.call(
+                # Idempotent, and the agent sends an ack once: a deadlock victim is run again here.
+                await self.db.call_retrying(
                     "ack_node_command",
                     session.node_id,
                     session.epoch,
@@ -389,6 +397,11 @@ class Gateway:
                 )
             except Refusal as refusal:
                 log.warning("ack from node %s refused: %s", session.node, refusal.message)
+            except DB_TROUBLE as exc:
+                # The command stays unacknowledged and is delivered again to the node's next session.
+                log.warning(
+                    "ack %s from node %s not recorded: %s", message.id, session.node, describe_db_error(exc)
+                )
         elif isinstance(message, protocol.Report):
             try:
                 result = await dispatch_report(
@@ -405,13 +418,44 @@ class Gateway:
                         "ok": False,
                         "status": refusal.status,
                         "error": refusal.message,
+                        "retryable": refusal.status == 503,
+                    }
+                )
+            except DB_TROUBLE as exc:
+                # A deadlock victim, a serialization failure, a lost or exhausted database connection: not the
+                # node's fault and not final. The session stays; the agent sends the report again (every
+                # report function is idempotent).
+                log.warning(
+                    "report %s from node %s met a database error: %s",
+                    message.kind,
+                    session.node,
+                    describe_db_error(exc),
+                )
+                await session.send(
+                    {
+                        "type": "report_result",
+                        "ref": message.ref,
+                        "ok": False,
+                        "status": 503,
+                        "retryable": True,
+                        "error": f"the {message.kind} report met a database error "
+                        f"({describe_db_error(exc)}); it may not have been recorded: send it again",
                     }
                 )
         elif (
             isinstance(message, protocol.CredentialSaved)
             and message.credential_id == session.rotation_pending
         ):
-            await self.db.call("confirm_node_credential", session.node_id, message.credential_id)
+            try:
+                await self.db.call_retrying("confirm_node_credential", session.node_id, message.credential_id)
+            except (Refusal, *DB_TROUBLE) as exc:
+                # The agent holds the new credential either way; authenticating with it next time confirms
+                # it (authenticate_node_credential supersedes the older ones).
+                why = exc.message if isinstance(exc, Refusal) else describe_db_error(exc)
+                log.warning(
+                    "node %s: confirming credential %s failed: %s", session.node, message.credential_id, why
+                )
+                return
             session.credential_id = message.credential_id
             session.rotation_pending = None
             session.rotate_due = time.time() + self.settings["credential_rotate_after"]
@@ -428,6 +472,10 @@ class Gateway:
                     "rotate_node_credential", session.node_id, session.credential_id, credential_hash
                 )
             )["rotate_node_credential"]
+        except DB_TROUBLE as exc:
+            log.warning("rotation for node %s not started: %s", session.node, describe_db_error(exc))
+            session.rotate_due = time.time() + self.settings["heartbeat_interval"]
+            return
         except Refusal as refusal:
             # Only the node's newest confirmed credential may rotate: a session opened with an older one
             # (in its grace period) never gets a new credential; it simply stops being usable.

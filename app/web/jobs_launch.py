@@ -153,7 +153,9 @@ def cancel(job_id: str):
     reason = (reason or "").strip() or None
     if reason is not None and len(reason) > MAX_REASON:
         raise Refusal(f"reason may be at most {MAX_REASON} characters", status=400, field="reason")
-    row = get_db().call("cancel_job", jid, current_user().id, reason)[0]
+    # Cancel races member reports and placement: a deadlock or serialization failure is run again a few
+    # times, then answered 503 (retry), never 500.
+    row = get_db().call_retrying("cancel_job", jid, current_user().id, reason)[0]
     job = {k: v for k, v in row.items() if k != "spec"}
     job["preview_id"] = str(job["preview_id"])
     if wants_json():

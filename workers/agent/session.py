@@ -32,6 +32,22 @@ class Refused(Exception):
         self.status = status
 
 
+class ReportNotRecorded(ConnectionError):
+    """The gateway met a database error it could not get past (answered `retryable`): the report may not
+    have been recorded and should be sent again later; the session itself is fine. A ConnectionError, so
+    callers that keep unsent reports for the next session keep this one too."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+# Pauses (seconds) before sending a report again after a `retryable` answer (a deadlock victim, a database
+# restart); after the last one the report raises ReportNotRecorded.
+REPORT_RETRY_PAUSES = (0.1, 0.3, 1.0, 2.0)
+
+
 def endpoint(server: str, path: str, websocket: bool = False) -> str:
     url = server.rstrip("/") + path
     if websocket:
@@ -96,6 +112,20 @@ class ControlSession:
         await self.ws.send_str(json.dumps(message))
 
     async def report(self, kind: str, payload: dict, timeout: float = 30.0) -> Any:
+        """Send a report and wait for its result; a `retryable` answer is sent again after
+        REPORT_RETRY_PAUSES (every report kind is idempotent). Raises Refused, ReportNotRecorded,
+        ConnectionError or TimeoutError."""
+        for pause in (*REPORT_RETRY_PAUSES, None):
+            try:
+                return await self._report_once(kind, payload, timeout)
+            except ReportNotRecorded as exc:
+                if pause is None:
+                    raise
+                log.info("%s report not recorded (%s); sending it again in %.1fs", kind, exc.message, pause)
+                await asyncio.sleep(pause)
+        raise AssertionError("unreachable")
+
+    async def _report_once(self, kind: str, payload: dict, timeout: float) -> Any:
         self._refs += 1
         ref = self._refs
         future = asyncio.get_running_loop().create_future()
@@ -187,6 +217,10 @@ class ControlSession:
                 if future is not None and not future.done():
                     if data.get("ok"):
                         future.set_result(data.get("result"))
+                    elif data.get("retryable"):
+                        future.set_exception(
+                            ReportNotRecorded(data.get("error", "not recorded"), data.get("status", 503))
+                        )
                     else:
                         future.set_exception(
                             Refused(data.get("error", "report refused"), data.get("status", 400))

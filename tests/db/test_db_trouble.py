@@ -1,0 +1,164 @@
+"""Database trouble that is nobody's fault — a deadlock victim, a lost connection — never becomes a 500 or a
+dropped node session: the console's cancel runs its transaction again (then answers 503), and the node
+gateway answers a report it could not record as retryable and keeps the session (the agent sends it again).
+
+Deadlocks here are real: a second session holds the attempt row and then asks for the job row that cancel
+holds (cancel locks job → attempt), and has the longer deadlock_timeout, so PostgreSQL picks cancel as the
+victim. Lost connections are real too: the gateway's pooled backends are terminated."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import aiohttp
+import psycopg
+import pytest
+from flask.testing import FlaskClient
+
+from app import db as app_db
+from app.db import Database
+from app.node_gateway.reports import REPORT_FUNCTIONS
+from app.security import new_token
+from app.web import create_app
+from tests.db.test_node_gateway import _capacity, running_gateway
+from tests.helpers import wait_for
+from tests.launch_fixtures import run_to_running
+from tests.node_helpers import events, fast_thresholds, make_fleet, make_token
+from tests.submission_setup import add_user, one_local_fleet
+from workers.agent import session as agent_session
+from workers.agent.handlers import AgentContext
+from workers.agent.session import ControlSession, ReportNotRecorded, enroll
+from workers.agent.state import MemoryCredentialStore
+
+DEMO = {"recipe": {"name": "demo", "params": {"steps": 5}}}
+
+# Test setup: a report kind whose function is a deadlock victim the first `fail` times it runs (a sequence,
+# because the failed transactions roll everything else back).
+FLAKY = """
+CREATE SEQUENCE tuneplane.test_flaky_calls;
+CREATE FUNCTION tuneplane.test_flaky_report(p_node_id bigint, p_epoch bigint, p_payload jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF nextval('tuneplane.test_flaky_calls') <= (p_payload ->> 'fail')::integer THEN
+        RAISE EXCEPTION 'deadlock detected (test)' USING ERRCODE = '40P01';
+    END IF;
+    RETURN jsonb_build_object('recorded', true);
+END $$;
+"""
+
+
+@pytest.fixture
+def client(db_url: str, tmp_path: Path) -> FlaskClient:
+    app = create_app(db_url, config={"TP_DATA_DIR": str(tmp_path / "data"), "SECRET_KEY": "test"})
+    return app.test_client()
+
+
+def _running_job(db: Database, client: FlaskClient) -> tuple[int, dict]:
+    fleet = one_local_fleet(db)
+    user = add_user(db, "alice", "user", password="alice-pw")
+    plaintext, digest = new_token("tpu")
+    db.call("issue_api_token", user, "test", digest, None)
+    headers = {"Authorization": f"Bearer {plaintext}", "Accept": "application/json"}
+    preview = client.post("/previews", json=DEMO, headers=headers).get_json()
+    job_id = client.post(
+        f"/previews/{preview['id']}/confirm", json={"digest": preview["digest"]}, headers=headers
+    ).get_json()["job_id"]
+    db.call("reserve_next", fleet, 1000)
+    run_to_running(db, job_id)
+    return job_id, headers
+
+
+def _cancel_into_a_deadlock(db: Database, db_url: str, client: FlaskClient, job_id: int, headers: dict):
+    attempt = db.fetch_one("SELECT id FROM attempts WHERE job_id = %s", (job_id,))["id"]
+    answer: dict = {}
+    with psycopg.connect(db_url) as blocker:
+        blocker.execute("SET deadlock_timeout = '30s'")  # cancel (1 s) detects the cycle first: the victim
+        blocker.execute("SELECT 1 FROM tuneplane.attempts WHERE id = %s FOR UPDATE", (attempt,))
+        thread = threading.Thread(
+            target=lambda: answer.update(
+                response=client.post(f"/jobs/{job_id}/cancel", json={"reason": "race"}, headers=headers)
+            )
+        )
+        thread.start()
+        wait_for(
+            lambda: db.fetch_one(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND query LIKE '%%cancel_job%%'"
+            )["n"],
+            what="cancel waiting for the attempt row",
+        )
+        # Cancel holds the job row and waits for the attempt; this asks for the job row: a cycle.
+        blocker.execute("SELECT 1 FROM tuneplane.jobs WHERE id = %s FOR UPDATE", (job_id,))
+        blocker.commit()
+        thread.join(60)
+    return answer["response"]
+
+
+def test_cancel_that_meets_a_deadlock_runs_again_and_succeeds(
+    db: Database, db_url: str, client: FlaskClient
+) -> None:
+    job_id, headers = _running_job(db, client)
+    deadlocks = db.fetch_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    response = _cancel_into_a_deadlock(db, db_url, client, job_id, headers)
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert "cancel requested by alice: race" in response.get_json()["job"]["state_reason"]
+    after = db.fetch_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    assert after["deadlocks"] > deadlocks["deadlocks"]  # the race was real
+
+
+def test_cancel_that_keeps_meeting_deadlocks_answers_503_saying_so(
+    db: Database, db_url: str, client: FlaskClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(app_db, "RETRY_PAUSES", ())  # no second try: the first deadlock is the last
+    job_id, headers = _running_job(db, client)
+    response = _cancel_into_a_deadlock(db, db_url, client, job_id, headers)
+    assert response.status_code == 503, response.get_data(as_text=True)
+    error = response.get_json()["error"]
+    assert "cancel_job conflicted with concurrent changes 1 times" in error and "40P01" in error
+    assert "try again" in error
+    assert (
+        "cancel requested"
+        not in db.fetch_one("SELECT state_reason FROM jobs WHERE id = %s", (job_id,))["state_reason"]
+    )
+
+
+def test_gateway_answers_a_report_it_could_not_record_as_retryable_and_keeps_the_session(
+    db_url: str, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fast_thresholds(db, heartbeat=0.2, stale=2, lost=4)
+    make_fleet(db)
+    token = make_token(db)
+    with db.transaction() as conn:
+        conn.execute(FLAKY)
+    monkeypatch.setitem(REPORT_FUNCTIONS, "test.flaky", "test_flaky_report")
+    monkeypatch.setattr(agent_session, "REPORT_RETRY_PAUSES", (0.05, 0.05))
+
+    async def scenario() -> None:
+        async with running_gateway(db_url) as (_gateway, url), aiohttp.ClientSession() as http:
+            store = MemoryCredentialStore(await enroll(http, url, token, "n1"))
+            session = ControlSession(http, url, store, AgentContext(), _capacity, say=lambda _m: None)
+            task = asyncio.create_task(session.run())
+            await asyncio.wait_for(session.connected.wait(), 10)
+            epoch = session.epoch
+            # Two deadlocks, then recorded: the agent's own retries get it through.
+            assert await session.report("test.flaky", {"fail": 2}) == {"recorded": True}
+            # Deadlocks every time: retryable to the end, and the session is still the same one.
+            with pytest.raises(ReportNotRecorded) as failed:
+                await session.report("test.flaky", {"fail": 1000})
+            assert failed.value.status == 503 and "40P01" in failed.value.message
+            # The gateway's database connections are killed: the next report still gets through.
+            db.fetch_all(
+                "SELECT pg_terminate_backend(pid) AS t FROM pg_stat_activity"
+                " WHERE application_name = 'tuneplane-gateway'"
+            )
+            result = await session.report("note", {"message": "after the connections were killed"})
+            assert "event_id" in result
+            assert session.epoch == epoch and not task.done()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert len(events(db, "session_opened")) == 1
+    assert events(db, "note")[-1]["reason"] == "after the connections were killed"
