@@ -199,3 +199,71 @@ def test_a_confirmation_wakes_the_placement_loop_without_waiting_for_the_poll(
             await worker.db.close()
 
     assert asyncio.run(scenario()) < 5
+
+
+def _count_capsule_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts real capsule writes (and makes each take a while, so two launches overlap)."""
+    from workers.backend import capsule_build
+
+    writes: list[int] = []
+    real = capsule_build.write_capsule
+
+    def slow_counted(spec, entries, out):
+        writes.append(1)
+        time.sleep(0.3)
+        return real(spec, entries, out)
+
+    monkeypatch.setattr(capsule_build, "write_capsule", slow_counted)
+    return writes
+
+
+def test_the_direct_launch_and_the_queued_launch_of_one_attempt_build_its_capsule_once(
+    db: Database, db_url: str, setup: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes = _count_capsule_writes(monkeypatch)
+    _job_with_spec(db, setup, setup["spec"])
+    (placed,) = db.call("reserve_next", setup["fleet"], 1000)
+    worker = _worker(db_url, setup)
+
+    async def both() -> list[str]:
+        await worker.db.open()
+        try:
+            # What placement_pass's direct launch and pgqueuer's `launch` job do for the same attempt.
+            return await asyncio.gather(
+                worker.launch_attempt(placed["attempt_id"]), worker.launch_attempt(placed["attempt_id"])
+            )
+        finally:
+            await worker.db.close()
+
+    assert asyncio.run(both()) == ["preparing", "preparing"]
+    assert len(writes) == 1
+    assert (
+        db.fetch_one("SELECT launch_epoch FROM attempts WHERE id = %s", (placed["attempt_id"],))[
+            "launch_epoch"
+        ]
+        == 1
+    )  # claimed once
+    assert len(db.fetch_all("SELECT 1 FROM node_commands WHERE kind = 'prepare'")) == 1
+
+
+def test_two_workers_launching_one_attempt_write_its_capsule_once(
+    db: Database, db_url: str, setup: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writes = _count_capsule_writes(monkeypatch)
+    _job_with_spec(db, setup, setup["spec"])
+    (placed,) = db.call("reserve_next", setup["fleet"], 1000)
+    first, second = _worker(db_url, setup), _worker(db_url, setup)
+
+    async def both() -> list[str]:
+        return await asyncio.gather(
+            _launch(first, placed["attempt_id"]), _launch(second, placed["attempt_id"])
+        )
+
+    outcomes = sorted(asyncio.run(both()))
+    assert len(writes) == 1
+    # The later claim fenced the earlier one off; the capsule was written once and used by the winner.
+    assert outcomes in (["preparing", "taken over"], ["already preparing", "preparing"]), outcomes
+    attempt = db.fetch_one(
+        "SELECT state, capsule_digest FROM attempts WHERE id = %s", (placed["attempt_id"],)
+    )
+    assert attempt["state"] == "preparing" and setup["blobs"].exists(attempt["capsule_digest"])

@@ -3,11 +3,19 @@
 The integration files are read from the integration package installed next to the worker and must hash
 to the job's pin (a worker with another version of an integration refuses rather than launching code the
 user did not preview). The source archive comes from the blob store it was uploaded to.
+
+Built once per spec: the same resolved spec always yields the same capsule bytes, so the blob store keeps
+an index `capsules/by-spec/<sha256 of the canonical spec>` → capsule digest. A builder takes an exclusive
+flock on that spec's lock file, uses the indexed capsule when its blob is there, and builds (and indexes)
+it otherwise. Two launches of one attempt (the worker's direct launch and the queued one, or two workers
+sharing the blob store) therefore write the capsule once; the second waits for the first and reuses it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
+import os
 from pathlib import Path
 
 from app.blobstore import FilesystemBlobStore, file_sha256
@@ -59,8 +67,29 @@ def capsule_entries(spec: dict, blobs: FilesystemBlobStore) -> list[CapsuleEntry
 
 
 def build_capsule(spec: dict, blobs: FilesystemBlobStore) -> str:
-    """Write the capsule into the blob store (atomically, under its digest) and return the digest. The same
-    spec always gives the same bytes, so a re-run finds the blob already there."""
+    """The capsule's digest, writing it into the blob store (atomically, under its digest) unless this
+    spec's capsule is already there (see the module doc: once per spec, under a per-spec flock)."""
+    index = blobs.root / "capsules" / "by-spec" / digest_of(spec)
+    index.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{index}.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            known = index.read_text().strip() if index.is_file() else ""
+            if known and blobs.exists(known):
+                # Reused: refresh its time, as commit_staged does, so blob GC (which keeps recent blobs)
+                # cannot remove it before begin_prepare records it.
+                os.utime(blobs.path(known))
+                return known
+            digest = _write_capsule_blob(spec, blobs)
+            staged = index.with_name(f"{index.name}.{os.getpid()}.tmp")
+            staged.write_text(digest)
+            os.replace(staged, index)
+            return digest
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _write_capsule_blob(spec: dict, blobs: FilesystemBlobStore) -> str:
     entries = capsule_entries(spec, blobs)
     with blobs.stage() as (staged, handle):
         write_capsule(spec, entries, handle)

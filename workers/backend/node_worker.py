@@ -67,12 +67,27 @@ class NodeWorker:
         self.stop = asyncio.Event()
         self.wake = asyncio.Event()
         self.stats = {"launches": 0, "placements": 0, "passes": 0}
+        # One launch task per attempt in this process: the direct launch after a placement pass and the
+        # queued `launch` job for the same attempt share it, so the capsule is built once.
+        self.launching: dict[int, asyncio.Task] = {}
         self.direct_launches: set[asyncio.Task] = set()
 
     # ---- launch -------------------------------------------------------------------------------------
 
     async def launch_attempt(self, attempt_id: int) -> str:
-        """Claim, build, begin_prepare. Returns what happened, for logs and tests."""
+        """Claim, build, begin_prepare, once per attempt at a time in this process: a second caller (the
+        queued launch job while the direct launch runs, or the other way round) waits for the first and
+        gets its answer instead of claiming and building again. Returns what happened."""
+        task = self.launching.get(attempt_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                self._claim_and_prepare(attempt_id), name=f"launch-{attempt_id}"
+            )
+            self.launching[attempt_id] = task
+            task.add_done_callback(lambda _t: self.launching.pop(attempt_id, None))
+        return await asyncio.shield(task)
+
+    async def _claim_and_prepare(self, attempt_id: int) -> str:
         claimed = await self.db.call("claim_launch", attempt_id, self.options.name)
         if not claimed:
             return "nothing to do"
@@ -141,7 +156,7 @@ class NodeWorker:
         its NOTIFY watcher and its dequeue, so a wake-up can sit behind a 1 s notifies() wait.
         """
         task = asyncio.get_running_loop().create_task(
-            self._launch_quietly(attempt_id), name=f"launch-{attempt_id}"
+            self._launch_quietly(attempt_id), name=f"direct-launch-{attempt_id}"
         )
         self.direct_launches.add(task)
         task.add_done_callback(self.direct_launches.discard)
