@@ -15,6 +15,7 @@ example works in a fleet of its own, so examples share one database without rese
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -51,6 +52,7 @@ class SimAgent:
     unreported_exits: dict[int, int] = field(default_factory=dict)
     inflight: list[dict] = field(default_factory=list)  # received, not yet handled (the connection dropped)
     preparing: set[int] = field(default_factory=set)
+    credentials: list[tuple[int, str]] = field(default_factory=list)  # (id, hash), oldest first
 
 
 class LaunchModel(RuleBasedStateMachine):
@@ -68,11 +70,23 @@ class LaunchModel(RuleBasedStateMachine):
         for i in range(3):
             node_id = make_node(self.db, self.fleet, f"m{n}n{i}", gpus=2)
             self.agents[node_id] = SimAgent(node_id)
+            digest = self._new_hash()
+            cred = self.db.fetch_one(  # test setup: the node's first credential, in use
+                """INSERT INTO node_credentials (node_id, credential_hash, first_used_at)
+                   VALUES (%s, %s, now()) RETURNING id""",
+                (node_id, digest),
+            )["id"]
+            self.agents[node_id].credentials.append((cred, digest))
             self._open_session(self.agents[node_id], reconcile=True)
         self.decisions: dict[int, str] = {}
         self.steps = 0
 
     # ---- helpers -------------------------------------------------------------------------------------
+
+    _hashes = itertools.count()
+
+    def _new_hash(self) -> str:
+        return hashlib.sha256(f"model-credential-{next(self._hashes)}".encode()).hexdigest()
 
     def _call(self, fn: str, *args):
         return self.db.call(fn, *args)
@@ -137,6 +151,8 @@ class LaunchModel(RuleBasedStateMachine):
                 agent.running[mid] = self._gpus_of(mid)
                 agent.ever_started[mid] = agent.ever_started.get(mid, 0) + 1
                 self._report(agent, "member_started", {"member_id": mid, "pid": 1})
+        elif kind == "stop" and start_error:
+            error = "could not signal (model)"  # the database escalates to KILL
         elif kind == "stop":
             mid = payload["member_id"]
             if mid in agent.running:
@@ -215,6 +231,9 @@ class LaunchModel(RuleBasedStateMachine):
                 if agent.epoch is not None and agent.reconciled:
                     for cmd in self._call("claim_node_commands", agent.node_id, agent.epoch, 100):
                         self._handle(agent, cmd, start_error=False)
+        elif data.draw(st.booleans()):
+            # the gateway restarts between COMMIT and START, with the STARTs delivered but not handled
+            self.gateway_restart(data, race=data.draw(st.booleans()))
 
     # The happy path is what most steps of a real system are: weight it (Hypothesis picks rules evenly).
     progress_again = progress
@@ -246,7 +265,7 @@ class LaunchModel(RuleBasedStateMachine):
         commands = self._call("claim_node_commands", agent.node_id, agent.epoch, 100)
         handled = len(commands) if data.draw(st.booleans()) else data.draw(st.integers(0, len(commands)))
         for cmd in commands[:handled]:
-            self._handle(agent, cmd, start_error and cmd["kind"] == "start")
+            self._handle(agent, cmd, start_error and cmd["kind"] in ("start", "stop"))
         agent.inflight.extend(commands[handled:])
 
     @rule(data=st.data(), code=st.sampled_from([0, 0, 1]))
@@ -298,6 +317,25 @@ class LaunchModel(RuleBasedStateMachine):
         if agents:
             agent = data.draw(st.sampled_from(agents))
             self._reconcile(agent, dict(agent.running))
+
+    @rule(data=st.data(), stale_first=st.booleans())
+    def rotate_credential(self, data: st.DataObject, stale_first: bool) -> None:
+        """The gateway rotates a node's credential; a stale copy of an older one (still in its grace
+        period) trying to rotate is refused and cannot lock the real agent out."""
+        agents = self._live_agents()
+        if not agents:
+            return
+        agent = data.draw(st.sampled_from(agents))
+        if stale_first and len(agent.credentials) > 1:
+            with pytest.raises(Refusal):
+                stale = agent.credentials[-2][0]
+                self._call("rotate_node_credential", agent.node_id, stale, self._new_hash())
+        digest = self._new_hash()
+        new_id = self._call("rotate_node_credential", agent.node_id, agent.credentials[-1][0], digest)[0][
+            "rotate_node_credential"
+        ]
+        self._call("confirm_node_credential", agent.node_id, new_id)
+        agent.credentials.append((new_id, digest))
 
     # ---- rules: operators ----------------------------------------------------------------------------
 
@@ -363,6 +401,12 @@ class LaunchModel(RuleBasedStateMachine):
             )
             released = [r for r in rows if r["released_at"] is not None]
             assert not released, f"released while still running on node {agent.node_id}: {released}"
+
+    @invariant()
+    def newest_credential_always_works(self) -> None:
+        for agent in self._live_agents():
+            (row,) = self._call("authenticate_node_credential", agent.credentials[-1][1])
+            assert row["node_id"] == agent.node_id
 
     @invariant()
     def decisions_are_final_and_members_start_once(self) -> None:
