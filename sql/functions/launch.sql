@@ -54,7 +54,9 @@ DROP FUNCTION IF EXISTS tuneplane.job_members_of(bigint, bigint);
 -- so inner helpers repeat lock_attempt safely.
 DELETE FROM tuneplane.state_transitions;
 INSERT INTO tuneplane.state_transitions (entity, from_state, to_state, writers)
-SELECT 'job', f, t, w FROM (VALUES
+-- job_transition (submission.sql) is the generic, checked writer that operators' scripts may use for any
+-- listed job transition.
+SELECT 'job', f, t, w || '{job_transition}' FROM (VALUES
     ('queued', 'reserved', '{reserve_next}'::text[]),
     ('reserved', 'preparing', '{begin_prepare}'),
     ('reserved', 'running', '{member_prepared}'),
@@ -62,7 +64,7 @@ SELECT 'job', f, t, w FROM (VALUES
     ('queued', 'cancelled', '{cancel_job}')
 ) v(f, t, w)
 UNION ALL
-SELECT 'job', f, t, '{finish_attempt_if_done}'
+SELECT 'job', f, t, '{finish_attempt_if_done,job_transition}'
   FROM unnest('{reserved,preparing,running}'::text[]) f, unnest('{queued,succeeded,failed,cancelled}'::text[]) t
 UNION ALL
 SELECT 'attempt', f, t, w FROM (VALUES
