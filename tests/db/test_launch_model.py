@@ -131,8 +131,10 @@ class LaunchModel(RuleBasedStateMachine):
 
     def _end(self, agent: SimAgent, member_id: int, code: int) -> None:
         agent.running.pop(member_id, None)
-        if agent.epoch is None or not agent.reconciled or not self._report(
-            agent, "member_exited", {"member_id": member_id, "exit_code": code}
+        if (
+            agent.epoch is None
+            or not agent.reconciled
+            or not self._report(agent, "member_exited", {"member_id": member_id, "exit_code": code})
         ):
             agent.unreported_exits[member_id] = code
 

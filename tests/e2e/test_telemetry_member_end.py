@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import signal
 import subprocess
@@ -267,3 +268,94 @@ def test_member_cpu_and_rss_are_shipped_under_canonical_names(
         (job,),
     )
     assert cpu["top"] > 30  # the busy member used about one core
+
+
+BAD_JSONL = [
+    '{"step": 0, "loss": 1.0}',
+    '{"step": 9223372036854775808, "loss": 0.9}',  # 2^63
+    '{"step": 1, "loss": 1' + "0" * 400 + "}",  # 10^400
+    '{"step": 2, "bad\\u0000key": 1.0, "loss": 0.8}',
+    '{"step": 3, "' + "k" * 600 + '": 1.0, "loss": 0.7}',
+    '{"step": 4, "loss": NaN, "up": Infinity, "down": -Infinity}',
+    '{"step": 5, "loss": "diverged", "lr": 0.1}',
+    '{"step": 6, "loss": 0.5}',
+]
+
+
+def test_bad_lines_and_damaged_records_lose_only_themselves_and_are_shown(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    from app.web import create_app
+    from tests.telemetry_support import user_api_token
+
+    sources = tmp_path / "sources"
+    sources.mkdir()
+    (sources / "metrics.jsonl").write_text("\n".join(BAD_JSONL) + "\n")
+    from tensorboardX.proto import event_pb2
+
+    frames = [tfrecord.frame(event_pb2.Event(file_version="brain.Event:2").SerializeToString())]
+    frames += [tfrecord.frame(_event(step, "train/loss", step * 0.5)) for step in range(3000)]
+    damaged = {}
+    for index, at in ((1000, 3), (2000, 25)):  # a byte of a length field, a byte of a payload
+        broken = bytearray(frames[index])
+        broken[at] ^= 0x10
+        frames[index] = bytes(broken)
+        damaged[sum(len(f) for f in frames[:index])] = len(frames[index])
+    (sources / "tb__events.out.tfevents.1.member").write_bytes(b"".join(frames))
+    alice = make_user(db, "alice")
+    job = make_job(db, alice)
+    token = member_token(db, job)
+    member_dir = tmp_path / "member"
+    out = member_dir / "output"
+    out.mkdir(parents=True)
+    with running_gateway(db_url) as gateway:
+        collectors = _lifecycle(tmp_path, gateway.url)
+        record = MemberRecord(member_id=4, attempt_id=4, job_id=job, attempt=1, rank=0, state="running")
+        collectors.store.save(record)
+
+        async def scenario() -> bool:
+            collectors.start(record, member_dir, token)
+            member = _member(sources, out, 3, 0.1)
+            assert await asyncio.to_thread(member.wait, 60) == 0
+            record.state = "ended"
+            collectors.store.save(record)
+            return await collectors.drain(record, member_dir)
+
+        assert asyncio.run(scenario())
+    stored = _stored(db_url, job)
+    jsonl = sorted((n, s, v) for (src, n, s, v), c in stored.items() if src == "jsonl:metrics.jsonl")
+    finite = [(n, s, v) for n, s, v in jsonl if math.isfinite(v)]
+    assert finite == [("loss", 0, 1.0), ("loss", 2, 0.8), ("loss", 3, 0.7), ("loss", 6, 0.5), ("lr", 5, 0.1)]
+    assert sorted((n, s, str(v)) for n, s, v in jsonl if not math.isfinite(v)) == [
+        ("down", 4, "-inf"),
+        ("loss", 4, "nan"),
+        ("up", 4, "inf"),
+    ]
+    tb_steps = sorted(s for (src, n, s, _v) in stored if src == "tensorboard:tb")
+    assert tb_steps == [s for s in range(3000) if s not in (999, 1999)]  # every intact record
+    refusals = db.fetch_all("SELECT name, reason, count FROM telemetry_refusals WHERE job_id = %s", (job,))
+    assert {(r["name"], r["reason"]): r["count"] for r in refusals} == {
+        ("loss", "step outside ±(2^53-1)"): 1,
+        ("loss", "number too large for a float64"): 1,
+        ("", "name holds a NUL or control character"): 1,
+        ("", "name longer than 512 characters"): 1,
+        ("loss", "value is not a number"): 1,
+    }
+    regions = db.fetch_all(
+        "SELECT file, file_offset, bytes FROM telemetry_damage WHERE job_id = %s ORDER BY file_offset", (job,)
+    )
+    assert [(r["file"], r["file_offset"], r["bytes"]) for r in regions] == [
+        ("tb/events.out.tfevents.1.member", offset, size) for offset, size in sorted(damaged.items())
+    ]
+    assert _metrics_state(db, job) == {"state": "complete", "reason": ""}
+
+    client = create_app(db_url).test_client()
+    headers = {"Authorization": f"Bearer {user_api_token(db, alice)}"}
+    job_part = client.get(f"/jobs/{job}/metrics/health", headers=headers).get_data(as_text=True)
+    for offset, size in damaged.items():
+        assert f"tb/events.out.tfevents.1.member at byte {offset}, {size} bytes" in job_part
+    charts = client.get(f"/jobs/{job}/charts", headers=headers).get_data(as_text=True)
+    assert "metrics complete" in charts and "1 × step outside ±(2^53-1)" in charts
+    assert 'data-name="loss"' in charts
+    metrics = client.get(f"/jobs/{job}/metrics?name=loss", headers={**headers, "Accept": "application/json"})
+    json.loads(metrics.get_data(as_text=True))  # valid JSON although a value is NaN

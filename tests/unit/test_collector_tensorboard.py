@@ -238,3 +238,25 @@ def test_add_scalars_sub_runs_are_named_by_their_directory_suffix(tmp_path: Path
         ("tensorboard:run", "train/loss"),
     }
     assert len(points) == 80
+
+
+def test_a_damaged_region_read_in_pieces_is_reported_once_whole(tmp_path: Path) -> None:
+    frames = _simple_frames(40)
+    broken = bytearray(frames[20])
+    broken[1] ^= 0x08  # its length field
+    frames[20] = bytes(broken)
+    data = b"".join(frames)
+    at = sum(len(f) for f in frames[:20])
+    path = tmp_path / "events.out.tfevents.7.x"
+    tracker = OutputTracker(tmp_path)
+    damage, steps = [], []
+    # The writer's bytes arrive in pieces that cut the damaged record and the one after it.
+    for cut in (at + 5, at + 14, at + len(frames[20]) + 3, len(data)):
+        path.write_bytes(data[:cut])
+        tracker.discover()
+        for chunk in tracker.read(1000):
+            damage += chunk.damage
+            steps += [p.step for p in chunk.points]
+    tracker.close()
+    assert damage == [tfrecord.Damage(at, len(frames[20]), tfrecord.BAD_LENGTH)]
+    assert steps == [s for s in range(40) if s != 20]

@@ -237,16 +237,17 @@ class OutputTracker:
             data = os.pread(fd, min(READ_CHUNK, size - state.offset), state.offset)
             at_end = final and state.offset + len(data) >= size
             if state.kind == "tensorboard":
-                yield from self._read_tensorboard(state, data, max_points, at_end)
+                more = state.offset + len(data) < size
+                yield from self._read_tensorboard(state, data, max_points, at_end, more)
             else:
                 full_chunk = len(data) == READ_CHUNK
                 yield from self._read_jsonl(state, data, max_points, full_chunk, at_end)
 
     def _read_tensorboard(
-        self, state: FileState, data: bytes, max_points: int, final: bool
+        self, state: FileState, data: bytes, max_points: int, final: bool, more: bool
     ) -> Iterator[Chunk]:
         start = state.offset
-        found = tfrecord.scan(data, start, final=final)
+        found = tfrecord.scan(data, start, final=final, more_to_read=more)
         damage = sorted(found.damage, key=lambda d: d.offset)
         columns = _Columns()
         run_dir = Path(state.path).parent.name

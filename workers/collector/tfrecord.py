@@ -71,10 +71,9 @@ def _header_at(view: memoryview, pos: int) -> int | None:
     return length
 
 
-def _resync(view: memoryview, start: int) -> int:
+def _resync(view: memoryview, start: int) -> int | None:
     """The first offset at or after `start` where an intact record starts, or where a record whose header
-    verifies runs past the buffer (it may be completed later); len(view) - HEADER_SIZE + 1 if none, since
-    no offset before that can start a record."""
+    verifies runs past the buffer (it may be completed later); None if there is none in the buffer."""
     end = len(view)
     for pos in range(start, end - HEADER_SIZE + 1):
         length = _header_at(view, pos)
@@ -86,12 +85,18 @@ def _resync(view: memoryview, start: int) -> int:
         (data_crc,) = _FOOTER.unpack_from(view, pos + HEADER_SIZE + length)
         if masked_crc32c(view[pos + HEADER_SIZE : pos + HEADER_SIZE + length]) == data_crc:
             return pos
-    return max(start, end - HEADER_SIZE + 1)
+    return None
 
 
-def scan(buffer: bytes | memoryview, base_offset: int = 0, final: bool = False) -> ScanResult:
+def scan(
+    buffer: bytes | memoryview, base_offset: int = 0, final: bool = False, more_to_read: bool = False
+) -> ScanResult:
     """Split `buffer` (file bytes starting at `base_offset`) into complete records. With `final` (the
-    writer is gone and the buffer reaches the end of the file) a cut-short tail is damage too."""
+    writer is gone and the buffer reaches the end of the file) a cut-short tail is damage too.
+
+    A damaged region with no intact record after it yet is left for the next read (the writer may still
+    be writing what follows), so that one region is reported once, whole; it is reported up to where the
+    buffer ends only when the file holds more than the buffer (`more_to_read`) or at the end (`final`)."""
     view = memoryview(buffer)
     result = ScanResult()
     pos = 0
@@ -100,6 +105,13 @@ def scan(buffer: bytes | memoryview, base_offset: int = 0, final: bool = False) 
         length = _header_at(view, pos)
         if length is None:
             resume = _resync(view, pos + 1)
+            if resume is None:
+                if final:
+                    resume = end
+                elif more_to_read:
+                    resume = end - HEADER_SIZE + 1  # no offset before this can start a record
+                else:
+                    break
             result.damage.append(Damage(base_offset + pos, resume - pos, BAD_LENGTH))
             pos = resume
             continue
