@@ -7,11 +7,11 @@ the agent's event loop (heartbeats, other members). Every failure raises with th
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import shutil
 import tarfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,7 @@ import aiohttp
 
 from app.node_gateway import protocol
 from workers.agent.probe import peer_check, storage_check
-from workers.capsule import unpack_capsule
+from workers.capsule import file_digest, unpack_capsule
 from workers.runner.runtime import check_runtime
 
 # What member.json carries over from PREPARE's payload (the rest of the runner's input is the capsule).
@@ -56,41 +56,86 @@ class NodeAccess:
     ca_bundle: str | None = None
 
 
-async def fetch_capsule(access: NodeAccess, cache: Path, digest: str) -> Path:
-    """The capsule tar in the agent's cache, fetched once per digest (unpack_capsule verifies it again)."""
+# A capsule fetch that meets a connection error or a 5xx (the node gateway restarting, a proxy in between)
+# is tried again, resuming from the bytes already received, after these pauses (doubling up to the last),
+# for as long as the prepare deadline allows (FETCH_BUDGET seconds when PREPARE carried none).
+FETCH_PAUSE_FIRST = 0.2
+FETCH_PAUSE_MAX = 5.0
+FETCH_BUDGET = 120.0
+FETCH_BLOCK = 1024 * 1024
+
+
+class _FetchInterrupted(Exception):
+    """This try failed for a reason that another try may not meet (connection, 5xx, stalled read)."""
+
+
+async def fetch_capsule(access: NodeAccess, cache: Path, digest: str, deadline: float | None = None) -> Path:
+    """The capsule tar in the agent's cache, fetched once per digest (unpack_capsule verifies it again).
+
+    A try interrupted by the gateway going away (connection refused or reset, a read that stalls, a 5xx) is
+    followed by another that asks only for the rest (`Range: bytes=<received>-`; a server that answers 200
+    instead restarts the file), until `deadline` (time.time() seconds: PREPARE's deadline). A refusal (4xx)
+    is final. The whole file is checked against `digest` at the end."""
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / f"{digest}.tar"
     if target.is_file():
         return target
     url = access.server.rstrip("/") + protocol.FILES_PATH + f"capsule/{digest}"
     partial = cache / f"{digest}.{os.getpid()}.{id(asyncio.current_task())}.partial"
-    hasher = hashlib.sha256()
-    try:
-        async with access.http.get(
-            url,
-            headers={"Authorization": f"Bearer {access.credential()}"},
-            timeout=aiohttp.ClientTimeout(total=None, sock_read=120),
-        ) as response:
-            if response.status != 200:
-                try:
-                    message = (await response.json(content_type=None)).get("error")
-                except ValueError:
-                    message = None
+    partial.unlink(missing_ok=True)
+    give_up_at = deadline if deadline is not None else time.time() + FETCH_BUDGET
+    pause = FETCH_PAUSE_FIRST
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            await _fetch_rest(access, url, partial, digest)
+            break
+        except _FetchInterrupted as exc:
+            if time.time() + pause >= give_up_at:
+                partial.unlink(missing_ok=True)
                 raise PrepareFailed(
-                    f"fetching capsule {digest} failed: {message or f'HTTP {response.status}'}"
-                )
-            with open(partial, "wb") as handle:
-                async for block in response.content.iter_chunked(1024 * 1024):
-                    hasher.update(block)
-                    handle.write(block)
-    except aiohttp.ClientError as exc:
+                    f"fetching capsule {digest} failed after {tries} tries until the prepare deadline: {exc}"
+                ) from exc
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, FETCH_PAUSE_MAX)
+        except PrepareFailed:
+            partial.unlink(missing_ok=True)
+            raise
+    actual = await asyncio.to_thread(file_digest, partial)
+    if actual != digest:
         partial.unlink(missing_ok=True)
-        raise PrepareFailed(f"fetching capsule {digest} failed: {exc}") from exc
-    if hasher.hexdigest() != digest:
-        partial.unlink(missing_ok=True)
-        raise PrepareFailed(f"capsule digest mismatch: fetched {hasher.hexdigest()}, expected {digest}")
+        raise PrepareFailed(f"capsule digest mismatch: fetched {actual}, expected {digest}")
     os.replace(partial, target)
     return target
+
+
+async def _fetch_rest(access: NodeAccess, url: str, partial: Path, digest: str) -> None:
+    """One try: append what the server sends after the bytes already in `partial`."""
+    have = partial.stat().st_size if partial.exists() else 0
+    headers = {"Authorization": f"Bearer {access.credential()}"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    try:
+        async with access.http.get(
+            url, headers=headers, timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=30)
+        ) as response:
+            if response.status == 416 and have:
+                return  # nothing after what we have: the whole file is here (the digest check decides)
+            if response.status >= 500:
+                raise _FetchInterrupted(f"HTTP {response.status} from the node gateway")
+            if response.status not in (200, 206):
+                try:
+                    message = (await response.json(content_type=None)).get("error")
+                except (ValueError, aiohttp.ClientError):
+                    message = None
+                why = message or f"HTTP {response.status}"
+                raise PrepareFailed(f"fetching capsule {digest} failed: {why}")
+            with open(partial, "ab" if response.status == 206 else "wb") as handle:
+                async for block in response.content.iter_chunked(FETCH_BLOCK):
+                    handle.write(block)
+    except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
+        raise _FetchInterrupted(f"{type(exc).__name__}: {exc}") from exc
 
 
 def unpack_source(spec: dict, directory: Path) -> None:
@@ -162,7 +207,8 @@ async def prepare_member_dir(
     digest = str(payload["capsule_digest"])
     capsule_dir = directory / "capsule"
     if not (capsule_dir / "manifest.json").is_file():
-        tar_path = await fetch_capsule(access, work_dir / "capsules", digest)
+        deadline = float(payload["deadline"]) if payload.get("deadline") is not None else None
+        tar_path = await fetch_capsule(access, work_dir / "capsules", digest, deadline)
         await asyncio.to_thread(unpack_capsule, tar_path, digest, capsule_dir)
     spec = json.loads((capsule_dir / "spec.json").read_text())
     await asyncio.to_thread(unpack_source, spec, directory)
