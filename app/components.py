@@ -50,6 +50,19 @@ def telemetry_gateway_url(ctx: UpContext) -> str:
     return f"http://{host}:{ctx.port + 2}"
 
 
+def embedded_postgres_component(pgdata: Path, data_dir: Path) -> tuple[Component, Path]:
+    """The embedded PostgreSQL as `up`'s first child, and the file it writes its URL to once ready."""
+    url_file = data_dir / "run" / "postgres.url"
+    url_file.unlink(missing_ok=True)
+    component = Component(
+        "postgres",
+        tuneplane_argv("embedded-postgres", "--pgdata", str(pgdata), "--url-file", str(url_file)),
+        ready=url_file.exists,
+        ready_timeout=180.0,
+    )
+    return component, url_file
+
+
 def up_components(ctx: UpContext) -> list[Component]:
     from app.node_gateway.local import node_components
 

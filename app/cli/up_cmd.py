@@ -11,7 +11,7 @@ import click
 from app import migrate
 from app.cli.options import server_side, settings_from
 from app.client.config import config_path, read_config_file, write_config_file
-from app.components import UpContext, up_components
+from app.components import UpContext, embedded_postgres_component, up_components
 from app.db import Database
 from app.security import hash_password, new_token
 from app.supervisor import ComponentFailed, Supervisor
@@ -60,16 +60,18 @@ def up_cmd(host: str, port: int, database_url: str | None, data_dir: str | None)
     supervisor = Supervisor(settings.log_dir, _say)
     supervisor.install_signal_handlers()
 
-    pg = None
     url = settings.database_url
-    if url is None:
-        from app import embedded_pg
-
-        _say(f"starting the embedded PostgreSQL in {settings.pgdata}")
-        pg = embedded_pg.start(settings.pgdata)
-        url = pg.url
     exit_code = 1
     try:
+        if url is None:
+            # The embedded PostgreSQL is a supervised child like the others (restarted if it dies) and
+            # the last one stopped.
+            _say(f"starting the embedded PostgreSQL in {settings.pgdata}")
+            component, url_file = embedded_postgres_component(settings.pgdata, settings.data_dir)
+            supervisor.start(component)
+            if supervisor.stop_requested.is_set():
+                raise ComponentFailed("stopped while PostgreSQL was starting")
+            url = url_file.read_text().strip()
         migrate.migrate(url, progress=_say)
         ctx = UpContext(database_url=url, data_dir=settings.data_dir, host=host, port=port)
         db = Database(url, max_size=2, name="tuneplane-up")
@@ -93,14 +95,22 @@ def up_cmd(host: str, port: int, database_url: str | None, data_dir: str | None)
         exit_code = supervisor.watch()
     except ComponentFailed as exc:
         _say(str(exc))
-        supervisor.stop_all()
     finally:
         supervisor.stop_all()
-        if pg is not None:
-            _say("stopping the embedded PostgreSQL")
-            pg.stop()
     _say("stopped")
     sys.exit(exit_code)
 
 
-COMMANDS = [up_cmd]
+@click.command("embedded-postgres", hidden=True)
+@click.option("--pgdata", required=True, type=click.Path(file_okay=False))
+@click.option("--url-file", required=True, type=click.Path(dir_okay=False))
+def embedded_postgres_cmd(pgdata: str, url_file: str) -> None:
+    """The embedded PostgreSQL as a child of `tuneplane up` (started, watched and stopped by it)."""
+    from pathlib import Path
+
+    from app import embedded_pg
+
+    sys.exit(embedded_pg.serve(Path(pgdata), Path(url_file), say=lambda line: click.echo(line)))
+
+
+COMMANDS = [up_cmd, embedded_postgres_cmd]

@@ -69,21 +69,24 @@ class Up:
 
 
 @contextmanager
-def tuneplane_up(db_url: str, tmp_path: Path, db: Database) -> Iterator[Up]:
+def tuneplane_up(db_url: str | None, tmp_path: Path, db: Database | None) -> Iterator[Up]:
     """Start `tuneplane up` on db_url; yield once the console answers and the local node has reported
-    its capacity and probe port (before that, a preview finds no fleet that can hold a job)."""
+    its capacity and probe port (before that, a preview finds no fleet that can hold a job).
+
+    With db_url None, `up` runs its embedded PostgreSQL in the data directory; `db` may then be None and
+    the test connects with `embedded_database(up)`."""
     env = {**os.environ, "TUNEPLANE_CONFIG": str(tmp_path / "config.toml"), "PYTHONUNBUFFERED": "1"}
     for name in LEAKY:
         env.pop(name, None)
     data_dir = tmp_path / "data"
+    database = ["--database-url", db_url] if db_url else []
     process = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "app",
             "up",
-            "--database-url",
-            db_url,
+            *database,
             "--data-dir",
             str(data_dir),
             "--port",
@@ -96,8 +99,12 @@ def tuneplane_up(db_url: str, tmp_path: Path, db: Database) -> Iterator[Up]:
         start_new_session=True,
     )
     out = OutputWatcher(process)
+    own_db = None
     try:
-        url = out.wait_for_line("TunePlane is up:", timeout=120).split("TunePlane is up:")[1].strip()
+        url = out.wait_for_line("TunePlane is up:", timeout=180).split("TunePlane is up:")[1].strip()
+        up = Up(process, out, env, data_dir, url)
+        if db is None:
+            db = own_db = embedded_database(up)
         wait_for(
             lambda: db.fetch_one(
                 "SELECT count(*) AS n FROM nodes n JOIN fleets f ON f.id = n.fleet_id"
@@ -106,7 +113,14 @@ def tuneplane_up(db_url: str, tmp_path: Path, db: Database) -> Iterator[Up]:
             timeout=60,
             what="the local node's capacity and probe port",
         )
-        yield Up(process, out, env, data_dir, url)
+        yield up
     finally:
+        if own_db is not None:
+            own_db.close()
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def embedded_database(up: Up) -> Database:
+    """A connection pool to the embedded PostgreSQL of an `up` started without a database URL."""
+    return Database((up.data_dir / "run" / "postgres.url").read_text().strip(), max_size=2)
