@@ -16,6 +16,17 @@ class UpContext:
     data_dir: Path
     host: str
     port: int
+    # The gateways' ports; None: the console port + 1 (node gateway) and + 2 (telemetry gateway).
+    node_gateway_port_: int | None = None
+    telemetry_gateway_port_: int | None = None
+
+    @property
+    def node_gateway_port(self) -> int:
+        return self.node_gateway_port_ if self.node_gateway_port_ is not None else self.port + 1
+
+    @property
+    def telemetry_gateway_port(self) -> int:
+        return self.telemetry_gateway_port_ if self.telemetry_gateway_port_ is not None else self.port + 2
 
     @property
     def server_url(self) -> str:
@@ -39,15 +50,15 @@ def http_ok(url: str) -> bool:
 
 
 def node_gateway_url(ctx: UpContext) -> str:
-    """`tuneplane up` runs the node gateway on the console port + 1 (agents dial it)."""
+    """`tuneplane up` runs the node gateway on the console port + 1 by default (agents dial it)."""
     host = "127.0.0.1" if ctx.host in ("0.0.0.0", "") else ctx.host
-    return f"http://{host}:{ctx.port + 1}"
+    return f"http://{host}:{ctx.node_gateway_port}"
 
 
 def telemetry_gateway_url(ctx: UpContext) -> str:
-    """`tuneplane up` runs the telemetry gateway on the console port + 2 (the node gateway has + 1)."""
+    """`tuneplane up` runs the telemetry gateway on the console port + 2 by default."""
     host = "127.0.0.1" if ctx.host in ("0.0.0.0", "") else ctx.host
-    return f"http://{host}:{ctx.port + 2}"
+    return f"http://{host}:{ctx.telemetry_gateway_port}"
 
 
 def embedded_postgres_component(pgdata: Path, data_dir: Path) -> tuple[Component, Path]:
@@ -76,7 +87,9 @@ def up_components(ctx: UpContext) -> list[Component]:
         ),
         Component(
             "telemetry-gateway",
-            tuneplane_argv("telemetry-gateway", "--host", ctx.host, "--port", str(ctx.port + 2)),
+            tuneplane_argv(
+                "telemetry-gateway", "--host", ctx.host, "--port", str(ctx.telemetry_gateway_port)
+            ),
             env=ctx.env(),
             ready=lambda: http_ok(f"{telemetry_gateway_url(ctx)}/healthz"),
         ),

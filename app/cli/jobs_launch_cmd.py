@@ -3,17 +3,11 @@ waits), all over the HTTP API. The `jobs` group itself lives in app/cli/submit_c
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import click
 
+from app.cli.log_follow import print_logs
 from app.cli.options import api_client, client_options, json_option, print_json, print_table
 from app.cli.submit_cmd import jobs_group
-from app.client.http import ApiClient
-
-TERMINAL = ("succeeded", "failed", "cancelled")
-READ_BYTES = 256 * 1024
 
 
 def echo_waiting(job: dict) -> None:
@@ -63,13 +57,11 @@ def jobs_cancel(job_id: str, reason: str | None, as_json: bool, server, token, c
     click.echo(f"job {job['id']} {job['state']}: {job['state_reason']}")
 
 
-def _read(client: ApiClient, job_id: str, params: dict[str, Any]) -> dict:
-    return client.get(f"/jobs/{job_id}/logs", params={k: v for k, v in params.items() if v is not None})
-
-
 @jobs_group.command("logs")
 @click.argument("job_id")
-@click.option("--member", "rank", default=0, show_default=True, type=int, help="The member's rank.")
+@click.option(
+    "--member", "rank", default=None, type=int, help="One member's rank.  [default: every member, prefixed]"
+)
 @click.option("--stream", type=click.Choice(["stdout", "stderr"]), default="stdout", show_default=True)
 @click.option("--attempt", type=int, default=None, help="Default: the latest attempt.")
 @click.option("--tail", type=int, default=None, help="Start at most this many bytes before the end.")
@@ -80,7 +72,7 @@ def _read(client: ApiClient, job_id: str, params: dict[str, Any]) -> dict:
 @client_options
 def jobs_logs(
     job_id: str,
-    rank: int,
+    rank: int | None,
     stream: str,
     attempt: int | None,
     tail: int | None,
@@ -90,44 +82,13 @@ def jobs_logs(
     token,
     ca_bundle,
 ) -> None:
-    """Print a member's stdout (or stderr). With --follow, poll (bounded reads) until the job is finished;
-    a retry's new attempt is followed too."""
-    pinned = attempt is not None
-    after = 0
+    """Print the members' stdout (or stderr): every member's lines prefixed with its rank (`[rank 1] …`),
+    or one member's with --member. With --follow, poll (bounded reads) until the job is finished; a
+    retry's new attempt is followed too."""
     with api_client(server, token, ca_bundle) as client:
-        while True:
-            data = _read(
-                client,
-                job_id,
-                {
-                    "member": rank,
-                    "stream": stream,
-                    "after": after,
-                    "limit": READ_BYTES,
-                    "attempt": attempt,
-                    "tail": tail,
-                },
-            )
-            tail = None
-            if attempt is None and data["attempt"] is not None:
-                attempt = data["attempt"]
-            for chunk in data["chunks"]:
-                click.echo(chunk["text"], nl=False)
-            after = data["next"]
-            if data["more"]:
-                continue
-            if not follow:
-                break
-            if data["job_state"] in TERMINAL:
-                break
-            if data["complete"] and not pinned:
-                # This attempt's member has ended but the job has not: a retry may follow.
-                latest = _read(client, job_id, {"member": rank, "stream": stream, "after": 0, "limit": 1})
-                if latest["attempt"] is not None and latest["attempt"] != attempt:
-                    click.echo(f"--- attempt {latest['attempt']} ---", err=True)
-                    attempt, after = latest["attempt"], 0
-                    continue
-            time.sleep(max(poll, 0.1))
+        print_logs(
+            client, job_id, rank=rank, stream=stream, attempt=attempt, tail=tail, follow=follow, poll=poll
+        )
 
 
 COMMANDS: list = []  # the commands above join the `jobs` group of app.cli.submit_cmd

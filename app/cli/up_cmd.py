@@ -5,13 +5,21 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+from pathlib import Path
 
 import click
 
 from app import migrate
 from app.cli.options import server_side, settings_from
+from app.cli.up_ports import check_ports_free
 from app.client.config import config_path, read_config_file, write_config_file
-from app.components import UpContext, embedded_postgres_component, up_components
+from app.components import (
+    UpContext,
+    embedded_postgres_component,
+    node_gateway_url,
+    telemetry_gateway_url,
+    up_components,
+)
 from app.db import Database
 from app.security import hash_password, new_token
 from app.supervisor import ComponentFailed, Supervisor
@@ -51,10 +59,32 @@ def _write_cli_config(db: Database, ctx: UpContext) -> None:
 
 @click.command("up")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the console listens on.")
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--port", default=8080, show_default=True, type=int, help="The console's port.")
+@click.option(
+    "--node-gateway-port", type=int, help="The node gateway's port (agents dial it).  [default: --port + 1]"
+)
+@click.option(
+    "--telemetry-gateway-port", type=int, help="The telemetry gateway's port.  [default: --port + 2]"
+)
 @server_side
-def up_cmd(host: str, port: int, database_url: str | None, data_dir: str | None) -> None:
+def up_cmd(
+    host: str,
+    port: int,
+    node_gateway_port: int | None,
+    telemetry_gateway_port: int | None,
+    database_url: str | None,
+    data_dir: str | None,
+) -> None:
     """Run TunePlane on this machine (embedded PostgreSQL unless a database URL is given)."""
+    ports = UpContext("", Path(), host, port, node_gateway_port, telemetry_gateway_port)
+    check_ports_free(
+        host,
+        {
+            "console": port,
+            "node gateway": ports.node_gateway_port,
+            "telemetry gateway": ports.telemetry_gateway_port,
+        },
+    )
     settings = settings_from(database_url, data_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     supervisor = Supervisor(settings.log_dir, _say)
@@ -73,7 +103,7 @@ def up_cmd(host: str, port: int, database_url: str | None, data_dir: str | None)
                 raise ComponentFailed("stopped while PostgreSQL was starting")
             url = url_file.read_text().strip()
         migrate.migrate(url, progress=_say)
-        ctx = UpContext(database_url=url, data_dir=settings.data_dir, host=host, port=port)
+        ctx = UpContext(url, settings.data_dir, host, port, node_gateway_port, telemetry_gateway_port)
         db = Database(url, max_size=2, name="tuneplane-up")
         try:
             admin = _first_admin(db, ctx)
@@ -86,6 +116,10 @@ def up_cmd(host: str, port: int, database_url: str | None, data_dir: str | None)
             supervisor.start(component)
         if not supervisor.stop_requested.is_set():
             click.echo(f"TunePlane is up: {ctx.server_url}")
+            click.echo(
+                f"node gateway: {node_gateway_url(ctx)} (agents dial it); "
+                f"telemetry gateway: {telemetry_gateway_url(ctx)}"
+            )
             if admin:
                 click.echo(
                     f"admin login: {admin[0]} / {admin[1]} (also in {ctx.data_dir / 'initial-admin.txt'})"

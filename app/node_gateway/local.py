@@ -63,7 +63,7 @@ def node_components(ctx: UpContext) -> list[Component]:
     state_dir, work_dir = local_node_dirs(ctx.data_dir)
     gateway = Component(
         "node-gateway",
-        tuneplane_argv("node-gateway", "--host", ctx.host, "--port", str(ctx.port + 1)),
+        tuneplane_argv("node-gateway", "--host", ctx.host, "--port", str(ctx.node_gateway_port)),
         env=ctx.env(),
         ready=lambda: http_ok(f"{url}/healthz"),
     )

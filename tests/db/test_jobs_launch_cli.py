@@ -21,7 +21,7 @@ from app.security import new_token
 from app.web import create_app
 from tests.helpers import OutputWatcher
 from tests.launch_fixtures import report, run_to_running
-from tests.submission_setup import add_user, one_local_fleet
+from tests.submission_setup import add_node, add_user, one_local_fleet
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -166,3 +166,66 @@ def test_logs_follow_prints_new_output_and_stops_when_the_job_ends(
             follower.kill()
             follower.wait()
     assert watcher.text() == "first line\nsecond line"
+
+
+def _two_member_job(cli, db: Database, server: dict) -> list[dict]:
+    add_node(db, server["fleet"], "local-2")
+    result = cli("submit", "--recipe", "demo", "--nodes", "2", "--yes", "--json")
+    assert result.exit_code == 0, result.output
+    job_id = json.loads(result.stdout)["job_id"]
+    db.call("reserve_next", server["fleet"], 1000)
+    members = sorted(run_to_running(db, job_id), key=lambda m: m["rank"])
+    assert [m["rank"] for m in members] == [0, 1]
+    return [{**m, "job_id": job_id} for m in members]
+
+
+def test_logs_of_a_two_member_job_show_both_ranks_prefixed(cli, db: Database, server: dict) -> None:
+    rank0, rank1 = _two_member_job(cli, db, server)
+    report(db, "member_log", rank0, stream="stdout", offset=0, text="zero says hi\nzero again\n")
+    report(db, "member_log", rank1, stream="stdout", offset=0, text="one says hi\nno newline yet")
+    out = cli("jobs", "logs", str(rank0["job_id"]))
+    assert out.exit_code == 0, out.output
+    assert out.stdout.splitlines() == [
+        "[rank 0] zero says hi",
+        "[rank 0] zero again",
+        "[rank 1] one says hi",
+        "[rank 1] no newline yet",
+    ]
+    only = cli("jobs", "logs", str(rank0["job_id"]), "--member", "1")
+    assert only.stdout == "one says hi\nno newline yet"
+
+
+def test_logs_follow_follows_every_member_until_the_job_ends(
+    cli, db: Database, server: dict, tmp_path: Path
+) -> None:
+    rank0, rank1 = _two_member_job(cli, db, server)
+    env = {
+        **os.environ,
+        "TUNEPLANE_CONFIG": str(tmp_path / "none.toml"),
+        "TUNEPLANE_SERVER": server["url"],
+        "TUNEPLANE_TOKEN": server["alice"],
+        "PYTHONUNBUFFERED": "1",
+    }
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "app", "jobs", "logs", str(rank0["job_id"]), "--follow", "--poll", "0.1"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        watcher = OutputWatcher(follower)
+        report(db, "member_log", rank1, stream="stdout", offset=0, text="from one\n")
+        watcher.wait_for_line("[rank 1] from one", timeout=30)
+        report(db, "member_log", rank0, stream="stdout", offset=0, text="from zero\n")
+        watcher.wait_for_line("[rank 0] from zero", timeout=30)
+        assert follower.poll() is None
+        report(db, "member_log", rank1, stream="stdout", offset=9, text="one: done\n")
+        report(db, "member_exited", rank0, exit_code=0)
+        report(db, "member_exited", rank1, exit_code=0)
+        assert follower.wait(timeout=30) == 0
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert "[rank 1] one: done" in watcher.text()

@@ -64,6 +64,9 @@ def test_up_serves_healthz_then_sigterm_leaves_nothing_running(tmp_path: Path, p
         with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
             assert response.status == 200
         assert "admin login: admin /" in out.text()
+        # The gateways' addresses are printed with the console's (agents and collectors dial them).
+        out.wait_for_line(f"node gateway: http://127.0.0.1:{port + 1}", timeout=10)
+        assert f"telemetry gateway: http://127.0.0.1:{port + 2}" in out.text()
         assert f'server = "{url}"' in config.read_text() and "token = " in config.read_text()
         assert oct(config.stat().st_mode & 0o777) == "0o600"
         children = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
