@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -21,6 +22,10 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 LAUNCHERS = ("script", "torchrun")
+# One requirement: a PEP 508 name with optional extras, version specifiers and markers. Options (`-e`,
+# `--index-url`), URLs and paths are refused: the lock comes from the index the server is configured with.
+REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._, -]*\])?\s*([<>=!~;][^\n\r@]*)?$")
+PYTHON_VERSION = re.compile(r"^3\.\d{1,2}$")
 MAX_MEMORY = 1024**5
 # Every variable reaches the member's process environment through execve, whose arguments and
 # environment together must fit ARG_MAX (2 MiB on Linux, and at most 128 KiB per string); the runner
@@ -160,6 +165,65 @@ class OutputSpec(StrictModel):
         return value
 
 
+class EnvironmentSpec(StrictModel):
+    """`environment:` in a JobSpec (docs/runtimes.md)."""
+
+    base: Literal["isolated", "node"] | None = None
+    packages: list[str] = Field(default_factory=list, max_length=256)
+    requirements: str | None = Field(None, min_length=1, max_length=1024)
+    python: str | None = None
+
+    @field_validator("packages")
+    @classmethod
+    def _packages(cls, value: list[str]) -> list[str]:
+        for index, item in enumerate(value):
+            if not REQUIREMENT.match(item) or len(item) > 512:
+                raise ValueError(
+                    f"{item!r} (item {index}) is not a requirement such as transformers>=4.40 "
+                    "(a name, extras, versions, markers; no options, URLs or paths)"
+                )
+        return value
+
+    @field_validator("requirements")
+    @classmethod
+    def _requirements(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        path = PurePosixPath(value)
+        if (
+            path.is_absolute()
+            or ".." in path.parts
+            or not (path.name.endswith(".txt") or path.name == "pyproject.toml")
+        ):
+            raise ValueError(
+                "must be a relative path inside the source archive to a requirements file (*.txt) "
+                "or a pyproject.toml (with uv.lock beside it)"
+            )
+        return value
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, value: str | None) -> str | None:
+        if value is not None and not PYTHON_VERSION.match(value):
+            raise ValueError("must be a Python minor version such as 3.11")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvironmentSpec:
+        if self.packages and self.requirements:
+            raise ValueError("give packages or requirements, not both")
+        return self
+
+    @property
+    def builds(self) -> bool:
+        """Whether a lock is resolved and an environment built (else: the node's interpreter as it is)."""
+        return bool(self.packages or self.requirements)
+
+    @property
+    def effective_base(self) -> str:
+        return self.base or ("isolated" if self.builds else "node")
+
+
 class JobSpec(StrictModel):
     recipe: RecipeInput | None = None
     source: SourceInput | None = None
@@ -173,6 +237,7 @@ class JobSpec(StrictModel):
     priority: int = Field(0, ge=-1000, le=1000)
     inputs: list[InputRef] = Field(default_factory=list, max_length=64)
     outputs: list[OutputSpec] = Field(default_factory=list, max_length=64)
+    environment: EnvironmentSpec | None = None
 
     @field_validator("outputs")
     @classmethod
@@ -213,6 +278,12 @@ class JobSpec(StrictModel):
         if len(given) != 1:
             found = ", ".join(given) if given else "none"
             raise ValueError(f"give exactly one input: recipe, source or image (found {found})")
+        if self.environment is not None and self.image is not None and self.environment.builds:
+            raise ValueError(
+                "environment: an image job brings its own environment (packages need recipe or source)"
+            )
+        if self.environment is not None and self.environment.requirements and self.source is None:
+            raise ValueError("environment.requirements: a requirements file is read from the source archive")
         return self
 
     @property

@@ -17,6 +17,7 @@ from typing import Any
 from app.errors import Refusal
 from app.plugins import Plugin, load_plugins
 from app.submission.canonical import digest_of
+from app.submission.environments import NODE_PROVIDED, normalise_name, resolve_environment
 from app.submission.images import normalise_image_ref
 from app.submission.jobspec import JobSpec
 
@@ -162,8 +163,45 @@ def recipe_params(integration: Integration, given: dict[str, Any]) -> dict[str, 
     return resolved
 
 
-def build_pins(spec: JobSpec) -> dict:
-    """The `p_pins` document for create_preview: input, integration, runtime and warnings."""
+def with_environment(
+    spec: JobSpec, integration: Integration, runtime: dict, open_archive: Any | None
+) -> tuple[dict, list[str]]:
+    """The Python runtime pin plus the resolved `environment` (lock and digest) the spec asks for.
+
+    An isolated environment must also hold what the integration itself imports (the demo's numpy), so
+    those requirements are resolved with the user's; one the node provides (torchrun's torch) needs
+    `base: node`."""
+    env = spec.environment
+    if env is None or not env.builds:
+        return runtime, []
+    if env.effective_base == "isolated":
+        needs = [normalise_name(r) for r in integration.plugin.details.get("requires", [])]
+        provided = [r for r in needs if r in NODE_PROVIDED]
+        if provided:
+            raise Refusal(
+                f"environment.base: integration {integration.name} needs {', '.join(provided)} "
+                "from the node; "
+                "use base: node (an isolated environment never installs torch)",
+                status=422,
+                field="environment.base",
+            )
+        if env.packages:
+            env = env.model_copy(update={"packages": [*env.packages, *needs]})
+    pin, warnings = resolve_environment(env, open_archive)
+    assert pin is not None
+    if spec.environment.packages:
+        pin["requested"] = list(spec.environment.packages)  # as asked (the integration's own added)
+    runtime = {**runtime, "environment": pin}
+    if env.effective_base == "isolated":
+        # The interpreter that runs the member is the environment's, with the lock's packages.
+        runtime.update(python=pin["python"], packages={})
+    return runtime, warnings
+
+
+def build_pins(spec: JobSpec, open_archive: Any | None = None) -> dict:
+    """The `p_pins` document for create_preview: input, integration, runtime and warnings.
+
+    `open_archive()` opens the spec's source archive (a requirements file inside it)."""
     available = integrations()
     warnings: list[str] = []
     if spec.recipe is not None:
@@ -180,6 +218,8 @@ def build_pins(spec: JobSpec) -> dict:
         }
         runtime, more = python_runtime_pin(integration)
         warnings += more
+        runtime, more = with_environment(spec, integration, runtime, open_archive)
+        warnings += more
     else:
         launcher = spec.source or spec.image
         assert launcher is not None
@@ -195,6 +235,8 @@ def build_pins(spec: JobSpec) -> dict:
                 "integration": integration.name,
             }
             runtime, more = python_runtime_pin(integration)
+            warnings += more
+            runtime, more = with_environment(spec, integration, runtime, open_archive)
             warnings += more
         else:
             assert spec.image is not None

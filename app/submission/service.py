@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 import uuid
+from functools import partial
 from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from app.blobstore import BlobStore
 from app.db import Database
 from app.errors import Refusal
 from app.submission.jobspec import JobSpec, parse_jobspec
@@ -34,12 +36,27 @@ def parse_job_id(value: Any) -> int:
     return job_id
 
 
-def create_preview(db: Database, user_id: int, data: Any) -> dict:
+def create_preview(db: Database, user_id: int, data: Any, blobs: BlobStore | None = None) -> dict:
+    """`blobs` is the store holding source archives (an environment's requirements file is read there)."""
     spec = data if isinstance(data, JobSpec) else parse_jobspec(data)
-    pins = build_pins(spec)
+    open_archive = None
+    if spec.source is not None and blobs is not None:
+        sha256 = spec.source.archive.removeprefix("sha256:")
+        if owns_archive(db, user_id, sha256) and blobs.exists(sha256):
+            open_archive = partial(blobs.open, sha256)
+    pins = build_pins(spec, open_archive)
     document = spec.model_dump(mode="json", exclude_none=True)
     row = db.call("create_preview", user_id, Jsonb(document), Jsonb(pins))[0]
     return preview_document(row)
+
+
+def owns_archive(db: Database, user_id: int, sha256: str) -> bool:
+    """Whether this user uploaded the archive (create_preview refuses the spec otherwise; nothing of another
+    user's archive is read before that)."""
+    row = db.fetch_one(
+        "SELECT 1 AS ok FROM source_archive_uploads WHERE sha256 = %s AND user_id = %s", (sha256, user_id)
+    )
+    return row is not None
 
 
 def get_preview(db: Database, user_id: int, preview_id: Any) -> dict:
@@ -106,9 +123,19 @@ def describe_input(input_doc: dict) -> str:
     return str(kind)
 
 
+def describe_environment(env: dict) -> str:
+    packages = ", ".join(f"{name} {ver}" for name, ver in sorted((env.get("packages") or {}).items()))
+    return (
+        f"environment sha256:{str(env.get('digest', ''))[:12]}… (base {env.get('base')}, python"
+        f" {env.get('python')}, built with uv {env.get('uv')}): {packages or 'no packages'}"
+    )
+
+
 def describe_runtime(runtime: dict) -> str:
     if runtime.get("kind") == "image":
         return f"image {runtime.get('image')}"
+    if runtime.get("environment"):
+        return describe_environment(runtime["environment"])
     packages = ", ".join(
         f"{name} {ver if ver else '(not pinned)'}"
         for name, ver in sorted(runtime.get("packages", {}).items())

@@ -152,9 +152,11 @@ def create_preview():
         body = request.get_json(silent=True)
         if not isinstance(body, dict):
             raise Refusal("the body must be a JobSpec JSON object", status=400, field="spec")
-        return json_response(service.create_preview(get_db(), user.id, body), 201)
+        return json_response(service.create_preview(get_db(), user.id, body, get_blobstore()), 201)
     try:
-        preview = service.create_preview(get_db(), user.id, spec_from_form(request.form, request.files))
+        preview = service.create_preview(
+            get_db(), user.id, spec_from_form(request.form, request.files), get_blobstore()
+        )
     except Refusal as refusal:
         if wants_json():
             raise
