@@ -8,6 +8,7 @@ Report kinds (each one stored function, fenced by the session epoch, idempotent)
   member_exited    member_exited                  the member ended (exit code, reason)
   reconcile        reconcile_node                 after (re)connecting: what runs, what ended meanwhile
   telemetry_token  issue_member_telemetry_token   the hash of a token the agent made for a member
+  member_prepare_progress  member_prepare_progress  a PREPARE step (environment build) as a job event
 
 GET /v1/files/capsule/<sha256>: the capsule blob, only to a node that holds a member using it.
 """
@@ -33,6 +34,7 @@ LAUNCH_REPORTS = {
     "member_exited": "member_exited",
     "reconcile": "reconcile_node",
     "telemetry_token": "issue_member_telemetry_token",
+    "member_prepare_progress": "member_prepare_progress",
 }
 for _kind, _function in LAUNCH_REPORTS.items():
     register_report(_kind, _function)

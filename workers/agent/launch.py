@@ -43,6 +43,7 @@ from app.security import new_token
 from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
 from workers.agent.collectors import MemberCollectors
 from workers.agent.delivery import DEFAULT_DEADLINE, Delivery, pending, plan_deliveries
+from workers.agent.environments import progress_reporter, schedule_clean_caches
 from workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
 from workers.agent.logship import ship_logs
 from workers.agent.members import MemberRecord, MemberStore, member_dir, member_tag, tag_suffix
@@ -188,6 +189,7 @@ class LaunchAgent:
                 self.ctx.node,
                 checks,
                 simulated_gpus=bool(self.ctx.extra.get("simulated_gpus")),
+                progress=progress_reporter(self.send, record.member_id),
             )
         except asyncio.CancelledError:
             raise
@@ -206,6 +208,7 @@ class LaunchAgent:
             return
         record.state, record.reason, record.prepare_payload = "prepared", "prepared", None
         self.store.save(record)
+        schedule_clean_caches(self.paths.work_dir, self.store.all())
         _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
         await self.report(record, "member_prepared", {"member_id": record.member_id, **checks})
 

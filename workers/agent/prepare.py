@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 
 from app.node_gateway import protocol
+from workers.agent.environments import EnvironmentBuildFailed, Progress, prepare_environment
 from workers.agent.probe import peer_check, storage_check
 from workers.capsule import file_digest, unpack_capsule
 from workers.runner.runtime import check_runtime
@@ -202,8 +203,10 @@ async def prepare_member_dir(
     checks: dict,
     *,
     simulated_gpus: bool = False,
+    progress: Progress | None = None,
 ) -> None:
-    """Everything PREPARE does for one member; fills `checks` (peer_check, storage_check) as it goes."""
+    """Everything PREPARE does for one member; fills `checks` (peer_check, storage_check) as it goes;
+    `progress` gets the environment build's steps (workers/agent/environments.py)."""
     digest = str(payload["capsule_digest"])
     capsule_dir = directory / "capsule"
     if not (capsule_dir / "manifest.json").is_file():
@@ -218,6 +221,12 @@ async def prepare_member_dir(
     runtime = await asyncio.to_thread(check_runtime, pin)
     if runtime is not None and pin.get("image"):
         await pull_image(runtime, str(pin["image"]))
+    try:
+        environment = await prepare_environment(work_dir, spec, progress)
+    except EnvironmentBuildFailed as exc:
+        raise PrepareFailed(
+            f"environment {str(pin['environment']['digest'])[:12]} cannot be built: {exc}"
+        ) from exc
     checks["peer_check"] = await peer_check(
         int(payload["rank"]), payload.get("peers") or [], payload.get("master_port")
     )
@@ -231,6 +240,7 @@ async def prepare_member_dir(
         raise PrepareFailed("; ".join(problems))
     member: dict[str, Any] = {key: payload.get(key) for key in MEMBER_FIELDS}
     member.update(local_rank=0, node_rank=payload.get("rank"), simulated_gpus=simulated_gpus, node=node)
+    member["environment"] = environment
     (directory / "output").mkdir(exist_ok=True)
     (directory / "logs").mkdir(exist_ok=True)
     tmp = directory / "member.json.tmp"

@@ -8,6 +8,7 @@ variables. The only secret a workload gets is its member-scoped telemetry token.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,14 @@ def build_launch(
     cwd = workload_cwd(spec, paths)
     entry = paths.capsule / manifest["integration"]["entry"]
     if container_runtime is None:
+        built = member.get("environment") or {}
+        if built.get("python"):
+            # The job's own environment (workers/agent/environments.py): its interpreter runs the entry,
+            # and its bin/ comes first on PATH so that `python train.py` in a script is that interpreter.
+            env["VIRTUAL_ENV"] = built["path"]
+            env["PATH"] = str(Path(built["path"]) / "bin") + os.pathsep + env.get("PATH", os.defpath)
+            env.pop("PYTHONHOME", None)
+            return Launch([built["python"], str(entry)], cwd, env)
         return Launch([sys.executable, str(entry)], cwd, env)
     return container_launch(member, spec, manifest, paths, env, cwd, container_runtime)
 

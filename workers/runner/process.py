@@ -140,7 +140,7 @@ def run_member(member_dir: Path) -> int:
     except (OSError, ValueError) as exc:
         return refuse(f"the member directory is not prepared ({exc})")
     try:
-        container_runtime = check_runtime(spec.get("runtime") or {})
+        container_runtime = check_runtime(spec.get("runtime") or {}, member)
     except RuntimeRefused as exc:
         return refuse(str(exc))
     launch = build_launch(member, spec, manifest, paths, dict(os.environ), container_runtime)

@@ -3,6 +3,9 @@
 Python pin: {"kind": "python", "implementation": "cpython", "python": "3.11", "packages": {name: version}}
 — the interpreter that runs the member must be that implementation and minor version, and every pinned
 package (version not null) must be installed at exactly that version.
+With `environment` (a lock built by the agent into <work-dir>/environments/<digest>, named in member.json):
+the environment must be ready, built for that digest and hold every locked package at its version; on an
+isolated base the node's interpreter and packages do not matter.
 Image pin: {"kind": "image", "image": "registry/name:tag@sha256:…"} — needs a working container runtime
 (podman or docker) on the node; without one the member is refused: an image's job never runs on the host.
 """
@@ -13,6 +16,9 @@ import shutil
 import subprocess
 import sys
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from workers.runner.environment_check import EnvironmentMismatch, verify_environment
 
 CONTAINER_RUNTIMES = ("podman", "docker")
 
@@ -61,9 +67,27 @@ def usable_container_runtime() -> tuple[str | None, str]:
     return None, "; ".join(tried) if tried else "neither podman nor docker is installed"
 
 
-def check_runtime(pin: dict) -> str | None:
+def environment_problems(pin: dict, member: dict | None) -> list[str]:
+    """What differs between the member's built environment and the lock the preview pinned."""
+    built = (member or {}).get("environment") or {}
+    if not built.get("path"):
+        return ["the job's environment was not prepared on this node (member.json names none)"]
+    try:
+        verify_environment(Path(built["path"]), pin["environment"], ready=True)
+    except EnvironmentMismatch as exc:
+        return [str(exc)]
+    return []
+
+
+def check_runtime(pin: dict, member: dict | None = None) -> str | None:
     """The container runtime to use (image pins) or None (Python pins); raises RuntimeRefused."""
     kind = pin.get("kind")
+    if kind == "python" and pin.get("environment") and member is not None:
+        problems = environment_problems(pin, member)
+        if problems:
+            raise RuntimeRefused("the job's environment does not match its lock: " + "; ".join(problems))
+    if kind == "python" and (pin.get("environment") or {}).get("base") == "isolated":
+        return None  # the environment's own interpreter runs the member (checked above by the runner)
     if kind == "python":
         problems = python_pin_problems(pin)
         if problems:

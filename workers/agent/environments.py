@@ -1,0 +1,402 @@
+"""Job environments on a node: built once per lock digest during PREPARE, shared, cleaned up by LRU.
+
+`<work-dir>/environments/<digest>/` is a virtual environment built with uv from the lock the preview
+pinned (app/submission/environments.py). A build runs in `<digest>.build-<pid>-<n>/`, is checked against
+the lock, gets its ready marker `.tuneplane-env.json` and is renamed into place atomically, so a reader
+sees a whole environment or none. One build per digest at a time: builders hold `<digest>.lock` (flock,
+taken by a bounded non-blocking poll so a cancelled prepare never leaves a thread blocked in flock);
+whoever comes second finds the ready marker and reuses it. Everything runs in subprocesses or threads:
+the agent's event loop (heartbeats, other members) is never held by a build.
+
+`base: node` environments sit on the node's interpreter (`uv venv --python <the agent's interpreter>`)
+and see the node's site-packages through a `.pth` file after their own, so the node's torch is used and
+the lock's packages take precedence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import itertools
+import json
+import os
+import re
+import shutil
+import sys
+import sysconfig
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from workers.runner.environment_check import (
+    READY_MARKER,
+    EnvironmentMismatch,
+    interpreter_of,
+    verify_environment,
+)
+
+LOCK_POLL = 0.2
+BUILD_TIMEOUT = 3600.0
+NODE_SITE_PTH = "_tuneplane_node_site.pth"
+_counter = itertools.count()
+
+Progress = Callable[[str, dict], Awaitable[None]]
+
+
+class EnvironmentBuildFailed(Exception):
+    """uv could not build the lock here; the message carries uv's reason."""
+
+
+@dataclass(frozen=True)
+class BuiltEnvironment:
+    path: Path
+    python: Path
+    reused: bool
+    seconds: float
+
+
+def environments_dir(work_dir: Path) -> Path:
+    return work_dir / "environments"
+
+
+def node_site_paths() -> list[str]:
+    """The agent's own site-packages (purelib and platlib): what `base: node` sees underneath."""
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys(str(Path(paths[key]).resolve()) for key in ("purelib", "platlib")))
+
+
+def uv_binary() -> str:
+    from uv import find_uv_bin
+
+    return os.environ.get("TUNEPLANE_UV_BINARY") or find_uv_bin()
+
+
+def _uv_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE_") and k != "VIRTUAL_ENV"}
+    env.update(UV_PYTHON_DOWNLOADS="never", UV_NO_CONFIG="1", UV_NATIVE_TLS="1", NO_COLOR="1")
+    return env
+
+
+def _reason(output: str) -> str:
+    lines = [line.strip().lstrip("×╰─▶│├ ").strip() for line in output.splitlines()]
+    return " ".join(line for line in lines if line and not line.startswith("hint:"))[-1500:]
+
+
+async def _run_uv(argv: list[str], on_line: Callable[[str], Awaitable[None]] | None = None) -> str:
+    """Run uv in a subprocess; its output lines go to on_line as they come; raises with uv's reason."""
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=_uv_env()
+    )
+    assert process.stdout is not None
+    lines: list[str] = []
+    try:
+        async with asyncio.timeout(BUILD_TIMEOUT):
+            while raw := await process.stdout.readline():
+                line = raw.decode(errors="replace").rstrip()
+                lines.append(line)
+                if on_line is not None and line:
+                    await on_line(line)
+            code = await process.wait()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        raise
+    if code != 0:
+        raise EnvironmentBuildFailed(_reason("\n".join(lines)) or f"uv exited {code}")
+    return "\n".join(lines)
+
+
+async def _take_lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return fd
+            except BlockingIOError:
+                await asyncio.sleep(LOCK_POLL)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _ready(path: Path) -> dict | None:
+    try:
+        return json.loads((path / READY_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def touch(path: Path) -> None:
+    """Mark an environment used now (the LRU clean-up keeps recently used ones)."""
+    with contextlib.suppress(OSError):
+        os.utime(path / READY_MARKER)
+
+
+async def ensure_environment(work_dir: Path, pin: dict, progress: Progress) -> BuiltEnvironment:
+    """The environment of `pin` (the preview's runtime.environment), built here unless it is ready."""
+    digest = str(pin["digest"])
+    if not re.fullmatch(r"[0-9a-f]{64}", digest):
+        raise EnvironmentBuildFailed(f"environment digest {digest!r} is not a sha256")
+    root = environments_dir(work_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / digest
+    started = time.monotonic()
+    if _ready(final) is None:
+        await progress("waiting", {"message": f"environment {digest[:12]}: waiting for the build lock"})
+        fd = await _take_lock(root / f"{digest}.lock")
+        try:
+            if _ready(final) is None:
+                await _build(root, final, pin, progress)
+                seconds = time.monotonic() - started
+                await progress(
+                    "built",
+                    {"message": f"environment {digest[:12]} built in {seconds:.1f} s", "seconds": seconds},
+                )
+                return BuiltEnvironment(final, interpreter_of(final), False, seconds)
+        finally:
+            os.close(fd)
+    marker = _ready(final) or {}
+    touch(final)
+    await progress(
+        "reused",
+        {
+            "message": f"environment {digest[:12]} reused (built in {marker.get('seconds', 0):.1f} s"
+            f" at {marker.get('built_at', '?')})",
+            "built_seconds": marker.get("seconds"),
+        },
+    )
+    return BuiltEnvironment(final, interpreter_of(final), True, time.monotonic() - started)
+
+
+async def _build(root: Path, final: Path, pin: dict, progress: Progress) -> None:
+    digest = str(pin["digest"])
+    building = root / f"{digest}.build-{os.getpid()}-{next(_counter)}"
+    if final.exists():  # a directory without its marker: a build that died before the rename (impossible
+        shutil.rmtree(final, ignore_errors=True)  # by construction, but never reuse half an environment)
+    base = pin.get("base", "isolated")
+    uv = uv_binary()
+    started = time.monotonic()
+    try:
+        python = sys.executable if base == "node" else str(pin.get("python") or "")
+        await progress(
+            "creating", {"message": f"environment {digest[:12]}: creating ({base}, python {python})"}
+        )
+        await _run_uv([uv, "venv", "--quiet", "--relocatable", "--python", python, str(building)])
+        if base == "node":
+            site = interpreter_site(building)
+            (site / NODE_SITE_PTH).write_text("".join(p + "\n" for p in node_site_paths()))
+        lock = building / "tuneplane-lock.txt"
+        lock.write_text(str(pin["lock"]))
+        count = len(pin.get("packages") or {})
+        await progress(
+            "installing",
+            {
+                "message": f"environment {digest[:12]}: downloading and installing {count} packages",
+                "total": count,
+            },
+        )
+
+        async def on_line(line: str) -> None:
+            # uv prints one summary line per phase without a terminal: "Prepared 12 packages in 3.1s".
+            if re.match(r"^(Resolved|Prepared|Installed|Audited) \d+ package", line):
+                await progress(
+                    "installing", {"message": f"environment {digest[:12]}: {line}", "total": count}
+                )
+
+        await _run_uv(
+            [uv, "pip", "install", "--python", str(interpreter_of(building)), "--require-hashes", "--no-deps",
+             "--link-mode", "copy", "-r", str(lock)],
+            on_line,
+        )  # fmt: skip
+        await progress("verifying", {"message": f"environment {digest[:12]}: checking it against the lock"})
+        await asyncio.to_thread(verify_environment, building, pin)
+        marker = {
+            "digest": digest,
+            "base": base,
+            "python": pin.get("python"),
+            "node_site": node_site_paths() if base == "node" else [],
+            "seconds": round(time.monotonic() - started, 3),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        partial = building / (READY_MARKER + ".tmp")
+        partial.write_text(json.dumps(marker))
+        os.replace(partial, building / READY_MARKER)
+        os.rename(building, final)
+    except EnvironmentMismatch as exc:
+        raise EnvironmentBuildFailed(f"the built environment does not match its lock: {exc}") from exc
+    finally:
+        if building.exists():
+            await asyncio.to_thread(shutil.rmtree, building, True)
+
+
+def interpreter_site(env: Path) -> Path:
+    found = sorted(env.glob("lib/python3*/site-packages"))
+    if not found:
+        raise EnvironmentBuildFailed(f"{env} has no lib/python3*/site-packages")
+    return found[0]
+
+
+# ---- clean-up -----------------------------------------------------------------------------------------
+
+
+def tree_size(path: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    path: Path
+    key: str
+    size: int
+    used_at: float
+
+
+def environment_entries(work_dir: Path) -> list[CacheEntry]:
+    entries = []
+    root = environments_dir(work_dir)
+    if not root.is_dir():
+        return []
+    for path in root.iterdir():
+        if path.is_dir() and re.fullmatch(r"[0-9a-f]{64}", path.name) and (path / READY_MARKER).is_file():
+            used = (path / READY_MARKER).stat().st_mtime
+            entries.append(CacheEntry(path, path.name, tree_size(path), used))
+    return entries
+
+
+def capsule_entries(work_dir: Path) -> list[CacheEntry]:
+    root = work_dir / "capsules"
+    if not root.is_dir():
+        return []
+    entries = []
+    for path in root.glob("*.tar"):
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            entries.append(
+                CacheEntry(path, path.stem, stat.st_size, stat.st_atime if False else stat.st_mtime)
+            )
+    return entries
+
+
+def clean_up(
+    entries: list[CacheEntry], in_use: set[str], max_bytes: int, min_age: float = 0.0
+) -> list[CacheEntry]:
+    """Remove the least recently used entries not in use (and not used in the last min_age seconds) until
+    the rest fit max_bytes; returns what was removed."""
+    total = sum(e.size for e in entries)
+    removed = []
+    now = time.time()
+    for entry in sorted(entries, key=lambda e: e.used_at):
+        if total <= max_bytes:
+            break
+        if entry.key in in_use or now - entry.used_at < min_age:
+            continue
+        if entry.path.is_dir():
+            # Under the digest's build lock (a build or a reuse of it waits), renamed first: a reader
+            # never sees a half-deleted environment with its ready marker still there.
+            fd = os.open(entry.path.parent / f"{entry.key}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                doomed = entry.path.with_name(entry.path.name + f".delete-{os.getpid()}-{next(_counter)}")
+                os.rename(entry.path, doomed)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            shutil.rmtree(doomed, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.path.unlink()
+        total -= entry.size
+        removed.append(entry)
+    return removed
+
+
+def cache_sizes(work_dir: Path) -> dict:
+    envs = environment_entries(work_dir)
+    capsules = capsule_entries(work_dir)
+    return {
+        "environments": {"count": len(envs), "bytes": sum(e.size for e in envs)},
+        "capsules": {"count": len(capsules), "bytes": sum(e.size for e in capsules)},
+    }
+
+
+# ---- what PREPARE calls -------------------------------------------------------------------------------
+
+LIVE_STATES = ("preparing", "prepared", "running")
+# Operator settings (docs/runtimes.md), read from the agent's environment.
+ENV_CACHE_MAX_BYTES = int(os.environ.get("TUNEPLANE_ENV_CACHE_MAX_BYTES", str(50 * 1024**3)))
+CAPSULE_CACHE_MAX_BYTES = int(os.environ.get("TUNEPLANE_CAPSULE_CACHE_MAX_BYTES", str(10 * 1024**3)))
+# A capsule fetched this recently may be about to be unpacked by a member still preparing.
+CAPSULE_MIN_AGE = 600.0
+
+
+def progress_reporter(send: Callable[[str, dict], Awaitable[object]], member_id: int) -> Progress:
+    """Progress as `member_prepare_progress` reports (job events). Best effort: the durable outcome is
+    member_prepared / member_prepare_failed; a progress line lost with the connection is not resent."""
+    token = f"{os.getpid()}-{time.time_ns()}"
+    numbers = itertools.count(1)
+
+    async def report(step: str, detail: dict) -> None:
+        payload = {"member_id": member_id, "seq": f"{token}-{next(numbers)}", "step": step, **detail}
+        try:
+            await send("member_prepare_progress", payload)
+        except Exception:
+            pass
+
+    return report
+
+
+def environments_in_use(work_dir: Path, records: list) -> set[str]:
+    """Digests of the environments of live members (their capsule's runtime pin): never cleaned up."""
+    digests = set()
+    for record in records:
+        if record.state not in LIVE_STATES:
+            continue
+        spec_path = work_dir / "members" / str(record.member_id) / "capsule" / "spec.json"
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            pin = (json.loads(spec_path.read_text()).get("runtime") or {}).get("environment") or {}
+            if pin.get("digest"):
+                digests.add(str(pin["digest"]))
+    return digests
+
+
+def clean_caches(work_dir: Path, records: list) -> dict:
+    """The LRU clean-up of both caches (run in a thread after a prepare); returns what it removed."""
+    envs = clean_up(
+        environment_entries(work_dir), environments_in_use(work_dir, records), ENV_CACHE_MAX_BYTES
+    )
+    capsules = clean_up(capsule_entries(work_dir), set(), CAPSULE_CACHE_MAX_BYTES, CAPSULE_MIN_AGE)
+    return {"environments": [e.key for e in envs], "capsules": [e.key for e in capsules]}
+
+
+def schedule_clean_caches(work_dir: Path, records: list) -> None:
+    loop = asyncio.get_running_loop()
+    loop.run_in_executor(None, clean_caches, work_dir, list(records))
+
+
+async def prepare_environment(work_dir: Path, spec: dict, progress: Progress | None) -> dict | None:
+    """PREPARE's environment step: the member's environment, built or reused; None without one."""
+    pin = (spec.get("runtime") or {}).get("environment")
+    if not pin:
+        return None
+
+    async def quiet(_step: str, _detail: dict) -> None:
+        return None
+
+    built = await ensure_environment(work_dir, pin, progress or quiet)
+    return {
+        "digest": pin["digest"],
+        "path": str(built.path),
+        "python": str(built.python),
+        "reused": built.reused,
+        "seconds": round(built.seconds, 3),
+    }
