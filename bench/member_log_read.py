@@ -12,17 +12,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
-from psycopg.conninfo import make_conninfo
-
-from app import embedded_pg
-from app.migrate import migrate
+from embedded_db import migrated_database
 
 TARGET_MS = 100.0
 
@@ -81,16 +77,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=64)
     parser.add_argument("--calls", type=int, default=10)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        pg = embedded_pg.start(Path(tmp) / "pg")
-        try:
-            with psycopg.connect(pg.url, autocommit=True) as conn:
-                conn.execute("CREATE DATABASE bench")
-            url = make_conninfo(pg.url, dbname="bench")
-            migrate(url, progress=lambda _m: None)
-            measure(url, args)
-        finally:
-            pg.stop()
+    with migrated_database() as url:
+        measure(url, args)
 
 
 if __name__ == "__main__":

@@ -16,17 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
-from psycopg.conninfo import make_conninfo
-
-from app import embedded_pg
-from app.migrate import migrate
+from embedded_db import migrated_database
 
 TARGET = 1000.0
 
@@ -166,16 +162,8 @@ def main() -> None:
     parser.add_argument("--pass-size", type=int, default=250)
     parser.add_argument("--single", type=int, default=500)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        pg = embedded_pg.start(Path(tmp) / "pg")
-        try:
-            with psycopg.connect(pg.url, autocommit=True) as conn:
-                conn.execute("CREATE DATABASE bench")
-            url = make_conninfo(pg.url, dbname="bench")
-            migrate(url, progress=lambda _m: None)
-            measure(url, args)
-        finally:
-            pg.stop()
+    with migrated_database() as url:
+        measure(url, args)
 
 
 if __name__ == "__main__":

@@ -15,17 +15,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
-from psycopg.conninfo import make_conninfo
-
-from app import embedded_pg
-from app.migrate import migrate
+from embedded_db import migrated_database
 
 SETUP = """
 INSERT INTO tuneplane.users (username, role) VALUES ('bench', 'user');
@@ -124,16 +120,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,300000")
     parser.add_argument("--calls", type=int, default=50)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        pg = embedded_pg.start(Path(tmp) / "pg")
-        try:
-            with psycopg.connect(pg.url, autocommit=True) as conn:
-                conn.execute("CREATE DATABASE bench")
-            url = make_conninfo(pg.url, dbname="bench")
-            migrate(url, progress=lambda _m: None)
-            measure(url, args)
-        finally:
-            pg.stop()
+    with migrated_database() as url:
+        measure(url, args)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ import hashlib
 import os
 import re
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
@@ -104,32 +106,41 @@ async def _gateway(db_url: str, tmp_path: Path) -> TestServer:
     return server
 
 
+@asynccontextmanager
+async def _fetch_cut_off(
+    db_url: str, tmp_path: Path, capsule: dict, cut_after: int, deadline_in: float
+) -> AsyncIterator[tuple[CuttingRelay, asyncio.Task]]:
+    """A fetch through the relay whose gateway was just killed mid-download (the relay forwards nowhere)."""
+    relay = CuttingRelay(cut_after)
+    port = await relay.start()
+    first = await _gateway(db_url, tmp_path)
+    relay.upstream_port = first.port
+    try:
+        async with aiohttp.ClientSession() as http:
+            access = NodeAccess(f"http://127.0.0.1:{port}", http, lambda: capsule["credential"])
+            fetch = asyncio.create_task(
+                fetch_capsule(access, tmp_path / "cache", capsule["digest"], time.time() + deadline_in)
+            )
+            await asyncio.wait_for(relay.cut_done.wait(), 30)
+            relay.upstream_port = None
+            await first.close()
+            yield relay, fetch
+    finally:
+        await relay.close()
+
+
 def test_a_gateway_killed_mid_download_is_retried_and_the_fetch_resumes(
     db_url: str, capsule: dict, tmp_path: Path
 ) -> None:
     async def scenario() -> tuple[Path, CuttingRelay]:
-        relay = CuttingRelay(cut_after=2 * 1024 * 1024)
-        port = await relay.start()
-        first = await _gateway(db_url, tmp_path)
-        relay.upstream_port = first.port
-        async with aiohttp.ClientSession() as http:
-            access = NodeAccess(f"http://127.0.0.1:{port}", http, lambda: capsule["credential"])
-            fetch = asyncio.create_task(
-                fetch_capsule(access, tmp_path / "cache", capsule["digest"], time.time() + 60)
-            )
-            await asyncio.wait_for(relay.cut_done.wait(), 30)
-            # The gateway dies with the connection; for a while nothing answers; then a new one runs.
-            relay.upstream_port = None
-            await first.close()
-            await asyncio.sleep(0.5)
+        async with _fetch_cut_off(db_url, tmp_path, capsule, 2 * 1024 * 1024, 60) as (relay, fetch):
+            await asyncio.sleep(0.5)  # for a while nothing answers; then a new gateway runs
             second = await _gateway(db_url, tmp_path)
             relay.upstream_port = second.port
             try:
-                path = await asyncio.wait_for(fetch, 60)
+                return await asyncio.wait_for(fetch, 60), relay
             finally:
                 await second.close()
-        await relay.close()
-        return path, relay
 
     path, relay = asyncio.run(scenario())
     assert hashlib.sha256(path.read_bytes()).hexdigest() == capsule["digest"]
@@ -145,22 +156,10 @@ def test_a_gateway_that_stays_away_fails_the_fetch_at_the_prepare_deadline(
     db_url: str, capsule: dict, tmp_path: Path
 ) -> None:
     async def scenario() -> PrepareFailed:
-        relay = CuttingRelay(cut_after=1024 * 1024)
-        port = await relay.start()
-        first = await _gateway(db_url, tmp_path)
-        relay.upstream_port = first.port
-        async with aiohttp.ClientSession() as http:
-            access = NodeAccess(f"http://127.0.0.1:{port}", http, lambda: capsule["credential"])
-            fetch = asyncio.create_task(
-                fetch_capsule(access, tmp_path / "cache", capsule["digest"], time.time() + 2.0)
-            )
-            await asyncio.wait_for(relay.cut_done.wait(), 30)
-            relay.upstream_port = None
-            await first.close()
+        async with _fetch_cut_off(db_url, tmp_path, capsule, 1024 * 1024, 2.0) as (_relay, fetch):
             with pytest.raises(PrepareFailed) as failed:
                 await asyncio.wait_for(fetch, 30)
-        await relay.close()
-        return failed.value
+            return failed.value
 
     failure = asyncio.run(scenario())
     assert "until the prepare deadline" in str(failure) and "tries" in str(failure)
