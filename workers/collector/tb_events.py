@@ -8,11 +8,37 @@ map is per-file state that the caller keeps (and checkpoints) across reads.
 
 from __future__ import annotations
 
+import importlib.util
 import struct
+import sys
+import types
 from collections.abc import Iterator, MutableMapping
 
 from google.protobuf.message import DecodeError
-from tensorboardX.proto import event_pb2, types_pb2
+
+
+def _load_protos() -> tuple[types.ModuleType, types.ModuleType]:
+    """tensorboardX's compiled protos without its package __init__, which imports the writer and with it
+    PyTorch when installed (1.4 s of a collector's start-up, for nothing it uses). A stand-in package
+    module is present only while the protos load; a later `import tensorboardX` runs the real one, which
+    finds these same proto modules."""
+    if "tensorboardX" in sys.modules:
+        from tensorboardX.proto import event_pb2, types_pb2
+
+        return event_pb2, types_pb2
+    spec = importlib.util.find_spec("tensorboardX")
+    package = types.ModuleType("tensorboardX")
+    package.__path__ = list(spec.submodule_search_locations or [])  # type: ignore[union-attr]
+    package.__spec__ = spec
+    sys.modules["tensorboardX"] = package
+    try:
+        from tensorboardX.proto import event_pb2, types_pb2
+    finally:
+        del sys.modules["tensorboardX"]
+    return event_pb2, types_pb2
+
+
+event_pb2, types_pb2 = _load_protos()
 
 # dtype → (struct format of one element in tensor_content, name of the repeated *_val field)
 _DTYPES: dict[int, tuple[str, str]] = {
