@@ -13,80 +13,73 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 from app.telemetry import limits
 
 STEP_KEYS = ("step", "global_step")
 TIME_KEYS = ("wall_time", "time", "timestamp")
+SKIP_KEYS = frozenset(STEP_KEYS + TIME_KEYS)
 LINE_NOT_JSON = "line is not a JSON object"
 LINE_NO_STEP = "line has no integer step"
 
-
-@dataclass
-class ParsedLine:
-    step: int | None = None
-    wall_time: float = 0.0
-    metrics: list[tuple[str, float]] = field(default_factory=list)
-    refused: list[tuple[str, str]] = field(default_factory=list)  # (name or "", reason)
+# (step, wall time, [(name, value)], [(name, reason)]); step None when the whole line is refused.
+ParsedLine = tuple[int | None, float, list[tuple[str, float]], list[tuple[str, str]]]
 
 
-def _flatten(prefix: str, obj: dict, line: ParsedLine) -> None:
+def _flatten(prefix: str, obj: dict, metrics: list, refused: list) -> None:
+    # The hot path of the collector: a type test per field. Whether a name may be stored is checked once
+    # per series where the points are collected (sources._Columns), not here per point.
     for key, value in obj.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            _flatten(name + "/", value, line)
-            continue
-        problem = limits.name_problem(name)
-        if problem is None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            problem = limits.NOT_A_NUMBER
-        if problem is None:
+        kind = type(value)
+        if kind is float:
+            metrics.append((prefix + key, value))
+        elif kind is int:
             try:
-                number = float(value)
+                metrics.append((prefix + key, float(value)))
             except OverflowError:
-                problem = limits.VALUE_TOO_LARGE
-        if problem is not None:
-            line.refused.append((name if limits.name_problem(name) is None else "", problem))
+                refused.append((prefix + key, limits.VALUE_TOO_LARGE))
+        elif kind is dict:
+            _flatten(prefix + key + "/", value, metrics, refused)
         else:
-            line.metrics.append((name, number))
+            refused.append((prefix + key, limits.NOT_A_NUMBER))
 
 
 def parse_line(raw: bytes, read_time: float) -> ParsedLine:
     """The points of one line, and what was refused in it (with reasons)."""
-    line = ParsedLine(wall_time=read_time)
     try:
         obj = json.loads(raw)
     except ValueError:  # also a number with more digits than Python's int parser allows
         obj = None
-    if not isinstance(obj, dict):
-        line.refused.append(("", LINE_NOT_JSON))
-        return line
+    if type(obj) is not dict:
+        return None, read_time, [], [("", LINE_NOT_JSON)]
+    step = None
     for key in STEP_KEYS:
         candidate = obj.get(key)
-        if isinstance(candidate, int) and not isinstance(candidate, bool):
-            line.step = candidate
+        if type(candidate) is int:
+            step = candidate
             break
-        if isinstance(candidate, float) and candidate.is_integer():
-            line.step = int(candidate)
+        if type(candidate) is float and candidate.is_integer():
+            step = int(candidate)
             break
-    if line.step is None:
-        line.refused.append(("", LINE_NO_STEP))
-        return line
+    if step is None:
+        return None, read_time, [], [("", LINE_NO_STEP)]
+    wall_time = read_time
     for key in TIME_KEYS:
         candidate = obj.get(key)
-        numeric = isinstance(candidate, int | float) and not isinstance(candidate, bool)
-        try:
-            if numeric and math.isfinite(candidate):
-                line.wall_time = float(candidate)
-                break
-        except OverflowError:
-            continue
-    rest = {k: v for k, v in obj.items() if k not in STEP_KEYS and k not in TIME_KEYS}
-    _flatten("", rest, line)
-    if not limits.step_ok(line.step):
-        line.refused += [(name, limits.STEP_RANGE) for name, _ in line.metrics] or [("", limits.STEP_RANGE)]
-        line.metrics = []
-    return line
+        if type(candidate) is float or type(candidate) is int:
+            try:
+                if math.isfinite(candidate):
+                    wall_time = float(candidate)
+                    break
+            except OverflowError:
+                continue
+    metrics: list[tuple[str, float]] = []
+    refused: list[tuple[str, str]] = []
+    _flatten("", {k: v for k, v in obj.items() if k not in SKIP_KEYS}, metrics, refused)
+    if not limits.step_ok(step):
+        refused += [(name, limits.STEP_RANGE) for name, _ in metrics] or [("", limits.STEP_RANGE)]
+        metrics = []
+    return step, wall_time, metrics, refused
 
 
 def split_lines(buffer: bytes, base_offset: int) -> Iterator[tuple[int, bytes]]:
