@@ -722,12 +722,9 @@ BEGIN
 END;
 $$;
 
--- telemetry_buckets: telemetry_series_buckets for a user (owner or admin; 404 otherwise).
-CREATE OR REPLACE FUNCTION tuneplane.telemetry_buckets(p_actor_id bigint, p_series_id bigint, p_max_buckets integer,
-                                            p_step_from bigint DEFAULT NULL, p_step_to bigint DEFAULT NULL)
-RETURNS TABLE (bucket_start bigint, bucket_end bigint, n bigint, min double precision,
-               max double precision, mean double precision, last_step bigint, last_value double precision,
-               last_wall double precision)
+-- telemetry_require_series: 404 unless the user may read the series' job (no hint that it exists).
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_require_series(p_actor_id bigint, p_series_id bigint)
+RETURNS void
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     job bigint;
@@ -736,6 +733,18 @@ BEGIN
     IF job IS NULL OR NOT tuneplane.telemetry_can_read(p_actor_id, job) THEN
         RAISE EXCEPTION 'no such series of yours: %', p_series_id USING ERRCODE = 'TP404', COLUMN = 'series';
     END IF;
+END;
+$$;
+
+-- telemetry_buckets: telemetry_series_buckets for a user (owner or admin; 404 otherwise).
+CREATE OR REPLACE FUNCTION tuneplane.telemetry_buckets(p_actor_id bigint, p_series_id bigint, p_max_buckets integer,
+                                            p_step_from bigint DEFAULT NULL, p_step_to bigint DEFAULT NULL)
+RETURNS TABLE (bucket_start bigint, bucket_end bigint, n bigint, min double precision,
+               max double precision, mean double precision, last_step bigint, last_value double precision,
+               last_wall double precision)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM tuneplane.telemetry_require_series(p_actor_id, p_series_id);
     RETURN QUERY SELECT * FROM tuneplane.telemetry_series_buckets(p_series_id, p_max_buckets, p_step_from, p_step_to);
 END;
 $$;
@@ -745,13 +754,8 @@ CREATE OR REPLACE FUNCTION tuneplane.telemetry_smoothed(p_actor_id bigint, p_ser
                                                         p_steps bigint[])
 RETURNS TABLE (step bigint, value double precision)
 LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    job bigint;
 BEGIN
-    SELECT s.job_id INTO job FROM tuneplane.telemetry_series s WHERE s.id = p_series_id;
-    IF job IS NULL OR NOT tuneplane.telemetry_can_read(p_actor_id, job) THEN
-        RAISE EXCEPTION 'no such series of yours: %', p_series_id USING ERRCODE = 'TP404', COLUMN = 'series';
-    END IF;
+    PERFORM tuneplane.telemetry_require_series(p_actor_id, p_series_id);
     RETURN QUERY SELECT * FROM tuneplane.telemetry_series_smoothed(p_series_id, p_window, p_steps);
 END;
 $$;
@@ -763,13 +767,8 @@ CREATE OR REPLACE FUNCTION tuneplane.telemetry_raw_points(p_actor_id bigint, p_s
                                                p_skip integer DEFAULT 0)
 RETURNS TABLE (step bigint, value double precision, wall_time double precision)
 LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    job bigint;
 BEGIN
-    SELECT s.job_id INTO job FROM tuneplane.telemetry_series s WHERE s.id = p_series_id;
-    IF job IS NULL OR NOT tuneplane.telemetry_can_read(p_actor_id, job) THEN
-        RAISE EXCEPTION 'no such series of yours: %', p_series_id USING ERRCODE = 'TP404', COLUMN = 'series';
-    END IF;
+    PERFORM tuneplane.telemetry_require_series(p_actor_id, p_series_id);
     IF p_limit IS NULL OR p_limit < 1 OR p_limit > 2000 THEN
         RAISE EXCEPTION 'limit must be between 1 and 2000' USING ERRCODE = 'TP400', COLUMN = 'limit';
     END IF;

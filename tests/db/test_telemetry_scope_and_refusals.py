@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from app.db import Database
 from app.telemetry import wire
+from tests.db.test_telemetry_gateway import _post
 from tests.helpers import wait_for
 from tests.launch_fixtures import make_fleet, make_job, make_node, members_of, report, run_to_running
 from tests.telemetry_support import GatewayThread, make_user, member_token, running_gateway
@@ -34,14 +34,6 @@ def setup(db: Database) -> dict:
 
 def _job(db: Database, setup: dict) -> int:
     return make_job(db, setup["user"], setup["fleet"])
-
-
-def _post(gateway: GatewayThread, token: str, payload: bytes) -> httpx.Response:
-    return httpx.post(
-        f"{gateway.url}/v1/telemetry/batches",
-        content=payload,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": wire.CONTENT_TYPE},
-    )
 
 
 def _series_batch(

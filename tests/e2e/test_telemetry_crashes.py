@@ -20,11 +20,13 @@ from tests.conftest import free_port
 from tests.e2e.telemetry_processes import (
     expected_points,
     kill9,
+    local_port,
     start_collector,
     start_gateway,
     stop,
     stored_count,
     stored_points,
+    tcp_connections,
 )
 from tests.helpers import wait_for
 from tests.telemetry_support import make_job, make_user, member_token
@@ -48,17 +50,8 @@ def write_tensorboard(directory: Path, steps: int) -> None:
 
 
 def _established_to(port: int) -> bool:
-    """A TCP connection to `port` is established (read from /proc/net/tcp, no extra tools)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            if int(parts[1].rsplit(":", 1)[1], 16) == port and parts[3] == "01":
-                return True
-    return False
+    """A TCP connection to `port` is established."""
+    return any(local_port(f) == port and f[3] == "01" for f in tcp_connections())
 
 
 def test_collector_killed_mid_file_and_mid_send_stores_every_point_once(

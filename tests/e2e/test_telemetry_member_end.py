@@ -20,7 +20,14 @@ import pytest
 
 from app.db import Database
 from tests.conftest import free_port
-from tests.e2e.telemetry_processes import expected_points, start_gateway, stop, stored_points
+from tests.e2e.telemetry_processes import (
+    expected_points,
+    local_port,
+    start_gateway,
+    stop,
+    stored_points,
+    tcp_connections,
+)
 from tests.telemetry_support import make_job, make_user, member_token, running_gateway
 from workers.agent.collectors import MemberCollectors
 from workers.agent.members import MemberRecord, MemberStore, member_tag
@@ -203,18 +210,9 @@ def test_collector_killed_mid_run_and_mid_send_is_restarted_and_stores_every_poi
 
 def _request_waiting(port: int) -> bool:
     """A connection to the gateway's port holds bytes the (frozen) gateway has not read yet."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            local_port = int(parts[1].rsplit(":", 1)[1], 16)
-            rx_queue = int(parts[4].split(":")[1], 16)
-            if local_port == port and parts[3] == "01" and rx_queue > 0:
-                return True
-    return False
+    return any(
+        local_port(f) == port and f[3] == "01" and int(f[4].split(":")[1], 16) > 0 for f in tcp_connections()
+    )
 
 
 def test_member_cpu_and_rss_are_shipped_under_canonical_names(
