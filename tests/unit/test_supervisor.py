@@ -94,3 +94,20 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     sup.stop_all()
     assert process.poll() is not None
     assert any("ignored SIGTERM" in r for r in reports)
+
+
+def test_a_restarted_child_that_becomes_ready_again_starts_its_backoff_over(tmp_path: Path) -> None:
+    reports: list[str] = []
+    # Dies 1 s after each start; its ready check passes while it runs: never "failing in a row".
+    sup = Supervisor(tmp_path / "logs", reports.append, max_restarts=2, backoff_base=0.1, stable_after=600)
+    sup.start(Component("blip", [sys.executable, "-c", "import time; time.sleep(1)"], ready=lambda: True))
+    thread = threading.Thread(target=sup.watch)
+    thread.start()
+    try:
+        wait_for(lambda: sum("restarted blip" in r for r in reports) >= 4, timeout=30, what="4 restarts")
+        assert sup.exit_code == 0 and not any("stopping TunePlane" in r for r in reports)
+        assert any(r == "blip is up again after 1 failure(s)" for r in reports)
+        assert all("failure 1 in a row" in r for r in reports if r.startswith("blip exited"))
+    finally:
+        sup.stop_requested.set()
+        thread.join(30)

@@ -471,10 +471,16 @@ class LaunchAgent:
         # Every metric file is read to its end and shipped (bounded) before the end is reported.
         await self.collectors.drain(record, member_dir(self.paths, record.member_id))
         shipper = self.shippers.pop(record.member_id, None)
-        if shipper is not None:
-            shipper[1].set()
-            with contextlib.suppress(Exception):
-                await shipper[0]
+        if shipper is None:  # ended while the agent was away: a shipper that only drains what is left
+            stop = asyncio.Event()
+            logs = member_dir(self.paths, record.member_id) / "logs"
+            shipper = (
+                asyncio.get_running_loop().create_task(ship_logs(self.ctx, record.member_id, logs, stop)),
+                stop,
+            )
+        shipper[1].set()
+        with contextlib.suppress(Exception):
+            await shipper[0]
         _say(self.ctx, f"member {record.member_id}: {record.reason}")
         hold = float(self.ctx.extra.get("hold_exit_report") or 0)
         if hold > 0:
