@@ -97,3 +97,21 @@ def api_token(db: Database, user_id: int) -> str:
     plaintext, digest = new_token("tpu")
     db.call("issue_api_token", user_id, "test", digest)
     return plaintext
+
+
+def recorded_complete(
+    db: Database, setup: MemberSetup, name: str, manifest: Manifest, kind: str = "output"
+) -> dict:
+    """An artifact made complete at the database level only (as if the server had verified every file):
+    for tests of what reads artifacts (previews, the dialog), not of delivery."""
+    from psycopg.types.json import Jsonb
+
+    art = db.call(
+        "register_artifact", setup.credential_hash, setup.member["id"], name, kind, "object",
+        Jsonb(manifest.as_json()), manifest.digest, None,
+    )[0]  # fmt: skip
+    for index, entry in enumerate(manifest.files):
+        art = db.call(
+            "record_artifact_file", setup.credential_hash, art["id"], index, entry.sha256, entry.size
+        )[0]
+    return art

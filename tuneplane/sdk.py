@@ -11,6 +11,7 @@ flushed at interpreter exit (best effort, bounded by `exit_timeout`).
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 
 _logger = logging.getLogger("tuneplane.sdk")
 
@@ -163,3 +165,89 @@ def log(metrics: Mapping[str, float], step: int, wall_time: float | None = None)
 def flush(timeout: float = 30.0) -> bool:
     client = _default_client()
     return True if client is None else client.flush(timeout)
+
+
+# -- checkpoints --------------------------------------------------------------------------------------
+# Plain files under $TUNEPLANE_OUTPUT_DIR/.tuneplane/ that the node agent watches
+# (workers/agent/checkpoints.py): the agent publishes each requested directory as its own artifact
+# version while the workload keeps running and writes the result back.
+
+ENV_OUTPUT_DIR = "TUNEPLANE_OUTPUT_DIR"
+_checkpoint_lock = threading.Lock()
+_requested: list[str] = []
+_seen_requests = 0
+
+
+def _control_dir() -> Path | None:
+    raw = os.environ.get(ENV_OUTPUT_DIR)
+    return Path(raw) / ".tuneplane" if raw else None
+
+
+def checkpoint(path: str | os.PathLike, name: str = "checkpoint", *, wait: bool = False,
+               timeout: float = 600.0) -> dict | str | None:  # fmt: skip
+    """Publish the complete checkpoint directory `path` (inside $TUNEPLANE_OUTPUT_DIR) as artifact
+    `<name>.<n>`. Write every file first: the agent reads the directory when it sees the request, and a
+    directory that changes while it is read is refused. Returns the request id, or with wait=True the
+    result ({"state": "complete"|"failed", "artifact": "<name>.<n>", "reason"}); None outside TunePlane."""
+    control = _control_dir()
+    if control is None:
+        return None
+    output = control.parent
+    target = Path(path)
+    if not target.is_absolute():
+        target = Path.cwd() / target
+    relative = os.path.relpath(os.path.realpath(target), os.path.realpath(output))
+    if relative.startswith(".."):
+        raise ValueError(f"{path}: a checkpoint must be a directory inside {output}")
+    requests = control / "checkpoints" / "requests"
+    requests.mkdir(parents=True, exist_ok=True)
+    with _checkpoint_lock:
+        request_id = f"{time.time_ns():020d}-{os.getpid()}-{len(_requested):06d}"
+        _requested.append(request_id)
+    tmp = requests / f".{request_id}.tmp"
+    tmp.write_text(json.dumps({"path": relative, "name": name}))
+    os.replace(tmp, requests / f"{request_id}.json")
+    if not wait:
+        return request_id
+    return _wait_for(request_id, time.monotonic() + timeout)
+
+
+def _wait_for(request_id: str, deadline: float) -> dict:
+    control = _control_dir()
+    assert control is not None
+    result = control / "checkpoints" / "results" / f"{request_id}.json"
+    while True:
+        try:
+            return json.loads(result.read_text())
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() >= deadline:
+            return {"state": "pending", "artifact": None, "reason": "no result from the agent yet"}
+        time.sleep(0.1)
+
+
+def wait_for_checkpoints(timeout: float = 600.0) -> list[dict]:
+    """Wait until the agent has published (or refused) every checkpoint this process asked for; their
+    results in request order. Call it before exiting when a checkpoint must be complete while you run."""
+    deadline = time.monotonic() + timeout
+    with _checkpoint_lock:
+        ids = list(_requested)
+    return [_wait_for(request_id, deadline) for request_id in ids]
+
+
+def checkpoint_requested() -> bool:
+    """True once for every `tuneplane artifacts checkpoint JOB` a user sent to this member since the last
+    call (the agent counts them in a file); the workload then saves one and calls checkpoint()."""
+    global _seen_requests
+    control = _control_dir()
+    if control is None:
+        return False
+    try:
+        count = int(json.loads((control / "checkpoint-requested").read_text()).get("requests", 0))
+    except (OSError, ValueError, AttributeError):
+        return False
+    with _checkpoint_lock:
+        if count > _seen_requests:
+            _seen_requests = count
+            return True
+    return False

@@ -15,6 +15,7 @@ import click
 
 from app.cli import ExpectedError
 from app.cli.options import api_client, client_options, json_option, print_json, print_table
+from app.cli.progress import byte_progress, quiet_option_help
 from app.client.http import ApiClient, ClientError
 from workers.artifacts.manifest import Manifest, ManifestError
 from workers.artifacts.verify import verify_directory
@@ -78,12 +79,14 @@ def list_cmd(job: int, as_json: bool, server: str | None, token: str | None, ca_
 @click.argument("name")
 @click.argument("dest", type=click.Path(file_okay=False))
 @click.option("--attempt", type=int, default=None, help="Attempt number (default: the latest that has NAME).")
+@click.option("--quiet", "-q", is_flag=True, help=quiet_option_help)
 @client_options
 def download_cmd(
     job: int,
     name: str,
     dest: str,
     attempt: int | None,
+    quiet: bool,
     server: str | None,
     token: str | None,
     ca_bundle: str | None,
@@ -102,7 +105,9 @@ def download_cmd(
             raise ExpectedError(
                 "the manifest does not hash to the artifact's manifest digest; not downloading"
             )
-        total, problems = download_artifact(client, artifact, dest_path)
+        label = f"{name} of job {job}"
+        with byte_progress(label, int(artifact.get("total_bytes") or 0), quiet=quiet) as advance:
+            total, problems = download_artifact(client, artifact, dest_path, on_bytes=advance)
     if problems:
         raise ExpectedError(f"{len(problems)} file(s) failed verification: " + "; ".join(problems))
     click.echo(
@@ -223,6 +228,26 @@ def verify_cmd(
     if not as_json:
         where = local_dir or "the server's stored files"
         click.echo(f"ok: {report['checked']} files in {where} match manifest {artifact['manifest_digest']}")
+
+
+@artifacts_group.command("checkpoint")
+@click.argument("job", type=int)
+@click.option("--member", "rank", type=int, default=None, help="Only the member of this rank (default: all).")
+@json_option
+@client_options
+def checkpoint_cmd(
+    job: int, rank: int | None, as_json: bool, server: str | None, token: str | None, ca_bundle: str | None
+) -> None:
+    """Ask JOB's running members for a checkpoint now. The workload saves one when it next checks
+    (tuneplane.sdk.checkpoint_requested()) and it appears as artifact NAME.N (`artifacts list JOB`)."""
+    body = {} if rank is None else {"rank": rank}
+    with api_client(server, token, ca_bundle) as client:
+        answer = client.post(f"/jobs/{job}/checkpoints", json=body)
+    if as_json:
+        print_json(answer)
+        return
+    for asked in answer["asked"]:
+        click.echo(f"asked member rank {asked['rank']} (node {asked['node_id']}) for a checkpoint")
 
 
 COMMANDS = [artifacts_group]

@@ -17,9 +17,11 @@ import click
 
 from app.cli import ExpectedError
 from app.cli.options import api_client, client_options, json_option, print_json, print_table
+from app.cli.progress import byte_progress, quiet_option_help, reading
 from app.client.archive_pack import PackError, pack_directory
 from app.client.http import ApiClient
 from app.client.spec_file import SpecFileError, load_spec_file
+from app.submission.io_flags import parse_input, parse_output
 
 _SHA256 = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
 
@@ -58,6 +60,23 @@ def spec_options(func: Callable) -> Callable:
         click.option("--max-attempts", type=int, help="Attempts before the job fails."),
         click.option("--priority", type=int, help="Queue priority (higher first)."),
         click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable (repeatable)."),
+        click.option(
+            "--output",
+            "outputs",
+            multiple=True,
+            metavar="NAME=PATH[:DELIVERY]",
+            help="Deliver directory PATH (under the output directory) as artifact NAME; DELIVERY object or "
+            "shared (default: the fleet's). Repeatable; replaces the spec's and the recipe's outputs.",
+        ),
+        click.option(
+            "--input",
+            "inputs",
+            multiple=True,
+            metavar="NAME=REF[:PATH]",
+            help="Place artifact REF (JOB/NAME, JOB/NAME@RANK or sha256:DIGEST) in the input directory as "
+            "NAME (or at PATH). Repeatable; added to the spec's inputs.",
+        ),
+        click.option("--quiet", "-q", is_flag=True, help=quiet_option_help),
     ]
     for option in reversed(options):
         func = option(func)
@@ -81,7 +100,7 @@ def _load_spec_file(path: str) -> dict:
         raise ExpectedError(str(exc)) from None
 
 
-def upload_source(client: ApiClient, source: Path) -> dict:
+def upload_source(client: ApiClient, source: Path, *, quiet: bool = False) -> dict:
     """Pack a directory (or take a .tar.gz) and upload it; returns the server's archive facts."""
     with tempfile.TemporaryFile() as packed:
         if source.is_dir():
@@ -94,8 +113,14 @@ def upload_source(client: ApiClient, source: Path) -> dict:
             if not source.name.endswith((".tar.gz", ".tgz")):
                 raise ExpectedError(f"{source}: --source takes a directory or a .tar.gz file")
             packed.write(source.read_bytes())
+        size = packed.seek(0, 2)
         packed.seek(0)
-        facts = client.post("/sources", content=packed, headers={"Content-Type": "application/gzip"})
+        with byte_progress(f"uploading {source.name}", size, quiet=quiet) as advance:
+            facts = client.post(
+                "/sources",
+                content=reading(packed, advance),
+                headers={"Content-Type": "application/gzip", "Content-Length": str(size)},
+            )
     click.echo(f"uploaded source archive {facts['archive']} ({facts['member_count']} members)", err=True)
     return facts
 
@@ -117,12 +142,14 @@ def build_spec(client: ApiClient, opts: dict[str, Any]) -> dict:
     if opts.get("source"):
         if not opts.get("entrypoint"):
             raise ExpectedError("--source needs --entrypoint (the command that runs it)")
-        facts = upload_source(client, Path(opts["source"]))
+        facts = upload_source(client, Path(opts["source"]), quiet=bool(opts.get("quiet")))
         spec["source"] = {"archive": facts["archive"], "entrypoint": opts["entrypoint"]}
     elif isinstance(spec.get("source"), dict):
         archive = str(spec["source"].get("archive", ""))
         if archive and not _SHA256.match(archive) and Path(archive).exists():
-            spec["source"]["archive"] = upload_source(client, Path(archive))["archive"]
+            spec["source"]["archive"] = upload_source(client, Path(archive), quiet=bool(opts.get("quiet")))[
+                "archive"
+            ]
         if opts.get("entrypoint"):
             spec["source"]["entrypoint"] = opts["entrypoint"]
     if opts.get("image"):
@@ -155,10 +182,24 @@ def build_spec(client: ApiClient, opts: dict[str, Any]) -> dict:
             spec[field] = opts[field]
     if opts.get("env"):
         spec["env"] = {**(spec.get("env") or {}), **_pairs(opts["env"], "--env")}
+    if opts.get("outputs"):
+        spec["outputs"] = _parsed(parse_output, opts["outputs"], "--output")
+    if opts.get("inputs"):
+        spec["inputs"] = [*(spec.get("inputs") or []), *_parsed(parse_input, opts["inputs"], "--input")]
     return spec
 
 
+def _parsed(parse: Callable[[str], dict], values: tuple[str, ...], flag: str) -> list[dict]:
+    try:
+        return [parse(item) for item in values]
+    except ValueError as exc:
+        raise ExpectedError(f"{flag}: {exc}") from None
+
+
 SPEC_KEYS = (
+    "quiet",
+    "outputs",
+    "inputs",
     "spec_file",
     "recipe",
     "params",
@@ -196,6 +237,8 @@ def echo_preview(preview: dict, err: bool = False) -> None:
         out(f"  {label:<12} {value}")
     for pinned in s.get("inputs", []):
         out(f"  {'input':<12} {pinned}")
+    for output in s.get("outputs", []):
+        out(f"  {'output':<12} {output}")
     for warning in s["warnings"]:
         out(f"  {'warning':<12} {warning}")
     out(f"  {'digest':<12} {preview['digest']}")

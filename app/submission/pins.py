@@ -19,7 +19,7 @@ from app.plugins import Plugin, load_plugins
 from app.submission.canonical import digest_of
 from app.submission.environments import NODE_PROVIDED, normalise_name, resolve_environment
 from app.submission.images import normalise_image_ref
-from app.submission.jobspec import JobSpec
+from app.submission.jobspec import JobSpec, OutputSpec
 
 INTEGRATIONS_PACKAGE = "workers.integrations"
 
@@ -161,6 +161,18 @@ def recipe_params(integration: Integration, given: dict[str, Any]) -> dict[str, 
     for name, meta in declared.items():
         resolved[name] = _coerce_param(name, given[name], meta) if name in given else meta.get("default")
     return resolved
+
+
+def with_recipe_outputs(spec: JobSpec) -> JobSpec:
+    """The spec with its recipe's declared outputs (details["outputs"]) when it names none itself: the
+    demo recipe's checkpoint becomes an artifact without the user having to ask."""
+    if spec.recipe is None or spec.outputs:
+        return spec
+    integration = integrations().get(spec.recipe.name)
+    declared = integration.plugin.details.get("outputs") if integration is not None else None
+    if not declared:
+        return spec
+    return spec.model_copy(update={"outputs": [OutputSpec.model_validate(o) for o in declared]})
 
 
 def with_environment(

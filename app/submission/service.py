@@ -14,7 +14,7 @@ from app.blobstore import BlobStore
 from app.db import Database
 from app.errors import Refusal
 from app.submission.jobspec import JobSpec, parse_jobspec
-from app.submission.pins import build_pins
+from app.submission.pins import build_pins, with_recipe_outputs
 
 MAX_ID = 2**63 - 1
 
@@ -38,7 +38,7 @@ def parse_job_id(value: Any) -> int:
 
 def create_preview(db: Database, user_id: int, data: Any, blobs: BlobStore | None = None) -> dict:
     """`blobs` is the store holding source archives (an environment's requirements file is read there)."""
-    spec = data if isinstance(data, JobSpec) else parse_jobspec(data)
+    spec = with_recipe_outputs(data if isinstance(data, JobSpec) else parse_jobspec(data))
     open_archive = None
     if spec.source is not None and blobs is not None:
         sha256 = spec.source.archive.removeprefix("sha256:")
@@ -168,5 +168,9 @@ def summary(resolved: dict) -> dict:
             f"{i.get('name')}: {i.get('artifact_name')} of job {i.get('job_id')}"
             f" (rank {i.get('rank')}, attempt {i.get('attempt')}), manifest sha256:{i.get('manifest_digest')}"
             for i in resolved.get("inputs", [])
+        ],
+        "outputs": [
+            f"{o.get('name')}: {o.get('path')} (delivery {o.get('delivery') or 'the fleet default'})"
+            for o in resolved.get("outputs", [])
         ],
     }

@@ -239,3 +239,19 @@ def verify(artifact_id: int):
     )  # fmt: skip
     data = {"artifact_id": artifact_id, "name": artifact["name"], **report.as_json()}
     return respond("_artifact_verify.html", {"report": data}, json_data=data)
+
+
+@bp.post("/jobs/<int:job_id>/checkpoints")
+@login_required
+def request_checkpoint(job_id: int):
+    """Ask the job's running members (or the one of `rank`) for a checkpoint now (202: asked; each
+    member's workload saves one and publishes it as checkpoint.N, docs/artifacts.md)."""
+    body = request.get_json(silent=True) if request.is_json else request.form
+    raw = (body or {}).get("rank")
+    rank = None
+    if raw not in (None, ""):
+        if not isinstance(raw, int | str) or not str(raw).isdigit() or int(raw) > 2**31 - 1:
+            raise Refusal("rank must be a member's rank number", 400, "rank")
+        rank = int(raw)
+    asked = get_db().call("request_checkpoint", _user_id(), job_id, rank)
+    return json_response({"job_id": job_id, "asked": asked}, 202)

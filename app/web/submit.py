@@ -23,6 +23,7 @@ from app.blobstore import FilesystemBlobStore
 from app.errors import Refusal
 from app.settings import load_settings
 from app.submission import archives, service
+from app.submission.io_flags import parse_input, parse_output
 from app.submission.jobspec import LAUNCHERS
 from app.submission.pins import recipes
 from app.web.auth import current_user, login_required
@@ -32,6 +33,8 @@ from app.web.state import get_db
 bp = Blueprint("submit", __name__)
 
 INPUT_KINDS = ("recipe", "source", "image")
+# Input-artifact rows in the dialog (each: a name, one of the user's complete artifacts, an optional path).
+INPUT_ROWS = 2
 
 
 def init_app(app: Flask) -> None:
@@ -119,6 +122,23 @@ def spec_from_form(form: MultiDict, files: MultiDict | None = None) -> dict[str,
     env = _pairs(form.get("env", ""), "env")
     if env:
         spec["env"] = env
+    outputs = [line for line in form.get("outputs", "").splitlines() if line.strip()]
+    inputs = [
+        f"{value(f'inputs.{n}.name')}={value(f'inputs.{n}.artifact')}"
+        + (f":{value(f'inputs.{n}.path')}" if value(f"inputs.{n}.path") else "")
+        for n in range(INPUT_ROWS)
+        if value(f"inputs.{n}.artifact")
+    ]
+    try:
+        if outputs:
+            spec["outputs"] = [parse_output(line) for line in outputs]
+    except ValueError as exc:
+        raise Refusal(f"outputs: {exc}", status=422, field="outputs") from None
+    try:
+        if inputs:
+            spec["inputs"] = [parse_input(line) for line in inputs]
+    except ValueError as exc:
+        raise Refusal(f"inputs: {exc} (give each input a name)", status=422, field="inputs") from None
     return spec
 
 
@@ -130,6 +150,8 @@ def _dialog_context(form: MultiDict | None = None, **extra: Any) -> dict[str, An
         "recipes": sorted(recipes(), key=lambda r: r.name),
         "launchers": LAUNCHERS,
         "fleets": fleets,
+        "artifacts": get_db().call("complete_artifacts_of", current_user().id, 200),
+        "input_rows": range(INPUT_ROWS),
         "values": values,
         "retry_key": values.get("retry_key") or new_retry_key(),
         "preview": None,

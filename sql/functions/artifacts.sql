@@ -708,6 +708,56 @@ BEGIN
 END;
 $$;
 
+-- request_checkpoint: a user asks the running members of a job (all, or the one of rank p_rank) for a
+-- checkpoint now: a `checkpoint` command to each member's node (the agent tells the workload through the
+-- file the SDK reads; workers/agent/checkpoints.py). Moves no state. Refuses a job the user cannot see
+-- (404), a job with no running member (409, with the job's state) and an unknown rank (404).
+CREATE OR REPLACE FUNCTION tuneplane.request_checkpoint(p_user_id bigint, p_job_id bigint, p_rank integer DEFAULT NULL)
+RETURNS TABLE (member_id bigint, rank integer, node_id bigint, command_id bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    j tuneplane.jobs;
+    m record;
+    v_request text := gen_random_uuid()::text;
+    cmd tuneplane.node_commands;
+BEGIN
+    j := tuneplane.job_visible_to(p_user_id, p_job_id);
+    IF p_rank IS NOT NULL AND NOT EXISTS (SELECT 1 FROM tuneplane.members mm
+                                          WHERE mm.job_id = j.id AND mm.rank = p_rank) THEN
+        RAISE EXCEPTION 'job % has no member of rank %', j.id, p_rank USING ERRCODE = 'TP404', COLUMN = 'rank';
+    END IF;
+    FOR m IN SELECT mm.id, mm.rank, mm.node_id FROM tuneplane.members mm
+              WHERE mm.job_id = j.id AND mm.state = 'running' AND (p_rank IS NULL OR mm.rank = p_rank)
+              ORDER BY mm.rank LOOP
+        cmd := tuneplane.enqueue_node_command(m.node_id, 'checkpoint',
+                   jsonb_build_object('member_id', m.id, 'request_id', v_request), 'user:' || p_user_id);
+        member_id := m.id; rank := m.rank; node_id := m.node_id; command_id := cmd.id;
+        RETURN NEXT;
+    END LOOP;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'job % has no running member% to ask for a checkpoint (the job is %)', j.id,
+                        CASE WHEN p_rank IS NULL THEN '' ELSE ' of rank ' || p_rank END, j.state
+            USING ERRCODE = 'TP409', COLUMN = 'job';
+    END IF;
+END;
+$$;
+
+-- complete_artifacts_of: the complete artifacts of the user's own jobs, newest first (at most p_limit):
+-- what the submission dialog offers as inputs. `ref` is the reference an input takes (JOB/NAME@RANK).
+CREATE OR REPLACE FUNCTION tuneplane.complete_artifacts_of(p_user_id bigint, p_limit integer DEFAULT 200)
+RETURNS TABLE (id bigint, job_id bigint, attempt integer, rank integer, name text, kind text,
+               manifest_digest text, file_count integer, total_bytes bigint, completed_at timestamptz, ref text)
+LANGUAGE sql STABLE AS $$
+    SELECT a.id, a.job_id, at.number, a.rank, a.name, a.kind, a.manifest_digest, a.file_count, a.total_bytes,
+           a.completed_at, a.job_id || '/' || a.name || '@' || a.rank
+      FROM tuneplane.artifacts a
+      JOIN tuneplane.jobs j ON j.id = a.job_id
+      JOIN tuneplane.attempts at ON at.id = a.attempt_id
+     WHERE a.state = 'complete' AND j.owner_id = p_user_id
+     ORDER BY a.completed_at DESC, a.id DESC
+     LIMIT greatest(1, least(coalesce(p_limit, 200), 1000))
+$$;
+
 -- artifact_for_user: one artifact by id, if the user may see its job (404 otherwise).
 CREATE OR REPLACE FUNCTION tuneplane.artifact_for_user(p_user_id bigint, p_artifact_id bigint)
 RETURNS tuneplane.artifacts

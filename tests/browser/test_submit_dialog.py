@@ -113,3 +113,46 @@ def test_login_fill_preview_confirm_and_land_on_the_job_page(page, server_url: s
     assert db.fetch_one("SELECT count(*) AS n FROM jobs")["n"] == 1
     job = db.fetch_one("SELECT spec FROM jobs")
     assert job["spec"]["input"]["params"]["steps"] == 40
+
+
+def test_the_dialog_takes_outputs_and_an_input_chosen_from_complete_artifacts(
+    page, server_url: str, db: Database, tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    from tests.artifact_fixtures import make_member, recorded_complete, write_tree
+
+    alice = db.fetch_one("SELECT id FROM users WHERE username = 'alice'")["id"]
+    fleet = db.fetch_one("SELECT id FROM fleets WHERE name = 'local'")["id"]
+    setup = make_member(db, user_id=alice, fleet_id=fleet, node_id=None, fleet="local")
+    manifest = write_tree(tmp_path / "ckpt", {"model.npz": b"weights"})
+    art = recorded_complete(db, setup, "checkpoint.2", manifest, kind="checkpoint")
+    assert art["state"] == "complete"
+
+    page.goto(f"{server_url}/login")
+    page.fill("#username", "alice")
+    page.fill("#password", "alice-pw")
+    page.click("button[type=submit]")
+    page.goto(f"{server_url}/submit")
+    page.check("input[name=input_kind][value=recipe]")
+    page.select_option("#recipe-name", "demo")
+    page.fill("#gpus", "0")
+    page.fill("#memory", "512M")
+    page.select_option("#fleet", "local")
+    page.fill("#outputs", "ckpt=checkpoint\nlogs-copy=logs:object")
+    page.select_option("#input-0-artifact", f"sha256:{manifest.digest}")
+    page.fill("#input-0-name", "base")
+    shot(page, "6-outputs-inputs")
+    page.click("#preview-button")
+    preview = page.locator("#preview-result")
+    expect(preview.locator("[data-summary=input-artifact]")).to_contain_text(
+        f"checkpoint.2 of job {setup.job_id}"
+    )
+    expect(preview.locator("[data-summary=output]").first).to_contain_text("ckpt: checkpoint")
+    expect(preview.locator("[data-summary=output]").nth(1)).to_contain_text("delivery object")
+    page.click("#confirm-button")
+    expect(page).to_have_url(re.compile(r"/jobs/\d+$"))
+    job = db.fetch_one("SELECT spec FROM jobs WHERE owner_id = %s ORDER BY id DESC LIMIT 1", (alice,))
+    assert [o["name"] for o in job["spec"]["outputs"]] == ["ckpt", "logs-copy"]
+    (pinned,) = job["spec"]["inputs"]
+    assert pinned["name"] == "base" and pinned["manifest_digest"] == manifest.digest

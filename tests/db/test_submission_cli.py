@@ -132,3 +132,37 @@ def test_spec_file_with_flag_overrides(cli, logged_in: str, tmp_path: Path) -> N
     broken.write_text("recipe: {name: demo}\nwhat: ever\n")
     result = cli("preview", "--spec", str(broken))
     assert result.exit_code == 1 and "what" in result.output
+
+
+def test_output_and_input_flags_reach_the_preview_and_bad_ones_name_the_flag(cli, logged_in: str) -> None:
+    default = json.loads(cli("preview", "--recipe", "demo", "--json").output)
+    assert default["resolved"]["outputs"] == [{"name": "checkpoint", "path": "checkpoint"}]  # the recipe's
+    shown = cli("preview", "--recipe", "demo", "--output", "ckpt=checkpoint", "--output", "extra=more:object")
+    assert shown.exit_code == 0, shown.output
+    assert "output       ckpt: checkpoint (delivery the fleet default)" in shown.output
+    assert "output       extra: more (delivery object)" in shown.output
+    shared = cli("preview", "--recipe", "demo", "--output", "ckpt=checkpoint:shared")
+    assert shared.exit_code == 1 and "asks for delivery on a shared mount" in shared.output
+    malformed = cli("preview", "--recipe", "demo", "--output", "just-a-name")
+    assert malformed.exit_code == 1 and "--output" in malformed.output and "NAME=PATH" in malformed.output
+    missing = cli("preview", "--recipe", "demo", "--input", "base=999/ckpt")
+    assert missing.exit_code == 1 and "no job 999" in missing.output
+    reserved = cli("preview", "--recipe", "demo", "--output", "logs=logs")
+    assert reserved.exit_code == 1 and "outputs.0.name" in reserved.output and "reserved" in reserved.output
+
+
+def test_parse_input_and_output_text() -> None:
+    from app.submission.io_flags import parse_input, parse_output
+
+    assert parse_output("ckpt=a/b") == {"name": "ckpt", "path": "a/b"}
+    assert parse_output("ckpt=a:b:shared") == {"name": "ckpt", "path": "a:b", "delivery": "shared"}
+    assert parse_input("base=12/ckpt") == {"name": "base", "artifact": "12/ckpt"}
+    assert parse_input("base=12/checkpoint.2@1:w") == {
+        "name": "base",
+        "artifact": "12/checkpoint.2@1",
+        "path": "w",
+    }
+    digest = "a" * 64
+    assert parse_input(f"b=sha256:{digest}:p") == {"name": "b", "artifact": f"sha256:{digest}", "path": "p"}
+    with pytest.raises(ValueError, match="NAME=REF"):
+        parse_input("=12/ckpt")

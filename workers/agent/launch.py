@@ -41,6 +41,7 @@ from typing import Any, NoReturn
 
 from app.security import new_token
 from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
+from workers.agent.checkpoints import CheckpointWatchers
 from workers.agent.collectors import MemberCollectors
 from workers.agent.delivery import DEFAULT_DEADLINE, Delivery, pending, plan_deliveries
 from workers.agent.environments import progress_reporter, schedule_clean_caches
@@ -103,6 +104,8 @@ class LaunchAgent:
         # Members whose end is being finished (delivery's first pass, log drain, exit report).
         self.finishing: dict[int, asyncio.Task] = {}
         self.probe: ProbeServer | None = None
+        # Checkpoints published while members run (workers.agent.checkpoints).
+        self.checkpoints = CheckpointWatchers(self.paths, self.access, lambda line: _say(ctx, line))
         self.publish()
 
     # ---- reports ------------------------------------------------------------------------------------
@@ -376,6 +379,7 @@ class LaunchAgent:
                 self.watch(record.member_id), name=f"watch-{record.member_id}"
             )
         self.collectors.watch(record, member_dir(self.paths, record.member_id))
+        self.checkpoints.start(record.member_id)
         shipper = self.shippers.get(record.member_id)
         if shipper is None or shipper[0].done():
             stop = asyncio.Event()
@@ -441,6 +445,7 @@ class LaunchAgent:
         if runner is not None:
             self.retired.append(runner)
         self.publish()
+        self.checkpoints.member_ended(record.member_id)
         self.ensure_delivery(record)
         return True
 

@@ -4,8 +4,11 @@ A two-layer MLP (tanh) learns a smooth 2-D function from synthetic data with SGD
 cosine learning-rate schedule with warm-up. Every `log_every` steps it writes
   $TUNEPLANE_OUTPUT_DIR/metrics.jsonl            {"step": n, "loss": …, "lr": …} per line
   $TUNEPLANE_OUTPUT_DIR/tensorboard/events.*     scalars loss and lr (tensorboardX)
-and at the end the weights in $TUNEPLANE_OUTPUT_DIR/checkpoint/model.npz (a JobSpec can name the
-`checkpoint` directory as an output artifact). The output directory defaults to ./output. With
+and at the end the weights in $TUNEPLANE_OUTPUT_DIR/checkpoint/model.npz (the recipe declares that
+directory as output `checkpoint` unless the JobSpec names its own outputs). With `checkpoint_every` N it
+also saves checkpoints/step-…/model.npz every N steps (and when a user runs `tuneplane artifacts
+checkpoint JOB`) and publishes each while it trains (artifacts checkpoint.1, checkpoint.2, …), waiting
+at the end until every one is complete. The output directory defaults to ./output. With
 `init_from` (a path, relative to $TUNEPLANE_INPUT_DIR when not absolute) training starts from saved
 weights instead of random ones: that is how a fine-tune job consumes an earlier job's checkpoint.
 
@@ -34,6 +37,7 @@ DEFAULTS = {
     "log_every": 1,
     "step_seconds": 0.02,
     "init_from": "",
+    "checkpoint_every": 0,
 }
 
 
@@ -61,7 +65,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=str(params["init_from"]),
         help="weights (.npz) to start from; relative paths are under $TUNEPLANE_INPUT_DIR",
     )
+    parser.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=int(params["checkpoint_every"]),
+        help="publish a checkpoint (artifact checkpoint.N) every N steps while training; 0: only at the end",
+    )
     args = parser.parse_args(argv)
+    if args.checkpoint_every < 0:
+        parser.error("checkpoint-every cannot be negative")
     if args.steps < 1 or args.batch_size < 1 or args.hidden < 1 or args.log_every < 1 or args.lr <= 0:
         parser.error("steps, batch-size, hidden and log-every must be at least 1; lr must be positive")
     if args.step_seconds < 0:
@@ -126,6 +138,46 @@ def resolve_input(raw: str) -> Path:
     return path
 
 
+def save_checkpoint(model: MLP, directory: Path) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / "model.tmp.npz"
+    np.savez(tmp, **model.params)
+    tmp.replace(directory / "model.npz")
+
+
+def publish_checkpoint(model: MLP, out: Path, step: int) -> None:
+    """Save the weights of `step` in a directory of their own and ask TunePlane to publish it while
+    training goes on (tuneplane.sdk.checkpoint: the node agent uploads it as artifact checkpoint.N)."""
+    try:
+        from tuneplane import sdk
+    except ImportError:  # run outside TunePlane's runtime: nothing to publish to
+        return
+    directory = out / "checkpoints" / f"step-{step:07d}"
+    save_checkpoint(model, directory)
+    if sdk.checkpoint(directory, name="checkpoint") is not None:
+        print(f"checkpoint of step {step} requested ({directory})", flush=True)
+
+
+def wait_for_checkpoints() -> None:
+    try:
+        from tuneplane import sdk
+    except ImportError:
+        return
+    for result in sdk.wait_for_checkpoints(timeout=300):
+        print(
+            f"checkpoint {result.get('artifact')}: {result.get('state')} {result.get('reason') or ''}",
+            flush=True,
+        )
+
+
+def checkpoint_asked() -> bool:
+    try:
+        from tuneplane import sdk
+    except ImportError:
+        return False
+    return sdk.checkpoint_requested()
+
+
 def train(args: argparse.Namespace) -> float:
     from tensorboardX import SummaryWriter
 
@@ -152,11 +204,14 @@ def train(args: argparse.Namespace) -> float:
                 writer.add_scalar("lr", lr, step)
             if step % max(1, args.steps // 10) == 0 or step == args.steps:
                 print(f"step {step}/{args.steps} loss {loss:.5f} lr {lr:.5f}", flush=True)
+            if (args.checkpoint_every and step % args.checkpoint_every == 0) or checkpoint_asked():
+                publish_checkpoint(model, out, step)
             if args.step_seconds:
                 time.sleep(args.step_seconds)
     writer.close()
-    (out / "checkpoint").mkdir(exist_ok=True)
-    np.savez(out / "checkpoint" / "model.npz", **model.params)
+    save_checkpoint(model, out / "checkpoint")
+    # Every checkpoint asked for is complete (or refused, with the reason) before the member ends.
+    wait_for_checkpoints()
     elapsed = time.monotonic() - started
     print(f"done: {args.steps} steps in {elapsed:.2f}s, final loss {loss:.5f}, output in {out}", flush=True)
     return loss

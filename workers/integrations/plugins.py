@@ -52,7 +52,16 @@ demo = Plugin(
                 "default": "",
                 "help": "weights (.npz) to start from, relative to the job's input directory (fine-tuning)",
             },
+            "checkpoint_every": {
+                "type": "int",
+                "default": 0,
+                "min": 0,
+                "max": 1_000_000,
+                "help": "publish a checkpoint artifact (checkpoint.N) every N steps while training (0: off)",
+            },
         },
+        # Declared as the job's output when the JobSpec names none (tuneplane submit --recipe demo).
+        "outputs": [{"name": "checkpoint", "path": "checkpoint"}],
     },
 )
 

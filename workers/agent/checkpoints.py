@@ -1,0 +1,208 @@
+"""Checkpoints while a member runs: the agent publishes each completed checkpoint directory as its own
+artifact version (workers.artifacts.checkpoint) and keeps the member running.
+
+A workload asks for a checkpoint in one of two ways, both plain files under its output directory (so they
+work inside a container and without the SDK):
+
+- a request file `.tuneplane/checkpoints/requests/<id>.json` = {"path": P, "name": N}, P relative to
+  the output directory (what `tuneplane.sdk.checkpoint(path, name=…)` writes, atomically);
+- a completed-marker: a directory directly under a declared output's path that holds a file named
+  `.tuneplane-complete` (written last, after the checkpoint's files) is a checkpoint of that output.
+
+Each is published once, as `<N>.<k>` (k counting that member's checkpoints of N from 1), and its result is
+written back to `.tuneplane/checkpoints/results/<id>.json` ({"state", "artifact", "reason"}) for the SDK.
+What was published is kept in `<member dir>/checkpoints.json`, so an agent restarted mid-run neither
+repeats nor forgets one. `tuneplane artifacts checkpoint JOB` reaches the workload as the file
+`.tuneplane/checkpoint-requested` ({"requests": n}), which the SDK reads (`sdk.checkpoint_requested()`).
+
+A path that leaves the member's output directory is refused (the agent would otherwise upload whatever
+the workload names). LaunchAgent starts a member's watcher with the member and lets it make one last scan
+after the member ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from workers.agent.handlers import AgentContext, CommandFailed, command
+from workers.agent.members import member_dir
+from workers.agent.prepare import NodeAccess
+
+log = logging.getLogger("tuneplane.agent.checkpoints")
+
+CONTROL_DIR = ".tuneplane"
+MARKER = ".tuneplane-complete"
+SCAN_INTERVAL = 0.5
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
+
+
+def control_dir(directory: Path) -> Path:
+    return directory / "output" / CONTROL_DIR
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _inside(root: Path, candidate: Path) -> bool:
+    root_real, real = os.path.realpath(root), os.path.realpath(candidate)
+    return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
+
+
+def pending_checkpoints(directory: Path, published: dict) -> list[tuple[str, str, Path | None, str]]:
+    """(key, name, directory or None, why not) for every request and marker not handled yet, in order."""
+    output = directory / "output"
+    found: list[tuple[str, str, Path | None, str]] = []
+    requests = control_dir(directory) / "checkpoints" / "requests"
+    if requests.is_dir():
+        for path in sorted(requests.glob("*.json")):
+            key = f"request:{path.stem}"
+            if key in published:
+                continue
+            request = _read_json(path)
+            if request is None:
+                continue  # being written (the SDK renames it into place) or not JSON: look again later
+            name, rel = str(request.get("name") or ""), str(request.get("path") or "")
+            target = output / rel
+            if not _NAME.match(name):
+                found.append(
+                    (key, name, None, f"checkpoint name {name!r} must be 1-41 letters, digits, _ or -")
+                )
+            elif not rel or os.path.isabs(rel) or not _inside(output, target):
+                found.append((key, name, None, f"{rel!r} is not a directory inside the output directory"))
+            elif not target.is_dir():
+                found.append((key, name, None, f"{rel} is not a directory"))
+            else:
+                found.append((key, name, target, ""))
+    try:
+        spec = json.loads((directory / "capsule" / "spec.json").read_text())
+    except (OSError, ValueError):
+        spec = {}
+    for out in spec.get("outputs") or []:
+        base = output / out["path"]
+        if not base.is_dir() or not _inside(output, base):
+            continue
+        for marker in sorted(base.glob(f"*/{MARKER}"), key=lambda m: (m.stat().st_mtime_ns, str(m))):
+            key = f"marker:{out['name']}/{marker.parent.name}"
+            if key not in published and _inside(output, marker.parent):
+                found.append((key, out["name"], marker.parent, ""))
+    return found
+
+
+def publish_pending(access: NodeAccess, directory: Path, say: Callable[[str], None]) -> int:
+    """Publish every pending checkpoint of the member in `directory` (blocking); returns how many."""
+    from workers.artifacts.checkpoint import publish_checkpoint
+    from workers.artifacts.deliver import node_http
+    from workers.artifacts.upload import UploadError
+
+    state_path = directory / "checkpoints.json"
+    state = _read_json(state_path) or {"published": {}, "counts": {}}
+    todo = pending_checkpoints(directory, state["published"])
+    if not todo:
+        return 0
+    member = json.loads((directory / "member.json").read_text())
+    done = 0
+    with node_http(access.server, access.credential(), ca_bundle=access.ca_bundle) as http:
+        for key, name, root, refused in todo:
+            if root is None:
+                result = {"state": "failed", "artifact": None, "reason": refused}
+            else:
+                number = int(state["counts"].get(name, 0)) + 1
+                artifact_name = f"{name}.{number}"
+                try:
+                    artifact = publish_checkpoint(http, int(member["member_id"]), artifact_name, root)
+                except (UploadError, OSError) as exc:
+                    say(f"member {member['member_id']}: checkpoint {artifact_name} not published yet: {exc}")
+                    break  # the server is unreachable: the next scan tries again
+                state["counts"][name] = number
+                result = {
+                    "state": artifact.get("state"),
+                    "artifact": artifact_name,
+                    "artifact_id": artifact.get("id"),
+                    "reason": artifact.get("reason") or "",
+                }
+            state["published"][key] = result
+            _write_json(state_path, state)
+            if key.startswith("request:"):
+                results = control_dir(directory) / "checkpoints" / "results"
+                _write_json(results / f"{key.split(':', 1)[1]}.json", result)
+            say(
+                f"member {member['member_id']}: checkpoint {result['artifact'] or name} {result['state']}"
+                + (f" ({result['reason']})" if result["state"] != "complete" else "")
+            )
+            done += 1
+    return done
+
+
+class CheckpointWatchers:
+    """One watcher task per running member: scans for checkpoint requests and markers and publishes them."""
+
+    def __init__(self, paths, access: Callable[[], NodeAccess], say: Callable[[str], None]) -> None:
+        self.paths = paths
+        self.access = access
+        self.say = say
+        self.tasks: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}
+
+    def start(self, member_id: int) -> None:
+        current = self.tasks.get(member_id)
+        if current is not None and not current[0].done():
+            return
+        ended = asyncio.Event()
+        task = asyncio.get_running_loop().create_task(self._watch(member_id, ended), name=f"ckpt-{member_id}")
+        self.tasks[member_id] = (task, ended)
+
+    def member_ended(self, member_id: int) -> None:
+        """The member ended: its watcher makes one last scan (a marker written just before the exit), then
+        stops."""
+        current = self.tasks.get(member_id)
+        if current is not None:
+            current[1].set()
+
+    async def _watch(self, member_id: int, ended: asyncio.Event) -> None:
+        directory = member_dir(self.paths, member_id)
+        while True:
+            last = ended.is_set()
+            try:
+                await asyncio.to_thread(publish_pending, self.access(), directory, self.say)
+            except Exception as exc:  # a bad scan must not end the watcher; the next one tries again
+                log.warning("member %s: checkpoint scan failed: %s", member_id, exc)
+            if last:
+                self.tasks.pop(member_id, None)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ended.wait(), SCAN_INTERVAL)
+
+
+@command("checkpoint")
+async def checkpoint(ctx: AgentContext, payload: dict) -> dict:
+    """A user asked a running member for a checkpoint: tell the workload through the file the SDK reads."""
+    member_id = int(payload["member_id"])
+    assert ctx.paths is not None
+    directory = member_dir(ctx.paths, member_id)
+    if not (directory / "output").is_dir():
+        raise CommandFailed(f"member {member_id} does not run on this node")
+    path = control_dir(directory) / "checkpoint-requested"
+    current = _read_json(path) or {"requests": 0}
+    if payload.get("request_id") is not None and current.get("request_id") == payload.get("request_id"):
+        return {"member_id": member_id, "requests": current["requests"], "already": True}  # delivered twice
+    current = {"requests": int(current.get("requests", 0)) + 1, "request_id": payload.get("request_id")}
+    _write_json(path, current)
+    return {"member_id": member_id, "requests": current["requests"]}
