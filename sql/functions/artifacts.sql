@@ -10,6 +10,7 @@
 -- Drops (signature changes):
 DROP FUNCTION IF EXISTS tuneplane.record_artifact_chunk(text, bigint, integer, integer, integer, text);
 DROP FUNCTION IF EXISTS tuneplane.artifact_file_chunks(text, bigint, integer);
+DROP FUNCTION IF EXISTS tuneplane.job_artifacts(bigint, bigint);
 
 -- resolve_inputs: each input pinned to a complete artifact by manifest digest, in spec order:
 -- {name, path, artifact (the reference as written), artifact_id, job_id, artifact_name, rank, attempt,
@@ -648,19 +649,26 @@ END;
 $$;
 
 -- job_artifacts: every artifact of a job (all attempts), newest attempt first, with the last
--- verification. Refuses a job the user cannot see (404).
+-- verification and, while uploading, how many of its bytes the server holds (uploaded_bytes). Refuses a job the user cannot see (404).
 CREATE OR REPLACE FUNCTION tuneplane.job_artifacts(p_user_id bigint, p_job_id bigint)
 RETURNS TABLE (id bigint, job_id bigint, attempt integer, rank integer, name text, kind text, state text,
                reason text, delivery text, shared_path text, manifest_digest text, file_count integer,
                total_bytes bigint, created_at timestamptz, completed_at timestamptz,
-               last_verified_at timestamptz, last_verify_ok boolean, last_verify_problems jsonb)
+               last_verified_at timestamptz, last_verify_ok boolean, last_verify_problems jsonb,
+               uploaded_bytes bigint)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     PERFORM tuneplane.job_visible_to(p_user_id, p_job_id);
     RETURN QUERY
         SELECT a.id, a.job_id, at.number, a.rank, a.name, a.kind, a.state, a.reason, a.delivery, a.shared_path,
                a.manifest_digest, a.file_count, a.total_bytes, a.created_at, a.completed_at,
-               v.at, v.ok, v.problems
+               v.at, v.ok, v.problems,
+               -- progress of an upload: bytes of verified files plus the chunks the server holds of the rest
+               CASE WHEN a.state = 'uploading' THEN
+                   (SELECT coalesce(sum(f.size), 0) FROM tuneplane.artifact_files f
+                     WHERE f.artifact_id = a.id AND f.verified_at IS NOT NULL)
+                   + (SELECT coalesce(sum(c.size), 0) FROM tuneplane.artifact_chunks c WHERE c.artifact_id = a.id)
+               ELSE a.total_bytes END::bigint
           FROM tuneplane.artifacts a
           JOIN tuneplane.attempts at ON at.id = a.attempt_id
           LEFT JOIN LATERAL (SELECT * FROM tuneplane.artifact_verifications av WHERE av.artifact_id = a.id

@@ -299,3 +299,24 @@ def test_a_chunk_is_checked_by_its_crc32c_and_one_without_a_digest_is_refused(db
         ok = http.put(url, content=(src / "a.bin").read_bytes(), headers={"X-Chunk-Crc32c": good_crc})
     assert ok.status_code == 200 and ok.json()["state"] == "complete"
     assert db.fetch_one("SELECT state FROM artifacts WHERE id = %s", (art["id"],))["state"] == "complete"
+
+
+def test_the_job_page_shows_how_far_an_upload_has_come(db: Database, env) -> None:
+    setup = make_member(db)
+    src = env["tmp"] / "out"
+    manifest = write_tree(src, {"a.bin": os.urandom(4 * CHUNK), "b.txt": b"small"})
+    with node_http(env["url"], setup.credential) as http:
+        from workers.artifacts.deliver import register
+
+        art = register(http, setup.member["id"], "model", manifest)
+        with pytest.raises(UploadError):  # two of a.bin's four chunks, then the link drops
+            upload_artifact(src, manifest, StopAfter(HttpChunkTransport(http, art["id"]), 2), parallel=1)
+    listed = user_client(db, env["url"], setup.user_id).get(f"/jobs/{setup.job_id}/artifacts").json()
+    (row,) = listed["artifacts"]
+    assert row["state"] == "uploading" and row["uploaded_bytes"] == 2 * CHUNK
+    token = api_token(db, setup.user_id)
+    html = httpx.get(
+        f"{env['url']}/jobs/{setup.job_id}/artifacts",
+        headers={"Authorization": f"Bearer {token}", "Accept": "text/html"},
+    ).text
+    assert f'<progress max="{4 * CHUNK + 5}" value="{2 * CHUNK}">' in html and "50%" in html
