@@ -9,6 +9,7 @@ Report kinds (each one stored function, fenced by the session epoch, idempotent)
   reconcile        reconcile_node                 after (re)connecting: what runs, what ended meanwhile
   telemetry_token  issue_member_telemetry_token   the hash of a token the agent made for a member
   member_prepare_progress  member_prepare_progress  a PREPARE step (environment build) as a job event
+  node_caches      report_node_caches             sizes of the node's environment and capsule caches
 
 GET /v1/files/capsule/<sha256>: the capsule blob, only to a node that holds a member using it.
 """
@@ -35,6 +36,7 @@ LAUNCH_REPORTS = {
     "reconcile": "reconcile_node",
     "telemetry_token": "issue_member_telemetry_token",
     "member_prepare_progress": "member_prepare_progress",
+    "node_caches": "report_node_caches",
 }
 for _kind, _function in LAUNCH_REPORTS.items():
     register_report(_kind, _function)

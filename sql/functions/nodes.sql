@@ -764,7 +764,9 @@ SELECT f.name AS fleet,
        n.fenced_at,
        n.fenced_reason,
        n.last_peer_check,
-       n.last_storage_check
+       n.last_storage_check,
+       n.caches,
+       n.caches_reported_at
   FROM tuneplane.nodes n
   JOIN tuneplane.fleets f ON f.id = n.fleet_id
   LEFT JOIN LATERAL (

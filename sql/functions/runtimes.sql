@@ -45,3 +45,32 @@ BEGIN
     RETURN jsonb_build_object('recorded', true);
 END;
 $$;
+
+-- report_node_caches (report kind `node_caches`): the sizes of the node's environment and capsule caches
+-- after its last LRU clean-up (docs/runtimes.md). Touches only the node row. Refuses a replaced session
+-- (409) and a payload that is not {"environments": {"count", "bytes"}, "capsules": {"count", "bytes"}} (400).
+CREATE OR REPLACE FUNCTION tuneplane.report_node_caches(p_node_id bigint, p_epoch bigint, p_payload jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_cache text;
+BEGIN
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    FOREACH v_cache IN ARRAY ARRAY['environments', 'capsules'] LOOP
+        IF jsonb_typeof(p_payload -> v_cache -> 'count') IS DISTINCT FROM 'number'
+           OR jsonb_typeof(p_payload -> v_cache -> 'bytes') IS DISTINCT FROM 'number' THEN
+            RAISE EXCEPTION 'a caches report needs %.count and %.bytes as numbers', v_cache, v_cache
+                USING ERRCODE = 'TP400', COLUMN = v_cache;
+        END IF;
+    END LOOP;
+    UPDATE tuneplane.nodes
+       SET caches = jsonb_build_object(
+               'environments', jsonb_build_object('count', (p_payload -> 'environments' ->> 'count')::bigint,
+                                                  'bytes', (p_payload -> 'environments' ->> 'bytes')::bigint),
+               'capsules', jsonb_build_object('count', (p_payload -> 'capsules' ->> 'count')::bigint,
+                                              'bytes', (p_payload -> 'capsules' ->> 'bytes')::bigint)),
+           caches_reported_at = now()
+     WHERE id = p_node_id;
+    RETURN jsonb_build_object('recorded', true);
+END;
+$$;

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from tests.e2e.launch_cluster import MIB, Cluster
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -79,6 +80,13 @@ def test_environment_is_built_once_reused_and_a_new_lock_gets_its_own(cluster: C
     assert other_seen["six"] == "1.15.0" and other_seen["prefix"] != seen["prefix"]
     ready = sorted(p.name for p in environments.iterdir() if p.is_dir())
     assert len(ready) == 2, ready  # no build directory left behind
+    # The agent reports its cache sizes after each prepare (the Fleet page shows them).
+    caches = wait_for(
+        lambda: (c := cluster.node("a")["caches"]).get("environments", {}).get("count") == 2 and c,
+        timeout=20,
+        what="cache sizes reported",
+    )
+    assert caches["environments"]["bytes"] > 0 and caches["capsules"]["count"] >= 1
 
     # A lock that resolves but cannot be built here (no Python 3.9 on the node; uv never downloads one).
     failing = _job(cluster, archive, ["six==1.16.0"], python="3.9")

@@ -20,6 +20,7 @@ import contextlib
 import fcntl
 import itertools
 import json
+import logging
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.agent.handlers import SESSION_HOOKS, AgentContext
 from workers.runner.environment_check import (
     READY_MARKER,
     EnvironmentMismatch,
@@ -37,6 +39,7 @@ from workers.runner.environment_check import (
     verify_environment,
 )
 
+log = logging.getLogger("tuneplane.agent.environments")
 LOCK_POLL = 0.2
 BUILD_TIMEOUT = 3600.0
 NODE_SITE_PTH = "_tuneplane_node_site.pth"
@@ -378,9 +381,38 @@ def clean_caches(work_dir: Path, records: list) -> dict:
     return {"environments": [e.key for e in envs], "capsules": [e.key for e in capsules]}
 
 
-def schedule_clean_caches(work_dir: Path, records: list) -> None:
-    loop = asyncio.get_running_loop()
-    loop.run_in_executor(None, clean_caches, work_dir, list(records))
+async def clean_and_report(
+    work_dir: Path, records: list, send: Callable[[str, dict], Awaitable[object]]
+) -> None:
+    """Clean up both caches (in a thread) and report their sizes (`node_caches`, shown on the Fleet page)."""
+    try:
+        await asyncio.to_thread(clean_caches, work_dir, records)
+        sizes = await asyncio.to_thread(cache_sizes, work_dir)
+        await send("node_caches", sizes)
+    except Exception as exc:  # a clean-up or report that fails now is retried after the next prepare
+        log.warning("cache clean-up or report failed: %s", exc)
+
+
+_background: set[asyncio.Task] = set()
+
+
+def schedule_clean_caches(
+    work_dir: Path, records: list, send: Callable[[str, dict], Awaitable[object]]
+) -> None:
+    task = asyncio.get_running_loop().create_task(clean_and_report(work_dir, list(records), send))
+    _background.add(task)  # keep a reference until it is done (the loop holds tasks weakly)
+    task.add_done_callback(_background.discard)
+
+
+async def report_caches_on_session(ctx: AgentContext) -> None:
+    """Every new control session hears the cache sizes (after an agent restart too)."""
+    if ctx.paths is not None and ctx.report is not None:
+        sizes = await asyncio.to_thread(cache_sizes, ctx.paths.work_dir)
+        with contextlib.suppress(Exception):
+            await ctx.report("node_caches", sizes)
+
+
+SESSION_HOOKS.append(report_caches_on_session)
 
 
 async def prepare_environment(work_dir: Path, spec: dict, progress: Progress | None) -> dict | None:

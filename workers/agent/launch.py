@@ -211,7 +211,7 @@ class LaunchAgent:
             return
         record.state, record.reason, record.prepare_payload = "prepared", "prepared", None
         self.store.save(record)
-        schedule_clean_caches(self.paths.work_dir, self.store.all())
+        schedule_clean_caches(self.paths.work_dir, self.store.all(), self.send)
         _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
         await self.report(record, "member_prepared", {"member_id": record.member_id, **checks})
 
