@@ -12,6 +12,15 @@ node_backend = Plugin(
     executes_on=("worker", "node"),
 )
 
+slurm_backend = Plugin(
+    name="slurm",
+    purpose="backends",
+    description="Runs each attempt as one sbatch gang job on an existing Slurm cluster (22.05+, CLI only)",
+    capabilities=("gang_launch", "prepare_commit", "gpu", "queue_reasons", "shared_path", "preemption"),
+    executes_on=("worker",),
+    details={"worker": "tuneplane worker --backend slurm", "docs": "docs/slurm.md"},
+)
+
 filesystem_storage = Plugin(
     name="filesystem",
     purpose="storage",

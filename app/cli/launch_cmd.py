@@ -12,9 +12,9 @@ from app.cli.options import server_side, settings_from
 @click.command("worker")
 @click.option(
     "--backend",
-    type=click.Choice(["node"]),
+    type=click.Choice(["node", "slurm"]),
     required=True,
-    help="Which backend this worker drives (node: TunePlane's own node agents).",
+    help="Which backend this worker drives (node: TunePlane's own node agents; slurm: every Slurm fleet).",
 )
 @click.option("--name", default=None, help="This worker's name in leases and events (default: host:pid).")
 @click.option(
@@ -53,6 +53,19 @@ def worker_cmd(
     if not settings.database_url:
         raise ExpectedError("tuneplane worker needs --database-url or TUNEPLANE_DATABASE_URL")
     require_current(settings.database_url)
+    if backend == "slurm":
+        from workers.slurm.worker import SlurmWorkerOptions
+        from workers.slurm.worker import main as slurm_main
+
+        slurm_main(
+            SlurmWorkerOptions(
+                database_url=settings.database_url,
+                blob_dir=settings.blob_dir,
+                name=name or f"{socket.gethostname()}:{os.getpid()}",
+                poll_interval=poll_interval,
+            )
+        )
+        return
     main(
         WorkerOptions(
             database_url=settings.database_url,

@@ -19,6 +19,9 @@ DROP FUNCTION IF EXISTS tuneplane.job_members_of(bigint, bigint);
 -- (a job is born queued by confirm_preview, an attempt and its members reserved by reserve_next).
 --
 --   job      queued → reserved                               reserve_next
+--            queued → preparing                              slurm_allocation_started (slurm.sql)
+--            queued → failed | cancelled                     finish_attempt_if_done (a Slurm attempt ended
+--                                                            before its allocation started)
 --            reserved → preparing                            begin_prepare
 --            reserved | preparing → running                  member_prepared (COMMIT)
 --            reserved | preparing | running → queued         finish_attempt_if_done (retry by max_attempts)
@@ -60,16 +63,20 @@ SELECT 'job', f, t, w || '{job_transition}' FROM (VALUES
     ('queued', 'reserved', '{reserve_next}'::text[]),
     ('reserved', 'preparing', '{begin_prepare}'),
     ('reserved', 'running', '{member_prepared}'),
-    ('preparing', 'running', '{member_prepared}'),
-    ('queued', 'cancelled', '{cancel_job}')
+    ('preparing', 'running', '{member_prepared,slurm_member_prepared}'),
+    ('queued', 'cancelled', '{cancel_job,finish_attempt_if_done}'),
+    -- Slurm (slurm.sql): the job stays queued while Slurm keeps it pending; its attempt ends there if
+    -- Slurm ends it before the allocation starts.
+    ('queued', 'preparing', '{slurm_allocation_started}'),
+    ('queued', 'failed', '{finish_attempt_if_done}')
 ) v(f, t, w)
 UNION ALL
 SELECT 'job', f, t, '{finish_attempt_if_done,job_transition}'
   FROM unnest('{reserved,preparing,running}'::text[]) f, unnest('{queued,succeeded,failed,cancelled}'::text[]) t
 UNION ALL
 SELECT 'attempt', f, t, w FROM (VALUES
-    ('reserved', 'preparing', '{begin_prepare}'::text[]),
-    ('preparing', 'running', '{member_prepared}'),
+    ('reserved', 'preparing', '{begin_prepare,slurm_allocation_started}'::text[]),
+    ('preparing', 'running', '{member_prepared,slurm_member_prepared}'),
     ('reserved', 'stopping', '{decide_abort}'),
     ('preparing', 'stopping', '{decide_abort}'),
     ('running', 'stopping', '{stop_attempt}')
@@ -81,9 +88,9 @@ SELECT 'attempt', f, t, '{finish_attempt_if_done}'
 UNION ALL
 SELECT 'member', f, t, w FROM (VALUES
     ('reserved', 'preparing', '{begin_prepare}'::text[]),
-    ('preparing', 'prepared', '{member_prepared}'),
-    ('prepared', 'starting', '{member_prepared}'),
-    ('starting', 'running', '{member_started}'),
+    ('preparing', 'prepared', '{member_prepared,slurm_member_prepared}'),
+    ('prepared', 'starting', '{member_prepared,slurm_member_prepared}'),
+    ('starting', 'running', '{member_started,slurm_member_started}'),
     ('starting', 'stopping', '{stop_attempt}'),
     ('running', 'stopping', '{stop_attempt}')
 ) v(f, t, w)

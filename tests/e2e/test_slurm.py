@@ -1,0 +1,246 @@
+"""The Slurm backend end to end: a real slurmctld and two slurmd virtual nodes with fake GPUs (the session
+fixture `slurm_cluster`), a real PostgreSQL, the Slurm worker (in a thread of this process) running the real
+sbatch/squeue/scontrol/scancel, and real job steps running `tuneplane runner` for each member."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.blobstore import FilesystemBlobStore
+from app.db import Database
+from app.errors import Refusal
+from app.submission import service
+from tests.submission_setup import add_user
+from workers.slurm.worker import SlurmWorker, SlurmWorkerOptions
+
+MEMBER = b"""import os, sys, time
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+print(f"rank {rank} of {world} master {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", flush=True)
+assert world == 2, world
+time.sleep(float(os.environ.get("SLEEP", "0")))
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+def archive(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+class Harness:
+    def __init__(self, db: Database, db_url: str, cluster, tmp: Path, batch_env: dict | None = None) -> None:
+        self.db, self.cluster = db, cluster
+        self.shared = cluster.shared / uuid.uuid4().hex[:8]
+        self.shared.mkdir(parents=True)
+        self.user = add_user(db, "alice")
+        db.call(
+            "create_slurm_fleet",
+            "hpc",
+            "batch",
+            str(cluster.conf),
+            json.dumps({"shared_path": str(self.shared)}),
+        )
+        self.blobs = FilesystemBlobStore(tmp / "blobs")
+        data = archive({"main.py": MEMBER})
+        self.sha = hashlib.sha256(data).hexdigest()
+        with self.blobs.stage() as (staged, handle):
+            handle.write(data)
+            handle.flush()
+            self.blobs.commit_staged(staged, self.sha)
+        db.call("record_source_archive", self.user, self.sha, len(data), 1, len(MEMBER))
+        self.lines: list[str] = []
+        self.worker = SlurmWorker(
+            SlurmWorkerOptions(
+                db_url, tmp / "blobs", "slurm-test", poll_interval=0.3, batch_env=batch_env or {}
+            ),
+            say=self.lines.append,
+        )
+        self.thread = threading.Thread(target=self.worker.run, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+        self.wait(lambda: self.db.fetch_one("SELECT count(*) AS n FROM nodes")["n"] == 2, "nodes synced")
+
+    def stop(self) -> None:
+        self.worker.stop.set()
+        self.worker.wake.set()
+        self.thread.join(30)
+
+    def submit(
+        self,
+        nodes: int = 2,
+        gpus: int = 1,
+        env: dict | None = None,
+        max_attempts: int = 1,
+        partition_fleet: str = "hpc",
+    ) -> int:
+        spec = {
+            "source": {"archive": f"sha256:{self.sha}", "entrypoint": "python main.py"},
+            "resources": {"nodes": nodes, "gpus_per_node": gpus, "cpus_per_node": 1},
+            "fleet": partition_fleet,
+            "env": env or {},
+            "max_attempts": max_attempts,
+        }
+        preview = service.create_preview(self.db, self.user, spec)
+        return service.confirm(self.db, self.user, preview["id"], preview["digest"], uuid.uuid4().hex)[
+            "job_id"
+        ]
+
+    def job(self, job_id: int) -> dict:
+        return self.db.fetch_one("SELECT * FROM jobs WHERE id = %s", (job_id,))
+
+    def wait(self, predicate, what: str, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}; worker said: {self.lines[-15:]}")
+
+    def wait_state(self, job_id: int, *states: str, timeout: float = 60.0) -> dict:
+        self.wait(lambda: self.job(job_id)["state"] in states, f"job {job_id} in {states}", timeout)
+        return self.job(job_id)
+
+    def slurm_id(self, job_id: int) -> int | None:
+        row = self.db.fetch_one(
+            "SELECT slurm_job_id FROM slurm_jobs WHERE job_id = %s ORDER BY attempt_id DESC LIMIT 1",
+            (job_id,),
+        )
+        return row and row["slurm_job_id"]
+
+    def members(self, job_id: int) -> list[dict]:
+        return self.db.fetch_all(
+            "SELECT m.*, n.name AS node, a.number AS attempt FROM members m JOIN nodes n ON n.id = m.node_id"
+            " JOIN attempts a ON a.id = m.attempt_id WHERE m.job_id = %s ORDER BY a.number, m.rank",
+            (job_id,),
+        )
+
+    def events(self, job_id: int) -> list[str]:
+        return [
+            r["reason"]
+            for r in self.db.fetch_all(
+                "SELECT reason FROM job_events WHERE job_id = %s ORDER BY id", (job_id,)
+            )
+        ]
+
+
+@pytest.fixture
+def harness(db: Database, db_url: str, slurm_cluster, tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(db, db_url, slurm_cluster, tmp_path)
+    h.start()
+    yield h
+    h.stop()
+    slurm_cluster.run("scancel", "--full", "-u", "root", check=False)
+
+
+def test_two_member_job_runs_as_one_slurm_gang_job_and_each_member_saw_its_rank(harness: Harness) -> None:
+    job_id = harness.submit()
+    job = harness.wait_state(job_id, "succeeded", "failed", "cancelled")
+    assert job["state"] == "succeeded", (job["state_reason"], harness.lines[-10:])
+    members = harness.members(job_id)
+    assert [(m["rank"], m["state"], m["exit_code"]) for m in members] == [(0, "exited", 0), (1, "exited", 0)]
+    assert {m["node"] for m in members} == {"tpn1", "tpn2"}
+    attempt = harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s", (job_id,))
+    logs = [
+        (
+            harness.shared / "attempts" / str(attempt["id"]) / "members" / str(r) / "logs" / "stdout.log"
+        ).read_text()
+        for r in (0, 1)
+    ]
+    for rank, text in enumerate(logs):
+        assert f"rank {rank} of 2 master {attempt['master_addr']}:{attempt['master_port']}" in text
+    assert harness.slurm_id(job_id) is not None
+    decision = harness.db.fetch_one(
+        "SELECT decision FROM launch_decisions WHERE attempt_id = %s", (attempt["id"],)
+    )
+    assert decision["decision"] == "commit"
+    harness.wait(lambda: harness.cluster.squeue_ids() == [], "the Slurm job gone")
+    harness.wait(
+        lambda: harness.db.fetch_one("SELECT gone_at FROM slurm_jobs")["gone_at"] is not None, "gone"
+    )
+
+
+def test_a_job_larger_than_the_partition_is_refused_at_preview(harness: Harness) -> None:
+    for nodes, gpus in ((3, 1), (1, 3)):
+        with pytest.raises(Refusal) as err:
+            harness.submit(nodes=nodes, gpus=gpus)
+        assert err.value.status == 422
+        assert "fleet hpc cannot satisfy this request" in err.value.message
+    assert harness.db.fetch_one("SELECT count(*) AS n FROM jobs")["n"] == 0
+
+
+def test_a_waiting_job_shows_slurms_reason_and_position_and_cancel_leaves_nothing_in_squeue(
+    harness: Harness,
+) -> None:
+    first = harness.submit(gpus=2, env={"SLEEP": "60"})
+    harness.wait_state(first, "running")
+    second = harness.submit(gpus=2)
+    harness.wait(lambda: "reason Resources" in harness.job(second)["state_reason"], "Slurm's reason")
+    job = harness.job(second)
+    assert job["state"] == "queued"
+    assert "reason Resources" in job["state_reason"] and "0 jobs ahead" in job["state_reason"], job
+    third = harness.submit(gpus=2)
+    harness.wait(lambda: "1 job ahead" in harness.job(third)["state_reason"], "position of the third job")
+    pending_ids = [harness.slurm_id(second), harness.slurm_id(third)]
+
+    # cancel while pending: nothing of it stays in squeue
+    for job_id in (second, third):
+        harness.db.call("cancel_job", job_id, harness.user, "test")
+    harness.wait(lambda: not set(map(str, pending_ids)) & set(harness.cluster.squeue_ids()), "pending gone")
+    assert harness.job(second)["state"] == "cancelled"
+
+    # cancel while running: the job is cancelled once Slurm reports it gone
+    running_id = harness.slurm_id(first)
+    harness.db.call("cancel_job", first, harness.user, "test")
+    job = harness.wait_state(first, "cancelled", "failed", "succeeded")
+    assert job["state"] == "cancelled", job
+    assert str(running_id) not in harness.cluster.squeue_ids()
+    assert [m["state"] for m in harness.members(first)] == ["cancelled", "cancelled"]
+
+
+def test_one_prepare_failure_aborts_and_cancels_the_slurm_job(
+    db: Database, db_url: str, slurm_cluster, tmp_path: Path
+) -> None:
+    h = Harness(
+        db, db_url, slurm_cluster, tmp_path, batch_env={"TUNEPLANE_SLURM_TEST_FAIL_PREPARE_ON": "tpn2"}
+    )
+    h.start()
+    try:
+        job_id = h.submit()
+        job = h.wait_state(job_id, "failed", "succeeded", "cancelled")
+        assert job["state"] == "failed"
+        assert (
+            "launch aborted" in job["state_reason"]
+            and "rank 1 on tpn2 failed to prepare" in job["state_reason"]
+        )
+        attempt = db.fetch_one("SELECT * FROM attempts WHERE job_id = %s", (job_id,))
+        assert attempt["state"] == "aborted"
+        assert (
+            db.fetch_one("SELECT decision FROM launch_decisions WHERE attempt_id = %s", (attempt["id"],))[
+                "decision"
+            ]
+            == "abort"
+        )
+        # nothing of the workload ran on any node: no runner was started, no member reported started
+        members_dir = h.shared / "attempts" / str(attempt["id"]) / "members"
+        assert not list(members_dir.glob("*/exit_status.json"))
+        assert not list((h.shared / "attempts" / str(attempt["id"]) / "reports").glob("*.started"))
+        assert [m["state"] for m in h.members(job_id)] == ["aborted", "aborted"]
+        h.wait(lambda: str(h.slurm_id(job_id)) not in slurm_cluster.squeue_ids(), "the Slurm job cancelled")
+    finally:
+        h.stop()

@@ -1,0 +1,1 @@
+"""The Slurm backend: its worker, the Slurm command-line wrapper and the job steps (docs/slurm.md)."""

@@ -1,0 +1,105 @@
+"""The Slurm job steps (`python -m workers.slurm.step prepare|run ATTEMPT_DIR`), one task per node.
+
+They hold no credential and decide nothing (ADR 0013): `prepare` verifies and unpacks the capsule the worker
+put on the shared path, prepares the member directory and reports PREPARED (or the reason it failed) as a
+file under ATTEMPT_DIR/reports; `run` starts `tuneplane runner` for its member, reports it started, and
+records whether a signal it did not get from TunePlane reached it (preemption, time limit). The worker turns
+each report into one stored-function call. The member is the task's SLURM_NODEID (rank = node index of the
+allocation, the same order the worker gave slurm_allocation_started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Tests only: the prepare step of the member on this node fails (one prepare failure on one node).
+FAIL_PREPARE_ENV = "TUNEPLANE_SLURM_TEST_FAIL_PREPARE_ON"
+
+
+def report(attempt_dir: Path, rank: int, kind: str, body: dict) -> None:
+    reports = attempt_dir / "reports"
+    reports.mkdir(exist_ok=True)
+    tmp = reports / f".{rank}.{kind}.tmp"
+    tmp.write_text(json.dumps(body))
+    os.replace(tmp, reports / f"{rank}.{kind}")
+
+
+def prepare(attempt_dir: Path, rank: int) -> int:
+    from workers.agent.prepare import MEMBER_FIELDS, PrepareFailed, unpack_source
+    from workers.capsule import CapsuleError, unpack_capsule
+    from workers.runner.runtime import RuntimeRefused, check_runtime
+
+    plan = json.loads((attempt_dir / "plan.json").read_text())
+    member = plan["members"][rank]
+    directory = attempt_dir / "members" / str(rank)
+    node = os.environ.get("SLURMD_NODENAME", "")
+    try:
+        if os.environ.get(FAIL_PREPARE_ENV) == node:
+            raise PrepareFailed(f"test hook {FAIL_PREPARE_ENV} names this node")
+        directory.mkdir(parents=True, exist_ok=True)
+        if not (directory / "capsule" / "manifest.json").is_file():
+            unpack_capsule(Path(plan["capsule_tar"]), plan["capsule_digest"], directory / "capsule")
+        spec = json.loads((directory / "capsule" / "spec.json").read_text())
+        unpack_source(spec, directory)
+        if spec.get("inputs"):
+            raise PrepareFailed("inputs are not delivered on Slurm fleets yet (docs/slurm.md)")
+        check_runtime(spec.get("runtime") or {})
+        config = {key: member.get(key, plan.get(key)) for key in MEMBER_FIELDS}
+        config.update(local_rank=0, node_rank=rank, simulated_gpus=False, node=node)
+        (directory / "output").mkdir(exist_ok=True)
+        (directory / "logs").mkdir(exist_ok=True)
+        tmp = directory / "member.json.tmp"
+        tmp.write_text(json.dumps(config, indent=2))
+        os.replace(tmp, directory / "member.json")
+    except (PrepareFailed, CapsuleError, RuntimeRefused, OSError, ValueError, KeyError) as exc:
+        report(attempt_dir, rank, "prepare_failed", {"node": node, "reason": str(exc)})
+        return 1
+    report(attempt_dir, rank, "prepared", {"node": node})
+    return 0
+
+
+def run(attempt_dir: Path, rank: int) -> int:
+    directory = attempt_dir / "members" / str(rank)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "app", "runner", "--member-dir", str(directory)],
+        stdout=open(directory / "logs" / "runner.log", "ab"),  # noqa: SIM115 - the child's
+        stderr=subprocess.STDOUT,
+    )
+    report(attempt_dir, rank, "started", {"pid": runner.pid, "node": os.environ.get("SLURMD_NODENAME")})
+
+    def forward(signum: int, _frame: object) -> None:
+        # Slurm signals the step on scancel, preemption or time limit; whether TunePlane asked for it is
+        # the database's call (slurm_member_exited): this records only that it happened.
+        report(attempt_dir, rank, "signalled", {"signal": signum, "at": time.time()})
+        try:
+            runner.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            return runner.wait()
+        except InterruptedError:
+            continue
+
+
+def main(argv: list[str]) -> int:
+    mode, attempt_dir = argv[0], Path(argv[1])
+    rank = int(os.environ["SLURM_NODEID"])
+    if mode == "prepare":
+        return prepare(attempt_dir, rank)
+    if mode == "run":
+        return run(attempt_dir, rank)
+    raise SystemExit(f"unknown step {mode!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

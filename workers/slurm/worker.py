@@ -1,0 +1,443 @@
+"""`tuneplane worker --backend slurm`: drives every Slurm fleet through Slurm's command-line tools.
+
+One loop (every poll interval, or at once on NOTIFY `tuneplane_job_queued` / `tuneplane_placement`), per
+Slurm fleet:
+  1. look at the cluster (sinfo, scontrol show partition) → slurm_sync_fleet; a controller that does not
+     answer → slurm_controller_unreachable (members contact-lost, nothing else decided), and the pass ends;
+  2. queued jobs without a live attempt → slurm_submissions_due → capsule on the shared path, batch script,
+     `sbatch` → slurm_submitted;
+  3. follow what Slurm lists (one squeue): pending → slurm_pending (reason, jobs ahead); the allocation
+     started → slurm_allocation_started and plan.json for the steps; the steps' report files → the
+     slurm_member_* functions; the launch decision → the `decision` file the batch script waits for; a job
+     that left squeue → its end state (scontrol) → slurm_member_exited for runners that wrote their exit
+     status, then slurm_job_ended;
+  4. slurm_scancel_due → scancel (SIGTERM to every step, the launch settings' stop grace, then scancel).
+Every decision is a stored function (sql/functions/slurm.sql); this process only reads Slurm and files.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+
+from app.blobstore import FilesystemBlobStore
+from app.db import Database
+from app.errors import Refusal
+from workers.backend.capsule_build import build_capsule
+from workers.capsule import CapsuleError
+from workers.slurm.cli import ControllerUnreachable, QueuedJob, SlurmCli, SlurmError, UnsupportedSlurm
+
+log = logging.getLogger("tuneplane.worker.slurm")
+BACKEND = "slurm"
+CHANNELS = ("tuneplane_placement", "tuneplane_job_queued")
+LIVE_SLURM_STATES = {
+    "PENDING",
+    "CONFIGURING",
+    "RUNNING",
+    "COMPLETING",
+    "SUSPENDED",
+    "REQUEUED",
+    "RESIZING",
+    "STAGE_OUT",
+    "SIGNALING",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESV_DEL_HOLD",
+    "STOPPED",
+}
+
+
+@dataclass(frozen=True)
+class SlurmWorkerOptions:
+    database_url: str
+    blob_dir: Path
+    name: str
+    poll_interval: float = 1.0
+    # Extra environment for the batch script (tests: the prepare-failure hook).
+    batch_env: dict = field(default_factory=dict)
+
+
+@dataclass
+class FleetState:
+    fleet_id: int
+    name: str
+    cli: SlurmCli
+    partition: str
+    account: str | None
+    qos: str | None
+    shared: Path
+    version: str = ""
+    # (attempt_id, rank, kind) already turned into a call
+    done: set = field(default_factory=set)
+    # attempt_id → monotonic time of the SIGTERM scancel (the final scancel follows after the grace)
+    terminating: dict = field(default_factory=dict)
+
+
+class SlurmWorker:
+    def __init__(self, options: SlurmWorkerOptions, *, say=print) -> None:
+        self.options = options
+        self.say = say
+        self.db = Database(options.database_url, max_size=3, name="tuneplane-worker-slurm")
+        self.blobs = FilesystemBlobStore(options.blob_dir)
+        self.stop = threading.Event()
+        self.wake = threading.Event()
+        self.fleets: dict[int, FleetState] = {}
+
+    # ---- fleets -------------------------------------------------------------------------------------
+
+    def load_fleets(self) -> list[FleetState]:
+        rows = self.db.fetch_all(
+            "SELECT f.id, f.name, f.capabilities, s.slurm_conf, s.partition, s.account, s.qos"
+            "  FROM tuneplane.fleets f JOIN tuneplane.slurm_fleets s ON s.fleet_id = f.id"
+            " WHERE f.backend = 'slurm' ORDER BY f.id"
+        )
+        for row in rows:
+            if row["id"] in self.fleets:
+                continue
+            state = FleetState(
+                fleet_id=row["id"],
+                name=row["name"],
+                cli=SlurmCli(row["slurm_conf"]),
+                partition=row["partition"],
+                account=row["account"],
+                qos=row["qos"],
+                shared=Path(row["capabilities"]["shared_path"]),
+            )
+            try:
+                state.version = state.cli.version()
+            except UnsupportedSlurm as exc:
+                self.say(f"fleet {row['name']}: refused: {exc}")
+                raise
+            except SlurmError as exc:
+                self.say(f"fleet {row['name']}: cannot read the Slurm version yet ({exc})")
+                continue
+            self.say(f"fleet {row['name']}: Slurm {state.version}, partition {state.partition}")
+            self.fleets[row["id"]] = state
+        return list(self.fleets.values())
+
+    def call(self, function: str, *args):
+        return self.db.call(function, *args)
+
+    # ---- one pass -----------------------------------------------------------------------------------
+
+    def run_pass(self) -> None:
+        for fleet in self.load_fleets():
+            try:
+                self.fleet_pass(fleet)
+            except ControllerUnreachable as exc:
+                marked = self.call("slurm_controller_unreachable", fleet.fleet_id, str(exc))[0]
+                count = marked["slurm_controller_unreachable"]
+                self.say(
+                    f"fleet {fleet.name}: controller unreachable ({exc}); {count} member(s) contact-lost"
+                )
+
+    def fleet_pass(self, fleet: FleetState) -> None:
+        limits = fleet.cli.partition_limits(fleet.partition)
+        nodes = fleet.cli.nodes(fleet.partition)
+        status = {
+            "version": fleet.version,
+            "partition": limits,
+            "nodes": [node.__dict__ for node in nodes],
+        }
+        self.call("slurm_sync_fleet", fleet.fleet_id, json.dumps(status))
+        for due in self.call("slurm_submissions_due", fleet.fleet_id):
+            self.submit(fleet, due)
+        queue = fleet.cli.queue()
+        for row in self.call("slurm_followed", fleet.fleet_id):
+            self.follow(fleet, row, queue)
+        for row in self.call("slurm_scancel_due", fleet.fleet_id):
+            queued = queue.get(row["slurm_job_id"])
+            running = queued is not None and queued.state != "PENDING"
+            fleet.cli.cancel(row["slurm_job_id"], running=running)
+            if running:
+                fleet.terminating[row["attempt_id"]] = time.monotonic()
+            self.say(f"attempt {row['attempt_id']}: scancel Slurm job {row['slurm_job_id']} ({row['why']})")
+        grace = self.stop_grace()
+        for attempt_id, since in list(fleet.terminating.items()):
+            if time.monotonic() - since >= grace:
+                job = self.db.fetch_one(
+                    "SELECT slurm_job_id FROM tuneplane.slurm_jobs WHERE attempt_id = %s", (attempt_id,)
+                )
+                fleet.terminating.pop(attempt_id)
+                if job and job["slurm_job_id"] in queue:
+                    fleet.cli.run("scancel", str(job["slurm_job_id"]))
+
+    def stop_grace(self) -> float:
+        row = self.db.fetch_one(
+            "SELECT extract(epoch FROM stop_grace)::float AS s FROM tuneplane.launch_settings"
+        )
+        return float(row["s"]) if row else 10.0
+
+    # ---- submit -------------------------------------------------------------------------------------
+
+    def attempt_dir(self, fleet: FleetState, attempt_id: int) -> Path:
+        return fleet.shared / "attempts" / str(attempt_id)
+
+    def submit(self, fleet: FleetState, due: dict) -> None:
+        attempt_id = due["attempt_id"]
+        directory = self.attempt_dir(fleet, attempt_id)
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            digest = build_capsule(due["spec"], self.blobs)
+            capsules = fleet.shared / "capsules"
+            capsules.mkdir(parents=True, exist_ok=True)
+            target = capsules / f"{digest}.tar"
+            if not target.is_file():
+                partial = capsules / f".{digest}.{os.getpid()}.partial"
+                shutil.copyfile(self.blobs.path(digest), partial)
+                os.replace(partial, target)
+        except (CapsuleError, OSError) as exc:
+            self.call("decide_abort", attempt_id, f"the capsule could not be built: {exc}")
+            return
+        (directory / "capsule_digest").write_text(digest)
+        script = batch_script(fleet, due, directory, self.options.batch_env)
+        (directory / "batch.sh").write_text(script)
+        try:
+            slurm_job_id = fleet.cli.submit(script)
+        except ControllerUnreachable:
+            raise
+        except SlurmError as exc:
+            self.call("decide_abort", attempt_id, f"sbatch refused the job: {exc}")
+            self.say(f"attempt {attempt_id}: sbatch refused it: {exc}")
+            return
+        self.call("slurm_submitted", attempt_id, slurm_job_id)
+        self.say(f"attempt {attempt_id} of job {due['job_id']}: Slurm job {slurm_job_id}")
+
+    # ---- follow -------------------------------------------------------------------------------------
+
+    def follow(self, fleet: FleetState, row: dict, queue: dict[int, QueuedJob]) -> None:
+        attempt_id = row["attempt_id"]
+        slurm_job_id = row["slurm_job_id"]
+        if slurm_job_id is None:
+            return  # sbatch not answered yet (or it died in between: see docs/slurm.md)
+        directory = self.attempt_dir(fleet, attempt_id)
+        queued = queue.get(slurm_job_id)
+        if queued is not None and queued.state == "PENDING":
+            ahead = sum(
+                1
+                for other in queue.values()
+                if other.state == "PENDING"
+                and other.partition == queued.partition
+                and (other.priority, -other.slurm_job_id) > (queued.priority, -slurm_job_id)
+            )
+            if row["attempt_state"] == "reserved":
+                self.call("slurm_pending", attempt_id, queued.reason, ahead)
+            return
+        if queued is not None and row["attempt_state"] == "reserved" and queued.node_list:
+            self.allocation_started(fleet, row, queued, directory)
+        self.read_reports(fleet, row, directory, final_state=None)
+        if queued is None:
+            state, detail = fleet.cli.job_end(slurm_job_id)
+            self.read_reports(fleet, row, directory, final_state=state)
+            result = self.call("slurm_job_ended", attempt_id, state, detail)[0]["slurm_job_ended"]
+            fleet.terminating.pop(attempt_id, None)
+            self.say(f"attempt {attempt_id}: Slurm job {slurm_job_id} ended {state}; attempt {result}")
+
+    def allocation_started(self, fleet: FleetState, row: dict, queued: QueuedJob, directory: Path) -> None:
+        nodes = fleet.cli.hostnames(queued.node_list)
+        digest = (directory / "capsule_digest").read_text().strip()
+        port = 29500 + (row["job_id"] * 31 + row["attempt_number"]) % 2000
+        members = self.call("slurm_allocation_started", row["attempt_id"], nodes, port, digest)
+        attempt = self.db.fetch_one(
+            "SELECT a.master_addr, a.master_port, a.number, j.gpus_per_node FROM tuneplane.attempts a"
+            "  JOIN tuneplane.jobs j ON j.id = a.job_id WHERE a.id = %s",
+            (row["attempt_id"],),
+        )
+        job = self.db.fetch_one(
+            "SELECT cpus_per_node, memory_per_node FROM tuneplane.jobs WHERE id = %s", (row["job_id"],)
+        )
+        plan = {
+            "attempt_id": row["attempt_id"],
+            "attempt": attempt["number"],
+            "job_id": row["job_id"],
+            "world_size": len(members),
+            "capsule_digest": digest,
+            "capsule_tar": str(fleet.shared / "capsules" / f"{digest}.tar"),
+            "master_addr": attempt["master_addr"],
+            "master_port": attempt["master_port"],
+            "shared_path": str(fleet.shared),
+            "members": [
+                {
+                    "member_id": m["member_id"],
+                    "rank": m["rank"],
+                    "node": m["node"],
+                    "gpu_indices": list(range(attempt["gpus_per_node"])),
+                    "cpus": job["cpus_per_node"],
+                    "memory_bytes": job["memory_per_node"],
+                }
+                for m in members
+            ],
+        }
+        tmp = directory / "plan.json.tmp"
+        tmp.write_text(json.dumps(plan, indent=2))
+        os.replace(tmp, directory / "plan.json")
+        self.say(f"attempt {row['attempt_id']}: allocation on {','.join(nodes)}; preparing")
+
+    def read_reports(self, fleet: FleetState, row: dict, directory: Path, final_state: str | None) -> None:
+        attempt_id = row["attempt_id"]
+        reports = directory / "reports"
+        plan_file = directory / "plan.json"
+        if not plan_file.is_file():
+            return
+        world = len(json.loads(plan_file.read_text())["members"])
+        for rank in range(world):
+            self.report_once(
+                fleet,
+                attempt_id,
+                rank,
+                "prepared",
+                reports,
+                lambda r, _b: self.call("slurm_member_prepared", attempt_id, r),
+            )
+            self.report_once(
+                fleet,
+                attempt_id,
+                rank,
+                "prepare_failed",
+                reports,
+                lambda r, b: self.call("slurm_member_prepare_failed", attempt_id, r, b["reason"]),
+            )
+            self.report_once(
+                fleet,
+                attempt_id,
+                rank,
+                "started",
+                reports,
+                lambda r, b: self.call("slurm_member_started", attempt_id, r, b["pid"]),
+            )
+        decision = self.db.fetch_one(
+            "SELECT decision FROM tuneplane.launch_decisions WHERE attempt_id = %s", (attempt_id,)
+        )
+        if decision and not (directory / "decision").exists():
+            tmp = directory / "decision.tmp"
+            tmp.write_text(decision["decision"])
+            os.replace(tmp, directory / "decision")
+        for rank in range(world):
+            key = (attempt_id, rank, "exited")
+            if key in fleet.done:
+                continue
+            status_file = directory / "members" / str(rank) / "exit_status.json"
+            if not status_file.is_file():
+                continue
+            signalled = (reports / f"{rank}.signalled").is_file()
+            if signalled and final_state is None:
+                continue  # wait for Slurm's end state: it says why the signal came (preempted, timeout …)
+            status = json.loads(status_file.read_text())
+            self.call(
+                "slurm_member_exited",
+                attempt_id,
+                rank,
+                status.get("exit_code"),
+                status.get("reason"),
+                signalled,
+                final_state,
+            )
+            fleet.done.add(key)
+
+    def report_once(
+        self, fleet: FleetState, attempt_id: int, rank: int, kind: str, reports: Path, call
+    ) -> None:
+        key = (attempt_id, rank, kind)
+        path = reports / f"{rank}.{kind}"
+        if key in fleet.done or not path.is_file():
+            return
+        call(rank, json.loads(path.read_text()))
+        fleet.done.add(key)
+
+    # ---- the process --------------------------------------------------------------------------------
+
+    def listen(self) -> None:
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(self.options.database_url, autocommit=True) as conn:
+                    for channel in CHANNELS:
+                        conn.execute(f"LISTEN {channel}")
+                    while not self.stop.is_set():
+                        for _ in conn.notifies(timeout=1.0):
+                            self.wake.set()
+            except psycopg.Error as exc:
+                log.warning("LISTEN connection lost (%s)", exc)
+                self.stop.wait(1.0)
+
+    def run(self) -> None:
+        threading.Thread(target=self.listen, name="listen", daemon=True).start()
+        self.say(
+            f"worker {self.options.name} (backend {BACKEND}) every {self.options.poll_interval}s or on NOTIFY"
+        )
+        try:
+            while not self.stop.is_set():
+                try:
+                    self.run_pass()
+                except (psycopg.Error, OSError, SlurmError) as exc:
+                    if isinstance(exc, UnsupportedSlurm):
+                        raise
+                    log.warning("slurm pass failed: %s", exc)
+                    self.say(f"pass failed: {exc}")
+                except Refusal as refusal:
+                    self.say(f"pass refused: {refusal.message}")
+                self.wake.wait(self.options.poll_interval)
+                self.wake.clear()
+        finally:
+            self.stop.set()
+            self.db.close()
+
+
+def batch_script(fleet: FleetState, due: dict, directory: Path, extra_env: dict) -> str:
+    """The sbatch script: one task per node; the prepare step, the wait for the decision the worker writes
+    after the database recorded it, and the workload step only after COMMIT."""
+    python = sys.executable
+    nodes = int(due["nodes"])
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name=tp-a{due['attempt_id']}",
+        f"#SBATCH --partition={fleet.partition}",
+        f"#SBATCH --nodes={nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --cpus-per-task={max(1, int(due['cpus_per_node']))}",
+        f"#SBATCH --output={directory}/batch.log",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --no-requeue",
+    ]
+    if int(due["gpus_per_node"]) > 0:
+        lines.append(f"#SBATCH --gres=gpu:{int(due['gpus_per_node'])}")
+    if fleet.account:
+        lines.append(f"#SBATCH --account={fleet.account}")
+    if fleet.qos:
+        lines.append(f"#SBATCH --qos={fleet.qos}")
+    for key, value in extra_env.items():
+        lines.append(f"export {key}={shell_quote(str(value))}")
+    d = shell_quote(str(directory))
+    step = f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1 --kill-on-bad-exit=0"
+    lines += [
+        f"D={d}",
+        f"PY={shell_quote(python)}",
+        'echo "tuneplane: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST"',
+        # The worker writes plan.json once the database recorded the allocation (members and ranks).
+        'while [ ! -f "$D/plan.json" ]; do sleep 0.2; done',
+        f'{step} "$PY" -m workers.slurm.step prepare "$D"',
+        'while [ ! -f "$D/decision" ]; do sleep 0.2; done',
+        'if [ "$(cat "$D/decision")" != commit ]; then echo "tuneplane: launch aborted"; exit 1; fi',
+        f'{step} "$PY" -m workers.slurm.step run "$D"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+def main(options: SlurmWorkerOptions) -> None:
+    worker = SlurmWorker(options, say=lambda line: print(line, flush=True))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: (worker.stop.set(), worker.wake.set()))
+    worker.run()
