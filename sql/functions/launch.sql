@@ -749,9 +749,12 @@ BEGIN
 END;
 $$;
 
--- unfence_node: the operator lets a fenced node take work again. Refused (409) until the node's agent
--- reconnected after the fence, reconciled in its current session, and acknowledged every KILL sent since
--- the fence — until then something of its lost members may still run on its GPUs.
+-- unfence_node: the operator lets a fenced node take work again. Refused (409) until the node's agent is
+-- connected in a session it reconciled (opened after the fence when the node was away, or the session
+-- that was open and reconciled all along when it was fenced while connected) and has acknowledged every
+-- KILL sent to it (an unacknowledged one of any age, or one it failed since the fence) — until then
+-- something of its lost members may still run on its GPUs. The KILL acknowledgement is the proof: the
+-- agent acknowledges only once the member's processes are gone.
 CREATE OR REPLACE FUNCTION tuneplane.unfence_node(p_node text, p_reason text DEFAULT NULL, p_actor text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -764,7 +767,7 @@ BEGIN
     IF n.fenced_at IS NULL THEN
         RETURN false;
     END IF;
-    IF n.session_opened_at IS NULL OR n.session_opened_at < n.fenced_at OR n.session_closed_at IS NOT NULL
+    IF n.session_opened_at IS NULL OR n.session_closed_at IS NOT NULL
        OR n.session_reconciled_epoch <> n.session_epoch THEN
         RAISE EXCEPTION 'node % cannot be unfenced yet: its agent must reconnect and reconcile first '
             '(fenced %, last session opened %)', n.name, to_char(n.fenced_at, 'YYYY-MM-DD HH24:MI:SS'),
@@ -772,11 +775,11 @@ BEGIN
             USING ERRCODE = 'TP409', COLUMN = 'node';
     END IF;
     SELECT count(*) INTO v_pending FROM tuneplane.node_commands c
-     WHERE c.node_id = v_id AND c.kind = 'kill' AND c.created_at >= n.fenced_at
-       AND (c.acked_at IS NULL OR c.error IS NOT NULL);
+     WHERE c.node_id = v_id AND c.kind = 'kill'
+       AND (c.acked_at IS NULL OR (c.error IS NOT NULL AND c.created_at >= n.fenced_at));
     IF v_pending > 0 THEN
-        RAISE EXCEPTION 'node % cannot be unfenced yet: % KILL command(s) sent since the fence are not '
-            'acknowledged (or failed) by its agent', n.name, v_pending USING ERRCODE = 'TP409', COLUMN = 'node';
+        RAISE EXCEPTION 'node % cannot be unfenced yet: % KILL command(s) are not acknowledged by its agent '
+            '(or failed since the fence)', n.name, v_pending USING ERRCODE = 'TP409', COLUMN = 'node';
     END IF;
     UPDATE tuneplane.nodes SET fenced_at = NULL, fenced_reason = NULL WHERE id = v_id;
     PERFORM tuneplane.log_node_event(n.fleet_id, v_id, 'unfenced', p_actor, coalesce(p_reason, ''));

@@ -250,6 +250,43 @@ def test_fence_releases_resources_and_a_returning_agent_is_told_to_kill(db: Data
     assert_no_gpu_allocated_twice(db)
 
 
+def test_a_node_fenced_while_connected_is_unfenced_once_its_agent_acknowledged_every_kill(
+    db: Database, setup: dict
+) -> None:
+    job_id, _ = _launch(db, setup)
+    (m,) = run_to_running(db, job_id)
+    node = m["node_id"]
+    # Its agent is connected in session 1, reconciled: it runs the member and an orphan (KILL, unacked).
+    epoch = db.call("node_session_opened", node, "127.0.0.1", "test")[0]["epoch"]
+    running = [{"member_id": m["id"], "pid": 5}, {"member_id": 999999, "pid": 6}]
+    db.call("reconcile_node", node, epoch, json.dumps({"running": running}))
+    delivered = db.call("claim_node_commands", node, epoch, 100)
+    (orphan_kill,) = [c for c in delivered if c["kind"] == "kill"]
+    for c in delivered:
+        if c["kind"] != "kill":
+            db.call("ack_node_command", node, epoch, c["id"], "{}", None)
+    db.call("fence_node", str(node), "flaky GPU", "ops")
+    (fence_kill,) = [c for c in db.call("claim_node_commands", node, epoch, 100) if c["kind"] == "kill"]
+    assert fence_kill["payload"]["member_ids"] == [m["id"]]
+
+    def unfence() -> str:
+        try:
+            return str(db.call("unfence_node", str(node), "repaired", "ops")[0]["unfence_node"])
+        except Refusal as refusal:
+            assert refusal.status == 409
+            return refusal.message
+
+    assert "2 KILL command(s) are not acknowledged" in unfence()
+    db.call("ack_node_command", node, epoch, fence_kill["id"], "{}", None)
+    # The orphan's KILL predates the fence, and still nothing proves the orphan is gone.
+    assert "1 KILL command(s) are not acknowledged" in unfence()
+    db.call("ack_node_command", node, epoch, orphan_kill["id"], "{}", None)
+    # Allowed in the session that was open all along: the node never had to reconnect.
+    assert unfence() == "True"
+    assert db.fetch_one("SELECT fenced_at FROM nodes WHERE id = %s", (node,))["fenced_at"] is None
+    assert job(db, job_id)["state"] == "failed" and _held(db) == 0
+
+
 def test_report_from_a_replaced_session_is_refused(db: Database, setup: dict) -> None:
     job_id, _ = _launch(db, setup)
     (m,) = run_to_running(db, job_id)
