@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import OutputWatcher
+from workers.proctree import PROC
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,3 +62,18 @@ def start_agent(server: str, state_dir: Path, *extra: str, token: str | None = N
     if token:
         argv += ["--enroll-token", token]
     return Proc(argv)
+
+
+def zombies_under(pid: int) -> list[int]:
+    """Children of `pid` that ended and were never waited for (state Z in /proc)."""
+    found = []
+    for entry in PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] == "Z":
+            found.append(int(entry.name))
+    return found

@@ -2,12 +2,15 @@
 
 A fault injector for the e2e tests (named so: it is not part of TunePlane): agents dial the proxy, which
 passes every request and the control WebSocket through to the real gateway, except requests matching an
-outage (method + path) while it lasts, which get `503 Service Unavailable` as an overloaded server sends.
+outage (method + path) while it lasts, which get `503 Service Unavailable` as an overloaded server sends,
+and commands of a swallowed kind, which never reach the agent (as if the gateway died after taking them
+from the outbox and before sending them).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +36,9 @@ class OutageProxy:
         self.upstream = upstream.rstrip("/")
         self.port = free_port()
         self.outages: list[Outage] = []
+        # Command kinds dropped on their way to the agent, and the commands dropped so far.
+        self.swallowed_kinds: set[str] = set()
+        self.swallowed: list[dict] = []
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
@@ -50,6 +56,19 @@ class OutageProxy:
         outage = Outage(method, path, time.monotonic() + seconds)
         self.outages.append(outage)
         return outage
+
+    def swallow(self, *kinds: str) -> None:
+        """From now on, drop every command of these kinds the gateway sends (none: deliver them all)."""
+        self.swallowed_kinds = set(kinds)
+
+    def _passes(self, text: str) -> bool:
+        if not self.swallowed_kinds or '"command"' not in text:
+            return True
+        message = json.loads(text)
+        if message.get("type") == "command" and message.get("kind") in self.swallowed_kinds:
+            self.swallowed.append(message)
+            return False
+        return True
 
     def stop(self) -> None:
         async def close() -> None:
@@ -104,6 +123,8 @@ class OutageProxy:
         async def pump(source, sink) -> None:
             async for message in source:
                 if message.type == aiohttp.WSMsgType.TEXT:
+                    if sink is server and not self._passes(message.data):
+                        continue
                     await sink.send_str(message.data)
                 elif message.type == aiohttp.WSMsgType.BINARY:
                     await sink.send_bytes(message.data)

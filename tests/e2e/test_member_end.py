@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.launch_cluster import MIB, Cluster
+from tests.e2e.node_processes import zombies_under
 from tests.e2e.outage_proxy import OutageProxy
 from tests.helpers import wait_for
-from workers.proctree import PROC
 
 pytestmark = pytest.mark.e2e
 
@@ -223,20 +223,6 @@ def test_agent_killed_between_spawn_and_record_adopts_the_live_runner(cluster: C
     assert "another runner holds" not in runner_log
 
 
-def _zombies_under(pid: int) -> list[int]:
-    found = []
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] == "Z":
-            found.append(int(entry.name))
-    return found
-
-
 def test_no_zombie_under_the_agent_after_20_jobs(cluster: Cluster) -> None:
     telemetry = cluster.start_telemetry_gateway()  # every member gets a collector too
     agent = cluster.start_agent("a", "--telemetry-url", telemetry)
@@ -252,4 +238,4 @@ def test_no_zombie_under_the_agent_after_20_jobs(cluster: Cluster) -> None:
         assert job["state"] == "succeeded", cluster.diagnose(job_id)
     collectors = list((cluster.agent_dirs("a")[1] / "members").glob("*/logs/collector.log"))
     assert len(collectors) == 20, "each member had a collector (a child of the agent)"
-    wait_for(lambda: not _zombies_under(agent.process.pid), timeout=20, what="no zombie under the agent")
+    wait_for(lambda: not zombies_under(agent.process.pid), timeout=20, what="no zombie under the agent")

@@ -283,13 +283,15 @@ class LaunchAgent:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        # Tracked at once, so the child is waited for even if this START never completes (its session
+        # ended meanwhile: the redelivered START adopts the run, and the reaper still reaps the runner).
+        self.runners[member_id] = runner
         hold = float(self.ctx.extra.get("hold_after_spawn") or 0)
         if hold > 0:
             _say(self.ctx, f"member {member_id}: holding {hold:g}s between spawn and record (test option)")
             await asyncio.sleep(hold)
         record.pid, record.pid_started = runner.pid, start_time(runner.pid)
         record.state, record.reason = "running", "running"
-        self.runners[member_id] = runner
         self.store.save(record)  # before the report: a restarted agent must find this pid
         self.publish()
         _say(
