@@ -202,3 +202,30 @@ def test_spool_on_a_network_filesystem_is_refused(tmp_path: Path) -> None:
     with pytest.raises(NetworkFilesystemError, match="network filesystem"):
         check_local(tmp_path / "spool", str(mounts))
     assert check_local(tmp_path / "spool") not in ("nfs", "nfs4")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'  {"step": 1, "a": 2}  ',
+        b'\xef\xbb\xbf{"step": 1, "a": 2}',  # a UTF-8 byte-order mark on the file's first line
+        b'{"step": 1, "a": NaN}',
+        b'{"step": 1} {"step": 2}',
+        b'{"step": 1, "a": 2',
+        b"\xff\xfe",
+        b"[1, 2]",
+    ],
+)
+def test_fast_line_decoder_agrees_with_json_loads(raw: bytes) -> None:
+    import json
+
+    from workers.collector.jsonl import _loads
+
+    try:
+        expected = json.loads(raw)
+    except ValueError:
+        with pytest.raises(ValueError):
+            _loads(raw)
+        return
+    got = _loads(raw)
+    assert json.dumps(got) == json.dumps(expected)

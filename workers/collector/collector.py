@@ -159,6 +159,9 @@ class Collector:
         for chunk in self.tracker.read(self.config.batch_points, final=final):
             if chunk.news:
                 self._spool_chunk(chunk)
+                # Per batch, not per poll: a sender with nothing durable gets this batch at once (fsync
+                # when starving, else at the interval) while the rest of a large file is still being read.
+                self.spool.sync()
             if self.spool.full:
                 break
         self.spool.sync()

@@ -22,6 +22,20 @@ SKIP_KEYS = frozenset(STEP_KEYS + TIME_KEYS)
 LINE_NOT_JSON = "line is not a JSON object"
 LINE_NO_STEP = "line has no integer step"
 
+_DECODER = json.JSONDecoder()
+
+
+def _loads(raw: bytes) -> object:
+    """json.loads for one UTF-8 line at half its cost (no encoding detection, no wrapper): the decoder's
+    raw_decode, then nothing but whitespace may follow."""
+    text = raw.decode("utf-8-sig")  # a UnicodeDecodeError is a ValueError too
+    start = len(text) - len(text.lstrip(" \t\r\n"))
+    obj, end = _DECODER.raw_decode(text, start)
+    if text[end:].strip(" \t\r\n"):
+        raise ValueError("extra data after the JSON value")
+    return obj
+
+
 # (step, wall time, [(name, value)], [(name, reason)]); step None when the whole line is refused.
 ParsedLine = tuple[int | None, float, list[tuple[str, float]], list[tuple[str, str]]]
 
@@ -47,7 +61,7 @@ def _flatten(prefix: str, obj: dict, metrics: list, refused: list) -> None:
 def parse_line(raw: bytes, read_time: float) -> ParsedLine:
     """The points of one line, and what was refused in it (with reasons)."""
     try:
-        obj = json.loads(raw)
+        obj = _loads(raw)
     except ValueError:  # also a number with more digits than Python's int parser allows
         obj = None
     if type(obj) is not dict:
