@@ -115,3 +115,16 @@ def recorded_complete(
             "record_artifact_file", setup.credential_hash, art["id"], index, entry.sha256, entry.size
         )[0]
     return art
+
+
+@contextmanager
+def served_artifacts(db: Database, db_url: str, tmp_path: Path, port: int, chunk: int) -> Iterator[dict]:
+    """The console server (real HTTP on loopback) with its blob store under tmp_path and small chunks:
+    {"url", "blob_dir", "tmp"} for artifact tests."""
+    from app.web import create_app
+
+    db.fetch_one("UPDATE artifact_settings SET chunk_size = %s RETURNING chunk_size", (chunk,))
+    blob_dir = tmp_path / "blobs"
+    app = create_app(db_url, config={"SECRET_KEY": "t", "TP_BLOB_DIR": str(blob_dir)})
+    with serve_app(app, port) as url:
+        yield {"url": url, "blob_dir": blob_dir, "tmp": tmp_path}

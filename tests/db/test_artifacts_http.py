@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 from app.db import Database
-from app.web import create_app
-from tests.artifact_fixtures import api_token, make_member, serve_app, write_tree
+from tests.artifact_fixtures import api_token, make_member, served_artifacts, write_tree
 from tests.launch_fixtures import make_user
 from workers.artifacts.deliver import deliver_artifact, node_http
 from workers.artifacts.manifest import build_manifest
@@ -23,11 +22,8 @@ CHUNK = 4096
 
 @pytest.fixture
 def env(db: Database, db_url: str, tmp_path: Path, port: int):
-    db.fetch_one("UPDATE artifact_settings SET chunk_size = %s RETURNING chunk_size", (CHUNK,))
-    blob_dir = tmp_path / "blobs"
-    app = create_app(db_url, config={"SECRET_KEY": "t", "TP_BLOB_DIR": str(blob_dir)})
-    with serve_app(app, port) as url:
-        yield {"url": url, "blob_dir": blob_dir, "tmp": tmp_path}
+    with served_artifacts(db, db_url, tmp_path, port, CHUNK) as served:
+        yield served
 
 
 def files_of_all_shapes() -> dict[str, bytes]:

@@ -16,8 +16,7 @@ from app.artifacts.gc import collect
 from app.artifacts.reader import verify_stored
 from app.db import Database
 from app.errors import Refusal
-from app.web import create_app
-from tests.artifact_fixtures import make_member, serve_app, write_tree
+from tests.artifact_fixtures import make_member, served_artifacts, write_tree
 from workers.artifacts.deliver import deliver_artifact, node_http
 
 CHUNK = 4096
@@ -25,11 +24,8 @@ CHUNK = 4096
 
 @pytest.fixture
 def env(db: Database, db_url: str, tmp_path: Path, port: int):
-    db.fetch_one("UPDATE artifact_settings SET chunk_size = %s RETURNING chunk_size", (CHUNK,))
-    blob_dir = tmp_path / "blobs"
-    app = create_app(db_url, config={"SECRET_KEY": "t", "TP_BLOB_DIR": str(blob_dir)})
-    with serve_app(app, port) as url:
-        yield {"url": url, "blob_dir": blob_dir, "tmp": tmp_path}
+    with served_artifacts(db, db_url, tmp_path, port, CHUNK) as served:
+        yield served
 
 
 def plant_blob(blob_dir: Path, data: bytes) -> str:
