@@ -207,7 +207,7 @@ def test_fencing_a_connected_node_kills_its_workload_before_unfence_is_allowed(c
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{refusals[-3:]}\n{cluster.diagnose(job_id)}") from None
     # Refused at first (the KILL not yet acknowledged) …
-    assert refusals and "KILL" in refusals[0], refusals
+    assert refusals and "KILL" in refusals[0] and "workload alive: True" in refusals[0], refusals
     # … and allowed only once the workload was gone: the agent acknowledges KILL after its processes ended.
     assert not tagged(tag), "unfence was allowed while the fenced member's workload still ran"
     (kill,) = cluster.db.fetch_all("SELECT * FROM node_commands WHERE kind = 'kill'")
