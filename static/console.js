@@ -17,6 +17,11 @@
     }
   });
 
+  // <form data-no-submit>: controls that act in place (charts); Enter must not reload the page.
+  document.addEventListener("submit", function (event) {
+    if (event.target.hasAttribute && event.target.hasAttribute("data-no-submit")) event.preventDefault();
+  });
+
   // <form data-confirm="question">: ask before submitting.
   document.addEventListener("submit", function (event) {
     const form = event.target;

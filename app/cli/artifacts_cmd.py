@@ -13,6 +13,7 @@ from pathlib import Path
 
 import click
 
+from app import humanize
 from app.cli import ExpectedError
 from app.cli.options import api_client, client_options, json_option, print_json, print_table
 from app.cli.progress import byte_progress, quiet_option_help
@@ -27,7 +28,7 @@ LIST_COLUMNS = [
     "kind",
     "state",
     "file_count",
-    "total_bytes",
+    "size",
     "delivery",
     "digest",
     "verified",
@@ -71,6 +72,7 @@ def list_cmd(job: int, as_json: bool, server: str | None, token: str | None, ca_
             "" if row["last_verify_ok"] is None else ("ok" if row["last_verify_ok"] else "FAILED")
         )
         row["name"] = f"{row['name']}@{row['rank']}"
+        row["size"] = humanize.size(row["total_bytes"])  # exact bytes: --json
     print_table(rows, LIST_COLUMNS, empty=f"job {job} has no artifacts yet")
 
 

@@ -12,11 +12,12 @@ from urllib.parse import quote
 
 import click
 
+from app import humanize
 from app.cli.options import api_client, client_options, json_option, print_json, print_table
 
 
-def _gib(value: int | None) -> str:
-    return f"{(value or 0) / 1024**3:.1f}G"
+def _size(value: int | None) -> str:
+    return humanize.size(value or 0)
 
 
 @click.group("fleet")
@@ -112,9 +113,11 @@ def fleet_show(name: str, as_json: bool, server, token, ca_bundle) -> None:
                 "id": node["node_id"],
                 "scheduling": node["scheduling_state"],
                 "connectivity": node["connectivity"],
-                "heartbeat": "never" if node["heartbeat_age_s"] is None else f"{node['heartbeat_age_s']}s",
+                "heartbeat": "never"
+                if node["heartbeat_age_s"] is None
+                else f"{humanize.duration(node['heartbeat_age_s'])} ago",
                 "cpus": node["cpus"],
-                "memory": _gib(node["memory_bytes"]),
+                "memory": _size(node["memory_bytes"]),
                 "gpus": gpus or "-",
                 "runtimes": ",".join(node["container_runtimes"]) or "-",
                 "agent": node["agent_version"] or "-",

@@ -3,8 +3,11 @@ waits), all over the HTTP API. The `jobs` group itself lives in app/cli/submit_c
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import click
 
+from app import humanize
 from app.cli.log_follow import print_logs
 from app.cli.options import api_client, client_options, json_option, print_json, print_table
 from app.cli.submit_cmd import jobs_group
@@ -33,12 +36,25 @@ def echo_launch(job: dict) -> None:
         {
             **m,
             "gpus": ",".join(str(g) for g in m["gpu_indices"]) or "-",
+            "memory": humanize.size(m["memory_bytes"]),
+            "ran": _ran(m),
             "exit": "-" if m["exit_code"] is None else m["exit_code"],
             "resources": "held" if m["resources_held"] else "released",
         }
         for m in members
     ]
-    print_table(rows, ["attempt", "rank", "node", "gpus", "state", "exit", "resources", "reason"])
+    print_table(
+        rows, ["attempt", "rank", "node", "gpus", "memory", "state", "ran", "exit", "resources", "reason"]
+    )
+
+
+def _ran(member: dict) -> str:
+    """How long the member ran (so far, while it runs)."""
+    if not member.get("started_at"):
+        return "-"
+    started = datetime.fromisoformat(str(member["started_at"]))
+    ended = datetime.fromisoformat(str(member["ended_at"])) if member.get("ended_at") else datetime.now(UTC)
+    return humanize.duration((ended - started).total_seconds())
 
 
 @jobs_group.command("cancel")

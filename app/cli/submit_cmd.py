@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from app import humanize
 from app.cli import ExpectedError
 from app.cli.options import api_client, client_options, json_option, print_json, print_table
 from app.cli.progress import byte_progress, quiet_option_help, reading
@@ -222,7 +223,7 @@ SPEC_KEYS = (
 def echo_preview(preview: dict, err: bool = False) -> None:
     s = preview["summary"]
     out = lambda text: click.echo(text, err=err)  # noqa: E731
-    out(f"Preview {preview['id']} (expires {preview['expires_at']})")
+    out(f"Preview {preview['id']} (expires {humanize.ago(preview['expires_at'])})")
     for label, value in (
         ("input", s["input"]),
         ("fleet", s["fleet"]),
@@ -316,25 +317,53 @@ def jobs_group() -> None:
 
 @jobs_group.command("list")
 @click.option("--state", default=None, help="Only jobs in this state.")
+@click.option("--owner", default=None, help="Only this user's jobs (an admin sees everyone's).")
+@click.option("--fleet", default=None, help="Only jobs in this fleet.")
+@click.option("--before", default=None, type=int, help="Only jobs older than this job id (the next page).")
 @click.option("--limit", default=100, show_default=True, type=int)
 @json_option
 @client_options
-def jobs_list(state: str | None, limit: int, as_json: bool, server, token, ca_bundle) -> None:
-    """List jobs, newest first."""
-    params: dict[str, Any] = {"limit": limit}
-    if state:
-        params["state"] = state
+def jobs_list(
+    state: str | None,
+    owner: str | None,
+    fleet: str | None,
+    before: int | None,
+    limit: int,
+    as_json: bool,
+    server,
+    token,
+    ca_bundle,
+) -> None:
+    """List jobs, newest first (sizes and times for people; --json keeps the exact values)."""
+    params: dict[str, Any] = {
+        "limit": limit,
+        "state": state,
+        "owner": owner,
+        "fleet": fleet,
+        "before": before,
+    }
     with api_client(server, token, ca_bundle) as client:
-        jobs = client.get("/jobs", params=params)["jobs"]
+        answer = client.get("/jobs", params={k: v for k, v in params.items() if v is not None})
+    jobs = answer["jobs"]
     if as_json:
         print_json(jobs)
         return
-    rows = [{**j, "gpus": j["total_gpus"], "created": str(j["created_at"])[:19]} for j in jobs]
+    rows = [
+        {
+            **j,
+            "gpus": j["total_gpus"],
+            "memory": humanize.size(j["memory_per_node"]),
+            "created": humanize.ago(j["created_at"]),
+        }
+        for j in jobs
+    ]
     print_table(
         rows,
-        ["id", "state", "fleet", "gpus", "input_summary", "owner", "created", "state_reason"],
+        ["id", "state", "fleet", "gpus", "memory", "input_summary", "owner", "created", "state_reason"],
         empty="(no jobs)",
     )
+    if answer.get("next_before"):
+        click.echo(f"(more: --before {answer['next_before']})", err=True)
 
 
 @jobs_group.command("show")
@@ -353,6 +382,11 @@ def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
 
     click.echo(f"job {job['id']} {job['state']}: {job['state_reason']}")
     echo_waiting(job)
+    shown = {
+        **job,
+        "memory_per_node": humanize.size(job["memory_per_node"]),
+        "created_at": f"{humanize.ago(job['created_at'])} ({str(job['created_at'])[:19]})",
+    }
     for label in (
         "owner",
         "fleet",
@@ -369,7 +403,7 @@ def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
         "retry_key",
         "created_at",
     ):
-        click.echo(f"  {label:<16} {job[label]}")
+        click.echo(f"  {label:<16} {shown[label]}")
     echo_launch(job)
     # Telemetry (issue 11): whether every member's metrics arrived, and what could not be stored.
     from app.cli.telemetry_cmd import echo_health

@@ -74,7 +74,10 @@ def create_app(database_url: str, *, pool_max: int = 8, config: dict | None = No
         if init is not None:
             init(app)
 
+    from app import humanize
     from app.web.auth import current_user, load_current_user
+
+    app.jinja_env.filters.update(size=humanize.size, ago=humanize.ago, duration=humanize.duration)
 
     app.before_request(load_current_user)
     app.context_processor(lambda: {"current_user": current_user()})

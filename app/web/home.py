@@ -1,14 +1,40 @@
-"""The console's landing page."""
+"""The console's home page: a dashboard of my recent jobs (state and why), the fleets (connected nodes,
+free GPUs) and a Submit button; a visitor who is not logged in is asked to log in.
+
+GET /   HTML, or JSON {"jobs": [...], "fleets": [{fleet, nodes, connected, gpus, free_gpus, ...}]}
+"""
 
 from __future__ import annotations
 
 from flask import Blueprint
 
+from app.web.auth import current_user
 from app.web.negotiate import respond
+from app.web.state import get_db
 
 bp = Blueprint("home", __name__)
+
+RECENT_JOBS = 8
+
+
+def _fleets() -> list[dict]:
+    rows = get_db().fetch_all(
+        "SELECT fleet, backend, nodes, connected, stale, lost, gpus, schedulable_gpus, allocated_gpus"
+        " FROM v_fleet ORDER BY fleet"
+    )
+    for row in rows:
+        # What a new job could get now: GPUs on schedulable nodes less what is allocated.
+        row["free_gpus"] = max(row["schedulable_gpus"] - row["allocated_gpus"], 0)
+    return rows
 
 
 @bp.get("/")
 def index():
-    return respond("home.html", {"title": "TunePlane"})
+    user = current_user()
+    if user is None:
+        return respond("home.html", {"title": "TunePlane", "jobs": None, "fleets": None})
+    from app.web.jobs import job_json
+
+    rows = get_db().call("list_jobs", user.id, None, RECENT_JOBS, None, user.username, None)
+    data = {"title": "TunePlane", "jobs": [job_json(r) for r in rows], "fleets": _fleets()}
+    return respond("home.html", data)

@@ -1,6 +1,6 @@
 """Jobs: the list and the job page. Users see their own jobs, admins everyone's (decided in SQL).
 
-GET /jobs[?state=queued&limit=100&before=ID]   the list, newest first
+GET /jobs[?state=queued&owner=alice&fleet=gpu&limit=50&before=ID]   the list, newest first, by page
 GET /jobs/<id>                                  one job with its event timeline
 GET /jobs/<id>?part=live|logs                   the job page's htmx-refreshed parts (app/web/jobs_launch.py)
 """
@@ -18,7 +18,8 @@ from app.web.state import get_db
 
 bp = Blueprint("jobs", __name__)
 
-MAX_LIST = 1000
+MAX_LIST = 499  # list_jobs returns at most 500: one more than a page
+PAGE = 50
 JOB_STATES = ("queued", "reserved", "preparing", "running", "succeeded", "failed", "cancelled")
 
 
@@ -33,15 +34,38 @@ def job_json(row: dict, with_spec: bool = False) -> dict:
 @bp.get("/jobs")
 @login_required
 def jobs_list():
-    state = request.args.get("state") or None
-    limit = query_int("limit", 100, 1, MAX_LIST)
+    filters = {name: (request.args.get(name) or "").strip() or None for name in ("state", "owner", "fleet")}
+    limit = query_int("limit", PAGE, 1, MAX_LIST)
     before = query_int("before", None)
-    rows = get_db().call("list_jobs", current_user().id, state, limit, before)
-    jobs = [job_json(r) for r in rows]
+    # One more than the page: whether an older page exists, without counting.
+    rows = get_db().call(
+        "list_jobs",
+        current_user().id,
+        filters["state"],
+        limit + 1,
+        before,
+        filters["owner"],
+        filters["fleet"],
+    )
+    jobs = [job_json(r) for r in rows[:limit]]
+    older = jobs[-1]["id"] if len(rows) > limit else None
     if wants_json():
-        return json_response({"jobs": jobs})
+        return json_response({"jobs": jobs, "next_before": older})
+    db = get_db()
+    choices = {
+        "fleets": [r["name"] for r in db.fetch_all("SELECT name FROM fleets ORDER BY name")],
+        "owners": [r["owner"] for r in db.call("job_owners_visible", current_user().id)],
+    }
     return render_template(
-        "jobs/list.html", title="Jobs", jobs=jobs, state=state, states=JOB_STATES, limit=limit
+        "jobs/list.html",
+        title="Jobs",
+        jobs=jobs,
+        filters=filters,
+        states=JOB_STATES,
+        limit=limit,
+        before=before,
+        older=older,
+        **choices,
     )
 
 

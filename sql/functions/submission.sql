@@ -9,6 +9,7 @@
 --   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
 --
 -- Drops (signature changes):
+DROP FUNCTION IF EXISTS tuneplane.list_jobs(bigint, text, integer, bigint);
 
 CREATE OR REPLACE TRIGGER previews_immutable
     BEFORE UPDATE OR DELETE ON tuneplane.previews
@@ -558,9 +559,12 @@ BEGIN
 END;
 $$;
 
--- list_jobs: the actor's jobs (an admin's: everyone's), newest first, optionally by state; at most 500.
+-- list_jobs: the actor's jobs (an admin's: everyone's), newest first, optionally by state, owner
+-- (username) and fleet (name); at most 500, older than p_before_id (keyset paging). A filter naming an
+-- owner or fleet that does not exist matches nothing (it is not an error: the list is just empty).
 CREATE OR REPLACE FUNCTION tuneplane.list_jobs(p_actor_id bigint, p_state text DEFAULT NULL, p_limit integer DEFAULT 100,
-                                    p_before_id bigint DEFAULT NULL)
+                                    p_before_id bigint DEFAULT NULL, p_owner text DEFAULT NULL,
+                                    p_fleet text DEFAULT NULL)
 RETURNS SETOF tuneplane.v_jobs
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -579,10 +583,25 @@ BEGIN
         SELECT v.* FROM tuneplane.v_jobs v
          WHERE (actor.role = 'admin' OR v.owner_id = actor.id)
            AND (p_state IS NULL OR v.state = p_state)
+           AND (p_owner IS NULL OR v.owner = p_owner)
+           AND (p_fleet IS NULL OR v.fleet = p_fleet)
            AND (p_before_id IS NULL OR v.id < p_before_id)
          ORDER BY v.id DESC
          LIMIT least(greatest(coalesce(p_limit, 100), 1), 500);
 END;
+$$;
+
+-- job_owners_visible: the owners whose jobs the actor may see (the jobs list's owner filter): an admin
+-- every owner of a job, anyone else themselves.
+CREATE OR REPLACE FUNCTION tuneplane.job_owners_visible(p_actor_id bigint)
+RETURNS TABLE (owner text)
+LANGUAGE sql STABLE AS $$
+    SELECT DISTINCT u.username
+      FROM tuneplane.users u
+      JOIN tuneplane.users actor ON actor.id = p_actor_id AND actor.disabled_at IS NULL
+     WHERE (actor.role = 'admin' AND EXISTS (SELECT 1 FROM tuneplane.jobs j WHERE j.owner_id = u.id))
+        OR u.id = actor.id
+     ORDER BY 1;
 $$;
 
 -- get_job: one job its owner (or an admin) may see; 404 for anyone else (existence is not leaked).

@@ -21,7 +21,7 @@ from werkzeug.serving import make_server
 from app.db import Database
 from app.telemetry import wire
 from app.web import create_app
-from tests.browser.test_job_page_live import page, shot  # noqa: F401 - the shared browser fixture
+from tests.browser.test_job_page_live import shot
 from tests.submission_setup import add_user
 from tests.telemetry_support import make_job, member_token, running_gateway
 

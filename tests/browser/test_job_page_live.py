@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +21,6 @@ from tests.submission_setup import add_user, one_local_fleet
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
 DEMO = {"recipe": {"name": "demo", "params": {"steps": 5}}}
 
 
@@ -38,20 +35,6 @@ def setup(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict
     yield {"url": f"http://127.0.0.1:{port}", "fleet": fleet, "alice": alice}
     server.shutdown()
     thread.join(10)
-
-
-@pytest.fixture
-def page():
-    if not Path(CHROMIUM).exists() and not shutil.which("chromium"):
-        pytest.skip("Debian's chromium is not installed (.ci/run installs it)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        yield context.new_page()
-        context.close()
-        browser.close()
 
 
 def shot(page, name: str) -> None:

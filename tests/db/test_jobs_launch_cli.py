@@ -87,7 +87,12 @@ def test_show_of_a_running_job_lists_attempts_and_members(cli, db: Database, ser
     assert f"job {job_id} failed" in shown and "why it waits" not in shown
     assert "#1   failed" in shown and "[commit: all 1 member(s) prepared]" in shown
     member_line = next(line for line in shown.splitlines() if "local-1" in line)
-    assert member_line.split()[:7] == ["1", "0", "local-1", "-", "failed", "3", "released"]
+    # Memory for people (exact bytes in --json); how long it ran.
+    assert member_line.split()[:7] == ["1", "0", "local-1", "-", "1.0", "GiB", "failed"]
+    assert " 3 " in member_line and "released" in member_line
+    exact = json.loads(cli("jobs", "show", str(job_id), "--json").stdout)
+    assert exact["memory_per_node"] == 1024**3 and exact["members"][0]["memory_bytes"] == 1024**3
+    assert "memory_per_node  1.0 GiB" in shown
 
 
 def test_cancel_prints_the_outcome_and_a_second_cancel_is_refused(cli, db: Database, server: dict) -> None:
