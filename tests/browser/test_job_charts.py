@@ -60,7 +60,7 @@ def _send(gateway, token: str, series: list[tuple[str, str, list[int], list[floa
 
 
 def test_two_jobs_compared_log_scale_smoothing_and_csv_export(
-    page,  # noqa: F811 - the fixture imported above
+    page,  # the shared fixture of tests/browser/conftest.py
     setup: dict,
     db: Database,
 ) -> None:
