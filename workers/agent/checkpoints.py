@@ -33,6 +33,7 @@ from pathlib import Path
 
 from workers.agent.handlers import AgentContext, CommandFailed, command
 from workers.agent.members import member_dir
+from workers.agent.outputs import RETRYABLE_4XX
 from workers.agent.prepare import NodeAccess
 
 log = logging.getLogger("tuneplane.agent.checkpoints")
@@ -130,8 +131,12 @@ def publish_pending(access: NodeAccess, directory: Path, say: Callable[[str], No
                 try:
                     artifact = publish_checkpoint(http, int(member["member_id"]), artifact_name, root)
                 except (UploadError, OSError) as exc:
-                    say(f"member {member['member_id']}: checkpoint {artifact_name} not published yet: {exc}")
-                    break  # the server is unreachable: the next scan tries again
+                    status = getattr(exc, "status", None)
+                    if status is None or status >= 500 or status in RETRYABLE_4XX:
+                        say(f"member {member['member_id']}: {artifact_name} not yet published: {exc}")
+                        break  # the server is unreachable or busy: the next scan tries again
+                    # Refused for good (e.g. a fleet without object delivery): say so, do not retry.
+                    artifact = {"id": None, "state": "failed", "reason": str(exc)}
                 state["counts"][name] = number
                 result = {
                     "state": artifact.get("state"),

@@ -1,0 +1,67 @@
+"""The agent's checkpoint publishing (workers.agent.checkpoints.publish_pending) against the real server:
+a request becomes artifact NAME.N and its result is written back for the SDK; a refusal that will not
+change (a fleet without object delivery) is recorded as failed instead of being retried forever."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.db import Database
+from tests.artifact_fixtures import make_member, served_artifacts
+from workers.agent.checkpoints import publish_pending
+from workers.agent.prepare import NodeAccess
+
+
+@pytest.fixture
+def env(db: Database, db_url: str, tmp_path: Path, port: int):
+    with served_artifacts(db, db_url, tmp_path, port, 4096) as served:
+        yield served
+
+
+def member_directory(root: Path, member_id: int) -> Path:
+    directory = root / f"member-{member_id}"
+    (directory / "output" / "step-1").mkdir(parents=True)
+    (directory / "output" / "step-1" / "w.bin").write_bytes(b"weights" * 1000)
+    (directory / "member.json").write_text(json.dumps({"member_id": member_id}))
+    requests = directory / "output" / ".tuneplane" / "checkpoints" / "requests"
+    requests.mkdir(parents=True)
+    (requests / "0001.json").write_text(json.dumps({"path": "step-1", "name": "ckpt"}))
+    return directory
+
+
+def test_a_request_is_published_once_and_its_result_written_back(db: Database, env) -> None:
+    setup = make_member(db)
+    directory = member_directory(env["tmp"], setup.member["id"])
+    access = NodeAccess(env["url"], None, lambda: setup.credential)  # type: ignore[arg-type]
+    lines: list[str] = []
+    assert publish_pending(access, directory, lines.append) == 1
+    assert publish_pending(access, directory, lines.append) == 0  # nothing new: nothing again
+    result = json.loads(
+        (directory / "output" / ".tuneplane" / "checkpoints" / "results" / "0001.json").read_text()
+    )
+    assert result["state"] == "complete" and result["artifact"] == "ckpt.1"
+    row = db.fetch_one("SELECT kind, state FROM artifacts WHERE id = %s", (result["artifact_id"],))
+    assert row == {"kind": "checkpoint", "state": "complete"}
+
+
+def test_a_fleet_without_object_delivery_refuses_and_the_refusal_is_recorded(
+    db: Database, env, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    setup = make_member(
+        db,
+        fleet="nfs",
+        capabilities={"object_delivery": False, "shared_mounts": True, "shared_path": str(shared)},
+    )
+    directory = member_directory(env["tmp"], setup.member["id"])
+    access = NodeAccess(env["url"], None, lambda: setup.credential)  # type: ignore[arg-type]
+    assert publish_pending(access, directory, lambda _line: None) == 1
+    result = json.loads(
+        (directory / "output" / ".tuneplane" / "checkpoints" / "results" / "0001.json").read_text()
+    )
+    assert result["state"] == "failed" and "object_delivery" in result["reason"]
+    assert publish_pending(access, directory, lambda _line: None) == 0
