@@ -88,6 +88,12 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=4)
     parser.add_argument("--chunk-mib", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--upload-via",
+        choices=["gateway", "server"],
+        default="gateway",
+        help="where the upload goes: the node gateway (what agents use) or the console server",
+    )
     args = parser.parse_args()
     total = args.mib * 1024 * 1024
     times: dict[str, list[float]] = {"copy": [], "upload": [], "verify": [], "download": []}
@@ -125,7 +131,8 @@ def main() -> None:
                 plain_copy(src, tmp / f"copy-{round_no}")
                 times["copy"].append(time.perf_counter() - begin)
 
-                with node_http(gateway, setup.credential, timeout=600) as http:
+                target = gateway if args.upload_via == "gateway" else server
+                with node_http(target, setup.credential, timeout=600) as http:
                     begin = time.perf_counter()
                     art = deliver_artifact(http, setup.member["id"], f"bench-{round_no}", src)
                     times["upload"].append(time.perf_counter() - begin)
@@ -156,7 +163,7 @@ def main() -> None:
     median = {k: statistics.median(v) for k, v in times.items()}
     print(
         f"artifact of {args.files} files, {mib:.0f} MiB, chunks of {args.chunk_mib} MiB, on {os.cpu_count()} "
-        f"CPUs, median of {args.rounds} rounds"
+        f"CPUs, median of {args.rounds} rounds, upload via the {args.upload_via}"
     )
     rows = [
         ("plain copy (copyfile + fsync)", "copy"),
