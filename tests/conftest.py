@@ -154,3 +154,24 @@ def slurm_cluster():
             pytest.fail(message)
         pytest.skip(message)
     yield from started_cluster(2)
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory):
+    """A docker-registry on loopback with tuneplane/busybox:1 pushed (tests/container_registry.py).
+    Skipped when the tools are missing outside CI; in CI (.ci/run sets TUNEPLANE_REQUIRE_CONTAINERS=1 after
+    installing them) a missing tool fails."""
+    from tests.container_registry import missing_tools, push_image, start_registry
+
+    missing = missing_tools()
+    if missing:
+        message = f"container tools missing here: {', '.join(missing)} (.ci/run installs them)"
+        if os.environ.get("TUNEPLANE_REQUIRE_CONTAINERS"):
+            pytest.fail(message)
+        pytest.skip(message)
+    started = start_registry(tmp_path_factory.mktemp("registry"))
+    try:
+        started.digests = {"1": push_image(started, "tuneplane/busybox", "1")}
+        yield started
+    finally:
+        started.stop()

@@ -70,3 +70,47 @@ def normalise_image_ref(raw: str) -> ImageRef:
     if tag is None and digest is None:
         tag = "latest"
     return ImageRef(registry.lower(), "/".join(path), tag, digest)
+
+
+RESOLVE_TIMEOUT = 60.0
+FIELD = "image.ref"
+
+
+def resolve_image_digest(ref: ImageRef) -> tuple[ImageRef, str | None]:
+    """The reference pinned to the digest its tag points to now, through the registry's API (`skopeo
+    inspect`, OCI distribution), and a warning when it could not be asked (no skopeo where the server
+    runs). An unknown image or tag, or a registry the server cannot ask, is refused (422, image.ref: the
+    user named it); an answer that is not a digest is 503."""
+    import shutil
+    import subprocess
+
+    from app.errors import Refusal
+    from workers.runner.containers import runtime_env, tls_options
+
+    skopeo = shutil.which("skopeo")
+    if skopeo is None:
+        if ref.digest is None:
+            return ref, f"image {ref.normalised} is pinned by tag only: skopeo is not installed on the server"
+        return ref, None
+    asked = f"{ref.registry}/{ref.repository}" + (f"@{ref.digest}" if ref.digest else f":{ref.tag}")
+    try:
+        done = subprocess.run(
+            [skopeo, "inspect", *tls_options(asked), "--format", "{{.Digest}}", f"docker://{asked}"],
+            capture_output=True,
+            text=True,
+            timeout=RESOLVE_TIMEOUT,
+            env=runtime_env(),
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise Refusal(f"image.ref: registry {ref.registry} did not answer in time", 422, FIELD) from None
+    reason = (done.stderr.strip().splitlines() or [""])[-1][:400]
+    if done.returncode != 0:
+        lowered = reason.lower()
+        if any(w in lowered for w in ("manifest unknown", "name unknown", "not found", "unauthorized")):
+            raise Refusal(f"image.ref: no image {asked} in registry {ref.registry} ({reason})", 422, FIELD)
+        raise Refusal(f"image.ref: registry {ref.registry} cannot answer for {asked} ({reason})", 422, FIELD)
+    digest = done.stdout.strip()
+    if not _DIGEST.match(digest):
+        raise Refusal(f"image.ref: registry {ref.registry} answered no sha256 digest for {asked}", 503, FIELD)
+    return ImageRef(ref.registry, ref.repository, ref.tag, digest), None

@@ -18,7 +18,7 @@ from app.errors import Refusal
 from app.plugins import Plugin, load_plugins
 from app.submission.canonical import digest_of
 from app.submission.environments import NODE_PROVIDED, normalise_name, resolve_environment
-from app.submission.images import normalise_image_ref
+from app.submission.images import normalise_image_ref, resolve_image_digest
 from app.submission.jobspec import JobSpec, OutputSpec
 
 INTEGRATIONS_PACKAGE = "workers.integrations"
@@ -252,19 +252,16 @@ def build_pins(spec: JobSpec, open_archive: Any | None = None) -> dict:
             warnings += more
         else:
             assert spec.image is not None
-            ref = normalise_image_ref(spec.image.ref)
+            ref, warning = resolve_image_digest(normalise_image_ref(spec.image.ref))
+            if warning:
+                warnings.append(warning)
             input_doc = {
                 "kind": "image",
-                "image": ref.normalised,
+                "image": ref.normalised,  # with the digest the registry answered
                 "command": spec.image.command,
                 "integration": integration.name,
             }
             runtime = {"kind": "image", "image": ref.normalised}
-            if ref.digest is None:
-                warnings.append(
-                    f"image {ref.normalised} is pinned by tag only; a tag can move "
-                    "(add @sha256:… to pin the exact image)"
-                )
     if spec.resources.gpus_per_node == 0 and integration.name == "torchrun":
         warnings.append("torchrun with 0 GPUs per node runs one CPU process per member (gloo backend)")
     return {

@@ -104,19 +104,30 @@ def test_memory_and_cpus_must_fit_on_one_node(db: Database) -> None:
     assert "8 CPUs" in err.message
 
 
-def test_image_job_needs_a_node_with_a_container_runtime(db: Database) -> None:
+def test_image_job_needs_a_node_with_a_container_runtime(db: Database, registry) -> None:
     user = add_user(db, "alice")
     plain = add_fleet(db, "plain")
     add_node(db, plain, "p1")
-    spec = {"image": {"ref": "pytorch/pytorch:2.3", "command": "python -c 'print(1)'"}}
+    spec = {"image": {"ref": f"{registry.host}/tuneplane/busybox:1", "command": "echo 1"}}
     err = refused(db, user, spec)
     assert "container runtime" in err.message
     boxes = add_fleet(db, "boxes")
     add_node(db, boxes, "b1", runtimes=("docker",))
     preview = service.create_preview(db, user, spec)
     assert preview["resolved"]["fleet"]["name"] == "boxes"
-    assert preview["resolved"]["runtime"] == {"kind": "image", "image": "docker.io/pytorch/pytorch:2.3"}
-    assert any("tag only" in w for w in preview["resolved"]["warnings"])
+    # The tag is resolved to its digest through the registry's API and pinned.
+    pinned = f"{registry.host}/tuneplane/busybox:1@{registry.digests['1']}"
+    assert preview["resolved"]["runtime"] == {"kind": "image", "image": pinned}
+    assert preview["resolved"]["input"]["image"] == pinned
+
+
+def test_unknown_image_or_tag_is_refused_at_preview(db: Database, registry) -> None:
+    user = add_user(db, "alice")
+    boxes = add_fleet(db, "boxes")
+    add_node(db, boxes, "b1", runtimes=("podman",))
+    for ref in (f"{registry.host}/tuneplane/busybox:no-such-tag", f"{registry.host}/tuneplane/nothing:1"):
+        err = refused(db, user, {"image": {"ref": ref, "command": "echo 1"}})
+        assert err.status == 422 and err.field == "image.ref" and ref.split("/", 1)[1] in err.message
 
 
 def test_policy_limits_refuse_too_many_gpus_and_nodes_per_user(db: Database) -> None:

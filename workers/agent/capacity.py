@@ -36,7 +36,10 @@ def memory_bytes() -> int:
 
 
 def container_runtimes() -> list[str]:
-    return [name for name in CONTAINER_RUNTIMES if shutil.which(name)]
+    """The runtimes that answer `info` with TunePlane's settings (installed but broken is not offered)."""
+    from workers.runner.runtime import usable_container_runtimes
+
+    return usable_container_runtimes()
 
 
 def _gpus_from_nvml() -> list[dict] | None:

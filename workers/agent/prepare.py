@@ -21,6 +21,7 @@ import aiohttp
 
 from app.node_gateway import protocol
 from workers.agent.environments import EnvironmentBuildFailed, Progress, prepare_environment
+from workers.agent.images import ImagePrepareFailed, prepare_image
 from workers.agent.probe import peer_check, storage_check
 from workers.capsule import file_digest, unpack_capsule
 from workers.runner.runtime import check_runtime
@@ -173,25 +174,8 @@ def materialize(access: NodeAccess, inputs: list[dict], root: Path) -> None:
         raise PrepareFailed(str(exc)) from exc
 
 
-async def pull_image(runtime: str, image: str) -> None:
-    """A cold image is pulled here, in a subprocess (the event loop goes on meanwhile)."""
-    check = await asyncio.create_subprocess_exec(
-        runtime,
-        "image",
-        "inspect",
-        image,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    if await check.wait() == 0:
-        return
-    pull = await asyncio.create_subprocess_exec(
-        runtime, "pull", image, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    output, _ = await pull.communicate()
-    if pull.returncode != 0:
-        last = output.decode(errors="replace").strip().splitlines()[-1:] or [""]
-        raise PrepareFailed(f"cannot pull image {image}: {last[0][:200]}")
+async def _no_progress(_step: str, _detail: dict) -> None:
+    return None
 
 
 async def prepare_member_dir(
@@ -220,7 +204,10 @@ async def prepare_member_dir(
     pin = spec.get("runtime") or {}
     runtime = await asyncio.to_thread(check_runtime, pin)
     if runtime is not None and pin.get("image"):
-        await pull_image(runtime, str(pin["image"]))
+        try:
+            await prepare_image(runtime, pin, progress or _no_progress)
+        except ImagePrepareFailed as exc:
+            raise PrepareFailed(str(exc)) from exc
     try:
         environment = await prepare_environment(work_dir, spec, progress)
     except EnvironmentBuildFailed as exc:

@@ -13,6 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from workers.runner.containers import container_name, global_options, remove_command, run_options, runtime_env
+
 # Set by the runner from what the agent passes it (and nothing else named TUNEPLANE_* passes through).
 PASSED_THROUGH = ("TUNEPLANE_TELEMETRY_URL", "TUNEPLANE_TELEMETRY_TOKEN", "TUNEPLANE_MEMBER_TAG")
 # Names that must never reach a workload, whatever their prefix.
@@ -65,6 +67,8 @@ class Launch:
     argv: list[str]
     cwd: Path
     env: dict[str, str]
+    # Run by the runner after the workload ended, whatever its end (a container's removal).
+    cleanup: list[str] | None = None
 
 
 def member_variables(member: dict, spec: dict, paths: MemberPaths) -> dict[str, str]:
@@ -158,13 +162,15 @@ def container_launch(
     container_env.update({k: str(v) for k, v in (spec.get("env") or {}).items()})
     argv = [
         runtime,
+        *global_options(runtime),
         "run",
         "--rm",
         "--network=host",
         "--ipc=host",
-        f"--name=tuneplane-member-{member['member_id']}",
+        f"--name={container_name(member['member_id'], paths.root)}",
         f"--volume={paths.root}:{inside}",
         f"--workdir={inside / cwd.relative_to(paths.root)}",
+        *run_options(runtime),
     ]
     for key in sorted(container_env):
         argv.append(f"--env={key}")
@@ -180,4 +186,11 @@ def container_launch(
         argv += ["/bin/sh", "-c", container_env.get("TUNEPLANE_ENTRYPOINT", "")]
     else:
         argv += ["python3", str(inside / "capsule" / manifest["integration"]["entry"])]
-    return Launch(argv, cwd, {**env, **container_env})
+    # SIGTERM to `podman run` reaches the container (its signal proxy, then catatonit); after the grace the
+    # agent's SIGKILL ends the processes, and the runner removes what podman could not clean up.
+    return Launch(
+        argv,
+        cwd,
+        runtime_env({**env, **container_env}),
+        remove_command(runtime, container_name(member["member_id"], paths.root)),
+    )

@@ -218,6 +218,9 @@ def _keep(paths: MemberPaths, member: dict, launch, stdout_log, stderr_log) -> i
         return REFUSED_EXIT
     code = _wait_for(child.pid)
     _clean_up_leftovers()
+    if launch.cleanup:  # e.g. the member's container (workers/runner/containers.py)
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(launch.cleanup, env=launch.env, capture_output=True, timeout=60, check=False)
     reason = describe_exit(code, bool(stop_requested["signal"]))
     write_exit_status(paths, code, reason)
     print(f"member {member['member_id']} {reason}", flush=True)

@@ -18,6 +18,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from workers.runner.containers import global_options, runtime_env
 from workers.runner.environment_check import EnvironmentMismatch, verify_environment
 
 CONTAINER_RUNTIMES = ("podman", "docker")
@@ -48,6 +49,35 @@ def python_pin_problems(pin: dict) -> list[str]:
     return problems
 
 
+def usable_container_runtimes() -> list[str]:
+    """The names of the container runtimes whose `info` answers with TunePlane's settings (the node's
+    capability, reported with its capacity)."""
+    found = []
+    for name in CONTAINER_RUNTIMES:
+        binary = shutil.which(name)
+        if binary is not None and _info(binary)[0]:
+            found.append(name)
+    return found
+
+
+def _info(binary: str) -> tuple[bool, str]:
+    try:
+        done = subprocess.run(
+            [binary, *global_options(binary), "info"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+            env=runtime_env(),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, str(exc)
+    if done.returncode == 0:
+        return True, ""
+    last = (done.stderr or done.stdout).strip().splitlines()
+    return False, f"info exited {done.returncode}" + (f" ({last[-1][:160]})" if last else "")
+
+
 def usable_container_runtime() -> tuple[str | None, str]:
     """(runtime binary, what was tried): the first of podman/docker whose `info` answers."""
     tried = []
@@ -55,15 +85,10 @@ def usable_container_runtime() -> tuple[str | None, str]:
         binary = shutil.which(name)
         if binary is None:
             continue
-        try:
-            done = subprocess.run([binary, "info"], capture_output=True, text=True, timeout=20, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            tried.append(f"{name}: {exc}")
-            continue
-        if done.returncode == 0:
+        ok, why = _info(binary)
+        if ok:
             return binary, ""
-        last = (done.stderr or done.stdout).strip().splitlines()
-        tried.append(f"{name} info exited {done.returncode}" + (f" ({last[-1][:160]})" if last else ""))
+        tried.append(f"{name}: {why}")
     return None, "; ".join(tried) if tried else "neither podman nor docker is installed"
 
 
