@@ -1,17 +1,19 @@
 """The input-limits layer of both aiohttp gateways (node control, telemetry): one middleware in front.
 
 It applies app.input_limits to every request before its handler runs: query parameters and route
-segments (NUL, lone surrogates, integer parameters within their SQL type, ids within bigint), and a
-JSON body — anything sent as application/json, and every body sent to a path the gateway declares
-JSON-only — parsed once by the bounded parser (depth, NUL, surrogates, bigint range, no NaN) and kept in
-`request[JSON_KEY]` for `request_json()`. The telemetry gateway's `points` get the depth check only: it
-refuses a bad point alone (app/telemetry), not the batch. Refusals answer the gateways' JSON error
-shape `{"error", "status", "fields"}`; a value PostgreSQL still refuses (a data exception, class 22) is
-the client's 400, not a 500. The body size is aiohttp's client_max_size (413).
+segments (NUL, lone surrogates, integer parameters within their SQL type, ids within bigint), and the
+body of every route the gateway declares JSON (whatever its Content-Type says) parsed once by the
+bounded parser (depth, NUL, surrogates, bigint range, no NaN) and kept in `request[JSON_KEY]` for
+`request_json()`; other routes' bodies are left to their handlers (artifact chunks are raw bytes).
+The telemetry gateway's `points` get the depth check only: it refuses a bad point alone
+(app/telemetry), not the batch. Refusals answer the gateways' JSON error shape `{"error", "status",
+"fields"}`; a value PostgreSQL still refuses (a data exception, class 22) is the client's 400, not a
+500, and so is a body shorter than its Content-Length. The body size is aiohttp's client_max_size (413).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -57,11 +59,6 @@ def data_refusal(exc: psycopg.DataError, field: str = "payload") -> Refusal:
     return Refusal(f"a value is out of range or malformed: {str(exc).splitlines()[0]}", 400, column)
 
 
-def _is_json(request: web.Request) -> bool:
-    ctype = request.content_type
-    return ctype == "application/json" or (ctype.startswith("application/") and ctype.endswith("+json"))
-
-
 def input_limits_middleware(json_paths: Iterable[str] = (), *, depth_only: Iterable[str] = ()) -> Any:
     """The middleware for one gateway: `json_paths` (route patterns as added, `/x/{id}/y`) take JSON
     whatever the Content-Type says; under the top-level keys `depth_only` only the depth is checked."""
@@ -77,7 +74,8 @@ def input_limits_middleware(json_paths: Iterable[str] = (), *, depth_only: Itera
                 input_limits.check_route_value(name, value)
             resource = request.match_info.route.resource
             route = resource.canonical if resource is not None else request.path
-            if request.body_exists and (route in always_json or _is_json(request)):
+            # Only routes that take JSON: the others (artifact chunks) read their raw body themselves.
+            if request.body_exists and route in always_json:
                 raw = await request.read()
                 request[JSON_KEY] = input_limits.load_json(raw, depth_only=depth_only_keys)
             return await handler(request)
@@ -85,6 +83,8 @@ def input_limits_middleware(json_paths: Iterable[str] = (), *, depth_only: Itera
             return refusal_response(refusal)
         except psycopg.DataError as exc:
             return refusal_response(data_refusal(exc))
+        except asyncio.IncompleteReadError:
+            return refusal_response(Refusal("the body ended before its Content-Length", 400, "body"))
 
     return middleware
 

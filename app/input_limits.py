@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from app.errors import Refusal, clip
@@ -22,6 +23,7 @@ from app.errors import Refusal, clip
 MAX_JSON_DEPTH = 32
 MAX_JSON_BYTES = 8 * 1024 * 1024
 MAX_TEXT_CHARS = 1024 * 1024
+_INTEGER = re.compile(r"[+-]?[0-9]{1,20}\Z")
 INT4 = (-(2**31), 2**31 - 1)
 INT8 = (-(2**63), 2**63 - 1)
 
@@ -62,8 +64,9 @@ def check_text(value: str, field: str, max_chars: int = MAX_TEXT_CHARS) -> str:
 def parse_int(raw: str, field: str, low: int, high: int) -> int:
     """An integer query parameter or route segment within [low, high], or a 400 naming `field`."""
     text = raw.strip()
-    # int() accepts 4,300 digits and underscores; an SQL integer has at most 19 digits.
-    if len(text) > 21 or not text.lstrip("+-").isdigit():
+    # int() accepts 4,300 digits, underscores and non-ASCII digits (¹ passes isdigit() but not int());
+    # an SQL integer is at most 19 ASCII digits.
+    if not _INTEGER.match(text):
         raise Refusal(f"{field} must be an integer", status=400, field=field)
     value = int(text)
     if not low <= value <= high:
@@ -76,7 +79,7 @@ def check_route_value(name: str, value: object) -> None:
     integer — the SQL types they are looked up as — or the route names nothing (404)."""
     if isinstance(value, str):
         check_text(value, name, 4096)
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             return
         value = int(value)
     if isinstance(value, int):

@@ -19,7 +19,7 @@ import psycopg
 from aiohttp import web
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.db import SEARCH_PATH_OPTION
 from app.errors import Refusal, refusal_from_db
@@ -36,6 +36,8 @@ PRUNE_EVERY_S = 3600.0
 
 class SdkPoint(BaseModel):
     # Checked per point (app.telemetry.limits): a bad name, step or value refuses that point alone.
+    # Strict types: `"step": "1"` or `"step": true` is a malformed batch, not a coerced point.
+    model_config = ConfigDict(strict=True)
     name: str = Field(max_length=wire.MAX_HEADER_STRING)
     step: int
     value: float | int
@@ -43,6 +45,7 @@ class SdkPoint(BaseModel):
 
 
 class SdkBatch(BaseModel):
+    model_config = ConfigDict(strict=True)
     client: str = Field(min_length=1, max_length=200)
     seq: int = Field(ge=0, lt=2**63)
     source: str = Field(default="sdk", min_length=1, max_length=limits.MAX_NAME_LEN)

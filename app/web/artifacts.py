@@ -21,6 +21,7 @@ from app.artifacts.receiver import MAX_CHUNK_BYTES, ArtifactReceiver, ChunkBody,
 from app.errors import Refusal
 from app.security import token_hash
 from app.web.auth import current_user, login_required
+from app.web.limits import body_dict
 from app.web.negotiate import json_response, respond
 from app.web.state import get_db
 
@@ -246,12 +247,14 @@ def verify(artifact_id: int):
 def request_checkpoint(job_id: int):
     """Ask the job's running members (or the one of `rank`) for a checkpoint now (202: asked; each
     member's workload saves one and publishes it as checkpoint.N, docs/artifacts.md)."""
-    body = request.get_json(silent=True) if request.is_json else request.form
-    raw = (body or {}).get("rank")
+    raw = body_dict().get("rank")
     rank = None
     if raw not in (None, ""):
-        if not isinstance(raw, int | str) or not str(raw).isdigit() or int(raw) > 2**31 - 1:
+        text = str(raw)
+        if isinstance(raw, bool) or not isinstance(raw, int | str) or not (text.isascii() and text.isdigit()):
             raise Refusal("rank must be a member's rank number", 400, "rank")
-        rank = int(raw)
+        if int(text) > 2**31 - 1:
+            raise Refusal("rank must be a member's rank number", 400, "rank")
+        rank = int(text)
     asked = get_db().call("request_checkpoint", _user_id(), job_id, rank)
     return json_response({"job_id": job_id, "asked": asked}, 202)

@@ -71,7 +71,7 @@ def _pairs(text: str, field: str) -> dict[str, str]:
 
 def _form_int(text: str, field: str) -> int:
     """A form field that the JobSpec takes as a number (the JSON API must send a number itself)."""
-    if len(text) > 20 or not text.lstrip("+-").isdigit():
+    if len(text) > 20 or not (text.isascii() and text.lstrip("+-").isdigit()):
         raise Refusal(f"invalid JobSpec: {field}: must be a whole number", status=422, field=field)
     return int(text)
 

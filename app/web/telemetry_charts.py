@@ -77,7 +77,7 @@ def compare():
     for part in raw.replace(" ", ",").split(","):
         if not part:
             continue
-        if not part.isdigit() or len(part) > 18:
+        if not (part.isascii() and part.isdigit()) or len(part) > 18:
             raise Refusal(f"jobs: {part[:40]!r} is not a job id", 400, "jobs")
         if int(part) not in ids:
             ids.append(int(part))

@@ -210,3 +210,23 @@ def test_source_upload_with_a_non_archive_content_type_is_a_415(console, db: Dat
     _refused(console.post("/sources", data=multipart, content_type="multipart/form-data"), 415, "archive")
     assert db.fetch_one("SELECT count(*) AS n FROM source_archives")["n"] == 0
     assert console.post("/sources", data=data, content_type="application/gzip").status_code == 201
+
+
+def test_telemetry_points_refuse_coerced_types(db_url: str, db: Database) -> None:
+    from tests.telemetry_support import make_job, make_user, member_token, running_gateway
+
+    token = member_token(db, make_job(db, make_user(db, "carol")))
+    with running_gateway(db_url) as gateway:
+        url = f"http://127.0.0.1:{gateway.port}/v1/telemetry/points"
+        headers = {"Authorization": f"Bearer {token}"}
+        for point, field in (
+            ({"name": "loss", "step": "1", "value": 0.5}, "points.0.step"),
+            ({"name": "loss", "step": True, "value": 0.5}, "points.0.step"),
+            ({"name": "loss", "step": 1, "value": "0.5"}, "points.0.value"),
+        ):
+            answer = httpx.post(url, json={"client": "c", "seq": 1, "points": [point]}, headers=headers)
+            assert answer.status_code == 400, answer.text
+            assert any(name.startswith(field) for name in answer.json()["fields"]), answer.text
+        deep = httpx.post(url, content=DEEP, headers={**headers, "Content-Type": "text/plain"})
+        assert deep.status_code == 400 and "body" in deep.json()["fields"]
+    assert db.fetch_one("SELECT count(*) AS n FROM telemetry_series")["n"] == 0

@@ -81,6 +81,7 @@ FIELD_NAMES = [
 QUERY_NAMES = [
     "limit", "before", "after", "state", "member", "attempt", "stream", "tail", "part", "name", "source",
     "max_points", "step_from", "step_to", "series", "skip", "rank", "next", "owner", "fleet", "page", "reset",
+    "jobs", "smooth", "scale", "x", "format", "metric",
 ]  # fmt: skip
 
 texts = st.one_of(st.sampled_from(HOSTILE_TEXT), st.text(max_size=40))
@@ -124,6 +125,11 @@ ENDPOINTS = [
     E("console", "GET", "/jobs/{}/metrics/raw", "none"),
     E("console", "GET", "/jobs/{}/charts", "none"),
     E("console", "GET", "/jobs/{}/charts/tick", "none"),
+    E("console", "GET", "/jobs/{}/metrics/health", "none"),
+    E("console", "GET", "/charts/compare", "none"),
+    E("console", "POST", "/jobs/{}/checkpoints", "json"),
+    E("console", "GET", "/api/input-artifacts/{}/files/{}", "none"),
+    E("console", "GET", "/healthz", "none"),
     E("console", "GET", "/jobs/{}/artifacts", "none"),
     E("console", "GET", "/jobs/{}/artifacts/{}", "none"),
     E("console", "GET", "/artifacts/{}", "none"),
