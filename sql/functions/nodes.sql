@@ -515,7 +515,9 @@ BEGIN
     ), candidates AS (
         SELECT c.* FROM computed c JOIN tuneplane.nodes n ON n.id = c.id
          WHERE c.was <> c.now_is
-           FOR UPDATE OF n SKIP LOCKED
+           -- NO KEY UPDATE (what the UPDATE below takes anyway): it does not conflict with the KEY SHARE
+           -- lock a placement pass holds on the nodes it picks, so neither skips the other.
+           FOR NO KEY UPDATE OF n SKIP LOCKED
     ), upd AS (
         UPDATE tuneplane.nodes n SET connectivity_noted = c.now_is FROM candidates c WHERE n.id = c.id
         RETURNING c.*
