@@ -93,9 +93,10 @@ def _lifecycle(tmp: Path, gateway_url: str) -> MemberCollectors:
     return MemberCollectors(
         AgentPaths(tmp / "state", tmp / "work"),
         MemberStore(tmp / "state" / "members"),
-        {"telemetry_url": gateway_url, "node": "n1", "collector_drain_timeout": 120, "sample_interval": 0},
+        {"telemetry_url": gateway_url, "collector_drain_timeout": 120, "sample_interval": 0},
         lambda line: print(line, flush=True),
         ("TUNEPLANE_DATABASE_URL",),
+        lambda: "n1",
     )
 
 
@@ -357,3 +358,28 @@ def test_bad_lines_and_damaged_records_lose_only_themselves_and_are_shown(
     assert 'data-name="loss"' in charts
     metrics = client.get(f"/jobs/{job}/metrics?name=loss", headers={**headers, "Accept": "application/json"})
     json.loads(metrics.get_data(as_text=True))  # valid JSON although a value is NaN
+
+
+def test_sigterm_before_the_collector_finished_starting_is_a_drain_not_a_death(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    job = make_job(db, make_user(db, "alice"))
+    token = member_token(db, job)
+    member_dir = tmp_path / "member"
+    (member_dir / "output").mkdir(parents=True)
+    (member_dir / "output" / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    with running_gateway(db_url) as gateway:
+        collectors = _lifecycle(tmp_path, gateway.url)
+        record = MemberRecord(member_id=5, attempt_id=5, job_id=job, attempt=1, rank=0, state="ended")
+        collectors.store.save(record)
+        spool = collectors.spool_dir(5)
+        spool.mkdir(parents=True)
+        (spool / "token").write_text(token)
+        (spool / "member-exited").write_text("")
+        assert collectors._spawn(record, member_dir)
+        process = collectors.processes[5]
+        process.send_signal(signal.SIGTERM)  # long before Python has even imported the collector
+        assert process.wait(120) == 0  # not -15: the signal waited for the handler
+    assert (spool / "final-sent").exists()
+    assert _metrics_state(db, job)["state"] == "complete"
+    assert sum(_stored(db_url, job).values()) == 1

@@ -62,11 +62,13 @@ class MemberCollectors:
         settings: dict,
         say: Callable[[str], None],
         env_drop: tuple[str, ...],
+        node: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.paths = paths
         self.spool_root = paths.state_dir / "spool"
         self.store = store
-        self.settings = settings  # telemetry_url, ca_bundle, node, collector_drain_timeout
+        self.settings = settings  # telemetry_url, ca_bundle, collector_drain_timeout, sample_interval
+        self.node = node  # the node's name once known (part of the collector id)
         self.say = say
         self.env_drop = env_drop
         self.processes: dict[int, subprocess.Popen] = {}
@@ -110,7 +112,7 @@ class MemberCollectors:
             "--gateway",
             self.settings["telemetry_url"],
             "--collector-id",
-            f"{self.settings.get('node') or 'node'}-m{record.member_id}",
+            f"{self.node() or 'node'}-m{record.member_id}",
             "--job-id",
             str(record.job_id),
             "--attempt",

@@ -95,7 +95,7 @@ class LaunchAgent:
         self.runners: dict[int, subprocess.Popen] = {}
         # Each member's metrics collector: started before it, kept alive, drained after it (collectors.py).
         self.collectors = MemberCollectors(
-            self.paths, self.store, ctx.extra, lambda line: _say(ctx, line), RUNNER_ENV_DROP
+            self.paths, self.store, ctx.extra, lambda line: _say(ctx, line), RUNNER_ENV_DROP, lambda: ctx.node
         )
         # Children no longer tracked per member, waited for by the reaper (no zombies under the agent).
         self.retired: list[subprocess.Popen] = []
