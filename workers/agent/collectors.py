@@ -38,6 +38,7 @@ TOKEN_FILE = "token"
 DRAIN_TIMEOUT = 60.0
 WATCH_INTERVAL = 0.5
 MAX_RESTART_DELAY = 30.0
+HEALTHY_AFTER = 60.0  # a collector that ran this long before dying restarts without delay
 
 
 def _gpu_indices(member_dir: Path) -> list[int]:
@@ -172,6 +173,7 @@ class MemberCollectors:
 
     async def _keep_alive(self, member_id: int, member_dir: Path) -> None:
         delay = 0.0
+        started = time.monotonic()
         while True:
             record = self.store.get(member_id)
             if record is None or record.state != "running":
@@ -181,17 +183,20 @@ class MemberCollectors:
                 return
             if not self.running(record):
                 died = self._death(record)
+                if time.monotonic() - started > HEALTHY_AFTER:
+                    delay = 0.0  # it ran well for a while: this death starts a new series
                 self.restarts[member_id] = self.restarts.get(member_id, 0) + 1
                 self.say(f"member {member_id}: collector {died}; restarting it (it resumes from its spool)")
                 if delay:
                     await asyncio.sleep(delay)
                 await asyncio.to_thread(self._spawn, record, member_dir)
+                started = time.monotonic()
                 delay = min(MAX_RESTART_DELAY, max(0.5, delay * 2))
-            else:
-                delay = 0.0 if delay <= 0.5 else delay
             await asyncio.sleep(WATCH_INTERVAL)
 
     def _death(self, record: MemberRecord) -> str:
+        """Forget a dead collector (its pid too, so the death is noticed once) and say how it ended."""
+        record.collector_pid = record.collector_started = None
         process = self.processes.pop(record.member_id, None)
         if process is None or process.returncode is None:
             return "is gone"
@@ -216,6 +221,7 @@ class MemberCollectors:
         timeout = float(self.settings.get("collector_drain_timeout") or DRAIN_TIMEOUT)
         deadline = time.monotonic() + timeout
         signalled = False
+        restart_at, delay = 0.0, 0.0
         while not (spool / FINAL_SENT).exists():
             if time.monotonic() >= deadline:
                 self.say(
@@ -232,6 +238,11 @@ class MemberCollectors:
                     self.say(
                         f"member {record.member_id}: collector {died} before its drain ended; restarting"
                     )
+                    # One that keeps failing at once is not started twenty times a second.
+                    restart_at, delay = time.monotonic() + delay, min(5.0, max(0.5, delay * 2))
+                if time.monotonic() < restart_at:
+                    await asyncio.sleep(0.05)
+                    continue
                 if not await asyncio.to_thread(self._spawn, record, member_dir):
                     return False
                 signalled = False
