@@ -120,7 +120,43 @@ def _fleets(name: str | None = None) -> list[dict]:
         by_fleet.setdefault(node["fleet"], []).append(node)
     for fleet in fleets:
         fleet["node_list"] = by_fleet.get(fleet["fleet"], [])
+    _slurm_view(db, fleets)
     return fleets
+
+
+def _slurm_view(db, fleets: list[dict]) -> None:
+    """Slurm fleets (docs/slurm.md): Slurm's own node state (idle, alloc, mix, drain, down …) is the
+    scheduling state and whether the controller answered the worker's last look is the connectivity;
+    nodes are drained and resumed in Slurm, so no TunePlane scheduling or fence buttons."""
+    slurm = [f for f in fleets if f["backend"] == "slurm"]
+    if not slurm:
+        return
+    ids = [f["fleet_id"] for f in slurm]
+    status = {
+        row["fleet_id"]: row
+        for row in db.fetch_all(
+            "SELECT fleet_id, partition, account, qos, version, reachable, last_error, checked_at, max_nodes,"
+            " max_time_minutes FROM slurm_fleets WHERE fleet_id = ANY(%s)",
+            (ids,),
+        )
+    }
+    states = {
+        row["node_id"]: row
+        for row in db.fetch_all(
+            "SELECT s.node_id, s.slurm_state, s.reason FROM slurm_nodes s JOIN nodes n ON n.id = s.node_id"
+            " WHERE n.fleet_id = ANY(%s)",
+            (ids,),
+        )
+    }
+    for fleet in slurm:
+        fleet["slurm"] = status.get(fleet["fleet_id"])
+        reachable = bool(fleet["slurm"] and fleet["slurm"]["reachable"])
+        for node in fleet["node_list"]:
+            state = states.get(node["node_id"])
+            node["scheduling_state"] = state["slurm_state"] if state else "unknown"
+            node["slurm_reason"] = state["reason"] if state else None
+            node["connectivity"] = "controller reachable" if reachable else "controller unreachable"
+            node["actions"] = []
 
 
 def _events(name: str | None, limit: int = 30) -> list[dict]:

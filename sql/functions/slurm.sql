@@ -337,8 +337,15 @@ DECLARE
 BEGIN
     m := tuneplane.slurm_member(p_attempt_id, p_rank);
     SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id;
-    IF p_signalled AND a.cancel_requested_at IS NULL AND m.state <> 'stopping' THEN
-        v_reason := tuneplane.slurm_end_words(coalesce(p_slurm_state, 'SIGNALLED'), p_reason);
+    -- A member stopping because another one failed was still ended by Slurm's signal when Slurm says why
+    -- (preemption, node failure, time or memory limit): that is its reason, not TunePlane's stop.
+    IF p_signalled AND a.cancel_requested_at IS NULL
+       AND (m.state <> 'stopping'
+            OR split_part(p_slurm_state, ' ', 1) IN ('PREEMPTED', 'NODE_FAIL', 'TIMEOUT', 'OUT_OF_MEMORY', 'DEADLINE')) THEN
+        -- A preempted job whose batch script exits 0 is COMPLETED to Slurm: the signal is what counts.
+        v_reason := tuneplane.slurm_end_words(
+            CASE WHEN p_slurm_state IS NULL OR p_slurm_state IN ('COMPLETED', 'FAILED') THEN 'SIGNALLED'
+                 ELSE p_slurm_state END, p_reason);
         IF coalesce(v_code, 0) = 0 THEN
             v_code := -15;
         END IF;

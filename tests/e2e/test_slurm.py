@@ -23,11 +23,17 @@ from app.submission import service
 from tests.submission_setup import add_user
 from workers.slurm.worker import SlurmWorker, SlurmWorkerOptions
 
-MEMBER = b"""import os, sys, time
+MEMBER = b"""import os, signal, sys, time
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 print(f"rank {rank} of {world} master {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", flush=True)
 assert world == 2, world
-time.sleep(float(os.environ.get("SLEEP", "0")))
+if os.environ.get("TRAP") == "1":
+    # A workload that saves on SIGTERM and exits 0 (Slurm then records a preempted job as COMPLETED).
+    signal.signal(signal.SIGTERM, lambda *_: (print("SIGTERM: saved, exiting 0", flush=True), sys.exit(0)))
+if os.environ.get("SLEEP_ON_ATTEMPT", os.environ["TUNEPLANE_ATTEMPT"]) == os.environ["TUNEPLANE_ATTEMPT"]:
+    deadline = time.monotonic() + float(os.environ.get("SLEEP", "0"))
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
 sys.exit(int(os.environ.get("EXIT", "0")))
 """
 
@@ -175,6 +181,43 @@ def test_two_member_job_runs_as_one_slurm_gang_job_and_each_member_saw_its_rank(
     )
 
 
+def test_fleet_page_shows_slurm_state_and_controller_reachability_and_plugins_list_the_backend(
+    harness: Harness, db_url: str
+) -> None:
+    from app.security import hash_password
+    from app.web import create_app
+
+    admin = harness.db.call("create_user", "root", hash_password("pw"), "admin")[0]["id"]
+    client = create_app(db_url).test_client()
+    with client.session_transaction() as session:
+        session["user_id"] = admin
+    harness.cluster.run("scontrol", "update", "NodeName=tpn2", "State=DRAIN", "Reason=disk-check")
+    try:
+        harness.wait(
+            lambda: (
+                harness.db.fetch_one(
+                    "SELECT s.slurm_state FROM slurm_nodes s JOIN nodes n ON n.id = s.node_id"
+                    " WHERE n.name = 'tpn2'"
+                )["slurm_state"]
+                == "drain"
+            ),
+            "drain seen",
+        )
+        html = client.get("/fleets").get_data(as_text=True)
+    finally:
+        harness.cluster.run("scontrol", "update", "NodeName=tpn2", "State=RESUME")
+    assert 'class="state scheduling idle"' in html and 'class="state scheduling drain"' in html
+    assert "disk-check" in html
+    assert 'class="state connectivity controller reachable"' in html
+    assert "Slurm 22.05" in html and "partition <code>batch</code>" in html
+    nodes = harness.db.fetch_all("SELECT name, cpus, memory_bytes FROM nodes ORDER BY name")
+    assert [(n["name"], n["cpus"]) for n in nodes] == [("tpn1", 2), ("tpn2", 2)]
+    assert harness.db.fetch_one("SELECT count(*) AS n FROM node_gpus")["n"] == 4
+    plugins = client.get("/plugins").get_data(as_text=True)
+    assert "slurm" in plugins and "queue_reasons" in plugins and "preemption" in plugins
+    harness.cluster.wait_idle(30)
+
+
 def test_a_job_larger_than_the_partition_is_refused_at_preview(harness: Harness) -> None:
     for nodes, gpus in ((3, 1), (1, 3)):
         with pytest.raises(Refusal) as err:
@@ -244,3 +287,86 @@ def test_one_prepare_failure_aborts_and_cancels_the_slurm_job(
         h.wait(lambda: str(h.slurm_id(job_id)) not in slurm_cluster.squeue_ids(), "the Slurm job cancelled")
     finally:
         h.stop()
+
+
+def test_kill_9_of_one_slurmd_fails_the_member_with_the_node_failure_and_retries(harness: Harness) -> None:
+    cluster = harness.cluster
+    job_id = harness.submit(env={"SLEEP": "25", "SLEEP_ON_ATTEMPT": "1"}, max_attempts=2)
+    harness.wait(lambda: len([m for m in harness.members(job_id) if m["state"] == "running"]) == 2, "running")
+    cluster.kill_node("tpn2")
+    try:
+        harness.wait(
+            lambda: any("NODE_FAIL" in m["reason"] for m in harness.members(job_id)), "NODE_FAIL", 90
+        )
+        first = [m for m in harness.members(job_id) if m["attempt"] == 1]
+        assert all(m["state"] == "failed" for m in first), first
+        assert any("node failure: Slurm reported NODE_FAIL" in m["reason"] for m in first)
+        attempt = harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 1", (job_id,))
+        assert attempt["state"] == "failed" and "NODE_FAIL" in attempt["reason"]
+        harness.wait(lambda: harness.job(job_id)["state"] == "queued" or harness.slurm_id(job_id), "retry")
+    finally:
+        cluster.start_node("tpn2")
+    job = harness.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=120)
+    assert job["state"] == "succeeded", job["state_reason"]
+    assert "attempt 2" in job["state_reason"]
+    assert any("queued for attempt 2" in e for e in harness.events(job_id))
+    cluster.wait_idle(60)
+
+
+def test_a_preempted_job_is_recorded_as_preempted_not_succeeded(harness: Harness) -> None:
+    cluster = harness.cluster
+    job_id = harness.submit(gpus=2, env={"SLEEP": "60", "TRAP": "1"})
+    harness.wait(lambda: len([m for m in harness.members(job_id) if m["state"] == "running"]) == 2, "running")
+    stdout = harness.shared / "attempts" / "1" / "members" / "0" / "logs" / "stdout.log"
+    harness.wait(lambda: stdout.is_file() and "rank 0 of 2" in stdout.read_text(), "the workload running")
+    urgent = cluster.run(
+        "sbatch",
+        "--parsable",
+        "-p",
+        "urgent",
+        "-N",
+        "1",
+        "--gres=gpu:1",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        "sleep 1",
+    ).strip()
+    job = harness.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=90)
+    assert job["state"] == "failed", job["state_reason"]
+    assert "preempted" in job["state_reason"], job["state_reason"]
+    members = harness.members(job_id)
+    assert all("preempted" in m["reason"] for m in members), [m["reason"] for m in members]
+    attempt = harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s", (job_id,))
+    logs = (
+        harness.shared / "attempts" / str(attempt["id"]) / "members" / "0" / "logs" / "stdout.log"
+    ).read_text()
+    assert "SIGTERM: saved, exiting 0" in logs, logs  # the workload itself exited 0
+    harness.wait(lambda: urgent not in cluster.squeue_ids(), "the urgent job done")
+
+
+def test_controller_stopped_during_a_run_marks_members_contact_lost_and_the_job_completes(
+    harness: Harness,
+) -> None:
+    cluster = harness.cluster
+    job_id = harness.submit(env={"SLEEP": "8"})
+    harness.wait(lambda: len([m for m in harness.members(job_id) if m["state"] == "running"]) == 2, "running")
+    cluster.stop_controller()
+    try:
+        harness.wait(
+            lambda: all(m["contact_lost_at"] is not None for m in harness.members(job_id)), "contact lost", 30
+        )
+        members = harness.members(job_id)
+        assert [m["state"] for m in members] == ["running", "running"]
+        assert all(m["released_at"] is None for m in members)
+        fleet = harness.db.fetch_one("SELECT reachable, last_error FROM slurm_fleets")
+        assert fleet["reachable"] is False and fleet["last_error"]
+        time.sleep(12)  # the controller stays away past the workload's end (20 s in all with the above)
+        assert harness.job(job_id)["state"] == "running"
+    finally:
+        cluster.start_controller()
+    job = harness.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=90)
+    assert job["state"] == "succeeded", job["state_reason"]
+    assert all(m["contact_lost_at"] is None for m in harness.members(job_id))
+    # Slurm itself keeps the job COMPLETING for about a minute after such a restart (the completion its slurmd
+    # sent while the controller was away is retried): this test runs last so that nobody waits for it.
