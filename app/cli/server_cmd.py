@@ -17,8 +17,21 @@ BULK_TRANSFER = {"recv_bytes": 1024 * 1024, "outbuf_overflow": 16 * 1024 * 1024}
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--threads", default=8, show_default=True, type=int)
+@click.option(
+    "--trusted-proxy",
+    default=None,
+    help="Address of the TLS-terminating proxy in front: its X-Forwarded-Proto is believed, so requests "
+    "that came over HTTPS are seen as such (the session cookie is then Secure).",
+)
 @server_side
-def server_cmd(host: str, port: int, threads: int, database_url: str | None, data_dir: str | None) -> None:
+def server_cmd(
+    host: str,
+    port: int,
+    threads: int,
+    trusted_proxy: str | None,
+    database_url: str | None,
+    data_dir: str | None,
+) -> None:
     """Serve the web console and the HTTP API (needs TUNEPLANE_DATABASE_URL or --database-url)."""
     settings = settings_from(database_url, data_dir)
     if not settings.database_url:
@@ -34,9 +47,14 @@ def server_cmd(host: str, port: int, threads: int, database_url: str | None, dat
         settings.database_url, pool_max=threads + 2, config={"TP_DATA_DIR": str(settings.data_dir)}
     )
     click.echo(f"serving on http://{host}:{port}", err=True)
+    proxy = (
+        {"trusted_proxy": trusted_proxy, "trusted_proxy_headers": {"x-forwarded-proto"}}
+        if trusted_proxy
+        else {}
+    )
     waitress.serve(
         app, host=host, port=port, threads=threads, ident="tuneplane", clear_untrusted_proxy_headers=True,
-        **BULK_TRANSFER,
+        **BULK_TRANSFER, **proxy,
     )  # fmt: skip
 
 

@@ -61,3 +61,18 @@ def test_session_cookie_is_secure_over_https_only(db_url: str, db: Database) -> 
     assert response.status_code == 303
     cookie = response.headers["Set-Cookie"]
     assert "Secure" in cookie and "HttpOnly" in cookie and "SameSite=Lax" in cookie
+
+
+def test_behind_a_trusted_tls_proxy_the_session_cookie_is_secure(db_url: str, tmp_path) -> None:
+    import httpx
+
+    from tests.e2e.server_processes import running_servers
+
+    with running_servers(
+        db_url, tmp_path / "data", names=("console",), console_args=("--trusted-proxy", "127.0.0.1")
+    ) as servers:
+        for proto, secure in (("https", True), ("http", False)):
+            # The login form puts its CSRF token in the session: the answer sets the session cookie.
+            answer = httpx.get(servers.console.url + "/login", headers={"X-Forwarded-Proto": proto})
+            cookie = answer.headers["set-cookie"]
+            assert cookie.startswith("session=") and ("Secure" in cookie) is secure, cookie

@@ -68,13 +68,13 @@ def _healthy(server: ServerProcess) -> bool:
 
 @contextmanager
 def running_servers(
-    db_url: str, data_dir: Path, *, names: tuple[str, ...] | None = None
+    db_url: str, data_dir: Path, *, names: tuple[str, ...] | None = None, console_args: tuple[str, ...] = ()
 ) -> Iterator[Servers]:
     env = {k: v for k, v in os.environ.items() if k not in LEAKY}
     env.update({"TUNEPLANE_DATABASE_URL": db_url, "TUNEPLANE_DATA_DIR": str(data_dir)})
     data_dir.mkdir(parents=True, exist_ok=True)
     specs = {
-        "console": ["server", "--threads", "4"],
+        "console": ["server", "--threads", "4", *console_args],
         "node_gateway": ["node-gateway", "--poll-interval", "1"],
         "telemetry_gateway": ["telemetry-gateway"],
     }
