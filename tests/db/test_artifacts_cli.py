@@ -133,6 +133,8 @@ def test_verify_names_a_changed_file_and_a_deleted_one(db: Database, env) -> Non
     assert refused.returncode == 1
     assert "w/weights.bin" in refused.stderr and "config.json" in refused.stderr
     assert (env["tmp"] / "d2" / "tokenizer.txt").read_bytes() == b"abc"
+    # The server sent the damaged bytes as stored (the CLI verifies itself); the CLI kept none of them.
+    assert not (env["tmp"] / "d2" / "w" / "weights.bin").exists()
     assert not (env["tmp"] / "d2" / "w" / "weights.bin").exists()
 
 
