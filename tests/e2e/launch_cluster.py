@@ -30,6 +30,30 @@ from tests.submission_setup import add_user
 HEARTBEAT, STALE, LOST = 0.3, 1.5, 3.0
 MIB = 1024**2
 
+# A tiny member for the fault tests: BEFORE metric points, a 64 KiB checkpoint in output/ckpt, a `started`
+# marker, then it waits for RELEASE_FLAG; after it, AFTER more points, BURST_LINES lines of output (the
+# agent is still draining them as the end is reported), and exit status EXIT.
+TINY_MEMBER = """
+import json, os, pathlib, sys, time
+out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
+before, after = int(os.environ.get("BEFORE", "0")), int(os.environ.get("AFTER", "0"))
+def points(steps):
+    with open(out / "metrics.jsonl", "a") as f:
+        for step in steps:
+            f.write(json.dumps({"step": step, "loss": 1.0 / (step + 1)}) + "\\n")
+points(range(before))
+(out / "ckpt").mkdir(parents=True, exist_ok=True)
+(out / "ckpt" / "weights.bin").write_bytes(os.urandom(64 * 1024))
+(out / "started").write_text(str(os.getpid()))
+flag = pathlib.Path(os.environ["RELEASE_FLAG"])
+while not flag.exists():
+    time.sleep(0.02)
+points(range(before, before + after))
+for i in range(int(os.environ.get("BURST_LINES", "0"))):
+    print(f"line {i:06d} " + "x" * 90)
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
 
 def free_port_block(span: int = 50) -> int:
     """A base port whose next `span` ports were free a moment ago (the rendezvous ports)."""

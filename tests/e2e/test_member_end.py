@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.launch_cluster import MIB, Cluster
+from tests.e2e.launch_cluster import MIB, TINY_MEMBER, Cluster
 from tests.e2e.node_processes import zombies_under
 from tests.e2e.outage_proxy import OutageProxy
 from tests.helpers import wait_for
@@ -21,21 +21,6 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.e2e
 
 REPEAT = 5
-
-CHECKPOINT_THEN_WAIT = """
-import os, pathlib, sys, time
-out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
-(out / "ckpt").mkdir(parents=True, exist_ok=True)
-(out / "ckpt" / "weights.bin").write_bytes(os.urandom(64 * 1024))
-(out / "started").write_text(str(os.getpid()))
-flag = pathlib.Path(os.environ["RELEASE_FLAG"])
-while not flag.exists():
-    time.sleep(0.02)
-# A last burst of output: the agent is still draining the logs as the member's end is being reported.
-for i in range(int(os.environ.get("BURST_LINES", "0"))):
-    print(f"line {i:06d} " + "x" * 90)
-sys.exit(int(os.environ.get("EXIT", "0")))
-"""
 
 
 def _spec(archive: str, flag: Path, exit_code: int = 0, burst: int = 0) -> dict:
@@ -98,10 +83,10 @@ Disruption = Callable[[int, Callable[[], None], dict], None]
 
 
 def _repeat_around_the_exit(cluster: Cluster, disrupt: Disruption) -> None:
-    archive = cluster.upload_source({"job.py": CHECKPOINT_THEN_WAIT})
+    archive = cluster.upload_source({"job.py": TINY_MEMBER})
     for round_ in range(REPEAT):
         flag = cluster.root / f"release-{round_}"
-        job_id = cluster.submit(_spec(archive, flag, burst=20_000))
+        job_id = cluster.submit(_spec(archive, flag, burst=3_000))
         member = _running_member(cluster, job_id)
         disrupt(round_, lambda flag=flag: flag.write_text("go"), member)
         _succeeds_with_its_checkpoint(cluster, job_id, f"round {round_}")
@@ -155,7 +140,7 @@ def test_artifact_server_answering_503_during_registration_delays_only_the_artif
     try:
         cluster.start_agent("a", server=proxy.url)
         cluster.start_worker()
-        archive = cluster.upload_source({"job.py": CHECKPOINT_THEN_WAIT})
+        archive = cluster.upload_source({"job.py": TINY_MEMBER})
         flag = cluster.root / "release"
         job_id = cluster.submit(_spec(archive, flag))
         _running_member(cluster, job_id)
@@ -184,7 +169,7 @@ def test_runner_killed_mid_run_records_the_workloads_real_exit_and_delivers_its_
 ) -> None:
     cluster.start_agent("a")
     cluster.start_worker()
-    archive = cluster.upload_source({"job.py": CHECKPOINT_THEN_WAIT})
+    archive = cluster.upload_source({"job.py": TINY_MEMBER})
     # A workload that exits 0, and one that exits 3: the recorded status is the workload's, not -9.
     for exit_code in (0, 3):
         flag = cluster.root / f"release-{exit_code}"
@@ -206,7 +191,7 @@ def test_runner_killed_mid_run_records_the_workloads_real_exit_and_delivers_its_
 def test_agent_killed_between_spawn_and_record_adopts_the_live_runner(cluster: Cluster) -> None:
     agent = cluster.start_agent("a", "--hold-after-spawn", "60")
     cluster.start_worker()
-    archive = cluster.upload_source({"job.py": CHECKPOINT_THEN_WAIT})
+    archive = cluster.upload_source({"job.py": TINY_MEMBER})
     flag = cluster.root / "release"
     job_id = cluster.submit(_spec(archive, flag))
     agent.wait_line("between spawn and record")

@@ -19,7 +19,7 @@ import pytest
 from app.blobstore import FilesystemBlobStore
 from app.db import Database
 from app.submission import archives, service
-from tests.e2e.launch_cluster import MIB, source_archive
+from tests.e2e.launch_cluster import MIB, TINY_MEMBER, source_archive
 from tests.e2e.up_process import Up, embedded_database, tuneplane_up
 from tests.helpers import wait_for
 from tests.submission_setup import add_user
@@ -28,23 +28,6 @@ pytestmark = pytest.mark.e2e
 
 T = TypeVar("T")
 POINTS_BEFORE, POINTS_AFTER = 150, 150
-
-JOB = """
-import json, os, pathlib, sys, time
-out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
-with open(out / "metrics.jsonl", "a") as f:
-    for step in range(int(os.environ["BEFORE"])):
-        f.write(json.dumps({"step": step, "loss": 1.0 / (step + 1)}) + "\\n")
-(out / "ckpt").mkdir(parents=True, exist_ok=True)
-(out / "ckpt" / "weights.bin").write_bytes(os.urandom(64 * 1024))
-(out / "started").write_text(str(os.getpid()))
-flag = pathlib.Path(os.environ["RELEASE_FLAG"])
-while not flag.exists():
-    time.sleep(0.02)
-with open(out / "metrics.jsonl", "a") as f:
-    for step in range(int(os.environ["BEFORE"]), int(os.environ["BEFORE"]) + int(os.environ["AFTER"])):
-        f.write(json.dumps({"step": step, "loss": 1.0 / (step + 1)}) + "\\n")
-"""
 
 
 def _quiet(query: Callable[[], T]) -> T | None:
@@ -81,7 +64,8 @@ class Jobs:
         self.up, self.db = up, db
         self.user = add_user(db, "alice")
         blobs = FilesystemBlobStore(up.data_dir / "blobs")
-        facts = archives.receive_archive(db, blobs, self.user, io.BytesIO(source_archive({"job.py": JOB})))
+        archive = io.BytesIO(source_archive({"job.py": TINY_MEMBER}))
+        facts = archives.receive_archive(db, blobs, self.user, archive)
         self.archive = facts.sha256
 
     def submit(self, flag: Path, before: int = 0, after: int = 0) -> int:

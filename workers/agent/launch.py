@@ -510,10 +510,10 @@ class LaunchAgent:
     async def reap(self) -> None:
         """Wait for every child that ended (collectors draining after their member, retired runners)."""
         while True:
-            for children in (self.collectors.processes, self.runners):
-                for member_id, child in list(children.items()):
-                    if child.poll() is not None and children is self.collectors.processes:
-                        del children[member_id]
+            # poll() waits for a child that ended; the collectors' own bookkeeping keeps its entries (it
+            # reads their exit status when it restarts or drains them).
+            for child in [*self.collectors.processes.values(), *self.runners.values()]:
+                child.poll()
             self.retired = [child for child in self.retired if child.poll() is None]
             await asyncio.sleep(REAP_INTERVAL)
 
@@ -634,6 +634,8 @@ class LaunchAgent:
             elif not record.unreported and not pending(record) and not self._busy(record.member_id):
                 # Reported, acknowledged and delivered: nothing left to remember.
                 self.store.forget(record.member_id)
+                for tasks in (self.deliveries, self.finishing, self.watchers):
+                    tasks.pop(record.member_id, None)
         running += await asyncio.to_thread(self._untracked_members, {r["member_id"] for r in running})
         self.publish()
         try:
