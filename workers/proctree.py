@@ -62,6 +62,16 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def zombie_children(parent: int) -> set[int]:
+    """Children of `parent` that ended and were not waited for yet (state Z)."""
+    found = set()
+    for pid in _all_pids():
+        fields = _stat_fields(pid)
+        if fields and fields[0] == "Z" and int(fields[1]) == parent:
+            found.add(pid)
+    return found
+
+
 def in_session(sid: int) -> set[int]:
     found = set()
     for pid in _all_pids():

@@ -52,7 +52,15 @@ from workers.agent.prepare import NodeAccess, PrepareFailed, prepare_member_dir
 from workers.agent.probe import ProbeServer
 from workers.agent.session import Refused
 from workers.capsule import CapsuleError
-from workers.proctree import TAG_VARIABLE, alive, member_processes, signal_all, start_time, tagged
+from workers.proctree import (
+    TAG_VARIABLE,
+    alive,
+    member_processes,
+    signal_all,
+    start_time,
+    tagged,
+    zombie_children,
+)
 from workers.runner.process import member_lock_held, read_exit_status, read_runner_pids
 from workers.runner.runtime import RuntimeRefused
 
@@ -509,12 +517,22 @@ class LaunchAgent:
 
     async def reap(self) -> None:
         """Wait for every child that ended (collectors draining after their member, retired runners)."""
+        seen: set[int] = set()
         while True:
             # poll() waits for a child that ended; the collectors' own bookkeeping keeps its entries (it
             # reads their exit status when it restarts or drains them).
-            for child in [*self.collectors.processes.values(), *self.runners.values()]:
+            tracked = [*self.collectors.processes.values(), *self.runners.values()]
+            for child in tracked:
                 child.poll()
             self.retired = [child for child in self.retired if child.poll() is None]
+            # A child nobody holds any more (a dropped handle) is waited for here, once it has been a
+            # zombie for a whole interval (so a thread about to wait for its own child is never robbed).
+            known = {child.pid for child in [*tracked, *self.retired]}
+            zombies = await asyncio.to_thread(zombie_children, os.getpid())
+            for pid in (zombies & seen) - known:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            seen = zombies - known
             await asyncio.sleep(REAP_INTERVAL)
 
     # ---- stop, kill ---------------------------------------------------------------------------------
