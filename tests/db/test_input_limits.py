@@ -230,3 +230,10 @@ def test_telemetry_points_refuse_coerced_types(db_url: str, db: Database) -> Non
         deep = httpx.post(url, content=DEEP, headers={**headers, "Content-Type": "text/plain"})
         assert deep.status_code == 400 and "body" in deep.json()["fields"]
     assert db.fetch_one("SELECT count(*) AS n FROM telemetry_series")["n"] == 0
+
+
+def test_a_json_body_over_8_mib_is_a_413_before_it_is_parsed(console, db: Database) -> None:
+    before = _counts(db)
+    big = b'{"recipe": {"name": "demo"}, "env": {"A": "' + b"x" * (9 * 1024 * 1024) + b'"}}'
+    _refused(console.post("/previews", data=big, content_type="application/json"), 413, "body")
+    assert _counts(db) == before

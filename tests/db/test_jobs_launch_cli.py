@@ -129,16 +129,31 @@ def test_logs_print_everything_stored_in_bounded_reads(cli, db: Database, server
     assert hidden.exit_code == 1 and "no job" in hidden.output and "xxx" not in hidden.output
 
 
-def test_logs_follow_prints_new_output_and_stops_when_the_job_ends(
-    db: Database, server: dict, tmp_path: Path
-) -> None:
-    env = {
+def _cli_env(server: dict, tmp_path: Path) -> dict:
+    return {
         **os.environ,
         "TUNEPLANE_CONFIG": str(tmp_path / "none.toml"),
         "TUNEPLANE_SERVER": server["url"],
         "TUNEPLANE_TOKEN": server["alice"],
         "PYTHONUNBUFFERED": "1",
     }
+
+
+def _follow(job_id: int, env: dict) -> subprocess.Popen:
+    """`tuneplane jobs logs JOB --follow` as a real process (it polls until the job ends)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "app", "jobs", "logs", str(job_id), "--follow", "--poll", "0.1"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def test_logs_follow_prints_new_output_and_stops_when_the_job_ends(
+    db: Database, server: dict, tmp_path: Path
+) -> None:
+    env = _cli_env(server, tmp_path)
     submitted = subprocess.run(
         [sys.executable, "-m", "app", "submit", "--recipe", "demo", "--yes", "--json"],
         env=env,
@@ -149,13 +164,7 @@ def test_logs_follow_prints_new_output_and_stops_when_the_job_ends(
         check=True,
     )
     job_id = json.loads(submitted.stdout)["job_id"]
-    follower = subprocess.Popen(
-        [sys.executable, "-m", "app", "jobs", "logs", str(job_id), "--follow", "--poll", "0.1"],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    follower = _follow(job_id, env)
     try:
         watcher = OutputWatcher(follower)
         member = start(db, server, job_id)  # the job was queued when the follower started
@@ -204,20 +213,8 @@ def test_logs_follow_follows_every_member_until_the_job_ends(
     cli, db: Database, server: dict, tmp_path: Path
 ) -> None:
     rank0, rank1 = _two_member_job(cli, db, server)
-    env = {
-        **os.environ,
-        "TUNEPLANE_CONFIG": str(tmp_path / "none.toml"),
-        "TUNEPLANE_SERVER": server["url"],
-        "TUNEPLANE_TOKEN": server["alice"],
-        "PYTHONUNBUFFERED": "1",
-    }
-    follower = subprocess.Popen(
-        [sys.executable, "-m", "app", "jobs", "logs", str(rank0["job_id"]), "--follow", "--poll", "0.1"],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    env = _cli_env(server, tmp_path)
+    follower = _follow(rank0["job_id"], env)
     try:
         watcher = OutputWatcher(follower)
         report(db, "member_log", rank1, stream="stdout", offset=0, text="from one\n")
