@@ -15,7 +15,6 @@ would lock, and the node would download, a CUDA build of several GB.
 from __future__ import annotations
 
 import io
-import os
 import re
 import subprocess
 import sys
@@ -27,41 +26,13 @@ from typing import Any, BinaryIO
 from app.errors import Refusal
 from app.submission.canonical import digest_of
 from app.submission.jobspec import REQUIREMENT, EnvironmentSpec
+from app.uvtool import uv_binary, uv_environment, uv_reason, uv_version
+from workers.runner.environment_check import normalise_name
 
 # Provided by a node for `base: node` and never installed by uv (see the module's docstring).
 NODE_PROVIDED = ("torch", "torchvision", "torchaudio", "triton")
 RESOLVE_TIMEOUT = 180.0
 MAX_REQUIREMENTS_BYTES = 256 * 1024
-
-
-def uv_binary() -> str:
-    """uv from the `uv` package (its wheel ships the binary next to the interpreter's scripts)."""
-    from uv import find_uv_bin
-
-    return find_uv_bin()
-
-
-def uv_version(binary: str | None = None) -> str:
-    done = subprocess.run([binary or uv_binary(), "--version"], capture_output=True, text=True, check=False)
-    return done.stdout.strip().removeprefix("uv ").split(" ")[0]
-
-
-def uv_environment() -> dict[str, str]:
-    """uv's process environment: never a managed Python download (nothing but the index is reachable),
-    no user configuration file, the system's CA bundle (a proxy's CA is trusted as pip trusts it)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE_")}
-    env.update(UV_PYTHON_DOWNLOADS="never", UV_NO_CONFIG="1", UV_NATIVE_TLS="1", NO_COLOR="1")
-    return env
-
-
-def _uv_reason(output: str) -> str:
-    """uv's explanation without its box-drawing decoration, on one line."""
-    lines = []
-    for line in output.splitlines():
-        text = line.strip().lstrip("×╰─▶│├ ").strip()
-        if text and not text.startswith("hint:") and not text.startswith("Using "):
-            lines.append(text)
-    return " ".join(lines)[:2000] or "uv gave no reason"
 
 
 def _which_requirement(reason: str, requested: list[str]) -> int | None:
@@ -108,7 +79,7 @@ def compile_lock(requirements_text: str, python: str, base: str, field: str, req
                 field=field,
             ) from None
     if done.returncode != 0:
-        reason = _uv_reason(done.stderr)
+        reason = uv_reason(done.stderr)
         network = any(w in reason for w in ("error sending request", "Failed to fetch", "dns error"))
         if network and "404" not in reason:
             raise Refusal(
@@ -134,7 +105,7 @@ def export_uv_lock(pyproject: bytes, uv_lock: bytes, field: str) -> str:
             capture_output=True, text=True, timeout=RESOLVE_TIMEOUT, env=uv_environment(), cwd=tmp,
         )  # fmt: skip
     if done.returncode != 0:
-        reason = _uv_reason(done.stderr)
+        reason = uv_reason(done.stderr)
         raise Refusal(f"{field}: the uv.lock cannot be exported: {reason}", status=422, field=field)
     return done.stdout
 
@@ -150,10 +121,6 @@ def locked_versions(lock: str) -> dict[str, str]:
         if match:
             found[normalise_name(match.group(1))] = match.group(2)
     return found
-
-
-def normalise_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def requirement_name(requirement: str) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.submission.environments import EnvironmentSpec, resolve_environment
-from workers.agent import environments
+from app.uvtool import uv_binary
 from workers.agent.environments import (
     CacheEntry,
     EnvironmentBuildFailed,
@@ -33,9 +33,7 @@ def six_pin() -> dict:
 def slow_uv(tmp_path: Path, seconds: float) -> Path:
     """A stand-in for uv's binary that sleeps before `pip install`, then runs the real uv (test-only)."""
     wrapper = tmp_path / "slow-uv"
-    wrapper.write_text(
-        f'#!/bin/sh\nif [ "$1" = pip ]; then sleep {seconds}; fi\nexec {environments.uv_binary()} "$@"\n'
-    )
+    wrapper.write_text(f'#!/bin/sh\nif [ "$1" = pip ]; then sleep {seconds}; fi\nexec {uv_binary()} "$@"\n')
     wrapper.chmod(0o755)
     return wrapper
 

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.uvtool import uv_binary, uv_environment, uv_reason
 from workers.agent.handlers import SESSION_HOOKS, AgentContext
 from workers.runner.environment_check import (
     READY_MARKER,
@@ -70,27 +71,10 @@ def node_site_paths() -> list[str]:
     return list(dict.fromkeys(str(Path(paths[key]).resolve()) for key in ("purelib", "platlib")))
 
 
-def uv_binary() -> str:
-    from uv import find_uv_bin
-
-    return os.environ.get("TUNEPLANE_UV_BINARY") or find_uv_bin()
-
-
-def _uv_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE_") and k != "VIRTUAL_ENV"}
-    env.update(UV_PYTHON_DOWNLOADS="never", UV_NO_CONFIG="1", UV_NATIVE_TLS="1", NO_COLOR="1")
-    return env
-
-
-def _reason(output: str) -> str:
-    lines = [line.strip().lstrip("×╰─▶│├ ").strip() for line in output.splitlines()]
-    return " ".join(line for line in lines if line and not line.startswith("hint:"))[-1500:]
-
-
 async def _run_uv(argv: list[str], on_line: Callable[[str], Awaitable[None]] | None = None) -> str:
     """Run uv in a subprocess; its output lines go to on_line as they come; raises with uv's reason."""
     process = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=_uv_env()
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=uv_environment()
     )
     assert process.stdout is not None
     lines: list[str] = []
@@ -108,7 +92,7 @@ async def _run_uv(argv: list[str], on_line: Callable[[str], Awaitable[None]] | N
         await process.wait()
         raise
     if code != 0:
-        raise EnvironmentBuildFailed(_reason("\n".join(lines)) or f"uv exited {code}")
+        raise EnvironmentBuildFailed(uv_reason("\n".join(lines), 1500))
     return "\n".join(lines)
 
 
