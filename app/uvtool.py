@@ -19,7 +19,7 @@ def uv_environment() -> dict[str, str]:
     configuration file, the system's CA store (a proxy's CA is trusted as pip trusts it), no TUNEPLANE_*
     secret, no VIRTUAL_ENV of the caller."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TUNEPLANE_") and k != "VIRTUAL_ENV"}
-    env.update(UV_PYTHON_DOWNLOADS="never", UV_NO_CONFIG="1", UV_NATIVE_TLS="1", NO_COLOR="1")
+    env.update(UV_PYTHON_DOWNLOADS="never", UV_NO_CONFIG="1", UV_SYSTEM_CERTS="1", NO_COLOR="1")
     return env
 
 
@@ -31,5 +31,9 @@ def uv_version(binary: str | None = None) -> str:
 def uv_reason(output: str, limit: int = 2000) -> str:
     """uv's explanation without its box-drawing decoration and hints, on one line."""
     lines = [line.strip().lstrip("×╰─▶│├ ").strip() for line in output.splitlines()]
-    kept = [line for line in lines if line and not line.startswith(("hint:", "Using "))]
+    kept = [
+        line
+        for line in lines
+        if line and not line.startswith(("hint:", "warning:", "Using ", "DEBUG ", "TRACE "))
+    ]
     return " ".join(kept)[-limit:] or "uv gave no reason"

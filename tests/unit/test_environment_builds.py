@@ -42,10 +42,13 @@ def test_slow_build_never_delays_the_event_loop_and_runs_once_per_digest(
     tmp_path: Path, six_pin: dict, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TUNEPLANE_UV_BINARY", str(slow_uv(tmp_path, 3)))
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))  # cold: six is really downloaded
     steps: list[str] = []
+    details: list[dict] = []
 
     async def progress(step: str, detail: dict) -> None:
         steps.append(step)
+        details.append(detail)
 
     async def main() -> tuple[list, float]:
         loop = asyncio.get_running_loop()
@@ -72,6 +75,9 @@ def test_slow_build_never_delays_the_event_loop_and_runs_once_per_digest(
     assert worst < 1.0, f"the event loop was held {worst:.2f} s during a build"
     assert sorted(b.reused for b in built) == [False, True, True]  # one build, two waited and reused it
     assert steps.count("built") == 1 and steps.count("reused") == 2
+    downloading = [d for s, d in zip(steps, details, strict=True) if s == "downloading"]
+    assert downloading and downloading[-1]["downloaded"] == 1 and downloading[-1]["total"] == 1, details
+    assert "downloading 1 of 1 packages" in downloading[-1]["message"]
     env = built[0].path
     verify_environment(env, six_pin, ready=True)
     assert json.loads((env / READY_MARKER).read_text())["digest"] == six_pin["digest"]

@@ -187,18 +187,13 @@ async def _build(root: Path, final: Path, pin: dict, progress: Progress) -> None
             },
         )
 
-        async def on_line(line: str) -> None:
-            # uv prints one summary line per phase without a terminal: "Prepared 12 packages in 3.1s".
-            if re.match(r"^(Resolved|Prepared|Installed|Audited) \d+ package", line):
-                await progress(
-                    "installing", {"message": f"environment {digest[:12]}: {line}", "total": count}
-                )
-
+        downloads = DownloadCounter(digest, count, progress)
         await _run_uv(
-            [uv, "pip", "install", "--python", str(interpreter_of(building)), "--require-hashes", "--no-deps",
-             "--link-mode", "copy", "-r", str(lock)],
-            on_line,
+            [uv, "pip", "install", "--verbose", "--python", str(interpreter_of(building)), "--require-hashes",
+             "--no-deps", "--link-mode", "copy", "-r", str(lock)],
+            downloads.line,
         )  # fmt: skip
+        await downloads.flush()
         await progress("verifying", {"message": f"environment {digest[:12]}: checking it against the lock"})
         await asyncio.to_thread(verify_environment, building, pin)
         marker = {
@@ -218,6 +213,47 @@ async def _build(root: Path, final: Path, pin: dict, progress: Progress) -> None
     finally:
         if building.exists():
             await asyncio.to_thread(shutil.rmtree, building, True)
+
+
+# uv --verbose logs each archive it fetches ("Sending fresh GET request for: https://…/six-1.16.0-….whl");
+# what its cache already holds is not fetched. Without a terminal it prints no progress bar.
+_FETCH = re.compile(r"GET request for: \S+/([^/\s]+\.(?:whl|tar\.gz|zip))\s*$")
+_SUMMARY = re.compile(r"^(Prepared|Installed) \d+ package")
+PROGRESS_EVERY = 2.0
+
+
+class DownloadCounter:
+    """Turns uv's output into `downloading N of M` progress, at most one event every PROGRESS_EVERY s."""
+
+    def __init__(self, digest: str, total: int, progress: Progress) -> None:
+        self.digest, self.total, self.progress = digest, total, progress
+        self.fetched: set[str] = set()
+        self.reported = 0
+        self.last = 0.0
+
+    async def line(self, line: str) -> None:
+        match = _FETCH.search(line)
+        if match:
+            self.fetched.add(match.group(1))
+            if time.monotonic() - self.last >= PROGRESS_EVERY:
+                await self.flush()
+        elif _SUMMARY.match(line):
+            await self.flush()
+            await self.progress("installing", {"message": f"environment {self.digest[:12]}: {line}"})
+
+    async def flush(self) -> None:
+        if len(self.fetched) == self.reported:
+            return
+        self.reported, self.last = len(self.fetched), time.monotonic()
+        await self.progress(
+            "downloading",
+            {
+                "message": f"environment {self.digest[:12]}: downloading {self.reported} of {self.total}"
+                " packages (the others from uv's cache)",
+                "downloaded": self.reported,
+                "total": self.total,
+            },
+        )
 
 
 def interpreter_site(env: Path) -> Path:
