@@ -4,6 +4,7 @@ lock whose digest is pinned; an unknown package or an impossible constraint is r
 from __future__ import annotations
 
 import hashlib
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from app.blobstore import FilesystemBlobStore
 from app.db import Database
 from app.errors import Refusal
 from app.submission import service
+from app.uvtool import uv_binary, uv_environment
 from tests.archive_builders import build, file
 from tests.submission_setup import add_user, one_local_fleet
 
@@ -110,3 +112,26 @@ def test_torchrun_needs_base_node(db: Database) -> None:
     spec["source"]["integration"] = "torchrun"
     err = refused(db, user, spec)
     assert err.field == "environment.base" and "torch" in err.message
+
+
+def test_pyproject_with_its_uv_lock_is_exported_exactly(db: Database, tmp_path: Path) -> None:
+    """A project's own uv.lock (made here by `uv lock`) is taken as locked: the preview pins its versions."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "trainer"\nversion = "0.1.0"\nrequires-python = ">=3.11"\n'
+        'dependencies = ["six==1.16.0"]\n'
+    )
+    subprocess.run([uv_binary(), "lock", "--quiet"], cwd=project, env=uv_environment(), check=True)
+    user = add_user(db, "alice")
+    one_local_fleet(db)
+    blobs = FilesystemBlobStore(tmp_path / "blobs")
+    files = [file(f"app/{name}", (project / name).read_bytes()) for name in ("pyproject.toml", "uv.lock")]
+    sha = upload(db, blobs, user, build([file("main.py"), *files]))
+    preview = service.create_preview(db, user, source_spec(sha, requirements="app/pyproject.toml"), blobs)
+    env = preview["resolved"]["runtime"]["environment"]
+    assert env["packages"] == {"six": "1.16.0"} and "--hash=sha256:" in env["lock"]
+    # Without its uv.lock a pyproject.toml is refused (it is not resolved afresh).
+    sha = upload(db, blobs, user, build([file("main.py"), files[0]]))
+    err = refused(db, user, source_spec(sha, requirements="app/pyproject.toml"), blobs)
+    assert err.field == "environment.requirements" and "uv.lock" in err.message
