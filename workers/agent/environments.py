@@ -96,14 +96,18 @@ async def _run_uv(argv: list[str], on_line: Callable[[str], Awaitable[None]] | N
     return "\n".join(lines)
 
 
-async def _take_lock(path: Path) -> int:
+async def _take_lock(path: Path, on_wait: Callable[[], Awaitable[None]]) -> int:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        waited = False
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return fd
             except BlockingIOError:
+                if not waited:
+                    waited = True
+                    await on_wait()
                 await asyncio.sleep(LOCK_POLL)
     except BaseException:
         os.close(fd)
@@ -133,8 +137,12 @@ async def ensure_environment(work_dir: Path, pin: dict, progress: Progress) -> B
     final = root / digest
     started = time.monotonic()
     if _ready(final) is None:
-        await progress("waiting", {"message": f"environment {digest[:12]}: waiting for the build lock"})
-        fd = await _take_lock(root / f"{digest}.lock")
+
+        async def waiting() -> None:
+            message = f"environment {digest[:12]}: another prepare is building it; waiting"
+            await progress("waiting", {"message": message})
+
+        fd = await _take_lock(root / f"{digest}.lock", waiting)
         try:
             if _ready(final) is None:
                 await _build(root, final, pin, progress)
@@ -358,8 +366,10 @@ LIVE_STATES = ("preparing", "prepared", "running")
 # Operator settings (docs/runtimes.md), read from the agent's environment.
 ENV_CACHE_MAX_BYTES = int(os.environ.get("TUNEPLANE_ENV_CACHE_MAX_BYTES", str(50 * 1024**3)))
 CAPSULE_CACHE_MAX_BYTES = int(os.environ.get("TUNEPLANE_CAPSULE_CACHE_MAX_BYTES", str(10 * 1024**3)))
-# A capsule fetched this recently may be about to be unpacked by a member still preparing.
+# A capsule fetched this recently may be about to be unpacked by a member still preparing; an environment
+# used this recently may belong to a member that began preparing after the clean-up listed live members.
 CAPSULE_MIN_AGE = 600.0
+ENV_MIN_AGE = 600.0
 
 
 def progress_reporter(send: Callable[[str, dict], Awaitable[object]], member_id: int) -> Progress:
@@ -394,9 +404,8 @@ def environments_in_use(work_dir: Path, records: list) -> set[str]:
 
 def clean_caches(work_dir: Path, records: list) -> dict:
     """The LRU clean-up of both caches (run in a thread after a prepare); returns what it removed."""
-    envs = clean_up(
-        environment_entries(work_dir), environments_in_use(work_dir, records), ENV_CACHE_MAX_BYTES
-    )
+    in_use = environments_in_use(work_dir, records)
+    envs = clean_up(environment_entries(work_dir), in_use, ENV_CACHE_MAX_BYTES, ENV_MIN_AGE)
     capsules = clean_up(capsule_entries(work_dir), set(), CAPSULE_CACHE_MAX_BYTES, CAPSULE_MIN_AGE)
     return {"environments": [e.key for e in envs], "capsules": [e.key for e in capsules]}
 
