@@ -6,6 +6,11 @@ Points are buffered and posted to the telemetry gateway from a background thread
 failed post is retried with the same id, so the gateway stores it once. Without those variables `log` does
 nothing: the file path (TensorBoard/JSONL read by the collector) works without the SDK. Pending points are
 flushed at interpreter exit (best effort, bounded by `exit_timeout`).
+
+Checkpoints while the workload runs: `sdk.checkpoint(path, name="checkpoint")` asks the node agent to
+publish a finished checkpoint directory as artifact `<name>.<n>` (plain files under
+$TUNEPLANE_OUTPUT_DIR/.tuneplane/, docs/artifacts.md); `sdk.checkpoint_requested()` says a user asked for
+one (`tuneplane artifacts checkpoint JOB`); `sdk.wait_for_checkpoints()` waits for the results.
 """
 
 from __future__ import annotations

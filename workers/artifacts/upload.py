@@ -1,11 +1,11 @@
 """Chunked, resumable uploads of an artifact's files (object delivery), client side.
 
 Every file is cut into fixed-size chunks (the size the server chose when the artifact was registered, so
-a resumed upload cuts the same way). Each chunk travels with its sha256; the server refuses a chunk whose
-bytes do not match it. Before sending anything the client asks which chunks the server already holds and
-which files it has already verified, so an interrupted upload (a killed agent, a dropped connection)
-resumes where the server's durable state says it stopped. The server, not the client, decides that a file
-and then the artifact are complete: it re-hashes each assembled file against the manifest.
+a resumed upload cuts the same way). Each chunk travels with its crc32c (X-Chunk-Crc32c); the server
+refuses a chunk whose bytes do not match it. Before sending anything the client asks which chunks the
+server already holds and which files it has already verified, so an interrupted upload (a killed agent, a
+dropped connection) resumes where the server's durable state says it stopped. The server, not the client,
+decides that a file and then the artifact are complete: it hashes each assembled file against the manifest.
 """
 
 from __future__ import annotations
