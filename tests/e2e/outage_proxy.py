@@ -30,6 +30,12 @@ class Outage:
     until: float
     refused: list[float] = field(default_factory=list)
 
+    def matches(self, path: str) -> bool:
+        """The path itself, or any path under it when it ends with `*`."""
+        if self.path.endswith("*"):
+            return path.startswith(self.path[:-1])
+        return path == self.path
+
 
 class OutageProxy:
     def __init__(self, upstream: str) -> None:
@@ -95,7 +101,7 @@ class OutageProxy:
             return await self._websocket(request)
         now = time.monotonic()
         for outage in self.outages:
-            if request.method == outage.method and request.path == outage.path and now < outage.until:
+            if request.method == outage.method and outage.matches(request.path) and now < outage.until:
                 outage.refused.append(now)
                 return web.json_response({"error": "service unavailable (test outage)"}, status=503)
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}

@@ -133,7 +133,7 @@ def test_agent_killed_as_a_member_exits_0_it_succeeds_with_its_checkpoint(cluste
     _repeat_around_the_exit(cluster, disrupt)
 
 
-def test_artifact_server_answering_503_during_registration_delays_only_the_artifact(
+def test_artifact_server_answering_503_delays_only_the_artifact_and_only_until_its_deadline(
     cluster: Cluster,
 ) -> None:
     proxy = OutageProxy(cluster.url).start()
@@ -160,6 +160,23 @@ def test_artifact_server_answering_503_during_registration_delays_only_the_artif
         )
         assert artifact["state"] == "complete"
         assert len(outage.refused) >= 2, "delivery was not retried during the outage"
+
+        # Past its deadline a delivery gives up: the artifact is failed with the reason, the member's
+        # exit 0 stands (another node of the fleet, whose agent delivers within 3 s or not at all).
+        cluster.db.call("cordon_node", "gpu/a", "e2e: the next job goes to b", "user:test")
+        cluster.start_agent("b", "--delivery-deadline", "3", server=proxy.url)
+        flag = cluster.root / "release-b"
+        job_id = cluster.submit(_spec(archive, flag))
+        _running_member(cluster, job_id, agent="b")
+        proxy.refuse("PUT", "/api/artifacts/*", seconds=300)  # every chunk upload fails
+        flag.write_text("go")
+        assert cluster.wait_job(job_id, ("succeeded", "failed"), timeout=60)["state"] == "succeeded"
+        failed = wait_for(
+            lambda: (a := _artifact(cluster, job_id)) is not None and a["state"] == "failed" and a,
+            timeout=60,
+            what="the undeliverable artifact to be failed at the deadline",
+        )
+        assert "gave up at its deadline" in failed["reason"] and "503" in failed["reason"], failed
     finally:
         proxy.stop()
 
