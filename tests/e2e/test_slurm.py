@@ -38,6 +38,24 @@ sys.exit(int(os.environ.get("EXIT", "0")))
 """
 
 
+TRAIN = b"""import json, os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+seen = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+        "TUNEPLANE_MEMBER_RANK", "TUNEPLANE_TELEMETRY_TOKEN")}
+seen["sum"] = value.item()
+out = os.environ["TUNEPLANE_OUTPUT_DIR"]
+with open(os.path.join(out, "metrics.jsonl"), "w") as f:
+    for step in range(1, 4):
+        f.write(json.dumps({"step": step, "loss": 1.0 / (step * (dist.get_rank() + 1))}) + "\\n")
+with open(os.path.join(out, "seen.json"), "w") as f:
+    json.dump(seen, f)
+print("rank", dist.get_rank(), "sum", value.item(), flush=True)
+dist.destroy_process_group()
+"""
+
+
 def archive(files: dict[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
@@ -49,26 +67,31 @@ def archive(files: dict[str, bytes]) -> bytes:
 
 
 class Harness:
-    def __init__(self, db: Database, db_url: str, cluster, tmp: Path, batch_env: dict | None = None) -> None:
+    def __init__(
+        self,
+        db: Database,
+        db_url: str,
+        cluster,
+        tmp: Path,
+        batch_env: dict | None = None,
+        telemetry_url: str | None = None,
+    ) -> None:
         self.db, self.cluster = db, cluster
         self.shared = cluster.shared / uuid.uuid4().hex[:8]
         self.shared.mkdir(parents=True)
         self.user = add_user(db, "alice")
-        db.call(
-            "create_slurm_fleet",
-            "hpc",
-            "batch",
-            str(cluster.conf),
-            json.dumps({"shared_path": str(self.shared)}),
-        )
+        capabilities = {"shared_path": str(self.shared)}
+        if telemetry_url:
+            capabilities["telemetry_url"] = telemetry_url
+        db.call("create_slurm_fleet", "hpc", "batch", str(cluster.conf), json.dumps(capabilities))
         self.blobs = FilesystemBlobStore(tmp / "blobs")
-        data = archive({"main.py": MEMBER})
+        data = archive({"main.py": MEMBER, "train.py": TRAIN})
         self.sha = hashlib.sha256(data).hexdigest()
         with self.blobs.stage() as (staged, handle):
             handle.write(data)
             handle.flush()
             self.blobs.commit_staged(staged, self.sha)
-        db.call("record_source_archive", self.user, self.sha, len(data), 1, len(MEMBER))
+        db.call("record_source_archive", self.user, self.sha, len(data), 2, len(MEMBER) + len(TRAIN))
         self.lines: list[str] = []
         self.worker = SlurmWorker(
             SlurmWorkerOptions(
@@ -94,9 +117,10 @@ class Harness:
         env: dict | None = None,
         max_attempts: int = 1,
         partition_fleet: str = "hpc",
+        source: dict | None = None,
     ) -> int:
         spec = {
-            "source": {"archive": f"sha256:{self.sha}", "entrypoint": "python main.py"},
+            "source": source or {"archive": f"sha256:{self.sha}", "entrypoint": "python main.py"},
             "resources": {"nodes": nodes, "gpus_per_node": gpus, "cpus_per_node": 1},
             "fleet": partition_fleet,
             "env": env or {},
@@ -216,6 +240,56 @@ def test_fleet_page_shows_slurm_state_and_controller_reachability_and_plugins_li
     plugins = client.get("/plugins").get_data(as_text=True)
     assert "slurm" in plugins and "queue_reasons" in plugins and "preemption" in plugins
     harness.cluster.wait_idle(30)
+
+
+def test_two_member_torchrun_job_over_gloo_succeeds_and_each_members_metrics_are_shipped(
+    db: Database, db_url: str, slurm_cluster, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    from tests.conftest import free_port
+    from tests.e2e.telemetry_processes import start_gateway
+
+    port = free_port()
+    gateway = start_gateway(db_url, port, tmp_path / "telemetry-gateway.log")
+    h = Harness(db, db_url, slurm_cluster, tmp_path, telemetry_url=f"http://127.0.0.1:{port}")
+    h.start()
+    try:
+        job_id = h.submit(
+            gpus=1,
+            env={"OMP_NUM_THREADS": "1"},
+            source={"archive": f"sha256:{h.sha}", "entrypoint": "python train.py", "integration": "torchrun"},
+        )
+        job = h.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=120)
+        assert job["state"] == "succeeded", job["state_reason"]
+        attempt = db.fetch_one("SELECT * FROM attempts WHERE job_id = %s", (job_id,))
+        members_dir = h.shared / "attempts" / str(attempt["id"]) / "members"
+        seen = {r: json.loads((members_dir / str(r) / "output" / "seen.json").read_text()) for r in (0, 1)}
+        assert [seen[r]["RANK"] for r in (0, 1)] == ["0", "1"]
+        assert {seen[r]["WORLD_SIZE"] for r in (0, 1)} == {"2"}
+        assert [seen[r]["sum"] for r in (0, 1)] == [3.0, 3.0]  # the all_reduce joined both nodes' members
+        h.wait(
+            lambda: (
+                [
+                    (s["member_rank"], s["state"])
+                    for s in db.fetch_all(
+                        "SELECT member_rank, state FROM telemetry_members WHERE job_id = %s ORDER BY 1",
+                        (job_id,),
+                    )
+                ]
+                == [(0, "complete"), (1, "complete")]
+            ),
+            "both members' metrics complete",
+        )
+        series = db.fetch_all(
+            "SELECT member_rank, count(p.*) AS points FROM telemetry_series s JOIN telemetry_points p"
+            " ON p.series_id = s.id WHERE s.job_id = %s AND s.name = 'loss' GROUP BY 1 ORDER BY 1",
+            (job_id,),
+        )
+        assert [(r["member_rank"], r["points"]) for r in series] == [(0, 3), (1, 3)]
+    finally:
+        h.stop()
+        gateway.terminate()
+        gateway.wait(10)
 
 
 def test_a_job_larger_than_the_partition_is_refused_at_preview(harness: Harness) -> None:

@@ -10,8 +10,10 @@ allocation, the same order the worker gave slurm_allocation_started).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,9 +67,17 @@ def prepare(attempt_dir: Path, rank: int) -> int:
 
 
 def run(attempt_dir: Path, rank: int) -> int:
+    from workers.proctree import TAG_VARIABLE
+
+    plan = json.loads((attempt_dir / "plan.json").read_text())
+    member = plan["members"][rank]
     directory = attempt_dir / "members" / str(rank)
+    env = dict(os.environ)
+    env[TAG_VARIABLE] = f"m{member['member_id']}.slurm{plan['attempt_id']}"
+    collector = start_collector(plan, member, directory, env)
     runner = subprocess.Popen(
         [sys.executable, "-m", "app", "runner", "--member-dir", str(directory)],
+        env=env,
         stdout=open(directory / "logs" / "runner.log", "ab"),  # noqa: SIM115 - the child's
         stderr=subprocess.STDOUT,
     )
@@ -86,9 +96,79 @@ def run(attempt_dir: Path, rank: int) -> int:
         signal.signal(sig, forward)
     while True:
         try:
-            return runner.wait()
+            code = runner.wait()
+            break
         except InterruptedError:
             continue
+    if collector is not None:
+        drain_collector(*collector)
+    return code
+
+
+def spool_dir(plan: dict, member: dict) -> Path:
+    """The collector's spool: private and host-local (never the shared path, which is a network FS)."""
+    base = Path(os.environ.get("TMPDIR") or "/tmp") / "tuneplane-slurm-spool"
+    # Unique per installation and attempt (job and member ids repeat across installations on one host).
+    where = hashlib.sha256(plan["capsule_tar"].encode() + str(plan["attempt_id"]).encode()).hexdigest()[:16]
+    return base / f"j{plan['job_id']}-a{plan['attempt']}-m{member['member_id']}-{where}"
+
+
+def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tuple | None:
+    """The member's collector beside it, shipping to the telemetry gateway with the member-scoped token the
+    worker issued at COMMIT (telemetry.token in the member directory, 0600). None without one."""
+    from workers.agent.collectors import _block_stop_signals
+    from workers.proctree import TAG_VARIABLE
+
+    url = plan.get("telemetry_url")
+    token_file = directory / "telemetry.token"
+    if not url or not token_file.is_file():
+        return None
+    token = token_file.read_text().strip()
+    spool = spool_dir(plan, member)
+    spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+    env["TUNEPLANE_TELEMETRY_URL"] = url
+    env["TUNEPLANE_TELEMETRY_TOKEN"] = token
+    argv = [
+        sys.executable, "-m", "app", "collector", "--output-dir", str(directory / "output"),
+        "--spool-dir", str(spool), "--gateway", url,
+        "--collector-id", f"slurm-{os.environ.get('SLURMD_NODENAME', 'node')}-m{member['member_id']}",
+        "--job-id", str(plan["job_id"]), "--attempt", str(plan["attempt"]), "--member", str(member["rank"]),
+        "--member-tag", env[TAG_VARIABLE],
+        "--gpus", ",".join(str(g) for g in member.get("gpu_indices") or []),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        argv,
+        env={**env, "TUNEPLANE_TELEMETRY_TOKEN": token},
+        stdin=subprocess.DEVNULL,
+        stdout=open(directory / "logs" / "collector.log", "ab"),  # noqa: SIM115 - the child's
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_block_stop_signals,
+    )
+    return process, spool
+
+
+def drain_collector(process: subprocess.Popen, spool: Path, timeout: float = 60.0) -> bool:
+    """The member ended: the collector reads every file to its end and sends its final batch (the member's
+    metrics become complete), bounded; as the node agent does (workers/agent/collectors.py)."""
+    from workers.collector.collector import FINAL_SENT, MEMBER_EXITED
+
+    (spool / MEMBER_EXITED).write_text(f"{time.time()}\n")
+    try:
+        process.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout
+    while not (spool / FINAL_SENT).exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.1)
+    try:
+        process.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        process.kill()
+    if (spool / FINAL_SENT).exists():
+        shutil.rmtree(spool, ignore_errors=True)  # everything was acknowledged: nothing left to resend
+        return True
+    return False
 
 
 def main(argv: list[str]) -> int:

@@ -33,6 +33,8 @@ import psycopg
 from app.blobstore import FilesystemBlobStore
 from app.db import Database
 from app.errors import Refusal
+from app.security import new_token
+from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
 from workers.backend.capsule_build import build_capsule
 from workers.capsule import CapsuleError
 from workers.slurm.cli import ControllerUnreachable, QueuedJob, SlurmCli, SlurmError, UnsupportedSlurm
@@ -76,6 +78,8 @@ class FleetState:
     account: str | None
     qos: str | None
     shared: Path
+    # Where the nodes reach the telemetry gateway (capabilities.telemetry_url); None: no collectors.
+    telemetry_url: str | None = None
     version: str = ""
     # (attempt_id, rank, kind) already turned into a call
     done: set = field(default_factory=set)
@@ -112,6 +116,7 @@ class SlurmWorker:
                 account=row["account"],
                 qos=row["qos"],
                 shared=Path(row["capabilities"]["shared_path"]),
+                telemetry_url=row["capabilities"].get("telemetry_url"),
             )
             try:
                 state.version = state.cli.version()
@@ -266,6 +271,7 @@ class SlurmWorker:
             "master_addr": attempt["master_addr"],
             "master_port": attempt["master_port"],
             "shared_path": str(fleet.shared),
+            "telemetry_url": fleet.telemetry_url,
             "members": [
                 {
                     "member_id": m["member_id"],
@@ -319,6 +325,8 @@ class SlurmWorker:
             "SELECT decision FROM tuneplane.launch_decisions WHERE attempt_id = %s", (attempt_id,)
         )
         if decision and not (directory / "decision").exists():
+            if decision["decision"] == "commit":
+                self.issue_telemetry_tokens(fleet, row, directory, world)
             tmp = directory / "decision.tmp"
             tmp.write_text(decision["decision"])
             os.replace(tmp, directory / "decision")
@@ -343,6 +351,22 @@ class SlurmWorker:
                 final_state,
             )
             fleet.done.add(key)
+
+    def issue_telemetry_tokens(self, fleet: FleetState, row: dict, directory: Path, world: int) -> None:
+        """One token per member, scoped to its telemetry only (only its hash is stored), in the member
+        directory (0600) for the step's collector; issued at COMMIT, before the workload step may start."""
+        if not fleet.telemetry_url:
+            return
+        for rank in range(world):
+            target = directory / "members" / str(rank) / "telemetry.token"
+            if target.exists():
+                continue
+            plaintext, digest = new_token(TELEMETRY_TOKEN_PREFIX)
+            self.call("issue_telemetry_token", row["job_id"], row["attempt_number"], rank, digest)
+            fd = os.open(f"{target}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(plaintext)
+            os.replace(f"{target}.tmp", target)
 
     def report_once(
         self, fleet: FleetState, attempt_id: int, rank: int, kind: str, reports: Path, call
