@@ -443,10 +443,29 @@ BEGIN
         RAISE EXCEPTION 'a Slurm fleet needs capabilities.shared_path, an absolute path every node sees'
             USING ERRCODE = 'TP422', COLUMN = 'capabilities.shared_path';
     END IF;
-    INSERT INTO tuneplane.fleets (name, backend, capabilities) VALUES (p_name, 'slurm', p_capabilities)
+    -- Outputs are delivered on the shared path (its files are verified there), so it is a shared mount.
+    INSERT INTO tuneplane.fleets (name, backend, capabilities)
+    VALUES (p_name, 'slurm', p_capabilities || '{"shared_mounts": true}'::jsonb)
     RETURNING * INTO f;
     INSERT INTO tuneplane.slurm_fleets (fleet_id, slurm_conf, partition, account, qos)
     VALUES (f.id, p_slurm_conf, p_partition, p_account, p_qos);
     RETURN f;
+END;
+$$;
+
+-- slurm_node_credential: the Slurm worker acts for a Slurm node where a node agent would (artifact
+-- registration of that node's members, whose files it verifies on the shared path): it holds one credential
+-- per node, made at its start (only the hash is stored); the node's earlier ones are revoked.
+CREATE OR REPLACE FUNCTION tuneplane.slurm_node_credential(p_node_id bigint, p_credential_hash text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.nodes n JOIN tuneplane.fleets f ON f.id = n.fleet_id
+                    WHERE n.id = p_node_id AND f.backend = 'slurm') THEN
+        RAISE EXCEPTION 'node % is not a node of a Slurm fleet', p_node_id USING ERRCODE = 'TP404', COLUMN = 'node';
+    END IF;
+    UPDATE tuneplane.node_credentials SET revoked_at = now(), revoked_reason = 'a Slurm worker started again'
+     WHERE node_id = p_node_id AND revoked_at IS NULL;
+    INSERT INTO tuneplane.node_credentials (node_id, credential_hash) VALUES (p_node_id, p_credential_hash);
 END;
 $$;

@@ -21,6 +21,8 @@ from app.db import Database
 from app.errors import Refusal
 from app.submission import service
 from tests.submission_setup import add_user
+from workers.artifacts.manifest import Manifest
+from workers.artifacts.verify import verify_directory
 from workers.slurm.worker import SlurmWorker, SlurmWorkerOptions
 
 MEMBER = b"""import os, signal, sys, time
@@ -51,6 +53,9 @@ with open(os.path.join(out, "metrics.jsonl"), "w") as f:
         f.write(json.dumps({"step": step, "loss": 1.0 / (step * (dist.get_rank() + 1))}) + "\\n")
 with open(os.path.join(out, "seen.json"), "w") as f:
     json.dump(seen, f)
+os.makedirs(os.path.join(out, "model"), exist_ok=True)
+with open(os.path.join(out, "model", "weights.txt"), "w") as f:
+    f.write(f"rank {dist.get_rank()} weights {value.item()}\\n" * 100)
 print("rank", dist.get_rank(), "sum", value.item(), flush=True)
 dist.destroy_process_group()
 """
@@ -118,6 +123,7 @@ class Harness:
         max_attempts: int = 1,
         partition_fleet: str = "hpc",
         source: dict | None = None,
+        outputs: list | None = None,
     ) -> int:
         spec = {
             "source": source or {"archive": f"sha256:{self.sha}", "entrypoint": "python main.py"},
@@ -125,6 +131,7 @@ class Harness:
             "fleet": partition_fleet,
             "env": env or {},
             "max_attempts": max_attempts,
+            "outputs": outputs or [],
         }
         preview = service.create_preview(self.db, self.user, spec)
         return service.confirm(self.db, self.user, preview["id"], preview["digest"], uuid.uuid4().hex)[
@@ -258,6 +265,7 @@ def test_two_member_torchrun_job_over_gloo_succeeds_and_each_members_metrics_are
             gpus=1,
             env={"OMP_NUM_THREADS": "1"},
             source={"archive": f"sha256:{h.sha}", "entrypoint": "python train.py", "integration": "torchrun"},
+            outputs=[{"name": "model", "path": "model"}],
         )
         job = h.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=120)
         assert job["state"] == "succeeded", job["state_reason"]
@@ -286,6 +294,27 @@ def test_two_member_torchrun_job_over_gloo_succeeds_and_each_members_metrics_are
             (job_id,),
         )
         assert [(r["member_rank"], r["points"]) for r in series] == [(0, 3), (1, 3)]
+        # Charted: the console's chart data for the job has the loss of both members.
+        from app.web import create_app
+
+        client = create_app(db_url).test_client()
+        with client.session_transaction() as session:
+            session["user_id"] = h.user
+        charted = client.get(f"/jobs/{job_id}/metrics?name=loss", headers={"Accept": "application/json"})
+        assert charted.status_code == 200, charted.get_data(as_text=True)
+        lines = {
+            (x["member"], len(x["buckets"])) for x in charted.json["series"] if x["canonical"] == "loss"
+        }
+        assert lines == {(0, 3), (1, 3)}, charted.json
+        # The output of each member is an artifact delivered on the shared path, verified file by file.
+        h.wait(
+            lambda: len(db.fetch_all("SELECT id FROM artifacts WHERE state = 'complete'")) == 2, "artifacts"
+        )
+        for artifact in db.fetch_all("SELECT * FROM artifacts WHERE job_id = %s ORDER BY rank", (job_id,)):
+            assert (artifact["name"], artifact["delivery"]) == ("model", "shared")
+            manifest = Manifest.from_json(artifact["manifest"])
+            assert verify_directory(artifact["shared_path"], manifest).ok
+            assert [f.path for f in manifest.files] == ["weights.txt"]
     finally:
         h.stop()
         gateway.terminate()

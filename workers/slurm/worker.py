@@ -96,6 +96,7 @@ class SlurmWorker:
         self.stop = threading.Event()
         self.wake = threading.Event()
         self.fleets: dict[int, FleetState] = {}
+        self.credentials: dict[int, str] = {}  # node id → credential hash (deliver_outputs)
 
     # ---- fleets -------------------------------------------------------------------------------------
 
@@ -350,7 +351,51 @@ class SlurmWorker:
                 signalled,
                 final_state,
             )
+            if status.get("exit_code") == 0 and not signalled:
+                self.deliver_outputs(attempt_id, rank, directory / "members" / str(rank))
             fleet.done.add(key)
+
+    def deliver_outputs(self, attempt_id: int, rank: int, member_dir: Path) -> None:
+        """A member that exited 0: each output the spec asks for becomes an artifact delivered `shared` where
+        it already is (its output directory on the shared path); the receiver verifies every file there
+        against the manifest before the artifact is complete."""
+        from app.artifacts.receiver import ArtifactReceiver, Registration
+        from workers.agent.outputs import planned_outputs
+        from workers.artifacts.manifest import ManifestError, build_manifest
+
+        outputs = planned_outputs(member_dir)
+        if not outputs:
+            return
+        member = self.db.fetch_one(
+            "SELECT id, node_id FROM tuneplane.members WHERE attempt_id = %s AND rank = %s",
+            (attempt_id, rank),
+        )
+        credential = self.node_credential(member["node_id"])
+        receiver = ArtifactReceiver(self.db, self.options.blob_dir)
+        for output in outputs:
+            root = member_dir / "output" / output["path"]
+            try:
+                manifest = build_manifest(root)
+                artifact = receiver.register(
+                    credential,
+                    Registration(
+                        member_id=member["id"], name=output["name"], manifest=manifest.as_json(),
+                        manifest_digest=manifest.digest, kind="output", delivery="shared",
+                        shared_path=str(root),
+                    ),
+                )  # fmt: skip
+            except (ManifestError, OSError, Refusal) as exc:
+                self.say(f"attempt {attempt_id} rank {rank}: output {output['name']} not delivered: {exc}")
+                continue
+            self.say(f"attempt {attempt_id} rank {rank}: output {output['name']} {artifact['state']}")
+
+    def node_credential(self, node_id: int) -> str:
+        """This worker's credential hash for a Slurm node (made once per node and process)."""
+        if node_id not in self.credentials:
+            _plaintext, digest = new_token("tpn")
+            self.call("slurm_node_credential", node_id, digest)
+            self.credentials[node_id] = digest
+        return self.credentials[node_id]
 
     def issue_telemetry_tokens(self, fleet: FleetState, row: dict, directory: Path, world: int) -> None:
         """One token per member, scoped to its telemetry only (only its hash is stored), in the member
