@@ -99,5 +99,7 @@ def up_components(ctx: UpContext) -> list[Component]:
             "worker",
             tuneplane_argv("worker", "--backend", "node"),
             env=ctx.env(),
+            # Written once it is connected and consuming (after a database restart too).
+            ready_line="consuming `launch`",
         ),
     ]

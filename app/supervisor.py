@@ -2,12 +2,12 @@
 
 A child that dies is reported with its exit status, the last lines of its log and the log file, and is
 restarted after a delay that doubles with every failure in a row (base 0.5 s, capped at 30 s). A restarted
-child counts as healthy again (its next failure starts from 0.5 s) once its ready check passes, or, with no
-ready check, once it has run for `stable_after` seconds. The other children keep running meanwhile. After
-`max_restarts` failures in a row the supervisor stops everything and exits non-zero, naming the last
-exit. SIGINT/SIGTERM stop the children in the reverse of their start order (SIGTERM, a grace period,
-then SIGKILL). Children get PR_SET_PDEATHSIG so that even a `kill -9` of the supervisor leaves no
-component running.
+child counts as healthy again (its next failure starts from 0.5 s) once its ready check passes (a
+callable, or a line it writes to its log once ready), or once it has run for `stable_after` seconds. The
+other children keep running meanwhile. After `max_restarts` failures in a row the supervisor stops
+everything and exits non-zero, naming the last exit. SIGINT/SIGTERM stop the children in the reverse of
+their start order (SIGTERM, a grace period, then SIGKILL). Children get PR_SET_PDEATHSIG so that even a
+`kill -9` of the supervisor leaves no component running.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ class Component:
     env: dict[str, str] = field(default_factory=dict)
     # Called until it returns True after start; None means "started is ready".
     ready: Callable[[], bool] | None = None
+    # Or: a line the child writes to its log once it is ready (checked in what it wrote since its start).
+    ready_line: str | None = None
     ready_timeout: float = 60.0
 
 
@@ -51,6 +53,8 @@ class _Running:
     process: subprocess.Popen
     log_path: Path
     started_at: float = field(default_factory=time.monotonic)
+    # Where its log ended when this run of the child started (ready_line is looked for after it).
+    log_offset: int = 0
     # Failures in a row (reset once the restarted child is ready, or ran stable_after seconds).
     failures: int = 0
     # When the dead child is started again (None while it runs).
@@ -131,13 +135,35 @@ class Supervisor:
             )
         return process, log_path
 
-    def start(self, component: Component) -> None:
-        process, log_path = self._spawn(component)
-        entry = _Running(component, process, log_path)
-        self.running.append(entry)
+    def _log_size(self, component: Component) -> int:
+        try:
+            return (self.log_dir / f"{component.name}.log").stat().st_size
+        except OSError:
+            return 0
+
+    def is_ready(self, entry: _Running) -> bool | None:
+        """The child's ready check (its callable, or its ready line in its log); None when it has none."""
+        component = entry.component
         if component.ready is not None:
+            return bool(component.ready())
+        if component.ready_line is None:
+            return None
+        try:
+            with open(entry.log_path, "rb") as handle:
+                handle.seek(entry.log_offset)
+                written = handle.read(1024 * 1024).decode(errors="replace")
+        except OSError:
+            return False
+        return component.ready_line in written
+
+    def start(self, component: Component) -> None:
+        offset = self._log_size(component)
+        process, log_path = self._spawn(component)
+        entry = _Running(component, process, log_path, log_offset=offset)
+        self.running.append(entry)
+        if component.ready is not None or component.ready_line is not None:
             deadline = time.monotonic() + component.ready_timeout
-            while not component.ready():
+            while not self.is_ready(entry):
                 if process.poll() is not None:
                     raise ComponentFailed(
                         f"{component.name} exited with status {process.returncode} while starting; "
@@ -201,16 +227,14 @@ class Supervisor:
     def _healthy_again(self, entry: _Running, now: float) -> bool:
         if now - entry.started_at >= self.stable_after:
             return True
-        ready = entry.component.ready
-        if ready is None:
-            return False
         try:
-            return bool(ready())
+            return bool(self.is_ready(entry))
         except Exception:  # a ready check that fails says "not yet"
             return False
 
     def _restart(self, entry: _Running) -> None:
         entry.restart_at = None
+        entry.log_offset = self._log_size(entry.component)
         try:
             entry.process, entry.log_path = self._spawn(entry.component)
         except OSError as exc:

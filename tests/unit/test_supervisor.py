@@ -8,7 +8,9 @@ import threading
 import time
 from pathlib import Path
 
-from app.supervisor import Component, Supervisor
+import pytest
+
+from app.supervisor import Component, ComponentFailed, Supervisor
 from tests.helpers import wait_for
 
 
@@ -96,11 +98,19 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     assert any("ignored SIGTERM" in r for r in reports)
 
 
-def test_a_restarted_child_that_becomes_ready_again_starts_its_backoff_over(tmp_path: Path) -> None:
+@pytest.mark.parametrize("readiness", ["callable", "log line"])
+def test_a_restarted_child_that_becomes_ready_again_starts_its_backoff_over(
+    tmp_path: Path, readiness: str
+) -> None:
     reports: list[str] = []
-    # Dies 1 s after each start; its ready check passes while it runs: never "failing in a row".
+    # Dies 1 s after each start; ready while it runs: never "failing in a row".
     sup = Supervisor(tmp_path / "logs", reports.append, max_restarts=2, backoff_base=0.1, stable_after=600)
-    sup.start(Component("blip", [sys.executable, "-c", "import time; time.sleep(1)"], ready=lambda: True))
+    argv = [sys.executable, "-c", "import time; print('consuming now', flush=True); time.sleep(1)"]
+    if readiness == "callable":
+        component = Component("blip", argv, ready=lambda: True)
+    else:
+        component = Component("blip", argv, ready_line="consuming now")
+    sup.start(component)
     thread = threading.Thread(target=sup.watch)
     thread.start()
     try:
@@ -111,3 +121,13 @@ def test_a_restarted_child_that_becomes_ready_again_starts_its_backoff_over(tmp_
     finally:
         sup.stop_requested.set()
         thread.join(30)
+
+
+def test_a_child_that_never_writes_its_ready_line_is_not_ready(tmp_path: Path) -> None:
+    reports: list[str] = []
+    sup = Supervisor(tmp_path / "logs", reports.append, max_restarts=2, backoff_base=0.1, stable_after=600)
+    argv = [sys.executable, "-c", "import time; print('not yet', flush=True); time.sleep(0.5)"]
+    component = Component("stuck", argv, ready_line="consuming now", ready_timeout=0.1)
+    with pytest.raises(ComponentFailed, match="not ready"):
+        sup.start(component)
+    sup.stop_all()
