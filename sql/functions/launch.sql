@@ -608,7 +608,9 @@ BEGIN
                FROM tuneplane.nodes n
                JOIN tuneplane.members mm ON mm.node_id = n.id AND mm.released_at IS NULL
               WHERE n.fenced_at IS NULL AND n.scheduling_state <> 'retired'
-                AND tuneplane.node_connectivity(n.last_heartbeat_at) = 'lost'
+                -- node_connectivity(…) = 'lost', with the threshold read once rather than per node
+                AND (n.last_heartbeat_at IS NULL
+                     OR n.last_heartbeat_at <= now() - (SELECT s.lost_after FROM tuneplane.node_settings s))
                 AND mm.contact_lost_at IS NULL
                 AND mm.state IN ('starting', 'running', 'stopping')
               ORDER BY mm.job_id, mm.id LOOP
@@ -986,21 +988,28 @@ BEGIN
         RETURN NEW;
     END IF;
     GET DIAGNOSTICS v_stack = PG_CONTEXT;
-    SELECT coalesce(array_agg(coalesce(x[1], x[2]) ORDER BY ord DESC), '{}') INTO v_callers
-      FROM regexp_matches(v_stack, 'function (?:tuneplane\.)?(\w+)\(|SQL function "(\w+)"', 'g')
-           WITH ORDINALITY AS r(x, ord);
     SELECT writers INTO v_writers FROM tuneplane.state_transitions
      WHERE entity = v_entity AND from_state = OLD.state AND to_state = NEW.state;
+    -- The common case (a listed transition made by a listed writer) is decided by plain substring
+    -- searches of the call stack: this trigger runs on every state change, placement's included.
+    IF v_writers IS NOT NULL AND EXISTS (
+            SELECT 1 FROM unnest(v_writers) w
+             WHERE strpos(v_stack, ' ' || w || '(') > 0 OR strpos(v_stack, '.' || w || '(') > 0
+                OR strpos(v_stack, '"' || w || '"') > 0) THEN
+        RETURN NEW;
+    END IF;
+    SELECT coalesce(array_agg(coalesce(x[1], x[2]) ORDER BY ord DESC), '{}') INTO v_callers
+      FROM regexp_matches(v_stack, 'function (?:tuneplane\.)?(\w+)\(|SQL function "(\w+)"', 'g')
+           WITH ORDINALITY AS r(x, ord)
+     WHERE coalesce(x[1], x[2]) <> 'guard_state_transition';
     IF v_writers IS NULL THEN
         RAISE EXCEPTION '% %: % → % is not a transition of the % lifecycle (attempted by %)', v_entity, OLD.id,
             OLD.state, NEW.state, v_entity, coalesce(v_callers[1], 'a direct UPDATE')
             USING ERRCODE = 'TP409', COLUMN = 'state';
     END IF;
-    IF NOT v_callers && v_writers THEN
-        RAISE EXCEPTION '% %: % → % may be made only by % (attempted by %)', v_entity, OLD.id, OLD.state,
-            NEW.state, array_to_string(v_writers, ', '), coalesce(v_callers[1], 'a direct UPDATE')
-            USING ERRCODE = 'TP409', COLUMN = 'state';
-    END IF;
+    RAISE EXCEPTION '% %: % → % may be made only by % (attempted by %)', v_entity, OLD.id, OLD.state,
+        NEW.state, array_to_string(v_writers, ', '), coalesce(v_callers[1], 'a direct UPDATE')
+        USING ERRCODE = 'TP409', COLUMN = 'state';
     RETURN NEW;
 END;
 $$;

@@ -295,3 +295,25 @@ def test_report_from_a_replaced_session_is_refused(db: Database, setup: dict) ->
         report(db, "member_exited", m, exit_code=0)
     assert err.value.status == 409
     assert job(db, job_id)["state"] == "running"
+
+
+def test_an_illegal_or_unauthorised_transition_is_refused_naming_who_tried(db: Database, setup: dict) -> None:
+    job_id, _attempt = _launch(db, setup)
+    (member,) = members_of(db, job_id)
+    assert member["state"] == "reserved"
+    with pytest.raises(Refusal) as illegal:
+        db.fetch_all("UPDATE members SET state = 'running' WHERE id = %s RETURNING id", (member["id"],))
+    assert illegal.value.status == 409
+    assert "reserved → running is not a transition" in illegal.value.message
+    assert "a direct UPDATE" in illegal.value.message
+    # A listed transition, but made by a function that is not its writer: the writer's name is given.
+    with pytest.raises(Refusal) as unauthorised:
+        db.call("set_member_state", member["id"], "preparing", "by hand")
+    assert "may be made only by begin_prepare" in unauthorised.value.message
+    assert "attempted by set_member_state" in unauthorised.value.message
+    assert members_of(db, job_id)[0]["state"] == "reserved"
+    # An operator repairing data says why, in the same transaction, and is let through.
+    with db.transaction() as conn:
+        conn.execute("SET LOCAL tuneplane.operator_repair = 'test: repair'")
+        conn.execute("UPDATE members SET state = 'preparing' WHERE id = %s", (member["id"],))
+    assert members_of(db, job_id)[0]["state"] == "preparing"
