@@ -1,4 +1,4 @@
-"""`tuneplane worker --backend node` (capsules, prepare/commit, placement) and `tuneplane runner`."""
+"""`tuneplane worker --backend node|slurm` (capsules, prepare/commit, placement) and `tuneplane runner`."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def worker_cmd(
     database_url: str | None,
     data_dir: str | None,
 ) -> None:
-    """Run a backend worker: place queued jobs, build capsules and send PREPARE to the members' nodes."""
+    """Run a backend worker: place queued jobs, build capsules and send PREPARE to the members' nodes
+    (node), or submit, follow and cancel every Slurm fleet's jobs through Slurm's tools (slurm)."""
     import os
 
     from app.cli import ExpectedError
@@ -53,29 +54,20 @@ def worker_cmd(
     if not settings.database_url:
         raise ExpectedError("tuneplane worker needs --database-url or TUNEPLANE_DATABASE_URL")
     require_current(settings.database_url)
+    common = {
+        "database_url": settings.database_url,
+        "blob_dir": settings.blob_dir,
+        "name": name or f"{socket.gethostname()}:{os.getpid()}",
+        "poll_interval": poll_interval,
+    }
     if backend == "slurm":
         from workers.slurm.worker import SlurmWorkerOptions
         from workers.slurm.worker import main as slurm_main
 
-        slurm_main(
-            SlurmWorkerOptions(
-                database_url=settings.database_url,
-                blob_dir=settings.blob_dir,
-                name=name or f"{socket.gethostname()}:{os.getpid()}",
-                poll_interval=poll_interval,
-            )
-        )
+        slurm_main(SlurmWorkerOptions(**common))
         return
-    main(
-        WorkerOptions(
-            database_url=settings.database_url,
-            blob_dir=settings.blob_dir,
-            name=name or f"{socket.gethostname()}:{os.getpid()}",
-            poll_interval=poll_interval,
-            heartbeat_timeout=heartbeat_timeout,
-            hold_before_prepare=hold_before_prepare,
-        )
-    )
+    main(WorkerOptions(**common, heartbeat_timeout=heartbeat_timeout,
+                       hold_before_prepare=hold_before_prepare))  # fmt: skip
 
 
 @click.command("runner")

@@ -21,6 +21,17 @@ DROP FUNCTION IF EXISTS tuneplane.job_member_log(bigint, bigint, integer, text, 
 CREATE OR REPLACE FUNCTION tuneplane.member_log(p_node_id bigint, p_epoch bigint, p_payload jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    RETURN tuneplane.member_log_store(p_node_id, p_payload);
+END;
+$$;
+
+-- member_log_store: member_log without the node session check, for a caller that already vouched for the
+-- node (member_log; slurm_member_log, where the Slurm worker reads the member's log files itself).
+CREATE OR REPLACE FUNCTION tuneplane.member_log_store(p_node_id bigint, p_payload jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
 DECLARE
     v_settings tuneplane.member_log_settings;
     v_member   bigint;
@@ -30,7 +41,6 @@ DECLARE
     v_text     text;
     s          tuneplane.member_log_streams;
 BEGIN
-    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
     SELECT * INTO v_settings FROM tuneplane.member_log_settings;
     IF jsonb_typeof(p_payload) IS DISTINCT FROM 'object' THEN
         RAISE EXCEPTION 'a member_log report is a JSON object' USING ERRCODE = 'TP400', COLUMN = 'payload';

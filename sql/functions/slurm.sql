@@ -469,3 +469,21 @@ BEGIN
     INSERT INTO tuneplane.node_credentials (node_id, credential_hash) VALUES (p_node_id, p_credential_hash);
 END;
 $$;
+
+-- slurm_member_log: one chunk of rank p_rank's stdout or stderr, read by the worker from the member's logs
+-- on the shared path (payload as member_log's, without member_id). Answers as member_log does (stored,
+-- next_offset: where the worker goes on from).
+CREATE OR REPLACE FUNCTION tuneplane.slurm_member_log(p_attempt_id bigint, p_rank integer, p_payload jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+BEGIN
+    SELECT * INTO m FROM tuneplane.members WHERE attempt_id = p_attempt_id AND rank = p_rank;
+    IF m.id IS NULL THEN
+        RAISE EXCEPTION 'attempt % has no member of rank %', p_attempt_id, p_rank
+            USING ERRCODE = 'TP404', COLUMN = 'rank';
+    END IF;
+    RETURN tuneplane.member_log_store(m.node_id, p_payload || jsonb_build_object('member_id', m.id));
+END;
+$$;

@@ -81,7 +81,7 @@ class Harness:
         batch_env: dict | None = None,
         telemetry_url: str | None = None,
     ) -> None:
-        self.db, self.cluster = db, cluster
+        self.db, self.cluster, self.db_url = db, cluster, db_url
         self.shared = cluster.shared / uuid.uuid4().hex[:8]
         self.shared.mkdir(parents=True)
         self.user = add_user(db, "alice")
@@ -206,6 +206,15 @@ def test_two_member_job_runs_as_one_slurm_gang_job_and_each_member_saw_its_rank(
         "SELECT decision FROM launch_decisions WHERE attempt_id = %s", (attempt["id"],)
     )
     assert decision["decision"] == "commit"
+    # stdout reached the job's logs (what `tuneplane jobs logs` and the job page read)
+    from app.web import create_app
+
+    client = create_app(harness.db_url).test_client()
+    with client.session_transaction() as session:
+        session["user_id"] = harness.user
+    for rank in (0, 1):
+        log = client.get(f"/jobs/{job_id}/logs?member={rank}", headers={"Accept": "application/json"}).json
+        assert f"rank {rank} of 2 master" in log["text"], log
     harness.wait(lambda: harness.cluster.squeue_ids() == [], "the Slurm job gone")
     harness.wait(
         lambda: harness.db.fetch_one("SELECT gone_at FROM slurm_jobs")["gone_at"] is not None, "gone"
@@ -302,9 +311,7 @@ def test_two_member_torchrun_job_over_gloo_succeeds_and_each_members_metrics_are
             session["user_id"] = h.user
         charted = client.get(f"/jobs/{job_id}/metrics?name=loss", headers={"Accept": "application/json"})
         assert charted.status_code == 200, charted.get_data(as_text=True)
-        lines = {
-            (x["member"], len(x["buckets"])) for x in charted.json["series"] if x["canonical"] == "loss"
-        }
+        lines = {(x["member"], len(x["buckets"])) for x in charted.json["series"] if x["canonical"] == "loss"}
         assert lines == {(0, 3), (1, 3)}, charted.json
         # The output of each member is an artifact delivered on the shared path, verified file by file.
         h.wait(

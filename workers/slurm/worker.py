@@ -41,6 +41,8 @@ from workers.slurm.cli import ControllerUnreachable, QueuedJob, SlurmCli, SlurmE
 
 log = logging.getLogger("tuneplane.worker.slurm")
 BACKEND = "slurm"
+# Largest piece of a member's log per call (the node agent's chunk size).
+LOG_CHUNK_BYTES = 64 * 1024
 CHANNELS = ("tuneplane_placement", "tuneplane_job_queued")
 LIVE_SLURM_STATES = {
     "PENDING",
@@ -83,6 +85,8 @@ class FleetState:
     version: str = ""
     # (attempt_id, rank, kind) already turned into a call
     done: set = field(default_factory=set)
+    # (attempt_id, rank, stream) → the next byte of that log to ship
+    log_offsets: dict = field(default_factory=dict)
     # attempt_id → monotonic time of the SIGTERM scancel (the final scancel follows after the grace)
     terminating: dict = field(default_factory=dict)
 
@@ -332,6 +336,8 @@ class SlurmWorker:
             tmp.write_text(decision["decision"])
             os.replace(tmp, directory / "decision")
         for rank in range(world):
+            self.ship_logs(fleet, attempt_id, rank, directory / "members" / str(rank) / "logs", final=False)
+        for rank in range(world):
             key = (attempt_id, rank, "exited")
             if key in fleet.done:
                 continue
@@ -341,6 +347,8 @@ class SlurmWorker:
             signalled = (reports / f"{rank}.signalled").is_file()
             if signalled and final_state is None:
                 continue  # wait for Slurm's end state: it says why the signal came (preempted, timeout …)
+            # Every line the member wrote is stored before its end is recorded (as the node agent drains).
+            self.ship_logs(fleet, attempt_id, rank, directory / "members" / str(rank) / "logs", final=True)
             status = json.loads(status_file.read_text())
             self.call(
                 "slurm_member_exited",
@@ -354,6 +362,28 @@ class SlurmWorker:
             if status.get("exit_code") == 0 and not signalled:
                 self.deliver_outputs(attempt_id, rank, directory / "members" / str(rank))
             fleet.done.add(key)
+
+    def ship_logs(self, fleet: FleetState, attempt_id: int, rank: int, logs: Path, final: bool) -> None:
+        """New pieces of the member's stdout/stderr (on the shared path) into member_log_chunks, for
+        `tuneplane jobs logs` and the job page; `final` also ships an incomplete last character."""
+        from workers.agent.logship import STREAMS, decode_chunk, read_piece
+
+        for stream in STREAMS:
+            key = (attempt_id, rank, stream)
+            path = logs / f"{stream}.log"
+            while True:
+                offset = fleet.log_offsets.get(key, 0)
+                piece = read_piece(path, offset, LOG_CHUNK_BYTES, final)
+                if not piece:
+                    break
+                payload = {
+                    "stream": stream,
+                    "offset": offset,
+                    "length": len(piece),
+                    "text": decode_chunk(piece),
+                }
+                answer = self.call("slurm_member_log", attempt_id, rank, json.dumps(payload))[0]
+                fleet.log_offsets[key] = int(answer["slurm_member_log"]["next_offset"])
 
     def deliver_outputs(self, attempt_id: int, rank: int, member_dir: Path) -> None:
         """A member that exited 0: each output the spec asks for becomes an artifact delivered `shared` where
