@@ -101,5 +101,6 @@ def up_components(ctx: UpContext) -> list[Component]:
             env=ctx.env(),
             # Written once it is connected and consuming (after a database restart too).
             ready_line="consuming `launch`",
+            ready_timeout=180.0,
         ),
     ]
