@@ -50,6 +50,9 @@ class Database:
                 "application_name": name,
                 "autocommit": False,
             },
+            # A connection broken by a database restart (the embedded one is restarted by `up`'s
+            # supervisor) is found and replaced before use instead of failing a request.
+            check=ConnectionPool.check_connection,
             # A pool that cannot reach the database must not hang a request forever.
             timeout=10,
         )

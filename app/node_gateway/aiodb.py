@@ -41,6 +41,9 @@ class AsyncDatabase:
                 "application_name": name,
                 "autocommit": True,
             },
+            # A connection broken by a database restart is found and replaced before use, so the first
+            # report after a restart is not answered 503 for nothing.
+            check=AsyncConnectionPool.check_connection,
             timeout=30,
         )
 
