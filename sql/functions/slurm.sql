@@ -8,6 +8,7 @@
 -- call below, and every decision is taken here.
 --
 -- Repeatable file (ADR 0012). Drops (signature changes):
+DROP FUNCTION IF EXISTS tuneplane.slurm_followed(bigint);
 
 -- slurm_reason_words: a Slurm pending reason in TunePlane's words (the raw code is shown beside it).
 CREATE OR REPLACE FUNCTION tuneplane.slurm_reason_words(p_code text)
@@ -368,6 +369,7 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN 'BOOT_FAIL' THEN 'node failed to boot: Slurm reported BOOT_FAIL'
         WHEN 'DEADLINE' THEN 'deadline reached: Slurm reported DEADLINE'
         WHEN 'FAILED' THEN 'the Slurm job failed (FAILED)'
+        WHEN 'NEVER_SUBMITTED' THEN 'never submitted to Slurm'
         WHEN 'SIGNALLED' THEN 'stopped by a signal TunePlane did not send (preempted or ended by Slurm)'
         ELSE format('the Slurm job ended (%s)', p_state)
     END || CASE WHEN coalesce(p_detail, '') = '' THEN '' ELSE '; ' || p_detail END;
@@ -417,11 +419,12 @@ $$;
 CREATE OR REPLACE FUNCTION tuneplane.slurm_followed(p_fleet_id bigint)
 RETURNS TABLE (attempt_id bigint, job_id bigint, attempt_number integer, slurm_job_id bigint,
                attempt_state text, committed boolean, nodes integer, scancel_at timestamptz,
-               submitted_at timestamptz, created_at timestamptz)
+               submitted_at timestamptz, created_at timestamptz, age_s double precision)
 LANGUAGE sql STABLE AS $$
     SELECT s.attempt_id, s.job_id, a.number, s.slurm_job_id, a.state,
            EXISTS (SELECT 1 FROM tuneplane.launch_decisions d WHERE d.attempt_id = a.id AND d.decision = 'commit'),
-           j.nodes, s.scancel_at, s.submitted_at, s.created_at
+           j.nodes, s.scancel_at, s.submitted_at, s.created_at,
+           extract(epoch FROM clock_timestamp() - s.created_at)::double precision
       FROM tuneplane.slurm_jobs s
       JOIN tuneplane.attempts a ON a.id = s.attempt_id
       JOIN tuneplane.jobs j ON j.id = s.job_id

@@ -80,6 +80,7 @@ class Harness:
         tmp: Path,
         batch_env: dict | None = None,
         telemetry_url: str | None = None,
+        submit_grace: float = 30.0,
     ) -> None:
         self.db, self.cluster, self.db_url = db, cluster, db_url
         self.shared = cluster.shared / uuid.uuid4().hex[:8]
@@ -100,11 +101,23 @@ class Harness:
         self.lines: list[str] = []
         self.worker = SlurmWorker(
             SlurmWorkerOptions(
-                db_url, tmp / "blobs", "slurm-test", poll_interval=0.3, batch_env=batch_env or {}
+                db_url,
+                tmp / "blobs",
+                "slurm-test",
+                poll_interval=0.3,
+                batch_env=batch_env or {},
+                submit_grace=submit_grace,
             ),
             say=self.lines.append,
         )
         self.thread = threading.Thread(target=self.worker.run, daemon=True)
+
+    def restart_worker(self) -> None:
+        """A new worker process's worth: a fresh SlurmWorker with the same options (nothing in memory)."""
+        self.stop()
+        self.worker = SlurmWorker(self.worker.options, say=self.lines.append)
+        self.thread = threading.Thread(target=self.worker.run, daemon=True)
+        self.thread.start()
 
     def start(self) -> None:
         self.thread.start()
@@ -326,6 +339,39 @@ def test_two_member_torchrun_job_over_gloo_succeeds_and_each_members_metrics_are
         h.stop()
         gateway.terminate()
         gateway.wait(10)
+
+
+def test_a_worker_that_died_before_recording_sbatch_adopts_the_named_job_or_aborts_and_retries(
+    db: Database, db_url: str, slurm_cluster, tmp_path: Path
+) -> None:
+    """What a worker killed between slurm_submissions_due and slurm_submitted leaves: attempts without a
+    Slurm job id. A Slurm job with the attempt's name is adopted; none at all → the attempt is aborted
+    (never submitted) and the job is retried by max_attempts."""
+    h = Harness(db, db_url, slurm_cluster, tmp_path, submit_grace=1.0)
+    h.start()
+    h.stop()  # the nodes are synced; no worker runs while the dead one's leftovers are made
+    adopted_job = h.submit(gpus=1, max_attempts=1)
+    lost_job = h.submit(gpus=1, max_attempts=2)
+    fleet = db.fetch_one("SELECT id FROM fleets")["id"]
+    # what the dead worker did: attempts made, sbatch not recorded
+    due = {r["job_id"]: r["attempt_id"] for r in db.call("slurm_submissions_due", fleet)}
+    slurm_id = slurm_cluster.run(
+        "sbatch", "--parsable", "-p", "batch", f"--job-name=tp-a{due[adopted_job]}", "--hold",
+        "-o", "/dev/null", "--wrap", "true",
+    ).strip()  # fmt: skip
+    h.restart_worker()
+    try:
+        h.wait(lambda: h.slurm_id(adopted_job) == int(slurm_id), "the named job adopted")
+        h.wait(lambda: "reason JobHeldUser" in h.job(adopted_job)["state_reason"], "held reason")
+        assert "held (Slurm job" in h.job(adopted_job)["state_reason"]
+        job = h.wait_state(lost_job, "succeeded", "failed", timeout=90)
+        assert job["state"] == "succeeded", job["state_reason"]
+        first = db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 1", (lost_job,))
+        assert first["state"] == "aborted" and "never submitted to Slurm" in first["reason"], first
+        db.call("cancel_job", adopted_job, h.user, "test")
+        h.wait(lambda: slurm_id not in slurm_cluster.squeue_ids(), "the held job cancelled in Slurm")
+    finally:
+        h.stop()
 
 
 def test_a_job_larger_than_the_partition_is_refused_at_preview(harness: Harness) -> None:

@@ -57,6 +57,7 @@ class QueuedJob:
     node_list: str
     partition: str
     priority: int
+    name: str = ""
 
 
 class SlurmCli:
@@ -140,15 +141,17 @@ class SlurmCli:
 
     def queue(self) -> dict[int, QueuedJob]:
         """Every job Slurm still lists (all partitions, all users)."""
-        out = self.run("squeue", "-h", "-a", "-o", "%i|%T|%r|%N|%P|%Q")
+        out = self.run("squeue", "-h", "-a", "-o", "%i|%T|%r|%N|%P|%Q|%j")
         jobs: dict[int, QueuedJob] = {}
         for line in out.splitlines():
             if not line.strip():
                 continue
-            job_id, state, reason, node_list, partition, priority = line.split("|", 5)
+            job_id, state, reason, node_list, partition, priority, name = line.split("|", 6)
             if not job_id.isdigit():
                 continue  # array or het job components: not ours
-            jobs[int(job_id)] = QueuedJob(int(job_id), state, reason, node_list, partition, int(priority))
+            jobs[int(job_id)] = QueuedJob(
+                int(job_id), state, reason, node_list, partition, int(priority), name
+            )
         return jobs
 
     def hostnames(self, node_list: str) -> list[str]:

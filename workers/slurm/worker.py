@@ -67,6 +67,8 @@ class SlurmWorkerOptions:
     blob_dir: Path
     name: str
     poll_interval: float = 1.0
+    # Seconds an attempt may wait for its sbatch answer to be recorded before a missing Slurm job aborts it.
+    submit_grace: float = 30.0
     # Extra environment for the batch script (tests: the prepare-failure hook).
     batch_env: dict = field(default_factory=dict)
 
@@ -229,7 +231,8 @@ class SlurmWorker:
         attempt_id = row["attempt_id"]
         slurm_job_id = row["slurm_job_id"]
         if slurm_job_id is None:
-            return  # sbatch not answered yet (or it died in between: see docs/slurm.md)
+            self.recover_submission(fleet, row, queue)
+            return
         directory = self.attempt_dir(fleet, attempt_id)
         queued = queue.get(slurm_job_id)
         if queued is not None and queued.state == "PENDING":
@@ -252,6 +255,21 @@ class SlurmWorker:
             result = self.call("slurm_job_ended", attempt_id, state, detail)[0]["slurm_job_ended"]
             fleet.terminating.pop(attempt_id, None)
             self.say(f"attempt {attempt_id}: Slurm job {slurm_job_id} ended {state}; attempt {result}")
+
+    def recover_submission(self, fleet: FleetState, row: dict, queue: dict[int, QueuedJob]) -> None:
+        """An attempt whose sbatch answer was never recorded (a worker stopped between sbatch and
+        slurm_submitted): the Slurm job named after the attempt is adopted; when Slurm has none after
+        submit_grace seconds, the sbatch never happened and the attempt is aborted (the job is retried by
+        its max_attempts)."""
+        name = job_name(row["attempt_id"])
+        found = [job for job in queue.values() if job.name == name]
+        if found:
+            self.call("slurm_submitted", row["attempt_id"], found[0].slurm_job_id)
+            self.say(f"attempt {row['attempt_id']}: adopted Slurm job {found[0].slurm_job_id} ({name})")
+        elif row["age_s"] > self.options.submit_grace:
+            detail = f"sbatch was never answered and Slurm has no job named {name}"
+            result = self.call("slurm_job_ended", row["attempt_id"], "NEVER_SUBMITTED", detail)[0]
+            self.say(f"attempt {row['attempt_id']}: {detail}; attempt {result['slurm_job_ended']}")
 
     def allocation_started(self, fleet: FleetState, row: dict, queued: QueuedJob, directory: Path) -> None:
         nodes = fleet.cli.hostnames(queued.node_list)
@@ -498,7 +516,7 @@ def batch_script(fleet: FleetState, due: dict, directory: Path, extra_env: dict)
     nodes = int(due["nodes"])
     lines = [
         "#!/bin/bash",
-        f"#SBATCH --job-name=tp-a{due['attempt_id']}",
+        f"#SBATCH --job-name={job_name(due['attempt_id'])}",
         f"#SBATCH --partition={fleet.partition}",
         f"#SBATCH --nodes={nodes}",
         "#SBATCH --ntasks-per-node=1",
@@ -531,12 +549,22 @@ def batch_script(fleet: FleetState, due: dict, directory: Path, extra_env: dict)
     return "\n".join(lines) + "\n"
 
 
+def job_name(attempt_id: int) -> str:
+    """The Slurm job name of an attempt (how a restarted worker finds a job it submitted)."""
+    return f"tp-a{attempt_id}"
+
+
 def shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
 def main(options: SlurmWorkerOptions) -> None:
+    from app.cli import ExpectedError
+
     worker = SlurmWorker(options, say=lambda line: print(line, flush=True))
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: (worker.stop.set(), worker.wake.set()))
-    worker.run()
+    try:
+        worker.run()
+    except UnsupportedSlurm as exc:
+        raise ExpectedError(f"tuneplane worker --backend slurm refuses to start: {exc}") from exc
