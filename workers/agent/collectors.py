@@ -251,6 +251,8 @@ class MemberCollectors:
                 signalled = True
             await asyncio.sleep(0.05)
         await asyncio.to_thread(self._reap, record)
+        # Its work is done and the token revoked with the final batch: no copy of it stays on disk.
+        (spool / TOKEN_FILE).unlink(missing_ok=True)
         return True
 
     def _signal(self, record: MemberRecord, signum: int) -> None:
@@ -267,9 +269,3 @@ class MemberCollectors:
         if process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(10)
-
-    def forget(self, member_id: int) -> None:
-        """The member is done with: its spool (token included) can go once nothing is left to send."""
-        task = self.watchers.pop(member_id, None)
-        if task is not None:
-            task.cancel()
