@@ -451,8 +451,16 @@ def test_kill_9_of_one_slurmd_fails_the_member_with_the_node_failure_and_retries
     harness.wait(lambda: len([m for m in harness.members(job_id) if m["state"] == "running"]) == 2, "running")
     cluster.kill_node("tpn2")
     try:
+        # The Slurm job's end is recorded member by member: wait for the attempt's own end.
         harness.wait(
-            lambda: any("NODE_FAIL" in m["reason"] for m in harness.members(job_id)), "NODE_FAIL", 90
+            lambda: (
+                harness.db.fetch_one(
+                    "SELECT state FROM attempts WHERE job_id = %s AND number = 1", (job_id,)
+                )["state"]
+                == "failed"
+            ),
+            "attempt 1 failed",
+            90,
         )
         first = [m for m in harness.members(job_id) if m["attempt"] == 1]
         assert all(m["state"] == "failed" for m in first), first
