@@ -118,6 +118,9 @@ class Resources(StrictModel):
     gpus_per_node: int = Field(0, ge=0, le=64)
     cpus_per_node: int = Field(1, ge=1, le=4096)
     memory_per_node: Annotated[int, Field(ge=0, le=MAX_MEMORY)] = 1024**3
+    # Wall-clock limit in minutes; Slurm fleets check it against the partition's MaxTime at preview and pass
+    # it to sbatch (--time). Other backends do not enforce it yet (docs/slurm.md).
+    time_limit_minutes: int | None = Field(None, ge=1, le=525600)
 
     @field_validator("memory_per_node", mode="before")
     @classmethod

@@ -490,3 +490,25 @@ BEGIN
     RETURN tuneplane.member_log_store(m.node_id, p_payload || jsonb_build_object('member_id', m.id));
 END;
 $$;
+
+-- slurm_preview_check: refuses (422) at preview what the fleet's partition can never run — Slurm would
+-- accept it and leave it pending forever (PartitionNodeLimit, PartitionTimeLimit): more nodes than the
+-- partition's MaxNodes, a time limit over its MaxTime. (Nodes, GPUs, CPUs and memory per node beyond every
+-- node are refused by fleet_fit like on any fleet.) Called by create_preview_resolve.
+CREATE OR REPLACE FUNCTION tuneplane.slurm_preview_check(p_fleet_id bigint, p_nodes integer, p_minutes integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    f tuneplane.slurm_fleets;
+BEGIN
+    SELECT * INTO f FROM tuneplane.slurm_fleets WHERE fleet_id = p_fleet_id;
+    IF f.max_nodes IS NOT NULL AND p_nodes > f.max_nodes THEN
+        RAISE EXCEPTION 'Slurm partition % allows at most % node(s) per job (MaxNodes); this job asks for %',
+            f.partition, f.max_nodes, p_nodes USING ERRCODE = 'TP422', COLUMN = 'resources.nodes';
+    END IF;
+    IF p_minutes IS NOT NULL AND f.max_time_minutes IS NOT NULL AND p_minutes > f.max_time_minutes THEN
+        RAISE EXCEPTION 'Slurm partition % allows at most % minutes per job (MaxTime); this job asks for %',
+            f.partition, f.max_time_minutes, p_minutes USING ERRCODE = 'TP422', COLUMN = 'resources.time_limit_minutes';
+    END IF;
+END;
+$$;

@@ -373,6 +373,10 @@ BEGIN
             'no fleet named: chose %s (backend %s), the only fleet that can satisfy this request',
             v_fleet.fleet, v_fleet.backend));
     END IF;
+    IF v_fleet.backend = 'slurm' THEN
+        -- What Slurm would accept and leave pending forever (slurm.sql).
+        PERFORM tuneplane.slurm_preview_check(v_fleet.fleet_id, v_nodes, (res ->> 'time_limit_minutes')::integer);
+    END IF;
     IF v_gpus > 0 AND v_fleet.simulated_gpus THEN
         v_warnings := v_warnings || to_jsonb(format(
             'fleet %s reports simulated GPUs: the job gets GPU indices but no real GPU', v_fleet.fleet));
@@ -387,7 +391,10 @@ BEGIN
         'fleet', jsonb_build_object('id', v_fleet.fleet_id, 'name', v_fleet.fleet,
                                     'backend', v_fleet.backend, 'chosen', v_choice),
         'resources', jsonb_build_object('nodes', v_nodes, 'gpus_per_node', v_gpus, 'cpus_per_node', v_cpus,
-                                        'memory_per_node', v_memory, 'total_gpus', v_nodes * v_gpus),
+                                        'memory_per_node', v_memory, 'total_gpus', v_nodes * v_gpus)
+                     || CASE WHEN res ? 'time_limit_minutes'
+                             THEN jsonb_build_object('time_limit_minutes', (res ->> 'time_limit_minutes')::integer)
+                             ELSE '{}'::jsonb END,
         'env', coalesce(p_spec -> 'env', '{}'::jsonb),
         'max_attempts', coalesce((p_spec ->> 'max_attempts')::integer, 1),
         'priority', coalesce((p_spec ->> 'priority')::integer, 0),

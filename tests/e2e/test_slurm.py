@@ -137,10 +137,12 @@ class Harness:
         partition_fleet: str = "hpc",
         source: dict | None = None,
         outputs: list | None = None,
+        time_limit_minutes: int | None = None,
     ) -> int:
         spec = {
             "source": source or {"archive": f"sha256:{self.sha}", "entrypoint": "python main.py"},
-            "resources": {"nodes": nodes, "gpus_per_node": gpus, "cpus_per_node": 1},
+            "resources": {"nodes": nodes, "gpus_per_node": gpus, "cpus_per_node": 1}
+            | ({"time_limit_minutes": time_limit_minutes} if time_limit_minutes else {}),
             "fleet": partition_fleet,
             "env": env or {},
             "max_attempts": max_attempts,
@@ -380,7 +382,16 @@ def test_a_job_larger_than_the_partition_is_refused_at_preview(harness: Harness)
             harness.submit(nodes=nodes, gpus=gpus)
         assert err.value.status == 422
         assert "fleet hpc cannot satisfy this request" in err.value.message
+    with pytest.raises(Refusal) as err:
+        harness.submit(nodes=1, time_limit_minutes=61)
+    assert err.value.status == 422 and err.value.field == "resources.time_limit_minutes"
+    assert "Slurm partition batch allows at most 60 minutes per job (MaxTime)" in err.value.message
     assert harness.db.fetch_one("SELECT count(*) AS n FROM jobs")["n"] == 0
+    # within the limit: accepted, and sbatch gets it
+    job_id = harness.submit(time_limit_minutes=60)
+    assert harness.wait_state(job_id, "succeeded", "failed")["state"] == "succeeded"
+    attempt = harness.db.fetch_one("SELECT id FROM attempts WHERE job_id = %s", (job_id,))
+    assert "#SBATCH --time=60" in (harness.shared / "attempts" / str(attempt["id"]) / "batch.sh").read_text()
 
 
 def test_a_waiting_job_shows_slurms_reason_and_position_and_cancel_leaves_nothing_in_squeue(

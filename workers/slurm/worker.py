@@ -525,6 +525,9 @@ def batch_script(fleet: FleetState, due: dict, directory: Path, extra_env: dict)
         "#SBATCH --open-mode=append",
         "#SBATCH --no-requeue",
     ]
+    minutes = ((due.get("spec") or {}).get("resources") or {}).get("time_limit_minutes")
+    if minutes:
+        lines.append(f"#SBATCH --time={int(minutes)}")
     if int(due["gpus_per_node"]) > 0:
         lines.append(f"#SBATCH --gres=gpu:{int(due['gpus_per_node'])}")
     if fleet.account:
