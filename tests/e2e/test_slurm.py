@@ -376,6 +376,25 @@ def test_a_worker_that_died_before_recording_sbatch_adopts_the_named_job_or_abor
         h.stop()
 
 
+def test_the_end_of_a_job_the_controller_forgot_comes_from_the_completion_record(slurm_cluster) -> None:
+    """After MinJobAge scontrol no longer knows a job; without accounting storage (this cluster) the
+    jobcomp/filetxt record says how it ended."""
+    from workers.slurm.cli import SlurmCli
+
+    cli = SlurmCli(str(slurm_cluster.conf))
+    done = int(slurm_cluster.run("sbatch", "--parsable", "-p", "batch", "-o", "/dev/null", "--wrap", "true"))
+    failed = int(
+        slurm_cluster.run("sbatch", "--parsable", "-p", "batch", "-o", "/dev/null", "--wrap", "exit 3")
+    )
+    deadline = time.monotonic() + 30
+    while {str(done), str(failed)} & set(slurm_cluster.squeue_ids()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert cli.completion_record(done)[0] == "COMPLETED"
+    state, detail = cli.completion_record(failed)
+    assert state == "FAILED" and "exit code 3:0" in detail, detail
+    assert cli.completion_record(999999)[0] == "UNKNOWN"
+
+
 def test_a_job_larger_than_the_partition_is_refused_at_preview(harness: Harness) -> None:
     for nodes, gpus in ((3, 1), (1, 3)):
         with pytest.raises(Refusal) as err:

@@ -165,13 +165,47 @@ class SlurmCli:
         except SlurmError as exc:
             if isinstance(exc, ControllerUnreachable):
                 raise
-            return "UNKNOWN", f"Slurm no longer knows job {slurm_job_id}"
+            return self.completion_record(slurm_job_id)
         fields = parse_key_values(out)
         state = fields.get("JobState", "UNKNOWN")
         detail = f"Slurm job {slurm_job_id} {state}, reason {fields.get('Reason', 'None')}"
         if fields.get("ExitCode"):
             detail += f", exit code {fields['ExitCode']}"
         return state, detail
+
+    def completion_record(self, slurm_job_id: int) -> tuple[str, str]:
+        """The end of a job the controller forgot (older than MinJobAge): sacct where accounting exists,
+        else the jobcomp/filetxt file (JobCompLoc); ('UNKNOWN', why) when neither has it."""
+        try:
+            out = self.run("sacct", "-n", "-P", "-X", "-j", str(slurm_job_id), "-o", "State,ExitCode")
+            line = next((x for x in out.splitlines() if x.strip()), "")
+            if line:
+                state, _, code = line.partition("|")
+                return state.split()[0], f"Slurm job {slurm_job_id} {state} (sacct), exit code {code}"
+        except (SlurmError, FileNotFoundError):
+            pass  # no accounting storage here
+        config = {
+            key.strip(): value.strip()
+            for key, sep, value in (
+                line.partition("=") for line in self.run("scontrol", "show", "config").splitlines()
+            )
+            if sep
+        }
+        if config.get("JobCompType") == "jobcomp/filetxt" and config.get("JobCompLoc"):
+            needle = f"JobId={slurm_job_id} "
+            try:
+                with open(config["JobCompLoc"], encoding="utf-8", errors="replace") as handle:
+                    lines = [x for x in handle if x.startswith(needle)]
+            except OSError as exc:
+                return "UNKNOWN", f"Slurm no longer knows job {slurm_job_id}; jobcomp unreadable ({exc})"
+            if lines:
+                fields = parse_key_values(lines[-1])
+                state = fields.get("JobState", "UNKNOWN")
+                return (
+                    state,
+                    f"Slurm job {slurm_job_id} {state} (jobcomp), exit code {fields.get('ExitCode')}",
+                )
+        return "UNKNOWN", f"Slurm no longer knows job {slurm_job_id} and keeps no completion record of it"
 
     def cancel(self, slurm_job_id: int, running: bool) -> None:
         """A running job: SIGTERM to the batch script and every step (`--full`); the caller sends the final
