@@ -223,9 +223,12 @@ class SlurmCluster:
     def stop(self) -> None:
         # Jobs first (their steps are our children's children), then the daemons, munged last.
         self.run("scancel", "--full", "-u", "root", check=False)
-        for key in [k for k in self.processes if k.startswith("slurmd:")]:
+        daemons = [k for k in self.processes if k != "munged"]
+        for key in daemons:  # all at once: each may take seconds to shut down
+            if self.processes[key].poll() is None:
+                self.processes[key].terminate()
+        for key in daemons:
             self._stop(key)
-        self._stop("slurmctld")
         self._stop("munged")
 
 
