@@ -395,6 +395,47 @@ def test_the_end_of_a_job_the_controller_forgot_comes_from_the_completion_record
     assert cli.completion_record(999999)[0] == "UNKNOWN"
 
 
+def test_the_worker_command_runs_a_job_and_refuses_an_unsupported_slurm_in_one_line(
+    db: Database, db_url: str, slurm_cluster, tmp_path: Path
+) -> None:
+    """`tuneplane worker --backend slurm` as its own process (the harness's worker runs in a thread)."""
+    import os
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    h = Harness(db, db_url, slurm_cluster, data)  # the archive goes to <data>/blobs, the worker's blob store
+    env = {k: v for k, v in os.environ.items() if k != "TUNEPLANE_DATABASE_URL"}
+    argv = [sys.executable, "-m", "app", "worker", "--backend", "slurm", "--database-url", db_url,
+            "--data-dir", str(data), "--poll-interval", "0.3"]  # fmt: skip
+    log = tmp_path / "worker.log"
+    with open(log, "ab") as out:
+        worker = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        h.wait(lambda: db.fetch_one("SELECT count(*) AS n FROM nodes")["n"] == 2, "nodes synced")
+        job_id = h.submit()
+        job = h.wait_state(job_id, "succeeded", "failed", "cancelled")
+        assert job["state"] == "succeeded", (job["state_reason"], log.read_text()[-2000:])
+    finally:
+        worker.terminate()
+        assert worker.wait(30) == 0, log.read_text()[-2000:]
+    # an unsupported Slurm: one line naming the version, exit status 1, no traceback
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sinfo").write_text("#!/bin/sh\necho 'slurm 19.05.5'\n")
+    (fake / "sinfo").chmod(0o755)
+    refused = subprocess.run(
+        argv,
+        env={**env, "PATH": f"{fake}{os.pathsep}{env['PATH']}"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1, refused
+    assert "refuses to start: Slurm 19.05.5 is older than 20.11" in refused.stdout + refused.stderr
+    assert "Traceback" not in refused.stdout + refused.stderr
+
+
 def test_a_job_larger_than_the_partition_is_refused_at_preview(harness: Harness) -> None:
     for nodes, gpus in ((3, 1), (1, 3)):
         with pytest.raises(Refusal) as err:
