@@ -212,7 +212,7 @@ BEGIN
         PERFORM tuneplane.set_member_state(m.id, 'aborted', 'launch aborted: ' || d.reason);
         -- Nothing started (agents start only after COMMIT), so the resources can go back at once.
         PERFORM tuneplane.release_member(m.id);
-        IF (SELECT scheduling_state FROM tuneplane.nodes WHERE id = m.node_id) <> 'retired' THEN
+        IF tuneplane.node_takes_commands(m.node_id) THEN
             PERFORM tuneplane.enqueue_node_command(m.node_id, 'abort',
                 jsonb_build_object('member_id', m.id, 'attempt_id', p_attempt_id, 'reason', d.reason));
         END IF;
@@ -1026,6 +1026,16 @@ CREATE OR REPLACE TRIGGER members_state_transition
     BEFORE UPDATE OF state ON tuneplane.members
     FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
 
+-- node_takes_commands: whether a node has an outbox someone reads: a node of a `node`-backend fleet (its
+-- agent) that is not retired. Slurm nodes are driven by their backend's worker (scancel), not commands.
+CREATE OR REPLACE FUNCTION tuneplane.node_takes_commands(p_node_id bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT n.scheduling_state <> 'retired' AND f.backend = 'node'
+      FROM tuneplane.nodes n JOIN tuneplane.fleets f ON f.id = n.fleet_id
+     WHERE n.id = p_node_id;
+$$;
+
 -- set_attempt_state: the one writer of attempts.state.
 CREATE OR REPLACE FUNCTION tuneplane.set_attempt_state(p_attempt_id bigint, p_state text, p_reason text)
 RETURNS void
@@ -1060,7 +1070,7 @@ CREATE OR REPLACE FUNCTION tuneplane.send_stop(p_member tuneplane.members, p_rea
 RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF (SELECT scheduling_state FROM tuneplane.nodes WHERE id = p_member.node_id) = 'retired'
+    IF NOT tuneplane.node_takes_commands(p_member.node_id)
        OR EXISTS (SELECT 1 FROM tuneplane.node_commands c
                    WHERE c.node_id = p_member.node_id AND c.kind = 'stop' AND c.acked_at IS NULL
                      AND (c.payload ->> 'member_id')::bigint = p_member.id) THEN
@@ -1085,7 +1095,7 @@ BEGIN
                         WHERE c.node_id = p_node_id AND c.kind = 'kill' AND c.acked_at IS NULL
                           AND c.payload -> 'member_ids' @> to_jsonb(u.mid));
     IF coalesce(cardinality(p_member_ids), 0) = 0
-       OR (SELECT scheduling_state FROM tuneplane.nodes WHERE id = p_node_id) = 'retired' THEN
+       OR NOT tuneplane.node_takes_commands(p_node_id) THEN
         RETURN;
     END IF;
     UPDATE tuneplane.members SET kill_requested_at = clock_timestamp()

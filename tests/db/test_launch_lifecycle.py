@@ -317,3 +317,20 @@ def test_an_illegal_or_unauthorised_transition_is_refused_naming_who_tried(db: D
         conn.execute("SET LOCAL tuneplane.operator_repair = 'test: repair'")
         conn.execute("UPDATE members SET state = 'preparing' WHERE id = %s", (member["id"],))
     assert members_of(db, job_id)[0]["state"] == "preparing"
+
+
+def test_nodes_nobody_reads_commands_for_get_none(db: Database, setup: dict) -> None:
+    """A Slurm fleet's nodes are driven by its worker (scancel), not by an outbox: an abort queues nothing
+    there, while a node agent's node still gets its command."""
+    slurm = db.fetch_one("INSERT INTO fleets (name, backend) VALUES ('hpc', 'slurm') RETURNING id")["id"]
+    make_node(db, slurm, "s0", gpus=2)
+    for fleet in (slurm, setup["fleet"]):
+        job_id = make_job(db, setup["user"], fleet)
+        db.call("reserve_next", fleet, 1000)
+        db.call("cancel_job", job_id, setup["admin"], "test")
+        assert job(db, job_id)["state"] == "cancelled"
+    kinds = db.fetch_all(
+        "SELECT f.backend, c.kind FROM node_commands c JOIN nodes n ON n.id = c.node_id"
+        " JOIN fleets f ON f.id = n.fleet_id"
+    )
+    assert kinds == [{"backend": "node", "kind": "abort"}]
