@@ -5,12 +5,16 @@ every gateway call, or `Node …`); the stored functions check it.
 
 Wiring (node gateway): `add_artifact_routes(app, database_url, blob_dir)` in Gateway.make_app, with
 blob_dir the same blob store the server reads (Settings.blob_dir; `tuneplane up` shares one data dir).
-The file work is blocking and runs in threads (asyncio.to_thread) on a small synchronous pool.
+The file work is blocking and runs in threads (asyncio.to_thread) on a small synchronous pool; a chunk
+upload runs in its own pool's thread, fed the body as it arrives (BodyPipe).
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +22,18 @@ from aiohttp import web
 
 from app.artifacts.blobs import FsBlobStore
 from app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified
-from app.artifacts.receiver import MAX_CHUNK_BYTES, ArtifactReceiver, Registration
+from app.artifacts.receiver import MAX_CHUNK_BYTES, ArtifactReceiver, ChunkBody, Registration
 from app.db import Database
 from app.errors import Refusal
 from app.security import token_hash
 
 RECEIVER_KEY = web.AppKey("artifact_receiver", ArtifactReceiver)
+CHUNK_POOL_KEY = web.AppKey("artifact_chunk_pool", ThreadPoolExecutor)
+# A chunk's thread holds on while its body arrives, so chunks get their own pool (other file work keeps
+# asyncio.to_thread's). Bodies go to that thread in batches of about PIPE_BATCH bytes, PIPE_DEPTH ahead.
+CHUNK_THREADS = 16
+PIPE_BATCH = 4 * 1024 * 1024
+PIPE_DEPTH = 2
 
 
 def credential_hash(request: web.Request) -> str:
@@ -83,13 +93,54 @@ async def _put_chunk(request: web.Request, rx: ArtifactReceiver, cred: str) -> w
     if length is None or length > MAX_CHUNK_BYTES:
         raise Refusal(f"a chunk needs a Content-Length of at most {MAX_CHUNK_BYTES} bytes",
                       411 if length is None else 413, "chunk")  # fmt: skip
-    data = await request.content.readexactly(length)
     info = request.match_info
-    answer = await asyncio.to_thread(
-        rx.put_chunk, cred, int(info["artifact_id"]), int(info["file_index"]), int(info["chunk_index"]), data,
-        request.headers.get("X-Chunk-Sha256"), request.headers.get("X-Chunk-Crc32c"),
-    )  # fmt: skip
+    pipe = BodyPipe(request.content, asyncio.get_running_loop())
+    feeding = asyncio.create_task(pipe.feed())
+    try:
+        answer = await asyncio.get_running_loop().run_in_executor(
+            request.app[CHUNK_POOL_KEY], rx.put_chunk, cred, int(info["artifact_id"]),
+            int(info["file_index"]), int(info["chunk_index"]), ChunkBody(length, pipe.blocks()),
+            request.headers.get("X-Chunk-Sha256"), request.headers.get("X-Chunk-Crc32c"),
+        )  # fmt: skip
+    finally:
+        feeding.cancel()
     return web.json_response(answer)
+
+
+class BodyPipe:
+    """A chunk body read on the event loop and consumed, as it arrives, by the thread that checks, hashes
+    and writes it: the network, the hashing and the disk overlap, blocks go to the thread as aiohttp read
+    them (no joining copy of the whole chunk), and at most PIPE_DEPTH batches wait in memory (aiohttp
+    stops reading the socket meanwhile)."""
+
+    def __init__(self, content: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.content = content
+        self.loop = loop
+        self.batches: queue.SimpleQueue[list[bytes] | None] = queue.SimpleQueue()
+        self.room = asyncio.Semaphore(PIPE_DEPTH)
+
+    async def feed(self) -> None:
+        self.content.set_read_chunk_size(PIPE_BATCH)
+        try:
+            while not self.content.at_eof():
+                await self.room.acquire()
+                batch: list[bytes] = []
+                size = 0
+                while size < PIPE_BATCH and (block := await self.content.readany()):
+                    batch.append(block)
+                    size += len(block)
+                if not batch:
+                    break
+                self.batches.put(batch)
+        except Exception:  # a body cut short (the client went away): the receiver refuses it by its length
+            pass
+        finally:
+            self.batches.put(None)
+
+    def blocks(self) -> Iterator[bytes]:
+        while (batch := self.batches.get()) is not None:
+            yield from batch
+            self.loop.call_soon_threadsafe(self.room.release)
 
 
 async def _finish(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
@@ -142,8 +193,10 @@ def add_artifact_routes(
 ) -> None:
     db = Database(database_url, max_size=pool_max, name="tuneplane-gateway-artifacts")
     app[RECEIVER_KEY] = ArtifactReceiver(db, blob_dir)
+    app[CHUNK_POOL_KEY] = ThreadPoolExecutor(CHUNK_THREADS, thread_name_prefix="artifact-chunk")
 
     async def close(_app: web.Application) -> None:
+        app[CHUNK_POOL_KEY].shutdown(wait=False, cancel_futures=True)
         db.close()
 
     app.on_cleanup.append(close)

@@ -6,10 +6,12 @@ work, then record the result through a stored function. The database decides sta
 reports what it verified, and it records a file as verified only after hashing the bytes it now holds.
 
 A file being uploaded is staged at <blob_dir>/staging/artifacts/<artifact id>/<digest prefix>/<file>.part;
-each chunk is written in place at its offset (after its crc32c or sha256 matched) and then recorded. The
-file is fsynced once, when it is assembled: a recorded chunk whose bytes a crash lost, or that the disk or
-someone damaged, is caught there (every chunk is re-checked against its recorded digest in the same pass
-that computes the file's sha256) and turned into a re-upload of exactly those chunks.
+each chunk is written in place at its offset (after its crc32c or sha256 matched) and then recorded.
+Chunks that arrive in order extend the file's sha256 as they are written (app/artifacts/staged_hash.py).
+The file is fsynced once, when it is assembled: the part of it not hashed on arrival (all of it after a
+restart, or when the staged file was changed by anyone else) is read back, each chunk re-checked against
+its recorded digest in the same pass that completes the file's sha256; a recorded chunk whose bytes a
+crash lost, or that the disk or someone damaged, is turned into a re-upload of exactly those chunks.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from psycopg.types.json import Jsonb
 
 from app.artifacts.blobs import FsBlobStore
 from app.artifacts.gc import gc_lock
+from app.artifacts.staged_hash import STAGED_HASHES, StagedWriter, trusted_prefix
 from app.db import Database
 from app.errors import Refusal
 from workers.artifacts.manifest import READ_BLOCK, Manifest, ManifestError, check_relative_path
@@ -171,14 +174,23 @@ class ArtifactReceiver:
         )[0]
         staged = None if target["verified"] else self._staging_file(target)
         # Streamed into place while its digest is computed: bytes that then fail the check are never
-        # recorded (and a resend overwrites them); assembly re-checks every recorded chunk anyway.
-        sha, crc = _receive(body, staged, int(target["chunk_size"]) * chunk_index, claimed_sha256 is not None
-                            and claimed_crc32c is None)  # fmt: skip
-        check_chunk_digest(target["path"], chunk_index, sha, crc, claimed_sha256, claimed_crc32c)
-        recorded = self.db.call(
-            "record_artifact_chunk", credential_hash, artifact_id, file_index, chunk_index, body.length,
-            sha if claimed_crc32c is None else None, crc if claimed_crc32c is not None else None,
-        )[0]  # fmt: skip
+        # recorded (and a resend overwrites them). A chunk that continues the file in order also extends
+        # the file's sha256 (app/artifacts/staged_hash.py), so assembly need not read those bytes again.
+        offset = int(target["chunk_size"]) * chunk_index
+        want_sha256 = claimed_sha256 is not None and claimed_crc32c is None
+        writer = None
+        try:
+            sha, crc, writer = _receive(body, staged, offset, want_sha256)
+            check_chunk_digest(target["path"], chunk_index, sha, crc, claimed_sha256, claimed_crc32c)
+            recorded = self.db.call(
+                "record_artifact_chunk", credential_hash, artifact_id, file_index, chunk_index, body.length,
+                sha if claimed_crc32c is None else None, crc if claimed_crc32c is not None else None,
+            )[0]  # fmt: skip
+            if writer is not None:
+                writer.commit()
+        finally:
+            if writer is not None:
+                writer.close()
         if recorded["file_verified"]:
             return {"file_verified": True, "state": self.status(credential_hash, artifact_id)["state"]}
         if recorded["all_chunks"]:
@@ -197,9 +209,9 @@ class ArtifactReceiver:
         )
 
     def _assemble(self, credential_hash: str, target: dict) -> dict:
-        """Re-read the staged file chunk by chunk: every recorded chunk's sha256 and the whole file's are
-        checked, and the file is recorded verified only if it matches the manifest. Bad chunks (lost or
-        damaged on the server) are dropped so the uploader resends just those."""
+        """Complete the file's sha256 (reading back, chunk by chunk, what was not hashed on arrival, each
+        chunk checked against its recorded digest) and record the file verified only if it matches the
+        manifest. Bad chunks (lost or damaged on the server) are dropped so the uploader resends them."""
         staged = self._staging_file(target)
         # Two last chunks arriving together both see "all chunks": one assembles, the other waits and
         # then finds the file verified (a lock file beside the staged file works across server processes).
@@ -214,23 +226,29 @@ class ArtifactReceiver:
             return self._assemble_locked(credential_hash, target, staged)
 
     def _assemble_locked(self, credential_hash: str, target: dict, staged: Path) -> dict:
-        # One pass over the staged bytes: each chunk is checked against the digest it arrived with (crc32c
-        # costs a fraction of the sha256 this pass computes anyway) while the whole file's sha256 — the
-        # proof against the manifest — is computed over the same bytes.
+        # One pass over the staged bytes not hashed on arrival: each chunk is checked against the digest it
+        # arrived with (crc32c costs a fraction of the sha256 this pass computes anyway) while the whole
+        # file's sha256 — the proof against the manifest — is completed over the same bytes.
         chunks = self.db.call(
             "artifact_file_chunks", credential_hash, target["artifact_id"], target["file_index"]
         )
         chunk_size = int(target["chunk_size"])
         bad: list[int] = []
-        digest = hashlib.sha256()
-        size = 0
+        state = STAGED_HASHES.take(staged)
         try:
             fd = os.open(staged, os.O_RDONLY)
         except FileNotFoundError:
             bad = [c["chunk_index"] for c in chunks]
+            digest, size, proven = hashlib.sha256(), 0, 0
         else:
             try:
+                # The prefix this process hashed as it arrived in order is proven already; the rest (all
+                # of it after a restart, a resume elsewhere, or a change by someone else) is read here.
+                digest, proven = trusted_prefix(state, fd)
+                size = proven
                 for chunk in chunks:
+                    if chunk["chunk_index"] * chunk_size < proven:
+                        continue
                     data = os.pread(fd, chunk["size"], chunk["chunk_index"] * chunk_size)
                     if len(data) != chunk["size"] or not chunk_matches(data, chunk):
                         bad.append(chunk["chunk_index"])
@@ -240,6 +258,8 @@ class ArtifactReceiver:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+            log.debug("%s: assembled, %d bytes hashed on arrival, %d read back", target["path"], proven,
+                      size - proven)  # fmt: skip
         if bad:
             self.db.call(
                 "discard_artifact_chunks",
@@ -277,6 +297,7 @@ class ArtifactReceiver:
                 target["size"],
             )[0]
         if artifact["state"] == "complete":
+            STAGED_HASHES.forget_under(self._staging_root(target["artifact_id"]))
             shutil.rmtree(self._staging_root(target["artifact_id"]), ignore_errors=True)
         return artifact
 
@@ -291,6 +312,7 @@ class ArtifactReceiver:
 
     def fail(self, credential_hash: str, artifact_id: int, reason: str) -> dict:
         artifact = self.db.call("fail_artifact", credential_hash, artifact_id, reason)[0]
+        STAGED_HASHES.forget_under(self._staging_root(artifact_id))
         shutil.rmtree(self._staging_root(artifact_id), ignore_errors=True)
         return artifact
 
@@ -307,32 +329,43 @@ class ChunkBody:
         return cls(len(data), (data,))
 
 
-def _receive(body: ChunkBody, staged: Path | None, offset: int, want_sha256: bool) -> tuple[str | None, int]:
+def _receive(
+    body: ChunkBody, staged: Path | None, offset: int, want_sha256: bool
+) -> tuple[str | None, int, StagedWriter | None]:
     """Write the chunk's blocks at `offset` of the staged file (None: only digest them) and return
-    (sha256 if asked, crc32c) of exactly the bytes received. A body shorter than announced is refused."""
+    (sha256 if asked, crc32c) of exactly the bytes received, and the writer to commit once the chunk is
+    recorded. A body shorter than announced is refused."""
     crc = 0
     sha = hashlib.sha256() if want_sha256 else None
     received = 0
-    fd = None
+    fd = writer = None
     if staged is not None:
         staged.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(staged, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
+        if fd is not None:
+            writer = STAGED_HASHES.writer(staged, fd, offset)
         for block in body.blocks:
             if received + len(block) > body.length:
                 raise Refusal(f"the chunk body is longer than its Content-Length {body.length}", 400, "chunk")
             crc = google_crc32c.extend(crc, block)
             if sha is not None:
                 sha.update(block)
-            if fd is not None:
-                _pwrite_all(fd, block, offset + received)
+            if writer is not None:
+                writer.write(fd, block)
             received += len(block)
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        raise
     finally:
         if fd is not None:
             os.close(fd)
     if received != body.length:
+        if writer is not None:
+            writer.close()
         raise Refusal(f"the chunk body ended after {received} of {body.length} bytes", 400, "chunk")
-    return (sha.hexdigest() if sha is not None else None), crc
+    return (sha.hexdigest() if sha is not None else None), crc, writer
 
 
 def check_chunk_digest(
@@ -382,12 +415,3 @@ def _hash_stream(stream: Any) -> tuple[str, int]:
         digest.update(block)
         size += len(block)
     return digest.hexdigest(), size
-
-
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
-    # No fsync per chunk: a recorded chunk that a crash lost is caught when the file is assembled (every
-    # chunk is checked against its digest there) and sent again; the assembled file is fsynced once.
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view, offset = view[written:], offset + written

@@ -11,8 +11,9 @@ decides that a file and then the artifact are complete: it hashes each assembled
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,10 +91,11 @@ class UploadResult:
     reason: str | None = None
 
 
-def pending_chunks(status: dict[str, Any], manifest: Manifest) -> Iterator[tuple[dict, Chunk]]:
-    """(server file entry, chunk) for every chunk the server does not hold yet, in upload order."""
+def pending_by_file(status: dict[str, Any], manifest: Manifest) -> list[tuple[dict, list[Chunk]]]:
+    """(server file entry, its missing chunks in order) for every file the server has not verified."""
     chunk_size = int(status["chunk_size"])
     local = manifest.by_path()
+    work = []
     for entry in status["files"]:
         mine = local.get(entry["path"])
         if mine is None or mine.sha256 != entry["sha256"] or mine.size != entry["size"]:
@@ -101,9 +103,10 @@ def pending_chunks(status: dict[str, Any], manifest: Manifest) -> Iterator[tuple
         if entry["verified"]:
             continue
         held = set(entry.get("chunks") or ())
-        for chunk in chunk_plan(mine.size, chunk_size):
-            if chunk.index not in held:
-                yield entry, chunk
+        missing = [c for c in chunk_plan(mine.size, chunk_size) if c.index not in held]
+        if missing:
+            work.append((entry, missing))
+    return work
 
 
 def upload_artifact(
@@ -114,8 +117,12 @@ def upload_artifact(
     on_chunk: Callable[[str, int, int], None] | None = None,
     parallel: int = 4,
 ) -> UploadResult:
-    """Send every chunk the server lacks (`parallel` at a time), then ask it to finish; resumable by
-    calling it again. The first failed chunk stops the upload (chunks already sent stay on the server)."""
+    """Send every chunk the server lacks, then ask it to finish; resumable by calling it again.
+
+    `parallel` files go at a time, each file's chunks one after the other in order: the server hashes a
+    file while its chunks arrive in order and then need not read it back (app/artifacts/staged_hash.py),
+    and several files keep both CPUs and the link busy. The first failed chunk stops the upload (chunks
+    already sent stay on the server)."""
     root_path = Path(root)
     status = transport.status()
     if status["state"] == "complete":
@@ -126,24 +133,31 @@ def upload_artifact(
     total_chunks = sum(
         chunk_count(f["size"], int(status["chunk_size"])) for f in status["files"] if not f["verified"]
     )
-    work = list(pending_chunks(status, manifest))
+    work = pending_by_file(status, manifest)
+    stop = threading.Event()
 
-    def send(item: tuple[dict, Chunk]) -> int:
-        entry, chunk = item
-        data, crc = read_chunk(root_path / entry["path"], chunk)
-        transport.put_chunk(entry["index"], chunk.index, data, crc)
-        if on_chunk is not None:
-            on_chunk(entry["path"], chunk.index, len(data))
-        return len(data)
+    def send_file(item: tuple[dict, list[Chunk]]) -> tuple[int, int]:
+        entry, chunks = item
+        sent = sent_bytes = 0
+        for chunk in chunks:
+            if stop.is_set():
+                break
+            data, crc = read_chunk(root_path / entry["path"], chunk)
+            transport.put_chunk(entry["index"], chunk.index, data, crc)
+            if on_chunk is not None:
+                on_chunk(entry["path"], chunk.index, len(data))
+            sent, sent_bytes = sent + 1, sent_bytes + len(data)
+        return sent, sent_bytes
 
     sent = sent_bytes = 0
     with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="chunk-upload") as pool:
-        futures = [pool.submit(send, item) for item in work]
+        futures = [pool.submit(send_file, item) for item in work]
         try:
             for future in as_completed(futures):
-                sent_bytes += future.result()
-                sent += 1
+                n, nbytes = future.result()
+                sent, sent_bytes = sent + n, sent_bytes + nbytes
         except BaseException:
+            stop.set()
             for future in futures:
                 future.cancel()
             raise
