@@ -9,9 +9,12 @@ field in the error's COLUMN slot, e.g.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import psycopg
+if TYPE_CHECKING:
+    import psycopg
 
 # A refusal echoes at most this much of anything it quotes (a name, a value, a parser's message), so a
 # client cannot make an error answer or a log line as large as its input.
@@ -63,14 +66,20 @@ ROLLED_BACK_SQLSTATES = ("40P01", "40001")
 RETRY_PAUSES = (0.02, 0.05, 0.15)
 
 
+def _database_error(exc: BaseException) -> bool:
+    # Not imported here: a process that never imported the driver (a collector) cannot have its errors.
+    driver = sys.modules.get("psycopg")
+    return driver is not None and isinstance(exc, driver.Error)
+
+
 def rolled_back(exc: BaseException) -> bool:
     """True for a database error after which the transaction may simply run again."""
-    return isinstance(exc, psycopg.Error) and (exc.sqlstate or "") in ROLLED_BACK_SQLSTATES
+    return _database_error(exc) and (exc.sqlstate or "") in ROLLED_BACK_SQLSTATES  # type: ignore[attr-defined]
 
 
 def describe_db_error(exc: BaseException) -> str:
     """A short, client-safe name for an unexpected database error (no SQL, no parameters)."""
-    if isinstance(exc, psycopg.Error) and exc.sqlstate:
+    if _database_error(exc) and exc.sqlstate:  # type: ignore[attr-defined]
         primary = exc.diag.message_primary or type(exc).__name__
         return clip(f"{primary} (SQLSTATE {exc.sqlstate})", MAX_FIELD_CHARS)
     return clip(f"{type(exc).__name__}: {exc}", MAX_FIELD_CHARS)

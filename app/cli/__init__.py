@@ -1,16 +1,46 @@
-"""The `tuneplane` command. Each area adds its commands in its own module, listed in COMMAND_MODULES."""
+"""The `tuneplane` command. Each area adds its commands in its own module, listed in COMMAND_MODULES.
+
+A command's module is imported only when that command runs (COMMANDS_BY_NAME says which module holds
+it), so that `tuneplane collector` — which the agent starts for every member — and every other command
+start without importing the whole CLI (the database driver, rich, pydantic models of other areas)."""
 
 from __future__ import annotations
 
 import importlib
 import logging
 import os
+import sys
 
 import click
-import psycopg
 
 from app import __version__
 from app.errors import Refusal
+
+# command name → the modules to import for it (the first one lists it in COMMANDS). A test checks that this
+# table and the modules' COMMANDS agree.
+COMMANDS_BY_NAME: dict[str, tuple[str, ...]] = {
+    "db": ("app.cli.db_cmd",),
+    "up": ("app.cli.up_cmd",),
+    "embedded-postgres": ("app.cli.up_cmd",),
+    "server": ("app.cli.server_cmd",),
+    "plugins": ("app.cli.plugins_cmd",),
+    "admin": ("app.cli.admin_cmd",),
+    "preview": ("app.cli.submit_cmd",),
+    "confirm": ("app.cli.submit_cmd",),
+    "submit": ("app.cli.submit_cmd",),
+    "jobs": ("app.cli.submit_cmd", "app.cli.jobs_launch_cmd"),
+    "login": ("app.cli.submit_cmd",),
+    "telemetry-gateway": ("app.cli.telemetry_cmd",),
+    "collector": ("app.cli.telemetry_cmd",),
+    "metrics": ("app.cli.telemetry_cmd",),
+    "artifacts": ("app.cli.artifacts_cmd",),
+    "blobs": ("app.cli.blobs_cmd",),
+    "node": ("app.cli.node_cmd",),
+    "node-gateway": ("app.cli.node_cmd",),
+    "fleet": ("app.cli.fleet_cmd",),
+    "worker": ("app.cli.launch_cmd",),
+    "runner": ("app.cli.launch_cmd",),
+}
 
 COMMAND_MODULES = [
     "app.cli.db_cmd",
@@ -49,8 +79,25 @@ def _one_line(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:300] + "…"
 
 
+def _database_unreachable(exc: BaseException) -> bool:
+    # Only a command that imported the driver can fail with its error.
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(exc, psycopg.OperationalError)
+
+
 class TunePlaneGroup(click.Group):
-    """Turns expected failures into `Error: <one line>` on stderr and a non-zero exit status."""
+    """Loads each command's module when it runs; turns expected failures into `Error: <one line>` on
+    stderr and a non-zero exit status."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS_BY_NAME)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        modules = COMMANDS_BY_NAME.get(cmd_name)
+        if modules is None:
+            return None
+        loaded = [importlib.import_module(name) for name in modules]
+        return next(c for c in loaded[0].COMMANDS if c.name == cmd_name)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -60,9 +107,6 @@ class TunePlaneGroup(click.Group):
             fields = getattr(exc, "fields", None) or {}
             detail = "; ".join(f"{k}: {v}" for k, v in fields.items() if v != message)
             raise click.ClickException(message + (f" ({detail})" if detail else "")) from exc
-        except psycopg.OperationalError as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise click.ClickException(f"cannot reach the database: {first}") from exc
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
         except (OSError, ValueError, UnicodeError) as exc:
@@ -70,6 +114,9 @@ class TunePlaneGroup(click.Group):
             log.debug("command failed", exc_info=True)
             raise click.ClickException(_one_line(exc)) from exc
         except Exception as exc:
+            if _database_unreachable(exc):
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise click.ClickException(f"cannot reach the database: {first}") from exc
             log.debug("command failed", exc_info=True)
             raise click.ClickException(
                 f"unexpected {type(exc).__name__}: {_one_line(exc)} (TUNEPLANE_LOG_LEVEL=DEBUG shows where)"
@@ -84,11 +131,6 @@ def main() -> None:
         level=os.environ.get("TUNEPLANE_LOG_LEVEL", "WARNING").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-
-
-for _name in COMMAND_MODULES:
-    for _command in importlib.import_module(_name).COMMANDS:
-        main.add_command(_command)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from app.settings import Settings, load_settings
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 
 def server_side(func: Callable) -> Callable:
@@ -30,6 +31,8 @@ def server_side(func: Callable) -> Callable:
 
 
 def settings_from(database_url: str | None, data_dir: str | None) -> Settings:
+    from app.settings import load_settings  # pydantic: only for the commands that read settings
+
     return load_settings(database_url=database_url, data_dir=data_dir)
 
 

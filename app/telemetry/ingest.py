@@ -15,6 +15,7 @@ import numpy as np
 import psycopg
 
 from app.telemetry import limits
+from app.telemetry.pg_arrays import Float8Array, Int4Array, Int8Array, PgArray
 from app.telemetry.wire import Batch
 
 ROLLUP_WIDTHS = (64, 512, 4096, 32768)
@@ -53,15 +54,22 @@ def copy_buffer(series_ids: np.ndarray, steps: np.ndarray, values: np.ndarray, w
 
 @dataclass
 class Aggregates:
-    rollups: tuple[list, ...]  # the r_* arguments of telemetry_merge_batch (r_last_wall last)
-    series: tuple[list, ...]  # the s_* arguments
+    rollups: tuple[PgArray, ...]  # the r_* arguments of telemetry_merge_batch (r_last_wall last)
+    series: tuple[PgArray, ...]  # the s_* arguments
+
+
+_ROLLUP_TYPES = (Int8Array, Int4Array, Int8Array, Int8Array, Float8Array, Float8Array, Float8Array,
+                 Int8Array, Int8Array, Float8Array, Float8Array)  # fmt: skip
+_SERIES_TYPES = (Int8Array, Int8Array, Int8Array, Int8Array, Int8Array, Float8Array)
+# An all-NaN bucket has no min or max, and a point without a wall time has none: NULL, not NaN.
+_NULL_WHEN_NAN = (5, 6, 10)
 
 
 def aggregates(
     series_ids: np.ndarray, steps: np.ndarray, values: np.ndarray, walls: np.ndarray
 ) -> Aggregates:
     if len(steps) == 0:
-        return Aggregates(tuple([] for _ in range(11)), tuple([] for _ in range(6)))
+        return Aggregates(tuple(t([]) for t in _ROLLUP_TYPES), tuple(t([]) for t in _SERIES_TYPES))
     order = np.lexsort((steps, series_ids))
     sid = series_ids[order]
     st = steps[order]
@@ -72,26 +80,23 @@ def aggregates(
     nan_val = np.where(finite, val, np.nan)
     fin_n = finite.astype(np.int64)
     n = len(st)
-
-    def groups(keys: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        change = np.zeros(n, dtype=bool)
-        change[0] = True
-        for key in keys:
-            change[1:] |= key[1:] != key[:-1]
-        starts = np.flatnonzero(change)
-        ends = np.append(starts[1:], n) - 1
-        return starts, ends
+    series_change = np.empty(n, dtype=bool)
+    series_change[0] = True
+    np.not_equal(sid[1:], sid[:-1], out=series_change[1:])
 
     r_cols: list[list] = [[] for _ in range(11)]
     for width in ROLLUP_WIDTHS:
         bucket = np.floor_divide(st, width)
-        starts, ends = groups([sid, bucket])
+        change = series_change.copy()
+        change[1:] |= bucket[1:] != bucket[:-1]
+        starts = np.flatnonzero(change)
+        ends = np.append(starts[1:], n) - 1
         with np.errstate(invalid="ignore"):
             mins = np.fmin.reduceat(nan_val, starts)
             maxs = np.fmax.reduceat(nan_val, starts)
         parts = (
             sid[starts],
-            np.full(len(starts), width, dtype=np.int64),
+            np.full(len(starts), width, dtype=np.int32),
             bucket[starts],
             np.add.reduceat(fin_n, starts),
             np.add.reduceat(fin_val, starts),
@@ -104,25 +109,15 @@ def aggregates(
         )
         for col, part in zip(r_cols, parts, strict=True):
             col.append(part)
-    rollups = tuple(
-        _nan_to_none(np.concatenate(col)) if i in (5, 6, 10) else np.concatenate(col).tolist()
-        for i, col in enumerate(r_cols)
-    )
-    starts, ends = groups([sid])
-    series = (
-        sid[starts].tolist(),
-        np.diff(np.append(starts, n)).tolist(),
-        st[starts].tolist(),
-        st[ends].tolist(),
-        st[ends].tolist(),
-        val[ends].tolist(),
-    )
-    return Aggregates(rollups, series)
-
-
-def _nan_to_none(column: np.ndarray) -> list:
-    # An all-NaN bucket has no min/max: NULL, not NaN.
-    return [None if x != x else x for x in column.tolist()]
+    rollups = []
+    for i, (kind, col) in enumerate(zip(_ROLLUP_TYPES, r_cols, strict=True)):
+        joined = np.concatenate(col)
+        rollups.append(kind(joined, np.isnan(joined) if i in _NULL_WHEN_NAN else None))
+    starts = np.flatnonzero(series_change)
+    ends = np.append(starts[1:], n) - 1
+    columns = (sid[starts], np.diff(np.append(starts, n)), st[starts], st[ends], st[ends], val[ends])
+    series = tuple(kind(col) for kind, col in zip(_SERIES_TYPES, columns, strict=True))
+    return Aggregates(tuple(rollups), series)
 
 
 def batch_digest(payload: bytes) -> str:

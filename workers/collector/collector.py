@@ -127,9 +127,9 @@ class Collector:
         source = chunk.state.source
         names = list(chunk.series)
         columns = [chunk.series[name] for name in names]
-        steps = np.concatenate([np.array(c[0], dtype=np.int64) for c in columns])
-        values = np.concatenate([np.array(c[1], dtype=np.float64) for c in columns])
-        walls = np.concatenate([np.array(c[2], dtype=np.float64) for c in columns])
+        steps = np.concatenate([c[0] for c in columns]) if columns else np.zeros(0, dtype=np.int64)
+        values = np.concatenate([c[1] for c in columns]) if columns else np.zeros(0)
+        walls = np.concatenate([c[2] for c in columns]) if columns else np.zeros(0)
         seq = self.spool.last_seq + 1
         payload = wire.encode(
             self.collector_id,

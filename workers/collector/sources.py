@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.telemetry import limits
+import numpy as np
+
 from workers.collector import jsonl, tb_events, tfrecord
+from workers.collector.columns import Parsed, PointColumns, Series
 from workers.collector.file_identity import FileIdentity, identify, still_same
 from workers.collector.points import Point
 
@@ -96,14 +98,13 @@ class FileState:
 
 @dataclass
 class Chunk:
-    """Points read from one file, by series (name → steps, values, wall times), and the offset just past
-    the last record they came from, with what was refused (name, reason → count) and the damaged regions
-    skipped in those bytes. Columns, not point objects: the collector's cost per point is what bounds its
-    throughput."""
+    """Points read from one file, by series (name → steps, values, wall times as numpy columns), and the
+    offset just past the last unit (line or record) they came from, with what was refused (name, reason →
+    count) and the damaged regions skipped in those bytes."""
 
     state: FileState
     end_offset: int
-    series: dict[str, tuple[list[int], list[float], list[float]]]
+    series: Series
     count: int
     refused: dict[tuple[str, str], int] = field(default_factory=dict)
     damage: list[tfrecord.Damage] = field(default_factory=list)
@@ -119,41 +120,8 @@ class Chunk:
         return [
             Point(source, name, step, wall, value)
             for name, (steps, values, walls) in self.series.items()
-            for step, value, wall in zip(steps, values, walls, strict=True)
+            for step, value, wall in zip(steps.tolist(), values.tolist(), walls.tolist(), strict=True)
         ]
-
-
-class _Columns:
-    """Accumulates one chunk's points by series name, refusing (and counting) a point whose name or step
-    breaks app.telemetry.limits."""
-
-    __slots__ = ("count", "damage", "refused", "series")
-
-    def __init__(self) -> None:
-        self.series: dict[str, tuple[list[int], list[float], list[float]]] = {}
-        self.count = 0
-        self.refused: dict[tuple[str, str], int] = {}
-        self.damage: list[tfrecord.Damage] = []
-
-    def refuse(self, name: str, reason: str, count: int = 1) -> None:
-        key = (name if limits.name_problem(name) is None else "", reason)
-        self.refused[key] = self.refused.get(key, 0) + count
-
-    def add(self, name: str, step: int, value: float, wall: float) -> None:
-        columns = self.series.get(name)
-        if columns is None:
-            problem = limits.name_problem(name)
-            if problem is not None:
-                self.refuse(name, problem)
-                return
-            columns = self.series[name] = ([], [], [])
-        if not -9007199254740991 <= step <= 9007199254740991:  # limits.STEP_MIN/MAX, inlined (hot path)
-            self.refuse(name, limits.STEP_RANGE)
-            return
-        columns[0].append(step)
-        columns[1].append(value)
-        columns[2].append(wall)
-        self.count += 1
 
 
 class OutputTracker:
@@ -246,68 +214,91 @@ class OutputTracker:
     def _read_tensorboard(
         self, state: FileState, data: bytes, max_points: int, final: bool, more: bool
     ) -> Iterator[Chunk]:
-        start = state.offset
-        found = tfrecord.scan(data, start, final=final, more_to_read=more)
-        damage = sorted(found.damage, key=lambda d: d.offset)
-        columns = _Columns()
+        found = tfrecord.scan(data, state.offset, final=final, more_to_read=more)
+        columns = PointColumns()
         run_dir = Path(state.path).parent.name
-        names: dict[str, str] = {}
-        for record_end, record in found.records:
-            # Damage before this record travels with it (its position and its damage are spooled together).
-            while damage and damage[0].offset < record_end:
-                columns.damage.append(damage.pop(0))
+        simple = tb_events.simple_scalars(found.data, found.starts, found.lengths)
+        names = [subrun_name(run_dir, tag) for tag in simple.tags]
+        units = np.flatnonzero(simple.matched)
+        columns.add_many(units, names, simple.tag_ids, simple.steps, simple.values, simple.walls)
+        damage = list(found.damage)
+        ends = found.ends
+        for unit in np.flatnonzero(~simple.matched).tolist():
+            start, length = int(found.starts[unit]), int(found.lengths[unit])
+            record, record_end = found.data[start : start + length], int(ends[unit])
             try:
                 for tag, step, wall, value in tb_events.event_scalars(record, state.source, state.tags):
-                    name = names.get(tag)
-                    if name is None:
-                        name = names[tag] = subrun_name(run_dir, tag)
-                    columns.add(name, step, value, wall)
+                    columns.add(unit, subrun_name(run_dir, tag), step, value, wall)
             except tb_events.EventDecodeError:
-                columns.damage.append(
-                    tfrecord.Damage(record_end - len(record) - 16, len(record) + 16, NOT_AN_EVENT)
-                )
-            if columns.count >= max_points:
-                yield self._chunk(state, record_end, columns)
-                columns = _Columns()
-        columns.damage.extend(damage)
-        end = start + found.consumed
-        if columns.count or columns.refused or columns.damage or end != state.offset:
-            yield self._chunk(state, end, columns)
+                damage.append(tfrecord.Damage(record_end - len(record) - 16, len(record) + 16, NOT_AN_EVENT))
+        yield from self._chunks(state, columns.build(ends), state.offset + found.consumed, damage,
+                                max_points)  # fmt: skip
 
     def _read_jsonl(
         self, state: FileState, data: bytes, max_points: int, full_chunk: bool, final: bool
     ) -> Iterator[Chunk]:
-        now = time.time()
-        columns = _Columns()
-        end = state.offset
-        lines = list(jsonl.split_lines(data, state.offset))
-        if final and (not lines or lines[-1][0] < state.offset + len(data)):
+        lines = data.split(b"\n")
+        torn = lines.pop()  # after the last newline: the writer is mid-line (or b"")
+        ends = np.cumsum([len(line) + 1 for line in lines], dtype=np.int64) + state.offset
+        if final and torn:
             # The writer is gone: a last line without its newline is all it will ever write.
-            lines.append((state.offset + len(data), data[(lines[-1][0] - state.offset) if lines else 0 :]))
-        for line_end, line in lines:
-            end = line_end
-            if not line.strip():
-                continue
-            step, wall, metrics, refused = jsonl.parse_line(line, now)
-            for name, reason in refused:
-                columns.refuse(name, reason)
-            for name, value in metrics:
-                columns.add(name, step, value, wall)  # type: ignore[arg-type]
-            if columns.count >= max_points:
-                yield self._chunk(state, end, columns)
-                columns = _Columns()
-        if end == state.offset and full_chunk:
-            # One line longer than a whole chunk: not a metrics line; skip past it.
-            columns.refuse("", LINE_TOO_LONG)
-            end = state.offset + len(data)
-        if columns.count or columns.refused or end != state.offset:
-            yield self._chunk(state, end, columns)
+            lines.append(torn)
+            ends = np.append(ends, state.offset + len(data))
+        if not lines:
+            if full_chunk:
+                # One line longer than a whole chunk: not a metrics line; skip past it.
+                columns = PointColumns()
+                columns.refuse(0, "", LINE_TOO_LONG)
+                end = state.offset + len(data)
+                yield from self._chunks(state, columns.build([end]), end, [], max_points)
+            return
+        now = time.time()
+        # Decoded a block of lines at a time, sized to make about one chunk, so that the first batch
+        # leaves while the rest of the buffer is still to be read.
+        block = max(64, max_points // 8)
+        start = 0
+        while start < len(lines):
+            stop = min(len(lines), start + block)
+            columns = PointColumns()
+            jsonl.parse_lines(lines[start:stop], now, columns)
+            parsed = columns.build(ends[start:stop])
+            yield from self._chunks(state, parsed, int(ends[stop - 1]), [], max_points)
+            per_line = max(1.0, len(parsed.units) / (stop - start))
+            block = max(64, int(max_points * 0.97 / per_line))
+            start = stop
+
+    def _chunks(
+        self, state: FileState, parsed: Parsed, end: int, damage: list[tfrecord.Damage], max_points: int
+    ) -> Iterator[Chunk]:
+        """Cut what one buffer held into chunks of about max_points points, each ending after a whole unit;
+        damage before a chunk's end travels with that chunk (its position and its damage are spooled
+        together), the rest with the last one."""
+        damage = sorted(damage, key=lambda d: d.offset)
+        cuts = list(parsed.cuts(max_points))
+        for number, (unit_start, unit_stop, start, stop) in enumerate(cuts):
+            last = number == len(cuts) - 1
+            chunk_end = end if last else int(parsed.unit_ends[unit_stop - 1])
+            mine = damage if last else [d for d in damage if d.offset < chunk_end]
+            damage = [] if last else damage[len(mine) :]
+            refused = parsed.refused_in(unit_start, unit_stop)
+            if last and not (stop - start or refused or mine or chunk_end != state.offset):
+                return
+            yield self._chunk(state, chunk_end, parsed.series(start, stop), stop - start, refused, mine)
+        if not cuts and (damage or end != state.offset):
+            yield self._chunk(state, end, {}, 0, {}, damage)
 
     @staticmethod
-    def _chunk(state: FileState, end: int, columns: _Columns) -> Chunk:
-        if columns.count:
+    def _chunk(
+        state: FileState,
+        end: int,
+        series: Series,
+        count: int,
+        refused: dict[tuple[str, str], int],
+        damage: list[tfrecord.Damage],
+    ) -> Chunk:
+        if count:
             state.last_data_at = time.time()
-        state.bad_records += len(columns.damage) + sum(columns.refused.values())
-        chunk = Chunk(state, end, columns.series, columns.count, columns.refused, columns.damage)
+        state.bad_records += len(damage) + sum(refused.values())
+        chunk = Chunk(state, end, series, count, refused, damage)
         state.offset = end
         return chunk

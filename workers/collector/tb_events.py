@@ -13,7 +13,9 @@ import struct
 import sys
 import types
 from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 
@@ -112,3 +114,82 @@ def event_scalars(
             number = tensor_scalar(value.tensor)
             if number is not None:
                 yield tag, step, wall_time, number
+
+
+# The one layout PyTorch's and tensorboardX's add_scalar write, field by field:
+#   09 <wall_time f64>  10 <step varint>  2a <summary len>  0a <value len>  0a <tag len> <tag>  15 <f32>
+# Records in exactly this layout are decoded in bulk (numpy over all of them at once); any other record
+# (step 0 or wall time 0 omitted, more than one value, metadata, tensors, a tag of 128+ bytes) goes
+# through event_scalars, which is the definition this fast path must agree with.
+_MAX_VARINT = 10
+
+
+@dataclass
+class SimpleScalars:
+    matched: np.ndarray  # bool per record: decoded here (else: decode with event_scalars)
+    tags: list[str]  # distinct tags of the matched records
+    tag_ids: np.ndarray  # per matched record, index into tags
+    steps: np.ndarray
+    walls: np.ndarray
+    values: np.ndarray
+
+
+def simple_scalars(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> SimpleScalars:
+    """Decode the records data[starts[i] : starts[i] + lengths[i]] that are single simple_value scalars."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    # A record shorter than the smallest scalar event cannot match; pad reads so none runs off the buffer.
+    padded = np.concatenate([raw, np.zeros(64, dtype=np.uint8)])
+    ok = lengths >= 9 + 2 + 6 + 5
+    s = np.where(ok, starts, 0)
+    ok &= padded[s] == 0x09
+    ok &= padded[s + 9] == 0x10
+    varint = padded[(s + 10)[:, None] + np.arange(_MAX_VARINT)].astype(np.uint64)
+    ends_here = (varint & 0x80) == 0
+    ok &= ends_here.any(axis=1)
+    vlen = np.argmax(ends_here, axis=1) + 1
+    shifts = (np.arange(_MAX_VARINT, dtype=np.uint64) * np.uint64(7))
+    used = np.arange(_MAX_VARINT) < vlen[:, None]
+    step = np.bitwise_or.reduce(np.where(used, (varint & np.uint64(0x7F)) << shifts, np.uint64(0)), axis=1)
+    # A 10-byte varint carries at most one bit in its last byte (64 bits in all).
+    ok &= (vlen < _MAX_VARINT) | (varint[:, _MAX_VARINT - 1] <= 1)
+    p = s + 10 + vlen
+    summary_len = padded[p + 1].astype(np.int64)
+    value_len = padded[p + 3].astype(np.int64)
+    tag_len = padded[p + 5].astype(np.int64)
+    ok &= (padded[p] == 0x2A) & (padded[p + 2] == 0x0A) & (padded[p + 4] == 0x0A)
+    ok &= (summary_len < 0x80) & (value_len < 0x80) & (tag_len < 0x80)
+    ok &= (value_len == 2 + tag_len + 5) & (summary_len == 2 + value_len)
+    ok &= p + 2 + summary_len == s + lengths
+    ok &= padded[np.where(ok, p + 6 + tag_len, 0)] == 0x15
+    matched = ok.copy()
+    idx = np.flatnonzero(matched)
+    tags: list[str] = []
+    tag_ids = np.zeros(len(idx), dtype=np.int64)
+    if len(idx):
+        ms, mp, mt = s[idx], p[idx], tag_len[idx]
+        for length in np.unique(mt).tolist():
+            group = np.flatnonzero(mt == length)
+            tag_bytes = padded[(mp[group] + 6)[:, None] + np.arange(length)]
+            rows = np.ascontiguousarray(tag_bytes).view(f"V{length}").ravel() if length else None
+            if rows is None:
+                distinct, inverse = [b""], np.zeros(len(group), dtype=np.int64)
+            else:
+                uniq, inverse = np.unique(rows, return_inverse=True)
+                distinct = [bytes(u) for u in uniq]
+            for k, tag in enumerate(distinct):
+                try:
+                    text = tag.decode("utf-8")
+                except UnicodeDecodeError:
+                    matched[idx[group[inverse.ravel() == k]]] = False  # event_scalars says what it is
+                    continue
+                tag_ids[group[inverse.ravel() == k]] = len(tags)
+                tags.append(text)
+        keep = matched[idx]
+        idx, ms, mp, mt, tag_ids = idx[keep], ms[keep], mp[keep], mt[keep], tag_ids[keep]
+        walls = padded[(ms + 1)[:, None] + np.arange(8)].copy().view("<f8").ravel()
+        values = padded[(mp + 7 + mt)[:, None] + np.arange(4)].copy().view("<f4").ravel().astype(np.float64)
+        steps = step[idx].view(np.int64)
+    else:
+        walls = values = np.zeros(0, dtype=np.float64)
+        steps = np.zeros(0, dtype=np.int64)
+    return SimpleScalars(matched, tags, tag_ids, steps, walls, values)

@@ -12,13 +12,16 @@ skipped region is returned as a `Damage` (offset, bytes, reason) so that it can 
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import google_crc32c
+import numpy as np
 
 _HEADER = struct.Struct("<QI")
+_LENGTH = struct.Struct("<Q")
 _FOOTER = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size  # 12
 FOOTER_SIZE = _FOOTER.size  # 4
@@ -52,11 +55,30 @@ class Damage:
 
 @dataclass
 class ScanResult:
-    """What one pass over a buffer found."""
+    """What one pass over a buffer found: the intact records as positions in `data` (`starts`, `lengths`:
+    where each record's payload begins and how long it is), the damage skipped, and how far it got."""
 
-    records: list[tuple[int, bytes]] = field(default_factory=list)  # (offset just past the record, data)
+    data: bytes = b""
+    base_offset: int = 0
+    starts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    lengths: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     consumed: int = 0  # bytes of the buffer fully handled (complete records and skipped damage)
     damage: list[Damage] = field(default_factory=list)
+
+    @property
+    def ends(self) -> np.ndarray:
+        """File offset just past each intact record (its footer included)."""
+        return self.base_offset + self.starts + self.lengths + FOOTER_SIZE
+
+    @property
+    def records(self) -> list[tuple[int, bytes]]:
+        """(file offset just past the record, payload) for each intact record."""
+        return [
+            (end, self.data[start : start + length])
+            for end, start, length in zip(
+                self.ends.tolist(), self.starts.tolist(), self.lengths.tolist(), strict=True
+            )
+        ]
 
     @property
     def bad_data_crc(self) -> int:
@@ -88,6 +110,23 @@ def _resync(view: memoryview, start: int) -> int | None:
     return None
 
 
+def _walk(data: bytes, pos: int) -> tuple[list[int], list[int]]:
+    """Record starts and lengths from `pos`, trusting each length (checked afterwards, all at once) as long
+    as the record fits in the buffer and is not absurd."""
+    starts: list[int] = []
+    lengths: list[int] = []
+    end = len(data)
+    unpack = _LENGTH.unpack_from
+    while end - pos >= HEADER_SIZE:
+        (length,) = unpack(data, pos)
+        if length > MAX_RECORD_BYTES or end - pos < HEADER_SIZE + length + FOOTER_SIZE:
+            break
+        starts.append(pos)
+        lengths.append(length)
+        pos += HEADER_SIZE + length + FOOTER_SIZE
+    return starts, lengths
+
+
 def scan(
     buffer: bytes | memoryview, base_offset: int = 0, final: bool = False, more_to_read: bool = False
 ) -> ScanResult:
@@ -96,40 +135,121 @@ def scan(
 
     A damaged region with no intact record after it yet is left for the next read (the writer may still
     be writing what follows), so that one region is reported once, whole; it is reported up to where the
-    buffer ends only when the file holds more than the buffer (`more_to_read`) or at the end (`final`)."""
-    view = memoryview(buffer)
-    result = ScanResult()
+    buffer ends only when the file holds more than the buffer (`more_to_read`) or at the end (`final`).
+
+    The common case is checked in bulk: a run of records is found by trusting each length, then every
+    length CRC and data CRC of the run is computed at once (masked_crc32c_many); the first length that
+    fails its CRC ends the run and the record-by-record path takes over there (resynchronisation)."""
+    data = bytes(buffer)
+    view = memoryview(data)
+    result = ScanResult(data=data)
+    starts: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
     pos = 0
-    end = len(view)
+    end = len(data)
     while end - pos >= HEADER_SIZE:
-        length = _header_at(view, pos)
-        if length is None:
-            resume = _resync(view, pos + 1)
-            if resume is None:
-                if final:
-                    resume = end
-                elif more_to_read:
-                    resume = end - HEADER_SIZE + 1  # no offset before this can start a record
-                else:
-                    break
-            result.damage.append(Damage(base_offset + pos, resume - pos, BAD_LENGTH))
-            pos = resume
-            continue
-        total = HEADER_SIZE + length + FOOTER_SIZE
-        if end - pos < total:
-            break  # partial last record: wait for the writer
-        data = view[pos + HEADER_SIZE : pos + HEADER_SIZE + length]
-        (data_crc,) = _FOOTER.unpack_from(view, pos + HEADER_SIZE + length)
-        if masked_crc32c(data) != data_crc:
-            result.damage.append(Damage(base_offset + pos, total, BAD_DATA_CRC))
-        else:
-            result.records.append((base_offset + pos + total, bytes(data)))
-        pos += total
+        run_starts, run_lengths = _walk(data, pos)
+        if run_starts:
+            at = np.asarray(run_starts, dtype=np.int64)
+            length = np.asarray(run_lengths, dtype=np.int64)
+            # A length CRC depends on the length alone: one CRC per distinct length.
+            distinct, which = np.unique(length, return_inverse=True)
+            expected = np.array([masked_crc32c(struct.pack("<Q", n)) for n in distinct.tolist()], np.uint64)
+            header_ok = expected[which.ravel()] == _u32_at(data, at + 8)
+            good = len(at) if header_ok.all() else int(np.argmin(header_ok))
+            at, length = at[:good], length[:good]
+            data_ok = masked_crc32c_many(data, at + HEADER_SIZE, length) == _u32_at(
+                data, at + HEADER_SIZE + length
+            )
+            for bad in np.flatnonzero(~data_ok).tolist():
+                total = HEADER_SIZE + int(length[bad]) + FOOTER_SIZE
+                result.damage.append(Damage(base_offset + int(at[bad]), total, BAD_DATA_CRC))
+            starts.append(at[data_ok] + HEADER_SIZE)
+            lengths.append(length[data_ok])
+            if good == len(run_starts):
+                pos = run_starts[-1] + HEADER_SIZE + run_lengths[-1] + FOOTER_SIZE
+                continue
+            pos = run_starts[good]
+        # One step record by record: a length that fails its CRC (resynchronise), or a last record that
+        # does not fit in the buffer (wait for the writer).
+        if end - pos < HEADER_SIZE:
+            break
+        length_at = _header_at(view, pos)
+        if length_at is not None:
+            break  # it verifies but does not fit: the writer is mid-record (a fitting one ran above)
+        resume = _resync(view, pos + 1)
+        if resume is None:
+            if final:
+                resume = end
+            elif more_to_read:
+                resume = end - HEADER_SIZE + 1  # no offset before this can start a record
+            else:
+                break
+        result.damage.append(Damage(base_offset + pos, resume - pos, BAD_LENGTH))
+        pos = resume
     if final and pos < end:
         result.damage.append(Damage(base_offset + pos, end - pos, CUT_SHORT))
         pos = end
     result.consumed = pos
+    result.base_offset = base_offset
+    result.starts = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
+    result.lengths = np.concatenate(lengths) if lengths else np.zeros(0, dtype=np.int64)
     return result
+
+
+def _u32_at(data: bytes, offsets: np.ndarray) -> np.ndarray:
+    raw = np.frombuffer(data, dtype=np.uint8)
+    return raw[offsets[:, None] + np.arange(4)].copy().view("<u4").ravel().astype(np.uint64)
+
+
+def _crc_table() -> np.ndarray:
+    table = np.arange(256, dtype=np.uint64)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> np.uint64(1)) ^ np.uint64(0x82F63B78), table >> np.uint64(1))
+    return table.astype(np.uint32)
+
+
+_TABLE = _crc_table()
+# Below this many records of one length, one call per record costs less than setting up the bulk pass;
+# above this length the bulk pass's matrix of bytes grows too large for what it saves.
+_BULK_MIN_RECORDS = 32
+_BULK_MAX_LENGTH = 512
+
+
+@functools.lru_cache(maxsize=64)
+def _position_tables(length: int) -> tuple[np.ndarray, int]:
+    """CRC-32C is linear: the CRC of `length` bytes is the CRC of as many zero bytes XOR, for each
+    position j, a table lookup of the byte there (its effect on the register after the bytes that follow
+    it). Returns the tables flattened (position j at j*256) and the zero bytes' CRC."""
+    tables = np.empty((length, 256), dtype=np.uint32)
+    column = _TABLE.copy()
+    for position in range(length - 1, -1, -1):
+        tables[position] = column
+        column = _TABLE[column & 0xFF] ^ (column >> 8)  # one more zero byte after it
+    return tables.ravel(), google_crc32c.value(bytes(length))
+
+
+def masked_crc32c_many(data: bytes, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """masked_crc32c of data[offsets[i] : offsets[i] + lengths[i]] for every i, as uint64. Records of one
+    length are computed together (one table lookup per byte, all records at once), so a file of small
+    scalar events costs a few numpy passes instead of a call per record."""
+    out = np.zeros(len(offsets), dtype=np.uint64)
+    if not len(offsets):
+        return out
+    raw = np.frombuffer(data, dtype=np.uint8)
+    for length in np.unique(lengths).tolist():
+        which = np.flatnonzero(lengths == length)
+        if len(which) < _BULK_MIN_RECORDS or length > _BULK_MAX_LENGTH or length == 0:
+            for i in which.tolist():
+                start = int(offsets[i])
+                out[i] = masked_crc32c(data[start : start + length])
+            continue
+        tables, zeros = _position_tables(length)
+        index = raw[offsets[which][:, None] + np.arange(length)].astype(np.intp)
+        index += np.arange(0, 256 * length, 256)
+        crc = (np.bitwise_xor.reduce(tables[index], axis=1) ^ np.uint32(zeros)).astype(np.uint64)
+        out[which] = (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+    return out
 
 
 def iter_file_records(path: str, offset: int = 0) -> Iterator[tuple[int, bytes]]:

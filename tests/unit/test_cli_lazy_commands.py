@@ -1,0 +1,50 @@
+"""The CLI imports a command's module only when that command runs: the table that says which module holds
+which command must match what the modules hold, and a command must not drag in the rest of the CLI."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+from app.cli import COMMAND_MODULES, COMMANDS_BY_NAME
+
+
+def test_the_command_table_lists_exactly_the_commands_the_modules_define() -> None:
+    defined = {}
+    for name in COMMAND_MODULES:
+        for command in importlib.import_module(name).COMMANDS:
+            defined[command.name] = name
+    assert {k: v[0] for k, v in COMMANDS_BY_NAME.items()} == defined
+    assert {m for modules in COMMANDS_BY_NAME.values() for m in modules} == set(COMMAND_MODULES)
+
+
+def test_the_collector_starts_without_the_database_driver_or_the_console() -> None:
+    # What `tuneplane collector` imports before it reads a file (the agent starts one per member).
+    code = (
+        "import sys; sys.argv = ['tuneplane', 'collector']; import app.cli as c; "
+        "cmd = c.main.get_command(None, 'collector'); import workers.collector.collector; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'psycopg', 'pydantic', 'flask', 'aiohttp'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_jobs_subcommands_from_both_modules_are_there() -> None:
+    from app.cli import main
+
+    jobs = main.get_command(None, "jobs")  # type: ignore[arg-type]
+    assert {"list", "show", "cancel", "logs"} <= set(jobs.commands)  # type: ignore[attr-defined]
+
+
+def test_an_unreachable_database_is_one_line_and_no_traceback() -> None:
+    # The driver is imported by the command itself now, not by the CLI: its error still reads as one line.
+    run = subprocess.run(
+        [sys.executable, "-m", "app", "db", "status", "--database-url", "postgresql://tp@127.0.0.1:1/x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 1
+    assert run.stderr.startswith("Error: cannot reach the database: ")
+    assert "Traceback" not in run.stderr
