@@ -79,24 +79,27 @@ def test_crash_between_write_and_ack_resends_the_same_batch(tmp_path: Path) -> N
     assert record.seq == 1 and again.read(record) == sent
 
 
-def test_records_are_not_offered_before_they_are_durable(tmp_path: Path) -> None:
+def test_records_are_offered_only_once_durable(tmp_path: Path) -> None:
     spool = Spool(tmp_path, fsync_interval=3600).open()
     spool.append(_batch(0), {})
-    assert spool.next_pending(0) is None
-    spool.sync(force=True)
-    assert spool.next_pending(0).seq == 1
+    assert spool.durable_seq == 0
+    record = spool.next_pending(0)  # a sender with nothing durable makes the waiting record durable first
+    assert record.seq == 1 and spool.durable_seq == 1
 
 
-def test_fsync_waits_for_its_interval_unless_the_sender_is_starved(tmp_path: Path) -> None:
+def test_fsync_waits_for_its_interval_unless_a_sender_is_starved(tmp_path: Path) -> None:
     spool = Spool(tmp_path, fsync_interval=3600).open()
     spool.append(_batch(0), {})
     spool.sync()  # nothing sendable: synced at once
     spool.append(_batch(1), {})
     spool.sync()  # batch 1 is still waiting to be sent: batch 2 waits for the interval
+    assert spool.durable_seq == 1
     assert spool.next_pending(0).seq == 1
-    assert spool.next_pending(0) is None
-    spool.sync()  # now the only sendable record is in flight: the sender would starve
+    # The only durable record is in flight: the next sender would starve, so it syncs batch 2 itself
+    # (without waiting for the reader to finish its next chunk).
     assert spool.next_pending(0).seq == 2
+    assert spool.durable_seq == 2
+    assert spool.next_pending(0) is None
 
 
 def test_segment_is_deleted_only_after_all_its_records_are_acked(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ a checkpoint of every file's position, so deleting fully acknowledged older segm
 On open, a torn tail of the last segment (a frame cut short or garbage after the last good frame) is
 truncated; a damaged frame with good frames after it is skipped and counted. The ack ledger holds the
 highest acknowledged seq; it is synced before any segment is unlinked. Records are handed to the sender only
-once fsynced (about once a second, and at each roll), so a batch the gateway has seen is always still in the
+once fsynced (about once a second, at each roll, and at once when a sender would otherwise wait: it then
+fsyncs the records itself), so a batch the gateway has seen is always still in the
 spool after a crash, and its re-send carries the same seq and content (the gateway skips it).
 """
 
@@ -275,6 +276,11 @@ class Spool:
         self._changed.notify_all()
 
     @property
+    def durable_seq(self) -> int:
+        """The last seq known to be on disk (fsynced)."""
+        return self._durable_seq
+
+    @property
     def full(self) -> bool:
         return self._total_bytes >= self.max_bytes
 
@@ -291,6 +297,11 @@ class Spool:
                     if seq not in self._in_flight:
                         self._in_flight.add(seq)
                         return record
+                if self._durable_seq < self._next_seq - 1 and self._fd is not None:
+                    # Records are waiting only for their fsync and this sender has nothing else to do:
+                    # make them durable now rather than when the reader next finishes a chunk.
+                    self._sync_locked()
+                    continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None

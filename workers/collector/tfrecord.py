@@ -110,13 +110,20 @@ def _resync(view: memoryview, start: int) -> int | None:
     return None
 
 
-def _walk(data: bytes, pos: int) -> tuple[list[int], list[int]]:
+def _walk(data: bytes, pos: int) -> tuple[np.ndarray, np.ndarray]:
     """Record starts and lengths from `pos`, trusting each length (checked afterwards, all at once) as long
-    as the record fits in the buffer and is not absurd."""
+    as the record fits in the buffer and is not absurd.
+
+    A writer logging the same tags every step writes records whose lengths repeat with a short period
+    (one record per tag). Once the lengths walked so far repeat, the next ones are predicted in bulk and
+    all checked against the lengths actually stored there, so such a file is walked a few numpy passes
+    at a time; an attempt that fails waits longer before the next one."""
     starts: list[int] = []
     lengths: list[int] = []
+    bulk: list[tuple[np.ndarray, np.ndarray]] = []
     end = len(data)
     unpack = _LENGTH.unpack_from
+    next_try, wait, size = 64, 64, 1024
     while end - pos >= HEADER_SIZE:
         (length,) = unpack(data, pos)
         if length > MAX_RECORD_BYTES or end - pos < HEADER_SIZE + length + FOOTER_SIZE:
@@ -124,7 +131,41 @@ def _walk(data: bytes, pos: int) -> tuple[list[int], list[int]]:
         starts.append(pos)
         lengths.append(length)
         pos += HEADER_SIZE + length + FOOTER_SIZE
-    return starts, lengths
+        if len(starts) < next_try:
+            continue
+        found = _predict(data, pos, lengths[-32:], size)
+        if found is None or len(found[0]) < size:
+            wait, size = min(wait * 2, 65536), 1024
+        else:
+            wait, size = 64, min(size * 2, 65536)
+        if found is not None and len(found[0]):
+            bulk.append((np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)))
+            bulk.append(found)
+            pos = int(found[0][-1] + found[1][-1]) + HEADER_SIZE + FOOTER_SIZE
+            starts, lengths = [], []
+        next_try = len(starts) + wait
+    bulk.append((np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)))
+    return np.concatenate([b[0] for b in bulk]), np.concatenate([b[1] for b in bulk])
+
+
+def _predict(data: bytes, pos: int, recent: list[int], size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Up to `size` records from `pos` whose lengths continue the period of `recent` (None when recent
+    lengths do not repeat): the prefix of the prediction that the stored lengths confirm."""
+    period = next((p for p in range(1, 17) if recent[p:] == recent[:-p]), None)
+    if period is None or len(recent) < 2 * period:
+        return None
+    cycle = np.asarray(recent[-period:], dtype=np.int64)
+    total = HEADER_SIZE + FOOTER_SIZE
+    fits = (len(data) - pos) // int((cycle + total).sum()) * period
+    count = min(size, fits)
+    if count <= 0:
+        return None
+    expected = np.tile(cycle, count // period + 1)[:count]
+    offsets = pos + np.concatenate(([0], np.cumsum(expected[:-1] + total)))
+    stored = np.frombuffer(data, dtype=np.uint8)[offsets[:, None] + np.arange(8)].copy().view("<u8").ravel()
+    agree = stored == expected.astype(np.uint64)
+    good = count if agree.all() else int(np.argmin(agree))
+    return offsets[:good], expected[:good]
 
 
 def scan(
@@ -149,9 +190,8 @@ def scan(
     end = len(data)
     while end - pos >= HEADER_SIZE:
         run_starts, run_lengths = _walk(data, pos)
-        if run_starts:
-            at = np.asarray(run_starts, dtype=np.int64)
-            length = np.asarray(run_lengths, dtype=np.int64)
+        if len(run_starts):
+            at, length = run_starts, run_lengths
             # A length CRC depends on the length alone: one CRC per distinct length.
             distinct, which = np.unique(length, return_inverse=True)
             expected = np.array([masked_crc32c(struct.pack("<Q", n)) for n in distinct.tolist()], np.uint64)
@@ -167,9 +207,9 @@ def scan(
             starts.append(at[data_ok] + HEADER_SIZE)
             lengths.append(length[data_ok])
             if good == len(run_starts):
-                pos = run_starts[-1] + HEADER_SIZE + run_lengths[-1] + FOOTER_SIZE
+                pos = int(run_starts[-1] + run_lengths[-1]) + HEADER_SIZE + FOOTER_SIZE
                 continue
-            pos = run_starts[good]
+            pos = int(run_starts[good])
         # One step record by record: a length that fails its CRC (resynchronise), or a last record that
         # does not fit in the buffer (wait for the writer).
         if end - pos < HEADER_SIZE:
