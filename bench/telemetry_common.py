@@ -39,10 +39,10 @@ def bench_database(database_url: str | None) -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def job_with_token(url: str) -> tuple[int, str]:
+def job_with_token(url: str, user: str = "bench") -> tuple[int, str]:
     db = Database(url, max_size=2)
     try:
-        job = make_job(db, make_user(db, "bench"))
+        job = make_job(db, make_user(db, user))
         return job, member_token(db, job)
     finally:
         db.close()
