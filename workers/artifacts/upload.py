@@ -24,6 +24,7 @@ import google_crc32c
 from workers.artifacts.manifest import Manifest
 
 DEFAULT_CHUNK_SIZE = 32 * 1024 * 1024
+SEND_PIECE = 1024 * 1024
 
 
 class UploadError(RuntimeError):
@@ -53,20 +54,28 @@ def chunk_count(size: int, chunk_size: int) -> int:
     return (size + chunk_size - 1) // chunk_size
 
 
-def read_chunk(path: Path, chunk: Chunk) -> tuple[bytes, str]:
-    """The chunk's bytes and their crc32c (8 hex digits). crc32c, not sha256: the server proves the whole
-    file by its sha256 in one pass once every chunk is in; a chunk's own digest only has to catch damage
-    in transit, and costing a fraction of sha256 it keeps the uploader at one hash pass per byte."""
+def read_chunk(path: Path, chunk: Chunk) -> tuple[list[bytes], str]:
+    """The chunk's bytes, in pieces of SEND_PIECE, and their crc32c (8 hex digits). crc32c, not sha256:
+    the server proves the whole file by its sha256 in one pass once every chunk is in; a chunk's own digest
+    only has to catch damage in transit, and costing a fraction of sha256 it keeps the uploader at one hash
+    pass per byte. Pieces, not one bytes object: a whole-chunk allocation maps and faults in fresh memory
+    for every chunk, and httpcore copies what is left of a body piece after every partial socket send."""
     fd = os.open(path, os.O_RDONLY)
+    pieces = []
+    crc = got = 0
     try:
-        data = os.pread(fd, chunk.length, chunk.offset)
+        for offset in range(chunk.offset, chunk.offset + chunk.length, SEND_PIECE):
+            piece = os.pread(fd, min(SEND_PIECE, chunk.offset + chunk.length - offset), offset)
+            crc = google_crc32c.extend(crc, piece)
+            pieces.append(piece)
+            got += len(piece)
     finally:
         os.close(fd)
-    if len(data) != chunk.length:
+    if got != chunk.length:
         raise UploadError(
             f"{path}: file is shorter than its manifest entry (changed after the manifest was built)"
         )
-    return data, f"{google_crc32c.value(data):08x}"
+    return pieces, f"{crc:08x}"
 
 
 class ChunkTransport(Protocol):
@@ -76,7 +85,11 @@ class ChunkTransport(Protocol):
         """{"state", "chunk_size", "files": [{"index", "path", "size", "sha256", "verified", "chunks"}]}"""
         ...
 
-    def put_chunk(self, file_index: int, chunk_index: int, data: bytes, crc32c: str) -> dict[str, Any]: ...
+    def put_chunk(
+        self, file_index: int, chunk_index: int, data: bytes | list[bytes], crc32c: str
+    ) -> dict[str, Any]:
+        """Send one chunk: its bytes, or its pieces in order."""
+        ...
 
     def finish(self) -> dict[str, Any]: ...
 
@@ -145,8 +158,8 @@ def upload_artifact(
             data, crc = read_chunk(root_path / entry["path"], chunk)
             transport.put_chunk(entry["index"], chunk.index, data, crc)
             if on_chunk is not None:
-                on_chunk(entry["path"], chunk.index, len(data))
-            sent, sent_bytes = sent + 1, sent_bytes + len(data)
+                on_chunk(entry["path"], chunk.index, chunk.length)
+            sent, sent_bytes = sent + 1, sent_bytes + chunk.length
         return sent, sent_bytes
 
     sent = sent_bytes = 0
@@ -199,12 +212,19 @@ class HttpChunkTransport:
     def status(self) -> dict[str, Any]:
         return self._request("GET", f"/api/artifacts/{self.artifact_id}/upload")
 
-    def put_chunk(self, file_index: int, chunk_index: int, data: bytes, crc32c: str) -> dict[str, Any]:
+    def put_chunk(
+        self, file_index: int, chunk_index: int, data: bytes | list[bytes], crc32c: str
+    ) -> dict[str, Any]:
+        pieces = [data] if isinstance(data, bytes) else data
         return self._request(
             "PUT",
             f"/api/artifacts/{self.artifact_id}/files/{file_index}/chunks/{chunk_index}",
-            content=data,
-            headers={"Content-Type": "application/octet-stream", "X-Chunk-Crc32c": crc32c},
+            content=pieces,
+            headers={
+                "Content-Type": "application/octet-stream",
+                "Content-Length": str(sum(len(p) for p in pieces)),
+                "X-Chunk-Crc32c": crc32c,
+            },
         )
 
     def finish(self) -> dict[str, Any]:
