@@ -37,14 +37,24 @@ _ROW = np.dtype(
 )
 
 
-def copy_buffer(series_ids: np.ndarray, steps: np.ndarray, values: np.ndarray, walls: np.ndarray) -> bytes:
-    """PostgreSQL's binary COPY format for (series_id, step, value, wall_time) rows."""
-    rows = np.empty(len(steps), dtype=_ROW)
+def _row_template(n: int) -> np.ndarray:
+    rows = np.empty(n, dtype=_ROW)
     rows["fields"] = 4
     rows["l_series"] = 8
     rows["l_step"] = 8
     rows["l_value"] = 8
     rows["l_wall"] = 8
+    return rows
+
+
+_TEMPLATE = _row_template(65536)
+
+
+def copy_buffer(series_ids: np.ndarray, steps: np.ndarray, values: np.ndarray, walls: np.ndarray) -> bytes:
+    """PostgreSQL's binary COPY format for (series_id, step, value, wall_time) rows."""
+    n = len(steps)
+    # The field count and lengths are the same in every row: copied from a template in one pass.
+    rows = _TEMPLATE[:n].copy() if n <= len(_TEMPLATE) else _row_template(n)
     rows["series"] = series_ids
     rows["step"] = steps
     rows["value"] = values
@@ -70,11 +80,11 @@ def aggregates(
 ) -> Aggregates:
     if len(steps) == 0:
         return Aggregates(tuple(t([]) for t in _ROLLUP_TYPES), tuple(t([]) for t in _SERIES_TYPES))
-    order = np.lexsort((steps, series_ids))
-    sid = series_ids[order]
-    st = steps[order]
-    val = values[order]
-    wall = walls[order]
+    if _sorted_by_series_and_step(series_ids, steps):
+        sid, st, val, wall = series_ids, steps, values, walls  # as collectors send them: no sort needed
+    else:
+        order = np.lexsort((steps, series_ids))
+        sid, st, val, wall = series_ids[order], steps[order], values[order], walls[order]
     finite = np.isfinite(val)
     fin_val = np.where(finite, val, 0.0)
     nan_val = np.where(finite, val, np.nan)
@@ -118,6 +128,13 @@ def aggregates(
     columns = (sid[starts], np.diff(np.append(starts, n)), st[starts], st[ends], st[ends], val[ends])
     series = tuple(kind(col) for kind, col in zip(_SERIES_TYPES, columns, strict=True))
     return Aggregates(tuple(rollups), series)
+
+
+def _sorted_by_series_and_step(series_ids: np.ndarray, steps: np.ndarray) -> bool:
+    same_series = series_ids[1:] == series_ids[:-1]
+    return bool(
+        (series_ids[1:] >= series_ids[:-1]).all() and (~same_series | (steps[1:] >= steps[:-1])).all()
+    )
 
 
 def batch_digest(payload: bytes) -> str:

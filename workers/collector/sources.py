@@ -239,7 +239,7 @@ class OutputTracker:
     ) -> Iterator[Chunk]:
         lines = data.split(b"\n")
         torn = lines.pop()  # after the last newline: the writer is mid-line (or b"")
-        ends = np.cumsum([len(line) + 1 for line in lines], dtype=np.int64) + state.offset
+        ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0x0A) + (state.offset + 1)
         if final and torn:
             # The writer is gone: a last line without its newline is all it will ever write.
             lines.append(torn)
