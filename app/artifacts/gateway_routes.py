@@ -126,7 +126,8 @@ class BodyPipe:
                 await self.room.acquire()
                 batch: list[bytes] = []
                 size = 0
-                while size < PIPE_BATCH and (block := await self.content.readany()):
+                # readchunk hands over aiohttp's buffered blocks one by one (readany would join them).
+                while size < PIPE_BATCH and (block := (await self.content.readchunk())[0]):
                     batch.append(block)
                     size += len(block)
                 if not batch:
