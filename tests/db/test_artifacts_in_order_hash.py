@@ -18,7 +18,7 @@ from app.db import Database
 from tests.artifact_fixtures import make_member, served_artifacts, write_tree
 from tests.db.test_artifacts_gateway import serve_gateway_routes
 from workers.artifacts.deliver import deliver_artifact, node_http, register
-from workers.artifacts.upload import HttpChunkTransport, UploadError, read_chunk, upload_artifact
+from workers.artifacts.upload import Chunk, HttpChunkTransport, UploadError, read_chunk, upload_artifact
 
 CHUNK = 4096
 
@@ -54,8 +54,6 @@ def assembled(caplog):
 
 
 def send(transport: HttpChunkTransport, src: Path, path: str, index: int, size: int) -> dict:
-    from workers.artifacts.upload import Chunk
-
     chunk = Chunk(index, index * CHUNK, min(CHUNK, size - index * CHUNK))
     data, crc = read_chunk(src / path, chunk)
     return transport.put_chunk(0, index, data, crc)
@@ -145,3 +143,27 @@ def test_a_body_cut_short_is_refused_and_the_chunk_is_not_held(db: Database, tar
         status = HttpChunkTransport(http, art["id"]).status()
         assert status["files"][0]["chunks"] in ([], None)
         assert upload_artifact(src, manifest, HttpChunkTransport(http, art["id"])).state == "complete"
+
+
+def test_a_refused_chunk_gets_its_reason_though_its_large_body_was_never_read(
+    db: Database, db_url: str, tmp_path: Path, port: int
+) -> None:
+    """The gateway asks the database before reading a body; a refusal answers while the agent is still
+    sending 8 MiB, and the agent gets the reason, not a broken connection."""
+    chunk = 8 * 1024 * 1024
+    db.fetch_one("UPDATE artifact_settings SET chunk_size = %s RETURNING chunk_size", (chunk,))
+    setup = make_member(db)
+    manifest = write_tree(tmp_path / "out", {"a.bin": os.urandom(chunk)})
+    with (
+        serve_gateway_routes(db_url, tmp_path / "blobs", port) as url,
+        node_http(url, setup.credential) as http,
+    ):
+        transport = HttpChunkTransport(http, register(http, setup.member["id"], "a", manifest)["id"])
+        big = [os.urandom(1024 * 1024) for _ in range(8)]
+        crc = f"{google_crc32c.value(b''.join(big)):08x}"
+        with pytest.raises(UploadError, match="chunk 3 is outside the file") as refused:
+            transport.put_chunk(0, 3, big, crc)
+        assert refused.value.status == 400
+        # The connection is still usable and the real chunk goes in.
+        data, crc = read_chunk(tmp_path / "out" / "a.bin", Chunk(0, 0, chunk))
+        assert transport.put_chunk(0, 0, data, crc) == {"file_verified": True, "state": "complete"}
