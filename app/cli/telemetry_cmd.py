@@ -94,6 +94,14 @@ def _env_int(name: str) -> int | None:
 )
 @click.option("--member-tag", default=None, help="The member's process tag (its CPU and RSS are sampled).")
 @click.option("--gpus", default="", help="The member's GPU indices, comma separated (sampled through NVML).")
+@click.option(
+    "--orphan-grace",
+    type=click.FloatRange(0.1),
+    default=30.0,
+    show_default=True,
+    help="With --member-tag: once the collector's parent (the agent) is gone and no process of the member "
+    "has run for this many seconds, drain and stop as if the member exited.",
+)
 @click.option("--ca-bundle", envvar="TUNEPLANE_CA_BUNDLE", default=None)
 def collector_cmd(
     output_dir: Path,
@@ -111,6 +119,7 @@ def collector_cmd(
     sample_interval: float,
     member_tag: str | None,
     gpus: str,
+    orphan_grace: float,
     ca_bundle: str | None,
 ) -> None:
     """Tail a member's metric files and ship them to the telemetry gateway through a durable spool."""
@@ -155,6 +164,7 @@ def collector_cmd(
         sample_interval=sample_interval,
         member_tag=member_tag,
         gpu_indices=tuple(int(g) for g in gpus.split(",") if g.strip().isdigit()),
+        orphan_grace=orphan_grace,
     )
     try:
         collector = Collector(config)

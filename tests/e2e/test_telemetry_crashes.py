@@ -4,9 +4,13 @@ stored exactly once (the stored multiset of (source, name, step, value) equals t
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -30,6 +34,7 @@ from tests.e2e.telemetry_processes import (
 )
 from tests.helpers import wait_for
 from tests.telemetry_support import make_job, make_user, member_token
+from workers.proctree import alive, start_time
 
 pytestmark = pytest.mark.e2e
 
@@ -234,4 +239,70 @@ def test_demo_recipe_end_to_end_every_point_stored_once(db: Database, db_url: st
         conn.close()
     finally:
         stop(collector)
+        stop(gateway)
+
+
+# A stand-in for the agent (named so): it starts the member (a tagged sleeper) and the member's collector
+# the way the agent does, prints their pids, and waits to be killed.
+_STAND_IN_AGENT = """
+import os, subprocess, sys
+tag, collector_argv = sys.argv[1], sys.argv[2:]
+member = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                          env=dict(os.environ, TUNEPLANE_MEMBER_TAG=tag), start_new_session=True)
+collector = subprocess.Popen(collector_argv, start_new_session=True, stdout=subprocess.DEVNULL,
+                             stderr=open(os.environ["COLLECTOR_LOG"], "ab"))
+print(member.pid, collector.pid, flush=True)
+member.wait()
+"""
+
+
+def test_collector_whose_agent_is_gone_drains_and_stops_once_its_member_ends(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    job = make_job(db, make_user(db, "orphan"))
+    token = member_token(db, job)
+    out, spool = tmp_path / "out", tmp_path / "spool"
+    out.mkdir()
+    write_jsonl(out / "metrics.jsonl", 0, 300)
+    port = free_port()
+    gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
+    conn = psycopg.connect(db_url, autocommit=True)
+    tag = f"orphan-test-{os.getpid()}-{port}"
+    collector_argv = [sys.executable, "-m", "app", "collector", "--output-dir", str(out), "--spool-dir",
+                      str(spool), "--gateway", f"http://127.0.0.1:{port}", "--token", token,
+                      "--poll-interval", "0.1", "--member-tag", tag, "--orphan-grace", "1",
+                      "--sample-interval", "0"]  # fmt: skip
+    agent = subprocess.Popen(
+        [sys.executable, "-c", _STAND_IN_AGENT, tag, *collector_argv],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLLECTOR_LOG": str(tmp_path / "collector.log")},
+    )
+    pids: list[int] = []
+    try:
+        pids += map(int, agent.stdout.readline().split())  # type: ignore[union-attr]
+        member_pid, collector_pid = pids
+        collector_started = start_time(collector_pid)
+        wait_for(lambda: stored_count(conn, job) >= 600, timeout=60, what="the first points")
+        kill9(agent)
+        # The agent is gone but the member runs: the collector goes on collecting.
+        write_jsonl(out / "metrics.jsonl", 300, 600)
+        wait_for(lambda: stored_count(conn, job) >= 1200, timeout=60, what="points written afterwards")
+        assert alive(collector_pid, collector_started)
+        os.kill(member_pid, signal.SIGKILL)
+        # The member ended with nobody left to say so: the collector drains, sends its final batch, stops.
+        wait_for(lambda: not alive(collector_pid, collector_started), timeout=60, what="collector stopped")
+        state = conn.execute(
+            "SELECT state FROM tuneplane.telemetry_members WHERE job_id = %s", (job,)
+        ).fetchone()
+        assert state == ("complete",)
+        assert stored_points(conn, job) == expected_points(out)
+        assert "no process of the member has run" in (tmp_path / "collector.log").read_text()
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if agent.poll() is None:
+            kill9(agent)
+        conn.close()
         stop(gateway)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
 import threading
 import time
@@ -29,6 +30,7 @@ from workers.collector.sources import Chunk, FileState, OutputTracker
 from workers.collector.spool import Spool
 from workers.collector.system import SOURCE as SYSTEM_SOURCE
 from workers.collector.system import SystemSampler, load_nvml
+from workers.proctree import tagged
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,9 @@ class CollectorConfig:
     sample_interval: float = 10.0
     member_tag: str | None = None
     gpu_indices: tuple[int, ...] = ()
+    # With a member tag: once the process that started the collector (the agent) is gone and no process of
+    # the member has run for this long, the member has ended with nobody left to say so: drain and stop.
+    orphan_grace: float = 30.0
 
 
 def _state_key(key: tuple[int, int]) -> str:
@@ -95,6 +100,9 @@ class Collector:
             nvml = load_nvml() if config.gpu_indices else None
             self.sampler = SystemSampler(config.member_tag, list(config.gpu_indices), nvml)
         self._next_sample = 0.0
+        self._parent = os.getppid()
+        self._member_seen = time.monotonic()
+        self._next_member_check = 0.0
 
     def _check_scope(self) -> None:
         path = self.config.spool_dir / "scope.json"
@@ -194,6 +202,30 @@ class Collector:
     def member_exited(self) -> bool:
         return (self.config.spool_dir / MEMBER_EXITED).exists()
 
+    def orphaned_after_member(self) -> bool:
+        """True once the agent that started this collector is gone (its parent changed) and no process of
+        the member has been seen for orphan_grace seconds: the member ended and no agent is left to write
+        the member-exited marker, so the collector writes it itself and drains. While the agent lives this
+        never fires (the agent decides); while the member still runs, the collector keeps collecting."""
+        if not self.config.member_tag or os.getppid() == self._parent:
+            return False
+        now = time.monotonic()
+        if now < self._next_member_check:
+            return False
+        self._next_member_check = now + min(2.0, self.config.orphan_grace / 4)
+        if tagged(self.config.member_tag):
+            self._member_seen = now
+            return False
+        if now - self._member_seen < self.config.orphan_grace:
+            return False
+        log.warning(
+            "the agent that started this collector is gone and no process of the member has run for %.0fs: "
+            "draining as if the member exited",
+            now - self._member_seen,
+        )
+        (self.config.spool_dir / MEMBER_EXITED).write_text(f"{time.time()}\n")
+        return True
+
     def drain_files(self, final: bool, deadline: float) -> None:
         """Read every file to its end (what a single read leaves, the next one takes), waiting for the
         shipper while the spool is full."""
@@ -239,6 +271,8 @@ class Collector:
         self.shipper.start()
         try:
             while not self.stop_event.is_set() and not self.member_exited:
+                if self.orphaned_after_member():
+                    break
                 self.sample_system()
                 if self.poll_once() == 0:
                     self.spool.sync(force=True)
