@@ -213,7 +213,8 @@ def _file_body(client: ApiClient, artifact_id: int, file_index: int) -> Iterator
     headers.update(
         (k, client.http.headers[k]) for k in ("Authorization", "User-Agent") if k in client.http.headers
     )
-    with bulk_get(server, path, headers, ca_bundle=client.config.ca_bundle) as response:
+    timeout = client.http.timeout.read or 300.0
+    with bulk_get(server, path, headers, ca_bundle=client.config.ca_bundle, timeout=timeout) as response:
         if response.status != 200:
             ApiClient._decode(httpx.Response(response.status, content=response.read_all()))
             raise ClientError(f"server answered HTTP {response.status}", response.status)

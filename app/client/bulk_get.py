@@ -5,8 +5,8 @@ httpx reads a body 64 KiB at a time and copies each piece through h11's buffers;
 that Python loop, not the disk or the hash, set the pace (loopback, 256 MiB: 0.42 s through httpx, 0.20 s
 with `recv_into` a 4 MiB buffer, both hashing). This speaks just enough HTTP/1.1 for one request per
 connection (`Connection: close`): a status line, headers, and a body of `Content-Length` bytes or up to
-the end of the connection. TLS is verified as the API client does (the system store or the configured CA
-bundle); when the environment names a proxy for the server, callers use httpx instead (`proxied`).
+the end of the connection. TLS is verified with the API client's trust (`tls_context`); when the
+environment names a proxy for the server, callers use httpx instead (`proxied`).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import ssl
 import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
+
+import httpx
 
 MAX_HEAD = 64 * 1024
 
@@ -78,6 +80,14 @@ class BulkResponse:
         self.close()
 
 
+def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
+    """The trust the API client's httpx has (app/client/http.py): the configured CA bundle, else httpx's
+    default (SSL_CERT_FILE or SSL_CERT_DIR from the environment, else certifi). Verification is never off."""
+    if ca_bundle:
+        return ssl.create_default_context(cafile=ca_bundle)
+    return httpx.create_ssl_context()
+
+
 def bulk_get(
     base_url: str, path: str, headers: dict[str, str], *, ca_bundle: str | None = None, timeout: float = 300.0
 ) -> BulkResponse:
@@ -87,10 +97,7 @@ def bulk_get(
     sock = socket.create_connection((host, port), timeout=timeout)
     try:
         if parts.scheme == "https":
-            context = (
-                ssl.create_default_context(cafile=ca_bundle) if ca_bundle else ssl.create_default_context()
-            )
-            sock = context.wrap_socket(sock, server_hostname=host)
+            sock = tls_context(ca_bundle).wrap_socket(sock, server_hostname=host)
         target = parts.path + (f"?{parts.query}" if parts.query else "")
         lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc}", "Connection: close"]
         lines += [f"{name}: {value}" for name, value in headers.items()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,16 +11,23 @@ from contextlib import contextmanager
 import pytest
 
 from app.client.bulk_get import BulkGetError, bulk_get, proxied
+from tests.e2e.test_node_agents import _test_pki
 
 
 @contextmanager
-def one_answer(raw: bytes) -> Iterator[str]:
+def one_answer(raw: bytes, tls: ssl.SSLContext | None = None) -> Iterator[str]:
     """A loopback server that reads one request, sends `raw` and closes the connection."""
     listener = socket.create_server(("127.0.0.1", 0))
     seen: list[bytes] = []
 
     def serve() -> None:
         conn, _ = listener.accept()
+        if tls is not None:
+            try:
+                conn = tls.wrap_socket(conn, server_side=True)
+            except (ssl.SSLError, OSError):
+                conn.close()  # the client refused our certificate
+                return
         with conn:
             request = b""
             while b"\r\n\r\n" not in request:
@@ -30,7 +38,7 @@ def one_answer(raw: bytes) -> Iterator[str]:
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{listener.getsockname()[1]}"
     finally:
         thread.join(timeout=10)
         listener.close()
@@ -88,3 +96,14 @@ def test_a_server_behind_a_proxy_from_the_environment_is_left_to_httpx(monkeypat
     assert proxied("https://tuneplane.example:8443")
     monkeypatch.setenv("NO_PROXY", "tuneplane.example")
     assert not proxied("https://tuneplane.example:8443")
+
+
+def test_https_is_verified_against_the_configured_ca_bundle(tmp_path) -> None:
+    ca, cert, key = _test_pki(tmp_path)
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert, key)
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+    with one_answer(answer, server) as url, bulk_get(url, "/f", {}, ca_bundle=str(ca)) as response:
+        assert read_body(response) == b"hello"
+    with one_answer(answer, server) as url, pytest.raises(ssl.SSLCertVerificationError):
+        bulk_get(url, "/f", {})
