@@ -54,6 +54,14 @@ def write_tensorboard(directory: Path, steps: int) -> None:
     writer.close()
 
 
+def _member(db: Database, tmp_path: Path, user: str = "alice") -> tuple[int, str, Path, Path]:
+    """A job with a member token, and the member's (empty) output directory and spool path."""
+    job = make_job(db, make_user(db, user))
+    out, spool = tmp_path / "out", tmp_path / "spool"
+    out.mkdir()
+    return job, member_token(db, job), out, spool
+
+
 def _established_to(port: int) -> bool:
     """A TCP connection to `port` is established."""
     return any(local_port(f) == port and f[3] == "01" for f in tcp_connections())
@@ -62,10 +70,7 @@ def _established_to(port: int) -> bool:
 def test_collector_killed_mid_file_and_mid_send_stores_every_point_once(
     db: Database, db_url: str, tmp_path: Path
 ) -> None:
-    job = make_job(db, make_user(db, "alice"))
-    token = member_token(db, job)
-    out, spool = tmp_path / "out", tmp_path / "spool"
-    out.mkdir()
+    job, token, out, spool = _member(db, tmp_path)
     write_jsonl(out / "metrics.jsonl", 0, 20_000)
     write_tensorboard(out / "tb", 15_000)
     expected = expected_points(out)
@@ -116,10 +121,7 @@ def test_collector_killed_mid_file_and_mid_send_stores_every_point_once(
 def test_gateway_stopped_for_a_while_and_restarted_loses_nothing(
     db: Database, db_url: str, tmp_path: Path
 ) -> None:
-    job = make_job(db, make_user(db, "alice"))
-    token = member_token(db, job)
-    out, spool = tmp_path / "out", tmp_path / "spool"
-    out.mkdir()
+    job, token, out, spool = _member(db, tmp_path)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
@@ -158,11 +160,8 @@ def test_database_restart_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     try:
         migrate(pg.url, progress=lambda _m: None)
         db = Database(pg.url, max_size=2)
-        job = make_job(db, make_user(db, "alice"))
-        token = member_token(db, job)
+        job, token, out, spool = _member(db, tmp_path)
         db.close()
-        out, spool = tmp_path / "out", tmp_path / "spool"
-        out.mkdir()
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         gateway = start_gateway(pg.url, port, tmp_path / "gateway.log")
@@ -205,10 +204,7 @@ def test_demo_recipe_end_to_end_every_point_stored_once(db: Database, db_url: st
 
     from tests.e2e.telemetry_processes import REPO, _env
 
-    job = make_job(db, make_user(db, "alice"))
-    token = member_token(db, job)
-    out, spool = tmp_path / "out", tmp_path / "spool"
-    out.mkdir()
+    job, token, out, spool = _member(db, tmp_path)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
@@ -259,10 +255,7 @@ member.wait()
 def test_collector_whose_agent_is_gone_drains_and_stops_once_its_member_ends(
     db: Database, db_url: str, tmp_path: Path
 ) -> None:
-    job = make_job(db, make_user(db, "orphan"))
-    token = member_token(db, job)
-    out, spool = tmp_path / "out", tmp_path / "spool"
-    out.mkdir()
+    job, token, out, spool = _member(db, tmp_path, "orphan")
     write_jsonl(out / "metrics.jsonl", 0, 300)
     port = free_port()
     gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
