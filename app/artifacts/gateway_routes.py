@@ -34,6 +34,8 @@ CHUNK_POOL_KEY = web.AppKey("artifact_chunk_pool", ThreadPoolExecutor)
 CHUNK_THREADS = 16
 PIPE_BATCH = 4 * 1024 * 1024
 PIPE_DEPTH = 2
+# A body that sends nothing for this long is treated as cut short (its thread must not wait forever).
+BODY_STALL_SECONDS = 300.0
 
 
 def credential_hash(request: web.Request) -> str:
@@ -139,7 +141,13 @@ class BodyPipe:
             self.batches.put(None)
 
     def blocks(self) -> Iterator[bytes]:
-        while (batch := self.batches.get()) is not None:
+        while True:
+            try:
+                batch = self.batches.get(timeout=BODY_STALL_SECONDS)
+            except queue.Empty:
+                return  # the client stopped sending: the receiver refuses the short body; the thread is free
+            if batch is None:
+                return
             yield from batch
             self.loop.call_soon_threadsafe(self.room.release)
 

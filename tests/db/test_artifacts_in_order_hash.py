@@ -167,3 +167,32 @@ def test_a_refused_chunk_gets_its_reason_though_its_large_body_was_never_read(
         # The connection is still usable and the real chunk goes in.
         data, crc = read_chunk(tmp_path / "out" / "a.bin", Chunk(0, 0, chunk))
         assert transport.put_chunk(0, 0, data, crc) == {"file_verified": True, "state": "complete"}
+
+
+def test_a_body_that_stalls_is_refused_and_frees_its_thread(
+    db: Database, db_url: str, tmp_path: Path, port: int, monkeypatch
+) -> None:
+    from app.artifacts import gateway_routes
+
+    monkeypatch.setattr(gateway_routes, "BODY_STALL_SECONDS", 0.5)
+    db.fetch_one("UPDATE artifact_settings SET chunk_size = %s RETURNING chunk_size", (CHUNK,))
+    setup = make_member(db)
+    manifest = write_tree(tmp_path / "out", {"a.bin": os.urandom(CHUNK)})
+    with (
+        serve_gateway_routes(db_url, tmp_path / "blobs", port) as url,
+        node_http(url, setup.credential) as http,
+    ):
+        art = register(http, setup.member["id"], "a", manifest)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(
+                f"PUT /api/artifacts/{art['id']}/files/0/chunks/0 HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Node {setup.credential}\r\nContent-Length: {CHUNK}\r\n"
+                f"X-Chunk-Crc32c: 00000000\r\n\r\n".encode()
+                + b"x" * 100
+            )
+            answer = sock.recv(65536)  # the connection stays open: only the stall ends the wait
+        assert answer.startswith(b"HTTP/1.1 400") and b"the chunk body ended after" in answer
+        assert (
+            upload_artifact(tmp_path / "out", manifest, HttpChunkTransport(http, art["id"])).state
+            == "complete"
+        )
