@@ -137,7 +137,7 @@ def collector_cmd(
     signal.signal(signal.SIGINT, _stop)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
-    from app.client.http import ClientError
+    from app.client.transport import ClientError
     from workers.collector.collector import Collector, CollectorConfig, CollectorError
     from workers.collector.fs_check import NetworkFilesystemError
 

@@ -19,12 +19,14 @@ def test_the_command_table_lists_exactly_the_commands_the_modules_define() -> No
     assert {m for modules in COMMANDS_BY_NAME.values() for m in modules} == set(COMMAND_MODULES)
 
 
-def test_the_collector_starts_without_the_database_driver_or_the_console() -> None:
-    # What `tuneplane collector` imports before it reads a file (the agent starts one per member).
+def test_the_collector_starts_without_the_database_driver_the_console_or_an_http_library() -> None:
+    # What `tuneplane collector` imports before it reads a file (the agent starts one per member); its
+    # sender threads import httpx while the first batch is being read.
     code = (
         "import sys; sys.argv = ['tuneplane', 'collector']; import app.cli as c; "
         "cmd = c.main.get_command(None, 'collector'); import workers.collector.collector; "
-        "print(sorted({m.split('.')[0] for m in sys.modules} & {'psycopg', 'pydantic', 'flask', 'aiohttp'}))"
+        "heavy = {'psycopg', 'pydantic', 'flask', 'aiohttp', 'httpx'}; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

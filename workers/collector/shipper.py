@@ -15,12 +15,14 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
-
-from app.client.http import check_transport, verify_setting
+from app.client.transport import check_transport, verify_setting
 from app.telemetry.wire import CONTENT_TYPE
 from workers.collector.spool import Spool
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +62,27 @@ class Shipper:
             threading.Thread(target=self.run, name=f"telemetry-shipper-{i}", daemon=True)
             for i in range(parallel)
         ]
-        self._http = httpx.Client(
-            timeout=timeout,
-            verify=verify_setting(ca_bundle),
-            headers={
+        self._client_settings = {
+            "timeout": timeout,
+            "verify": verify_setting(ca_bundle),
+            "headers": {
                 "Authorization": f"Bearer {token}",
                 "Content-Type": CONTENT_TYPE,
                 "User-Agent": "tuneplane-collector",
             },
-        )
+        }
+        self._client_lock = threading.Lock()
+        self._client: httpx.Client | None = None
+
+    def _http(self) -> httpx.Client:
+        """The HTTP client, made by the first sender thread that needs it: importing httpx and loading the
+        CA bundle (~0.1 s) then happens while the collector reads its first batch, not before."""
+        with self._client_lock:
+            if self._client is None:
+                import httpx
+
+                self._client = httpx.Client(**self._client_settings)
+            return self._client
 
     def start(self) -> None:
         for thread in self._threads:
@@ -80,10 +94,12 @@ class Shipper:
     def join(self, timeout: float | None = None) -> None:
         for thread in self._threads:
             thread.join(timeout)
-        self._http.close()
+        if self._client is not None:
+            self._client.close()
 
     def run(self) -> None:
         backoff = 0.0
+        self._http()
         while not self._stopping.is_set():
             record = self.spool.next_pending(timeout=0.2)
             if record is None:
@@ -101,9 +117,11 @@ class Shipper:
             self._stopping.wait(backoff * (0.5 + random.random() / 2))
 
     def _send(self, record) -> bool:
+        import httpx
+
         payload = self.spool.read(record)
         try:
-            response = self._http.post(self.url, content=payload)
+            response = self._http().post(self.url, content=payload)
         except httpx.HTTPError as exc:
             self._failed(f"cannot reach the gateway: {exc}")
             return False

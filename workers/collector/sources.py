@@ -22,6 +22,9 @@ from workers.collector.file_identity import FileIdentity, identify, still_same
 from workers.collector.points import Point
 
 READ_CHUNK = 8 * 1024 * 1024
+# A file's first read is smaller, then each read doubles up to READ_CHUNK: the first batch of a new file
+# leaves before 8 MiB are read and split.
+FIRST_READ = 1024 * 1024
 NOT_AN_EVENT = "record is not a TensorBoard event"
 LINE_TOO_LONG = f"line longer than {READ_CHUNK} bytes"
 
@@ -129,6 +132,7 @@ class OutputTracker:
         self.root = root
         self.states: dict[tuple[int, int], FileState] = dict(states or {})
         self.handles: dict[tuple[int, int], int] = {}
+        self.read_sizes: dict[tuple[int, int], int] = {}
 
     def close(self) -> None:
         for fd in self.handles.values():
@@ -179,6 +183,7 @@ class OutputTracker:
             os.close(fd)
             del self.handles[key]
             del self.states[key]
+            self.read_sizes.pop(key, None)
             return True
         return False
 
@@ -202,7 +207,9 @@ class OutputTracker:
                 widened = still_same(state.identity, fd)
                 if widened is not None:
                     state.identity = widened
-            data = os.pread(fd, min(READ_CHUNK, size - state.offset), state.offset)
+            want = self.read_sizes.get(key, FIRST_READ)
+            self.read_sizes[key] = min(READ_CHUNK, want * 2)
+            data = os.pread(fd, min(want, size - state.offset), state.offset)
             at_end = final and state.offset + len(data) >= size
             if state.kind == "tensorboard":
                 more = state.offset + len(data) < size

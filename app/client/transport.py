@@ -1,0 +1,44 @@
+"""What every TunePlane HTTP client checks before it connects, without importing an HTTP library (the
+collector's start-up path does not pay for one): plain HTTP only to loopback, TLS verification always on,
+and the one error type client commands print as a single line."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+from urllib.parse import urlsplit
+
+
+class ClientError(Exception):
+    def __init__(self, message: str, status: int | None = None, fields: dict | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.fields = fields or {}
+
+
+def is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_transport(url: str) -> None:
+    """Plain HTTP only to loopback; anything else must be HTTPS (verification is never switched off)."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return
+    if parts.scheme == "http" and is_loopback_host(parts.hostname or ""):
+        return
+    if parts.scheme == "http":
+        raise ClientError(
+            f"refusing plain HTTP to {parts.hostname}: use https:// (plain HTTP is for loopback only)"
+        )
+    raise ClientError(f"server URL must start with https:// or http://, got {url!r}")
+
+
+def verify_setting(ca_bundle: str | None) -> Any:
+    return ca_bundle if ca_bundle else True
