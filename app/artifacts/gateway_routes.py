@@ -22,7 +22,13 @@ from aiohttp import web
 
 from app.artifacts.blobs import FsBlobStore
 from app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified
-from app.artifacts.receiver import MAX_CHUNK_BYTES, ArtifactReceiver, ChunkBody, Registration
+from app.artifacts.receiver import (
+    MAX_CHUNK_BYTES,
+    ArtifactReceiver,
+    ChunkBody,
+    fail_reason_from_json,
+    registration_from_json,
+)
 from app.db import Database
 from app.errors import Refusal
 from app.security import token_hash
@@ -68,18 +74,15 @@ def _handler(fn: Any) -> Any:
     return wrapped
 
 
-async def _register(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+async def _json(request: web.Request) -> object:
     try:
-        body = await request.json()
+        return await request.json()
     except ValueError as exc:
-        raise Refusal("the request body must be a JSON object", 400) from exc
-    if not isinstance(body, dict) or not isinstance(body.get("member_id"), int):
-        raise Refusal("member_id (an integer), name, manifest and manifest_digest are required", 400)
-    reg = Registration(
-        member_id=body["member_id"], name=str(body.get("name") or ""), manifest=body.get("manifest") or {},
-        manifest_digest=str(body.get("manifest_digest") or ""), kind=str(body.get("kind") or "output"),
-        delivery=str(body.get("delivery") or "object"), shared_path=body.get("shared_path"),
-    )  # fmt: skip
+        raise Refusal("the request body must be a JSON object", 400, "body") from exc
+
+
+async def _register(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    reg = registration_from_json(await _json(request))
     row = await asyncio.to_thread(rx.register, cred, reg)
     return web.json_response(_public(row), status=201)
 
@@ -158,8 +161,7 @@ async def _finish(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.
 
 
 async def _fail(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
-    body = await request.json()
-    reason = str((body or {}).get("reason") or "")
+    reason = fail_reason_from_json(await _json(request))
     row = await asyncio.to_thread(rx.fail, cred, int(request.match_info["artifact_id"]), reason)
     return web.json_response(_public(row))
 

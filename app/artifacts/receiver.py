@@ -56,6 +56,43 @@ class Registration:
     shared_path: str | None = None
 
 
+def registration_from_json(body: object) -> Registration:
+    """The registration a node agent sent (`POST /api/artifacts`, on the server and the node gateway
+    alike), refused with the field that is missing or of the wrong type."""
+    if not isinstance(body, dict):
+        raise Refusal("the request body must be a JSON object", 400, "body")
+    for field in ("member_id", "name", "manifest", "manifest_digest"):
+        if field not in body:
+            raise Refusal(f"{field} is required", 400, field)
+    if not isinstance(body["member_id"], int) or isinstance(body["member_id"], bool):
+        raise Refusal("member_id must be an integer", 400, "member_id")
+    if not isinstance(body["manifest"], dict):
+        raise Refusal("manifest must be an object", 400, "manifest")
+    for field in ("name", "manifest_digest", "kind", "delivery", "shared_path"):
+        value = body.get(field)
+        if value is not None and not isinstance(value, str):
+            raise Refusal(f"{field} must be a string", 400, field)
+    return Registration(
+        member_id=body["member_id"],
+        name=body["name"],
+        manifest=body["manifest"],
+        manifest_digest=body["manifest_digest"],
+        kind=body.get("kind") or "output",
+        delivery=body.get("delivery") or "object",
+        shared_path=body.get("shared_path"),
+    )
+
+
+def fail_reason_from_json(body: object) -> str:
+    """The reason in an agent's `POST /api/artifacts/<id>/fail` body ({"reason": "…"}, may be empty)."""
+    if not isinstance(body, dict):
+        raise Refusal("the request body must be a JSON object", 400, "body")
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise Refusal("reason must be a string", 400, "reason")
+    return reason or ""
+
+
 class ArtifactReceiver:
     def __init__(self, db: Database, blob_dir: Path | str) -> None:
         self.db = db

@@ -20,7 +20,13 @@ from werkzeug.wsgi import wrap_file
 
 from app.artifacts.blobs import FsBlobStore
 from app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified, verify_stored
-from app.artifacts.receiver import MAX_CHUNK_BYTES, ArtifactReceiver, ChunkBody, Registration
+from app.artifacts.receiver import (
+    MAX_CHUNK_BYTES,
+    ArtifactReceiver,
+    ChunkBody,
+    fail_reason_from_json,
+    registration_from_json,
+)
 from app.errors import Refusal
 from app.security import token_hash
 from app.web.auth import current_user, login_required
@@ -66,13 +72,6 @@ def node_credential_hash() -> str:
     return token_hash(header[len(NODE_SCHEME) :].strip())
 
 
-def json_body() -> dict:
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise Refusal("the request body must be a JSON object", 400)
-    return body
-
-
 def public(artifact: dict) -> dict:
     keep = (
         "id", "job_id", "attempt_id", "member_id", "rank", "name", "kind", "state", "reason", "delivery",
@@ -89,21 +88,7 @@ def public(artifact: dict) -> dict:
 @node_endpoint
 def register():
     cred = node_credential_hash()
-    body = json_body()
-    for field in ("member_id", "name", "manifest", "manifest_digest"):
-        if field not in body:
-            raise Refusal(f"{field} is required", 400, field)
-    if not isinstance(body["member_id"], int) or not isinstance(body["manifest"], dict):
-        raise Refusal("member_id must be an integer and manifest an object", 400, "member_id")
-    reg = Registration(
-        member_id=body["member_id"],
-        name=str(body["name"]),
-        manifest=body["manifest"],
-        manifest_digest=str(body["manifest_digest"]),
-        kind=str(body.get("kind") or "output"),
-        delivery=str(body.get("delivery") or "object"),
-        shared_path=body.get("shared_path"),
-    )
+    reg = registration_from_json(request.get_json(silent=True))
     return json_response(public(receiver().register(cred, reg)), 201)
 
 
@@ -138,7 +123,7 @@ def finish(artifact_id: int):
 @bp.post("/api/artifacts/<int:artifact_id>/fail")
 @node_endpoint
 def fail(artifact_id: int):
-    reason = str(json_body().get("reason") or "")
+    reason = fail_reason_from_json(request.get_json(silent=True))
     return json_response(public(receiver().fail(node_credential_hash(), artifact_id, reason)))
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 from aiohttp import web
 
@@ -114,3 +115,37 @@ def test_a_chunk_larger_than_the_gateways_message_limit_is_accepted(db: Database
     with node_http(gw["url"], setup.credential) as http:
         result = deliver_artifact(http, setup.member["id"], "big", src)
     assert result["state"] == "complete" and result["chunks_sent"] == 2
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/artifacts", b"not json", "body"),
+        ("/api/artifacts", b"[1]", "body"),
+        ("/api/artifacts", b'{"name": "m", "manifest": {}, "manifest_digest": "d"}', "member_id"),
+        ("/api/artifacts", b'{"member_id": "7", "name": "m", "manifest": {}, "manifest_digest": "d"}',
+         "member_id"),
+        ("/api/artifacts", b'{"member_id": true, "name": "m", "manifest": {}, "manifest_digest": "d"}',
+         "member_id"),
+        ("/api/artifacts", b'{"member_id": 7, "name": "m", "manifest": [], "manifest_digest": "d"}',
+         "manifest"),
+        ("/api/artifacts", b'{"member_id": 7, "name": 5, "manifest": {}, "manifest_digest": "d"}', "name"),
+        ("/api/artifacts/1/fail", b"[1]", "body"),
+        ("/api/artifacts/1/fail", b'{"reason": {"a": 1}}', "reason"),
+    ],
+)
+def test_malformed_agent_requests_name_the_field_on_the_server_and_the_gateway(
+    db: Database, db_url: str, gw, tmp_path: Path, path: str, body: bytes, field: str
+) -> None:
+    # Both front doors refuse the same way (one validation, app.artifacts.receiver); before, a JSON array
+    # sent to the gateway's /fail was a 500.
+    from tests.artifact_fixtures import served_artifacts
+    from tests.conftest import free_port
+
+    setup = make_member(db)
+    headers = {"Authorization": f"Node {setup.credential}", "Content-Type": "application/json"}
+    with served_artifacts(db, db_url, tmp_path / "server", free_port(), 4096) as server:
+        for base in (gw["url"], server["url"]):
+            answer = httpx.post(base + path, content=body, headers=headers, timeout=30)
+            assert answer.status_code == 400, (base, answer.text)
+            assert field in answer.json()["fields"], (base, answer.json())
