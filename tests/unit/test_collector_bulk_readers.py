@@ -246,3 +246,13 @@ def test_scan_of_a_long_file_of_repeating_lengths_finds_every_intact_record(seed
     intact = [(int(bounds[i + 1]), payloads[i]) for i in range(len(payloads)) if i not in touched]
     assert found.records == intact
     assert {int(np.searchsorted(bounds, d.offset, side="right")) - 1 for d in found.damage} == touched
+
+
+def test_a_line_nested_too_deep_is_refused_alone() -> None:
+    # json's decoder raises RecursionError (not ValueError) on deep nesting: it must not end the reading.
+    lines = [b'{"step": 1, "loss": 2}', b"[" * 100_000 + b"]" * 100_000, b'{"step": 2, "a": {"b": ' * 3000,
+             b'{"step": 3, "loss": 4}']  # fmt: skip
+    assert _bulk(lines) == _one_by_one(lines)
+    assert [p for p in _bulk(lines) if p[0] == "point"] == [
+        ("point", 0, "loss", 1, 2.0, READ_TIME), ("point", 3, "loss", 3, 4.0, READ_TIME)
+    ]
