@@ -128,6 +128,7 @@ def test_short_members_have_every_point_stored_and_metrics_complete_ten_times(
             collectors.store.save(record)
             # … and the member is gone long before the collector has even finished starting up.
             assert await collectors.drain(record, member_dir)
+            assert not collectors.spool_dir(run).exists()  # all acknowledged: nothing left on the node
             return job, out
 
         async def all_runs() -> list[tuple[int, Path]]:

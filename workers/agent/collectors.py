@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -251,8 +252,12 @@ class MemberCollectors:
                 signalled = True
             await asyncio.sleep(0.05)
         await asyncio.to_thread(self._reap, record)
-        # Its work is done and the token revoked with the final batch: no copy of it stays on disk.
+        # Its work is done and the token revoked with the final batch: no copy of it stays on disk, and
+        # neither does the spool (every batch is acknowledged), unless it holds batches the gateway
+        # refused: those stay, with their reasons, for the operator.
         (spool / TOKEN_FILE).unlink(missing_ok=True)
+        if not any((spool / "rejected").glob("*")):
+            await asyncio.to_thread(shutil.rmtree, spool, True)
         return True
 
     def _signal(self, record: MemberRecord, signum: int) -> None:
