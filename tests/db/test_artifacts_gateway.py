@@ -40,6 +40,8 @@ def serve_gateway_routes(db_url: str, blob_dir: Path, port: int) -> Iterator[str
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=5)
+        if not thread.is_alive():
+            loop.close()
 
 
 @pytest.fixture
