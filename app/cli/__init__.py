@@ -64,7 +64,7 @@ class ExpectedError(Exception):
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    from app.client.http import ClientError
+    from app.client.transport import ClientError
     from app.migrate import MigrationError
     from app.settings import SettingsError
 

@@ -89,6 +89,14 @@ def _stored(db_url: str, job: int):
         return stored_points(conn, job)
 
 
+def _job_and_member_dir(db: Database, tmp: Path) -> tuple[int, str, Path]:
+    """A job with a member token, and the member's directory with an empty output/."""
+    job = make_job(db, make_user(db, "alice"))
+    member_dir = tmp / "member"
+    (member_dir / "output").mkdir(parents=True)
+    return job, member_token(db, job), member_dir
+
+
 def _lifecycle(tmp: Path, gateway_url: str) -> MemberCollectors:
     return MemberCollectors(
         AgentPaths(tmp / "state", tmp / "work"),
@@ -147,11 +155,8 @@ def test_collector_killed_mid_run_and_mid_send_is_restarted_and_stores_every_poi
 ) -> None:
     sources = tmp_path / "sources"
     _prepare_sources(sources, 60_000, 60_000)
-    job = make_job(db, make_user(db, "alice"))
-    token = member_token(db, job)
-    member_dir = tmp_path / "member"
+    job, token, member_dir = _job_and_member_dir(db, tmp_path)
     out = member_dir / "output"
-    out.mkdir(parents=True)
     port = free_port()
     gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
     collectors = _lifecycle(tmp_path, f"http://127.0.0.1:{port}")
@@ -220,10 +225,7 @@ def _request_waiting(port: int) -> bool:
 def test_member_cpu_and_rss_are_shipped_under_canonical_names(
     db: Database, db_url: str, tmp_path: Path
 ) -> None:
-    job = make_job(db, make_user(db, "alice"))
-    token = member_token(db, job)
-    member_dir = tmp_path / "member"
-    (member_dir / "output").mkdir(parents=True)
+    job, token, member_dir = _job_and_member_dir(db, tmp_path)
     with running_gateway(db_url) as gateway:
         collectors = _lifecycle(tmp_path, gateway.url)
         collectors.settings["sample_interval"] = 0.2
@@ -364,10 +366,7 @@ def test_bad_lines_and_damaged_records_lose_only_themselves_and_are_shown(
 def test_sigterm_before_the_collector_finished_starting_is_a_drain_not_a_death(
     db: Database, db_url: str, tmp_path: Path
 ) -> None:
-    job = make_job(db, make_user(db, "alice"))
-    token = member_token(db, job)
-    member_dir = tmp_path / "member"
-    (member_dir / "output").mkdir(parents=True)
+    job, token, member_dir = _job_and_member_dir(db, tmp_path)
     (member_dir / "output" / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
     with running_gateway(db_url) as gateway:
         collectors = _lifecycle(tmp_path, gateway.url)

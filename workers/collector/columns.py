@@ -53,7 +53,7 @@ class PointColumns:
         """One point (the path for units decoded one by one)."""
         name_id = self.name_id(name)
         if name_id is None:
-            self.refuse(unit, name, limits.name_problem(name) or limits.STEP_RANGE)
+            self.refuse(unit, name, limits.name_problem(name))  # type: ignore[arg-type]
             return
         if not limits.STEP_MIN <= step <= limits.STEP_MAX:
             self.refuse(unit, name, limits.STEP_RANGE)
@@ -86,6 +86,7 @@ class PointColumns:
             return
         for k in np.flatnonzero(~keep).tolist():
             name = names[int(name_index[k])]
+            # A name that may not be stored is its reason; otherwise the step is out of range.
             self.refuse(int(units[k]), name, limits.name_problem(name) or limits.STEP_RANGE)
         self._parts.append((units[keep], point_ids[keep], steps[keep], values[keep], walls[keep]))
 

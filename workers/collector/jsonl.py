@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from collections.abc import Iterable
 
 import numpy as np
 import orjson
@@ -145,8 +146,12 @@ def _uniform_block(lines: list[bytes]) -> _Groups | None:
     keys = list(map(tuple, objs))
     if len(set(keys)) == 1:
         return {keys[0]: (list(range(len(lines))), rows)}
+    return _by_keys(range(len(lines)), keys, rows)
+
+
+def _by_keys(indices: Iterable[int], keys: Iterable[tuple[str, ...]], rows: Iterable[tuple]) -> _Groups:
     groups: _Groups = {}
-    for i, (key, row) in enumerate(zip(keys, rows, strict=True)):
+    for i, key, row in zip(indices, keys, rows, strict=True):
         group = groups.get(key)
         if group is None:
             group = groups[key] = ([], [])
@@ -158,12 +163,10 @@ def _uniform_block(lines: list[bytes]) -> _Groups | None:
 def _group_line_by_line(lines: list[bytes]) -> tuple[_Groups, list[int]]:
     """The flat number-only lines grouped by their keys, and the indices of every other line."""
     slow: list[int] = []
-    groups: _Groups = {}
-    loads = orjson.loads
-    numbers = _NUMBERS
+    flat: list[tuple[int, tuple[str, ...], tuple]] = []
     for i, raw in enumerate(lines):
         try:
-            obj = loads(raw)
+            obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
             slow.append(i)
             continue
@@ -171,15 +174,11 @@ def _group_line_by_line(lines: list[bytes]) -> tuple[_Groups, list[int]]:
             slow.append(i)
             continue
         values = tuple(obj.values())
-        if not set(map(type, values)) <= numbers:
+        if set(map(type, values)) <= _NUMBERS:
+            flat.append((i, tuple(obj), values))
+        else:
             slow.append(i)
-            continue
-        group = groups.get(key := tuple(obj))
-        if group is None:
-            group = groups[key] = ([], [])
-        group[0].append(i)
-        group[1].append(values)
-    return groups, slow
+    return _by_keys(*zip(*flat, strict=True)) if flat else {}, slow
 
 
 def _add_flat_lines(

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from workers.collector.tfrecord import values_at
+
 
 def _load_protos() -> tuple[types.ModuleType, types.ModuleType]:
     """tensorboardX's compiled protos without its package __init__, which imports the writer and with it
@@ -186,8 +188,8 @@ def simple_scalars(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> Simp
                 tags.append(text)
         keep = matched[idx]
         idx, ms, mp, mt, tag_ids = idx[keep], ms[keep], mp[keep], mt[keep], tag_ids[keep]
-        walls = padded[(ms + 1)[:, None] + np.arange(8)].copy().view("<f8").ravel()
-        values = padded[(mp + 7 + mt)[:, None] + np.arange(4)].copy().view("<f4").ravel().astype(np.float64)
+        walls = values_at(padded, ms + 1, "<f8")
+        values = values_at(padded, mp + 7 + mt, "<f4").astype(np.float64)
         steps = step[idx].view(np.int64)
     else:
         walls = values = np.zeros(0, dtype=np.float64)

@@ -162,7 +162,7 @@ def _predict(data: bytes, pos: int, recent: list[int], size: int) -> tuple[np.nd
         return None
     expected = np.tile(cycle, count // period + 1)[:count]
     offsets = pos + np.concatenate(([0], np.cumsum(expected[:-1] + total)))
-    stored = np.frombuffer(data, dtype=np.uint8)[offsets[:, None] + np.arange(8)].copy().view("<u8").ravel()
+    stored = values_at(np.frombuffer(data, dtype=np.uint8), offsets, "<u8")
     agree = stored == expected.astype(np.uint64)
     good = count if agree.all() else int(np.argmin(agree))
     return offsets[:good], expected[:good]
@@ -237,9 +237,14 @@ def scan(
     return result
 
 
+def values_at(raw: np.ndarray, offsets: np.ndarray, dtype: str) -> np.ndarray:
+    """The little-endian number of `dtype` (e.g. "<u4") stored at each offset of the byte array `raw`."""
+    width = np.dtype(dtype).itemsize
+    return raw[offsets[:, None] + np.arange(width)].copy().view(dtype).ravel()
+
+
 def _u32_at(data: bytes, offsets: np.ndarray) -> np.ndarray:
-    raw = np.frombuffer(data, dtype=np.uint8)
-    return raw[offsets[:, None] + np.arange(4)].copy().view("<u4").ravel().astype(np.uint64)
+    return values_at(np.frombuffer(data, dtype=np.uint8), offsets, "<u4").astype(np.uint64)
 
 
 def _crc_table() -> np.ndarray:
