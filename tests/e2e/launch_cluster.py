@@ -10,6 +10,7 @@ import datetime as dt
 import gzip
 import io
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -55,25 +56,34 @@ sys.exit(int(os.environ.get("EXIT", "0")))
 """
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_block(span: int = 50) -> int:
-    """A base port whose next `span` ports were free a moment ago (the rendezvous ports)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + span > 65000:
+    """A base port whose next `span` ports are free now and lie below the kernel's ephemeral range.
+
+    The block is the rendezvous range for a whole test. Inside the ephemeral range any outgoing
+    connection of the test (an agent reconnecting, an HTTP client) may take one of its ports, and a
+    member's prepare then fails with "cannot bind MASTER_PORT" (seen once in CI).
+    """
+    low = min(_ephemeral_low(), 65000)
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(12000, max(12001, low - span))
+        if base + span > low:
             continue
-        ok = True
-        for offset in range(0, span, 7):
-            with socket.socket() as s:
-                try:
+        try:
+            for offset in range(span):
+                with socket.socket() as s:
                     s.bind(("0.0.0.0", base + offset))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free port block")
+        except OSError:
+            continue
+        return base
+    raise RuntimeError("no free port block below the ephemeral range")
 
 
 def source_archive(files: dict[str, str]) -> bytes:
