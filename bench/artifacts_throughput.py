@@ -25,8 +25,10 @@ parallel threads, from the page cache); moving the same number of bytes over loo
 sockets (as many connections as files; no HTTP, disk or hashing) — verified download cannot beat it; and
 the upload's own work with nothing of HTTP or the database (`bare_upload`: the manifest, then each file's
 chunks in order over bare sockets, files in parallel, read in 1 MiB pieces with their crc32c, checked,
-hashed, written, written back and fsynced on the receiving side, in threads of this process) — what this
-design could reach on this machine with an ideal transport.
+hashed, written, written back and fsynced by a receiver in another process, as the node gateway is) — what
+this design could reach on this machine with an ideal transport — and the same with the agent's sha256
+computed while it sends instead of in a pass before, and with no agent sha256 at all: the floors of the
+two other designs (docs/artifacts.md, Measured).
 
 Run: .venv/bin/python bench/artifacts_throughput.py [--mib 256] [--files 4] [--chunk-mib 32] [--rounds 3]
      [--no-level]
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import multiprocessing
 import os
 import shutil
 import socket
@@ -46,6 +49,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -128,17 +132,21 @@ def loopback_transfer(total: int, streams: int) -> float:
         return time.perf_counter() - begin
 
 
-def bare_upload(src: Path, dst: Path, chunk_size: int) -> float:
-    """Seconds for the upload's own work with nothing of HTTP, aiohttp or the database: the manifest (one
-    sha256 pass), then every file's chunks in order over a bare loopback socket (files in parallel), the
-    agent reading each in 1 MiB pieces with their crc32c, the receiver checking the crc32c, extending the
-    file's sha256, writing at the offset, starting writeback, and fsyncing each file after its last chunk."""
+# How the agent treats the bytes in `bare_upload`: the present design (a manifest pass, then chunks with
+# their crc32c), the agent's sha256 computed while it sends instead of in a pass before (no registration
+# before the last byte is read), and no agent sha256 at all (the server's hash would be the manifest's).
+AGENT_MODES = ("manifest", "overlap", "server_only")
+
+
+def _bare_receiver(dst: Path, sizes: dict[str, int], chunk_size: int, ports: Any) -> None:
+    """The receiving side of `bare_upload`, in its own process (as the node gateway is): for each chunk,
+    check the crc32c, extend the file's sha256, write at the offset, start writeback, fsync after the
+    file's last chunk, then answer with the crc32c."""
     from app.artifacts.staged_hash import start_writeback
 
-    dst.mkdir(parents=True)
-    listener = socket.create_server(("127.0.0.1", 0))
-    sizes = {p.name: p.stat().st_size for p in src.iterdir()}
     hashes = {name: hashlib.sha256() for name in sizes}
+    listener = socket.create_server(("127.0.0.1", 0))
+    ports.put(listener.getsockname()[1])
 
     def receive(conn: socket.socket) -> None:
         with conn, conn.makefile("rb") as stream:
@@ -160,29 +168,47 @@ def bare_upload(src: Path, dst: Path, chunk_size: int) -> float:
                 os.close(fd)
             conn.sendall(f"{crc:08x}".encode())
 
+    with listener, ThreadPoolExecutor(2 * len(sizes)) as receivers:
+        for _ in range(sum(-(-size // chunk_size) for size in sizes.values())):
+            receivers.submit(receive, listener.accept()[0])
+
+
+def bare_upload(src: Path, dst: Path, chunk_size: int, agent: str = "manifest") -> float:
+    """Seconds for the upload's own work with nothing of HTTP, aiohttp or the database: every file's chunks
+    in order over bare loopback sockets (files in parallel) to a receiver in another process, the agent
+    reading each in 1 MiB pieces with their crc32c; `agent` (AGENT_MODES) says where the agent's sha256 is
+    computed: in a manifest pass first (today), while sending, or nowhere. Until the last file is fsynced."""
+    dst.mkdir(parents=True)
+    sizes = {p.name: p.stat().st_size for p in src.iterdir()}
+    context = multiprocessing.get_context("spawn")
+    ports = context.Queue()
+    receiver = context.Process(target=_bare_receiver, args=(dst, sizes, chunk_size, ports))
+    receiver.start()
+    address = ("127.0.0.1", ports.get(timeout=60))
+
     def send_file(name: str) -> None:
+        digest = hashlib.sha256() if agent == "overlap" else None
         for offset in range(0, sizes[name], chunk_size):
             chunk = Chunk(offset // chunk_size, offset, min(chunk_size, sizes[name] - offset))
             pieces, crc = read_chunk(src / name, chunk)
-            with socket.create_connection(listener.getsockname()) as conn:
+            with socket.create_connection(address) as conn:
                 conn.sendall(f"{name} {chunk.index}\n".encode())
                 for piece in pieces:
+                    if digest is not None:
+                        digest.update(piece)
                     conn.sendall(piece)
                 assert conn.recv(8).decode() == crc
 
-    def accept() -> None:
-        with ThreadPoolExecutor(2 * len(sizes)) as receivers:
-            for _ in range(sum(-(-size // chunk_size) for size in sizes.values())):
-                receivers.submit(receive, listener.accept()[0])
-
-    with listener, ThreadPoolExecutor(len(sizes) + 1) as pool:
-        begin = time.perf_counter()
-        build_manifest(src)
-        acceptor = pool.submit(accept)
-        for future in [pool.submit(send_file, name) for name in sizes]:
-            future.result()
-        acceptor.result()
-        return time.perf_counter() - begin
+    try:
+        with ThreadPoolExecutor(len(sizes)) as pool:
+            begin = time.perf_counter()
+            if agent == "manifest":
+                build_manifest(src)
+            for future in [pool.submit(send_file, name) for name in sizes]:
+                future.result()
+            return time.perf_counter() - begin
+    finally:
+        receiver.join(timeout=60)
 
 
 def sha256_pass(root: Path) -> float:
@@ -229,7 +255,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     total = args.mib * 1024 * 1024
-    phases = ("copy", "upload", "verify", "download", "sha256", "transfer", "bare_upload")
+    phases = ("copy", "upload", "verify", "download", "sha256", "transfer", *AGENT_MODES)
     times: dict[str, list[float]] = {phase: [] for phase in phases}
     with tempfile.TemporaryDirectory(prefix="tp-bench-artifacts-", dir=REPO) as tmp_name:
         tmp = Path(tmp_name)
@@ -267,11 +293,11 @@ def main() -> None:
                 write_random_tree(src, args.files, total)
                 times["sha256"].append(sha256_pass(src))
                 times["transfer"].append(loopback_transfer(total, args.files))
-                level()
-                times["bare_upload"].append(
-                    bare_upload(src, tmp / f"bare-{round_no}", args.chunk_mib * 2**20)
-                )
-                shutil.rmtree(tmp / f"bare-{round_no}")
+                for mode in AGENT_MODES:
+                    level()
+                    seconds = bare_upload(src, tmp / f"bare-{round_no}", args.chunk_mib * 2**20, mode)
+                    times[mode].append(seconds)
+                    shutil.rmtree(tmp / f"bare-{round_no}")
 
                 level()
                 begin = time.perf_counter()
@@ -322,7 +348,9 @@ def main() -> None:
         ("verified download (+ fsync)", "download"),
         ("floor: one sha256 pass over every file", "sha256"),
         ("floor: bare loopback transfer (no HTTP)", "transfer"),
-        ("floor: upload's work over bare sockets", "bare_upload"),
+        ("floor: upload's work over bare sockets", "manifest"),
+        ("  … agent's sha256 while sending instead", "overlap"),
+        ("  … no agent sha256 (server's hash only)", "server_only"),
     ]
     for label, key in rows:
         seconds = median[key]
@@ -331,7 +359,7 @@ def main() -> None:
     # Upload cannot send a byte before the manifest (a sha256 pass) is registered, and then every byte
     # crosses the loopback; download's hashing overlaps its transfer.
     floors = {
-        "upload": ("its own work over bare sockets", median["bare_upload"]),
+        "upload": ("its own work over bare sockets", median["manifest"]),
         "download": ("the bare transfer", median["transfer"]),
     }
     for key, (what, floor) in floors.items():
@@ -341,6 +369,11 @@ def main() -> None:
             f"ratio {key}/copy throughput: {ratio:.2f} (target ≥ {TARGET}) {verdict}; "
             f"{what} alone would be {median['copy'] / floor:.2f}"
         )
+    print(
+        "upload floors of other designs: the agent's sha256 while it sends (registration before the last "
+        f"byte is read) {median['copy'] / median['overlap']:.2f}; no agent sha256, the server's hash the "
+        f"manifest's {median['copy'] / median['server_only']:.2f}"
+    )
 
 
 def _up(url: str) -> bool:
