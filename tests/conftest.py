@@ -8,6 +8,7 @@ once; its janitor clones a fresh database from it for every test that asks for `
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import tempfile
@@ -126,10 +127,32 @@ def empty_db_url(pg_server: ServerInfo, request: pytest.FixtureRequest) -> Itera
         yield pg_server.url(name)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(span: int = 1) -> int:
+    """A port (the first of `span` consecutive ports) free now and below the kernel's ephemeral range.
+
+    Not port 0's choice: that lies inside the ephemeral range, where any outgoing connection of the test
+    (an agent reconnecting while its gateway restarts on the same port, an HTTP client) may take it
+    meanwhile; a member's prepare then failed with "cannot bind MASTER_PORT" in CI.
+    """
+    low = min(_ephemeral_low(), 65000)
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(12000, max(12001, low - span))
+        try:
+            for offset in range(span):
+                with socket.socket() as s:
+                    s.bind(("0.0.0.0", base + offset))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {span} free port(s) below the ephemeral range")
 
 
 @pytest.fixture

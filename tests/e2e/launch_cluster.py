@@ -10,9 +10,7 @@ import datetime as dt
 import gzip
 import io
 import os
-import random
 import signal
-import socket
 import subprocess
 import tarfile
 import uuid
@@ -23,12 +21,15 @@ from pathlib import Path
 from app.blobstore import FilesystemBlobStore
 from app.db import Database
 from app.submission import archives, service
+from tests.conftest import free_port
 from tests.e2e.node_processes import Proc, start_gateway
 from tests.helpers import wait_for
 from tests.node_helpers import fast_thresholds, make_token
 from tests.submission_setup import add_user
 
 HEARTBEAT, STALE, LOST = 0.3, 1.5, 3.0
+# The rendezvous ports of a test cluster (a block below the ephemeral range: tests.conftest.free_port).
+RENDEZVOUS_SPAN = 40
 MIB = 1024**2
 
 # A tiny member for the fault tests: BEFORE metric points, a 64 KiB checkpoint in output/ckpt, a `started`
@@ -54,36 +55,6 @@ for i in range(int(os.environ.get("BURST_LINES", "0"))):
     print(f"line {i:06d} " + "x" * 90)
 sys.exit(int(os.environ.get("EXIT", "0")))
 """
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_port_block(span: int = 50) -> int:
-    """A base port whose next `span` ports are free now and lie below the kernel's ephemeral range.
-
-    The block is the rendezvous range for a whole test. Inside the ephemeral range any outgoing
-    connection of the test (an agent reconnecting, an HTTP client) may take one of its ports, and a
-    member's prepare then fails with "cannot bind MASTER_PORT" (seen once in CI).
-    """
-    low = min(_ephemeral_low(), 65000)
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(12000, max(12001, low - span))
-        if base + span > low:
-            continue
-        try:
-            for offset in range(span):
-                with socket.socket() as s:
-                    s.bind(("0.0.0.0", base + offset))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port block below the ephemeral range")
 
 
 def source_archive(files: dict[str, str]) -> bytes:
@@ -122,8 +93,13 @@ class Cluster:
         fast_thresholds(self.db, heartbeat=HEARTBEAT, stale=STALE, lost=LOST)
         self.db.fetch_all(
             """UPDATE launch_settings SET stop_grace = %s, prepare_timeout = %s, rendezvous_port_base = %s,
-                      rendezvous_port_span = 40 RETURNING 1""",
-            (dt.timedelta(seconds=stop_grace), dt.timedelta(seconds=prepare_timeout), free_port_block()),
+                      rendezvous_port_span = %s RETURNING 1""",
+            (
+                dt.timedelta(seconds=stop_grace),
+                dt.timedelta(seconds=prepare_timeout),
+                free_port(RENDEZVOUS_SPAN),
+                RENDEZVOUS_SPAN,
+            ),
         )
         self.db.call("create_fleet", self.fleet, "node", None, None)
         self.user_id = add_user(self.db, "alice")
