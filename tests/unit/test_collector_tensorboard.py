@@ -10,7 +10,7 @@ import pytest
 from tensorboardX.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 
 from workers.collector import tfrecord
-from workers.collector.sources import OutputTracker
+from workers.collector.sources import READ_CHUNK, OutputTracker
 
 
 def _read_all(root: Path, max_points: int = 10_000) -> list:
@@ -208,6 +208,43 @@ def test_cut_short_tail_is_damage_only_once_the_writer_is_gone(tmp_path: Path) -
     assert [d for c in final for d in c.damage] == [
         tfrecord.Damage(sum(len(f) for f in frames), 9, tfrecord.CUT_SHORT)
     ]
+
+
+def _image_frame(step: int, size: int) -> bytes:
+    image = summary_pb2.Summary.Image(height=1, width=1, colorspace=3, encoded_image_string=b"\x89" * size)
+    return tfrecord.frame(_event(step, summary_pb2.Summary.Value(tag="sample", image=image)))
+
+
+def test_a_record_longer_than_one_read_is_read_and_the_file_goes_on(tmp_path: Path) -> None:
+    # An image (or a graph) record bigger than the collector's largest read used to stop the file there.
+    frames = _simple_frames(3)
+    big = _image_frame(3, READ_CHUNK + 1024 * 1024)
+    path = tmp_path / "events.out.tfevents.7.x"
+    path.write_bytes(b"".join(frames) + big + _simple_frames(6)[5])
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    steps = []
+    for _ in range(4):  # a few polls, as the collector's loop makes them
+        steps += [p.step for c in tracker.read(100) for p in c.points]
+    assert steps == [0, 1, 2, 5]
+    assert not tracker.unread()
+    tracker.close()
+
+
+def test_a_long_record_cut_short_by_a_dead_writer_is_damage_and_the_file_is_done(tmp_path: Path) -> None:
+    frames = _simple_frames(2)
+    big = _image_frame(2, READ_CHUNK + 4 * 1024 * 1024)
+    cut = len(big) - 2 * 1024 * 1024  # more than one read of it is there, not all
+    path = tmp_path / "events.out.tfevents.8.x"
+    path.write_bytes(b"".join(frames) + big[:cut])
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    assert [p.step for c in tracker.read(100) for p in c.points] == [0, 1]
+    assert [c for c in tracker.read(100) if c.news] == []  # the writer may still finish it
+    final = [d for _ in range(3) for c in tracker.read(100, final=True) for d in c.damage]
+    assert final == [tfrecord.Damage(sum(len(f) for f in frames), cut, tfrecord.CUT_SHORT)]
+    assert not tracker.unread()
+    tracker.close()
 
 
 def test_masked_crc_matches_the_tfrecord_definition() -> None:

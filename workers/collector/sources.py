@@ -210,6 +210,13 @@ class OutputTracker:
             want = self.read_sizes.get(key, FIRST_READ)
             self.read_sizes[key] = min(READ_CHUNK, want * 2)
             data = os.pread(fd, min(want, size - state.offset), state.offset)
+            if state.kind == "tensorboard":
+                whole = tfrecord.record_size_at(data)
+                if whole is not None and whole > len(data):
+                    # A record longer than one read (an image, a graph, up to MAX_RECORD_BYTES): read it
+                    # whole, or as much of it as the file holds; a window that never fits it would stop
+                    # the file at this record for ever.
+                    data = os.pread(fd, min(whole, size - state.offset), state.offset)
             at_end = final and state.offset + len(data) >= size
             if state.kind == "tensorboard":
                 more = state.offset + len(data) < size

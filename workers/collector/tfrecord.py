@@ -93,6 +93,15 @@ def _header_at(view: memoryview, pos: int) -> int | None:
     return length
 
 
+def record_size_at(buffer: bytes | memoryview) -> int | None:
+    """The whole size (header, payload, footer) of the record the buffer starts with, if its header
+    verifies; None when the buffer is shorter than a header or the header is damaged."""
+    if len(buffer) < HEADER_SIZE:
+        return None
+    length = _header_at(memoryview(buffer), 0)
+    return None if length is None else HEADER_SIZE + length + FOOTER_SIZE
+
+
 def _resync(view: memoryview, start: int) -> int | None:
     """The first offset at or after `start` where an intact record starts, or where a record whose header
     verifies runs past the buffer (it may be completed later); None if there is none in the buffer."""
