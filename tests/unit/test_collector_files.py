@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -229,3 +230,19 @@ def test_fast_line_decoder_agrees_with_json_loads(raw: bytes) -> None:
         return
     got = _loads(raw)
     assert json.dumps(got) == json.dumps(expected)
+
+
+def test_a_fifo_named_like_a_metrics_file_is_skipped_not_opened(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "metrics.jsonl")  # opening it for reading would wait for a writer for ever
+    (tmp_path / "train.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    tracker = OutputTracker(tmp_path)
+    seen: list = []
+    worker = threading.Thread(target=lambda: (tracker.discover(), seen.extend(_points(tracker))), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    alive = worker.is_alive()
+    if alive:  # unblock the open so the thread can end
+        os.close(os.open(tmp_path / "metrics.jsonl", os.O_WRONLY | os.O_NONBLOCK))
+    assert not alive, "discover blocked on the FIFO"
+    assert [(p.source, p.name, p.step) for p in seen] == [("jsonl:train.jsonl", "loss", 1)]
+    tracker.close()

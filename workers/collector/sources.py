@@ -9,6 +9,7 @@ open while tracked, so a file deleted before it was fully read is still read to 
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -154,6 +155,8 @@ class OutputTracker:
                 st = path.stat()
             except FileNotFoundError:
                 continue
+            if not stat.S_ISREG(st.st_mode):
+                continue  # a FIFO named metrics.jsonl would block the open (and the collector) for ever
             key = (st.st_dev, st.st_ino)
             if key in self.handles:
                 state = self.states.get(key)
@@ -161,8 +164,12 @@ class OutputTracker:
                     state.path = str(path.relative_to(self.root))
                 continue
             try:
-                fd = os.open(path, os.O_RDONLY)
+                # O_NONBLOCK: a regular file swapped for a FIFO since the stat must not block the open.
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
             except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
                 continue
             known = self.states.get(key)
             if known is not None:
