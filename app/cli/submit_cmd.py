@@ -77,6 +77,27 @@ def spec_options(func: Callable) -> Callable:
             help="Place artifact REF (JOB/NAME, JOB/NAME@RANK or sha256:DIGEST) in the input directory as "
             "NAME (or at PATH). Repeatable; added to the spec's inputs.",
         ),
+        click.option(
+            "--package",
+            "packages",
+            multiple=True,
+            metavar="REQ",
+            help="A package for the job's environment, e.g. 'transformers>=4.40' (repeatable; added to the "
+            "spec's). Resolved to a hashed lock at preview (docs/runtimes.md).",
+        ),
+        click.option(
+            "--requirements",
+            metavar="PATH",
+            help="The environment from a requirements *.txt or a pyproject.toml (with its uv.lock) inside "
+            "the source, e.g. requirements.txt.",
+        ),
+        click.option(
+            "--environment-base",
+            type=click.Choice(["isolated", "node"]),
+            help="isolated: only the lock's packages (default with packages); node: on top of the node's "
+            "site-packages (its CUDA torch).",
+        ),
+        click.option("--python", "python_version", metavar="X.Y", help="The environment's Python version."),
         click.option("--quiet", "-q", is_flag=True, help=quiet_option_help),
     ]
     for option in reversed(options):
@@ -183,11 +204,35 @@ def build_spec(client: ApiClient, opts: dict[str, Any]) -> dict:
             spec[field] = opts[field]
     if opts.get("env"):
         spec["env"] = {**(spec.get("env") or {}), **_pairs(opts["env"], "--env")}
+    environment = _environment_flags(spec.get("environment"), opts)
+    if environment is not None:
+        spec["environment"] = environment
     if opts.get("outputs"):
         spec["outputs"] = _parsed(parse_output, opts["outputs"], "--output")
     if opts.get("inputs"):
         spec["inputs"] = [*(spec.get("inputs") or []), *_parsed(parse_input, opts["inputs"], "--input")]
     return spec
+
+
+def _environment_flags(environment: Any, opts: dict[str, Any]) -> Any:
+    """The spec's `environment` with the flags applied (None: no flag and none in the spec). The server
+    checks every field (a bad requirement is refused naming environment.packages.N)."""
+    flags = {
+        "packages": list(opts.get("packages") or ()),
+        "requirements": opts.get("requirements"),
+        "base": opts.get("environment_base"),
+        "python": opts.get("python_version"),
+    }
+    if not any(flags.values()):
+        return environment
+    merged = dict(environment) if isinstance(environment, dict) else {}
+    if flags["packages"]:
+        earlier = merged.get("packages")
+        merged["packages"] = [*(earlier if isinstance(earlier, list) else []), *flags["packages"]]
+    for field in ("requirements", "base", "python"):
+        if flags[field]:
+            merged[field] = flags[field]
+    return merged
 
 
 def _parsed(parse: Callable[[str], dict], values: tuple[str, ...], flag: str) -> list[dict]:
@@ -217,6 +262,10 @@ SPEC_KEYS = (
     "max_attempts",
     "priority",
     "env",
+    "packages",
+    "requirements",
+    "environment_base",
+    "python_version",
 )
 
 

@@ -134,6 +134,27 @@ def test_spec_file_with_flag_overrides(cli, logged_in: str, tmp_path: Path) -> N
     assert result.exit_code == 1 and "what" in result.output
 
 
+def test_environment_flags_reach_the_lock_and_bad_ones_name_the_field(
+    cli, logged_in: str, tmp_path: Path
+) -> None:
+    src = tmp_path / "project"
+    src.mkdir()
+    (src / "train.py").write_text("print('hi')\n")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("environment:\n  packages: [six==1.16.0]\n")
+    source = ("--source", str(src), "--entrypoint", "python train.py")
+    result = cli("preview", "--spec", str(spec), *source, "--package", "tqdm", "--python", "3.11", "--json")
+    assert result.exit_code == 0, result.output
+    env = json.loads(result.stdout)["resolved"]["runtime"]["environment"]
+    assert env["requested"] == ["six==1.16.0", "tqdm"] and env["packages"]["six"] == "1.16.0"
+    assert env["base"] == "isolated" and env["python"] == "3.11"
+    option = cli("preview", *source, "--package=--index-url=https://example.invalid")
+    assert option.exit_code == 1 and "environment.packages" in option.output
+    assert "Traceback" not in option.output
+    missing = cli("preview", *source, "--requirements", "requirements.txt")
+    assert missing.exit_code == 1 and "environment.requirements" in missing.output
+
+
 def test_output_and_input_flags_reach_the_preview_and_bad_ones_name_the_flag(cli, logged_in: str) -> None:
     default = json.loads(cli("preview", "--recipe", "demo", "--json").output)
     assert default["resolved"]["outputs"] == [{"name": "checkpoint", "path": "checkpoint"}]  # the recipe's
