@@ -122,6 +122,15 @@ def spec_from_form(form: MultiDict, files: MultiDict | None = None) -> dict[str,
     env = _pairs(form.get("env", ""), "env")
     if env:
         spec["env"] = env
+    environment: dict[str, Any] = {}
+    packages = [line.strip() for line in form.get("environment.packages", "").splitlines() if line.strip()]
+    if packages:
+        environment["packages"] = packages
+    for name in ("requirements", "base", "python"):
+        if value(f"environment.{name}"):
+            environment[name] = value(f"environment.{name}")
+    if environment:
+        spec["environment"] = environment
     outputs = [line for line in form.get("outputs", "").splitlines() if line.strip()]
     inputs = [
         f"{value(f'inputs.{n}.name')}={value(f'inputs.{n}.artifact')}"

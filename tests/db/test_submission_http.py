@@ -126,6 +126,33 @@ def test_console_dialog_preview_confirm_lands_on_the_job_page(client: FlaskClien
     assert client.get("/jobs", headers=JSON).get_json()["jobs"][0]["retry_key"] == retry_key
 
 
+def test_dialog_environment_fields_reach_the_lock_and_a_bad_package_is_named(
+    client: FlaskClient, users: dict
+) -> None:
+    csrf = login(client, "alice")
+    dialog = client.get("/submit").get_data(as_text=True)
+    assert 'name="environment.packages"' in dialog and 'name="environment.base"' in dialog
+    gzip = {**users["alice"], "Content-Type": "application/gzip"}
+    up = client.post("/sources", data=ab.honest(), headers=gzip)
+    form = {
+        "csrf_token": csrf,
+        "input_kind": "source",
+        "source.archive": up.get_json()["archive"],
+        "source.entrypoint": "python train.py",
+        "environment.packages": "six==1.16.0\n\n  tqdm \n",
+        "environment.base": "isolated",
+        "retry_key": "env-dialog",
+    }
+    partial = client.post("/previews", data=form, headers={"HX-Request": "true"})
+    text = partial.get_data(as_text=True)
+    assert partial.status_code == 201, text
+    assert "six 1.16.0" in text and "tqdm" in text  # the summary's runtime line names the lock
+    bad = client.post(
+        "/previews", data={**form, "environment.packages": "-e ."}, headers={"HX-Request": "true"}
+    )
+    assert bad.status_code == 422 and 'data-field="environment.packages' in bad.get_data(as_text=True)
+
+
 def test_forms_need_the_csrf_token_and_bearer_requests_do_not(client: FlaskClient, users: dict) -> None:
     csrf = login(client, "alice")
     form = {"input_kind": "recipe", "recipe.name": "demo"}
