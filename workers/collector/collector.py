@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import socket
 import threading
 import time
@@ -67,6 +68,25 @@ class CollectorConfig:
     orphan_grace: float = 30.0
 
 
+def open_files_budget(ceiling: int = 65536) -> int:
+    """How many metric files the collector may hold open. The soft limit on descriptors (often 1024) is
+    first raised to the hard one (at most `ceiling`): one SummaryWriter per hyper-parameter trial leaves
+    hundreds or thousands of event files. A quarter (at least 64) stays for the spool, the senders'
+    connections and listing directories; files beyond the budget are closed while idle and opened again
+    when they grow (workers.collector.sources.OutputTracker)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as exc:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, wanted, exc)
+    if soft == resource.RLIM_INFINITY:
+        soft = ceiling
+    return max(8, min(soft - 64, soft * 3 // 4))
+
+
 def _state_key(key: tuple[int, int]) -> str:
     return f"{key[0]}:{key[1]}"
 
@@ -91,7 +111,7 @@ class Collector:
         for key, data in self.spool.file_states.items():
             dev, ino = key.split(":")
             states[(int(dev), int(ino))] = FileState.from_checkpoint(data)
-        self.tracker = OutputTracker(config.output_dir, states)
+        self.tracker = OutputTracker(config.output_dir, states, max_open=open_files_budget())
         self.shipper = Shipper(self.spool, config.gateway_url, config.token, ca_bundle=config.ca_bundle)
         self.points_read = 0
         self.records_spooled = 0

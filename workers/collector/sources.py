@@ -8,6 +8,8 @@ open while tracked, so a file deleted before it was fully read is still read to 
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import stat
 import time
@@ -28,6 +30,8 @@ READ_CHUNK = 8 * 1024 * 1024
 FIRST_READ = 1024 * 1024
 NOT_AN_EVENT = "record is not a TensorBoard event"
 LINE_TOO_LONG = f"line longer than {READ_CHUNK} bytes"
+
+log = logging.getLogger(__name__)
 
 
 def classify(name: str) -> str | None:
@@ -51,12 +55,19 @@ def subrun_name(run_dir: str, tag: str) -> str:
     return tag
 
 
+def storable(relative: Path) -> str:
+    """A path as text the gateway stores: bytes that are not UTF-8 (a Latin-1 file name; Python holds them
+    as lone surrogates) become `\\xff`, control characters `\\x0a`. Otherwise every point of such a file
+    would be refused for its source name."""
+    text = os.fsencode(relative).decode("utf-8", "backslashreplace")
+    return "".join(f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in text)
+
+
 def source_for(kind: str, relative: Path) -> str:
     if kind == "tensorboard":
         # A TensorBoard "run" is a directory; files of one run (one per writer restart) are one source.
-        parent = relative.parent.as_posix()
-        return f"tensorboard:{parent}"
-    name = relative.as_posix()
+        return f"tensorboard:{storable(relative.parent)}"
+    name = storable(relative)
     stem, _, suffix = name.rpartition(".")
     if suffix.isdigit() and stem.endswith(".jsonl"):
         name = stem
@@ -129,19 +140,47 @@ class Chunk:
 
 
 class OutputTracker:
-    def __init__(self, root: Path, states: dict[tuple[int, int], FileState] | None = None) -> None:
+    """The member's metric files, each read from where its reading stands.
+
+    At most `max_open` files are held open. With more files than that (one SummaryWriter per trial: hundreds
+    or thousands of event files), files read to their end are closed, least recently read first, and opened
+    again by identity when they grow. A file that cannot be looked at or read (no permission, a symlink
+    loop, an I/O error) is skipped and tried again on the next poll: one bad file never stops the others.
+    """
+
+    def __init__(
+        self, root: Path, states: dict[tuple[int, int], FileState] | None = None, max_open: int = 512
+    ) -> None:
         self.root = root
         self.states: dict[tuple[int, int], FileState] = dict(states or {})
+        # Open files, least recently read first.
         self.handles: dict[tuple[int, int], int] = {}
         self.read_sizes: dict[tuple[int, int], int] = {}
+        self.max_open = max(1, max_open)
+        # Files that have grown (or are new) while closed and wait for a free handle.
+        self.waiting: set[tuple[int, int]] = set()
+        self._evicted: set[tuple[int, int]] = set()  # closed by us while read to their end
+        self._errors: dict[str, str] = {}  # path → the last error said about it (said once)
 
     def close(self) -> None:
         for fd in self.handles.values():
             os.close(fd)
         self.handles.clear()
 
-    def _candidates(self) -> Iterator[tuple[Path, str]]:
-        for dirpath, dirnames, filenames in os.walk(self.root):
+    def _trouble(self, path: object, exc: OSError) -> None:
+        """Say once per file and kind of error that a file is skipped for now."""
+        message = f"{exc.strerror or exc}"
+        if self._errors.get(str(path)) != message:
+            self._errors[str(path)] = message
+            log.warning("metrics file %s skipped for now: %s", path, message)
+
+    def _candidates(self, failed: list[OSError]) -> Iterator[tuple[Path, str]]:
+        # A directory that cannot be listed (out of descriptors, no permission) is said, not silently empty.
+        def listing_failed(exc: OSError) -> None:
+            failed.append(exc)
+            self._trouble(exc.filename, exc)
+
+        for dirpath, dirnames, filenames in os.walk(self.root, onerror=listing_failed):
             dirnames.sort()
             for name in sorted(filenames):
                 kind = classify(name)
@@ -149,28 +188,62 @@ class OutputTracker:
                     yield Path(dirpath) / name, kind
 
     def discover(self) -> None:
-        """Open files not yet tracked; notice recycled inodes; pick up states restored from the spool."""
-        for path, kind in self._candidates():
+        """Open files not yet tracked; notice recycled inodes; pick up states restored from the spool; open
+        again a closed file that has grown."""
+        seen: set[tuple[int, int]] = set()
+        failed: list[OSError] = []
+        self.waiting.clear()
+        while len(self.handles) > self.max_open and self._close_idle():
+            pass
+        for path, kind in self._candidates(failed):
             try:
                 st = path.stat()
             except FileNotFoundError:
                 continue
+            except OSError as exc:  # a symlink loop, no permission, a name too long, an I/O error
+                self._trouble(path, exc)
+                failed.append(exc)
+                continue
             if not stat.S_ISREG(st.st_mode):
                 continue  # a FIFO named metrics.jsonl would block the open (and the collector) for ever
             key = (st.st_dev, st.st_ino)
-            if key in self.handles:
-                state = self.states.get(key)
-                if state is not None:
-                    state.path = str(path.relative_to(self.root))
+            seen.add(key)
+            state = self.states.get(key)
+            if state is not None and (key in self.handles or st.st_size == state.offset):
+                # Open already, or closed (or restored from the spool) and read to its end: nothing to open.
+                state.path = storable(path.relative_to(self.root))
+                if key not in self.handles:
+                    self._evicted.add(key)
                 continue
-            try:
-                # O_NONBLOCK: a regular file swapped for a FIFO since the stat must not block the open.
-                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-            except FileNotFoundError:
+            if len(self.handles) >= self.max_open and not self._close_idle():
+                self.waiting.add(key)
                 continue
+            self._open(path, kind, key, failed)
+        if not failed:
+            # Files closed while read to their end that are gone from the directory are forgotten.
+            for key in self._evicted - seen:
+                self._evicted.discard(key)
+                self.states.pop(key, None)
+
+    def _open(self, path: Path, kind: str, key: tuple[int, int], failed: list[OSError]) -> None:
+        try:
+            # O_NONBLOCK: a regular file swapped for a FIFO since the stat must not block the open.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                # Out of descriptors (other parts of the collector hold some too): hold fewer files open,
+                # leaving room for listing directories, the spool and the sender's connections.
+                self.max_open = max(1, len(self.handles) - 16)
+                self.waiting.add(key)
+            self._trouble(path, exc)
+            failed.append(exc)
+            return
+        try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 os.close(fd)
-                continue
+                return
             known = self.states.get(key)
             if known is not None:
                 same = still_same(known.identity, fd)
@@ -178,11 +251,35 @@ class OutputTracker:
                     known = None  # the inode was recycled for a new file
                 else:
                     known.identity = same
-                    known.path = str(path.relative_to(self.root))
+                    known.path = storable(path.relative_to(self.root))
             if known is None:
                 relative = path.relative_to(self.root)
-                self.states[key] = FileState(identify(fd), kind, source_for(kind, relative), str(relative))
-            self.handles[key] = fd
+                source = source_for(kind, relative)
+                self.states[key] = FileState(identify(fd), kind, source, storable(relative))
+        except OSError as exc:
+            os.close(fd)
+            self._trouble(path, exc)
+            failed.append(exc)
+            return
+        self.handles[key] = fd
+        self._evicted.discard(key)
+        self._errors.pop(str(path), None)
+
+    def _close_idle(self) -> bool:
+        """Close the least recently read file that is read to its end; False when every open file still
+        has bytes to read."""
+        for key, fd in self.handles.items():
+            try:
+                idle = os.fstat(fd).st_size == self.states[key].offset
+            except OSError:
+                idle = False
+            if idle:
+                os.close(fd)
+                del self.handles[key]
+                self.read_sizes.pop(key, None)
+                self._evicted.add(key)
+                return True
+        return False
 
     def _forget_gone(self, key: tuple[int, int], fd: int) -> bool:
         """Close and forget a file that was deleted and has been read to its end."""
@@ -195,35 +292,33 @@ class OutputTracker:
         return False
 
     def unread(self) -> bool:
-        """Whether any tracked file holds bytes past its position (the drain reads until it does not)."""
-        return any(os.fstat(fd).st_size > self.states[key].offset for key, fd in self.handles.items())
+        """Whether any tracked file holds bytes past its position (the drain reads until it does not),
+        counting files that wait to be opened again."""
+        if self.waiting:
+            return True
+        for key, fd in self.handles.items():
+            try:
+                if os.fstat(fd).st_size > self.states[key].offset:
+                    return True
+            except OSError:
+                continue
+        return False
 
     def read(self, max_points: int, final: bool = False) -> Iterator[Chunk]:
         """New points of every file. `final`: the writer is gone, so a cut-short tail is damage (a
         TensorBoard record) or a last line without its newline (JSONL), not something to wait for."""
         for key, fd in list(self.handles.items()):
             state = self.states[key]
-            size = os.fstat(fd).st_size
-            if size < state.offset:
-                # Truncated in place (copytruncate rotation): start over from the beginning.
-                state.offset = 0
-            if size == state.offset:
-                self._forget_gone(key, fd)
+            try:
+                got = self._next_bytes(key, fd, state)
+            except OSError as exc:  # an I/O error on one file: the others are read, this one again later
+                self._trouble(state.path, exc)
                 continue
-            if state.identity.prefix_len < 64:
-                widened = still_same(state.identity, fd)
-                if widened is not None:
-                    state.identity = widened
-            want = self.read_sizes.get(key, FIRST_READ)
-            self.read_sizes[key] = min(READ_CHUNK, want * 2)
-            data = os.pread(fd, min(want, size - state.offset), state.offset)
-            if state.kind == "tensorboard":
-                whole = tfrecord.record_size_at(data)
-                if whole is not None and whole > len(data):
-                    # A record longer than one read (an image, a graph, up to MAX_RECORD_BYTES): read it
-                    # whole, or as much of it as the file holds; a window that never fits it would stop
-                    # the file at this record for ever.
-                    data = os.pread(fd, min(whole, size - state.offset), state.offset)
+            if got is None:
+                continue
+            data, size = got
+            # Least recently read first: an idle file is the one closed when handles run short.
+            self.handles[key] = self.handles.pop(key)
             at_end = final and state.offset + len(data) >= size
             if state.kind == "tensorboard":
                 more = state.offset + len(data) < size
@@ -231,6 +326,31 @@ class OutputTracker:
             else:
                 full_chunk = len(data) == READ_CHUNK
                 yield from self._read_jsonl(state, data, max_points, full_chunk, at_end)
+
+    def _next_bytes(self, key: tuple[int, int], fd: int, state: FileState) -> tuple[bytes, int] | None:
+        """The next bytes of one file to decode and the file's size, or None when it has nothing new."""
+        size = os.fstat(fd).st_size
+        if size < state.offset:
+            # Truncated in place (copytruncate rotation): start over from the beginning.
+            state.offset = 0
+        if size == state.offset:
+            self._forget_gone(key, fd)
+            return None
+        if state.identity.prefix_len < 64:
+            widened = still_same(state.identity, fd)
+            if widened is not None:
+                state.identity = widened
+        want = self.read_sizes.get(key, FIRST_READ)
+        self.read_sizes[key] = min(READ_CHUNK, want * 2)
+        data = os.pread(fd, min(want, size - state.offset), state.offset)
+        if state.kind == "tensorboard":
+            whole = tfrecord.record_size_at(data)
+            if whole is not None and whole > len(data):
+                # A record longer than one read (an image, a graph, up to MAX_RECORD_BYTES): read it
+                # whole, or as much of it as the file holds; a window that never fits it would stop
+                # the file at this record for ever.
+                data = os.pread(fd, min(whole, size - state.offset), state.offset)
+        return data, size
 
     def _read_tensorboard(
         self, state: FileState, data: bytes, max_points: int, final: bool, more: bool

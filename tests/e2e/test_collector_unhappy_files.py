@@ -1,0 +1,147 @@
+"""The collector's unhappy paths with real files and a real collector process (in-process gateway, real
+PostgreSQL): more metric files than descriptors, files that cannot be looked at, names that are not UTF-8.
+Each test ends with the member's metrics drained: every readable point stored exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from app.db import Database
+from tests.e2e.telemetry_processes import REPO, stored_points
+from tests.helpers import wait_for
+from tests.telemetry_support import GatewayThread, make_job, make_user, member_token, running_gateway
+from workers.collector.collector import FINAL_SENT, MEMBER_EXITED
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def gateway(db_url: str) -> Iterator[GatewayThread]:
+    with running_gateway(db_url) as gw:
+        yield gw
+
+
+@pytest.fixture
+def conn(db_url: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(db_url, autocommit=True) as connection:
+        yield connection
+
+
+def _collector(
+    out: Path, spool: Path, url: str, token: str, log: Path, nofile: int | None = None
+) -> subprocess.Popen:
+    def limits() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("TUNEPLANE_DATABASE_URL", None)
+    with open(log, "ab") as handle:
+        return subprocess.Popen(
+            [sys.executable, "-m", "app", "collector", "--output-dir", str(out), "--spool-dir", str(spool),
+             "--gateway", url, "--token", token, "--poll-interval", "0.1", "--fsync-interval", "0.1",
+             "--sample-interval", "0"],
+            stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=limits,
+        )  # fmt: skip
+
+
+def _stored_while_running(
+    conn: psycopg.Connection, job: int, process: subprocess.Popen, log: Path, total: int
+) -> None:
+    def stored() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"the collector exited ({process.returncode}):\n{log.read_text()[-3000:]}")
+        return sum(stored_points(conn, job).values()) >= total
+
+    wait_for(stored, timeout=120, interval=0.2, what=f"{total} points stored")
+
+
+def _drain(spool: Path, process: subprocess.Popen, log: Path) -> None:
+    (spool / MEMBER_EXITED).write_text("1\n")
+    process.terminate()
+    assert process.wait(120) == 0, log.read_text()[-3000:]
+    assert (spool / FINAL_SENT).exists()
+
+
+def _append(path: Path, step: int, value: float) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps({"step": step, "loss": value}) + "\n")
+
+
+def test_more_metric_files_than_descriptors_are_all_read_and_followed_as_they_grow(
+    db: Database, conn: psycopg.Connection, gateway: GatewayThread, tmp_path: Path
+) -> None:
+    """One file per hyper-parameter trial, 300 of them, and a collector allowed 128 descriptors (soft and
+    hard): before, the open of the ~120th file raised EMFILE, the collector died at start-up and read
+    nothing, again at every restart. Now idle files are closed and opened again when they grow."""
+    job = make_job(db, make_user(db, "alice"))
+    out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
+    files = [out / f"trial{i:03d}" / "metrics.jsonl" for i in range(300)]
+    for i, path in enumerate(files):
+        path.parent.mkdir(parents=True)
+        _append(path, 1, float(i))
+    process = _collector(out, spool, gateway.url, member_token(db, job), log, nofile=128)
+    try:
+        _stored_while_running(conn, job, process, log, len(files))
+        for i, path in enumerate(files):  # every file grows after it was read (and closed) once
+            _append(path, 2, i + 0.5)
+        _stored_while_running(conn, job, process, log, 2 * len(files))
+        _drain(spool, process, log)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    expected = Counter(
+        (f"jsonl:trial{i:03d}/metrics.jsonl", "loss", step, value)
+        for i in range(len(files))
+        for step, value in ((1, float(i)), (2, i + 0.5))
+    )
+    assert stored_points(conn, job) == expected
+
+
+def test_files_that_cannot_be_read_or_named_do_not_stop_the_others(
+    db: Database, conn: psycopg.Connection, gateway: GatewayThread, tmp_path: Path
+) -> None:
+    """A symlink loop named like a metrics file (stat: ELOOP) killed the collector at every start, so no
+    file was read; a file name that is not UTF-8 had every point refused for its source name. Now the loop
+    is skipped and said once, and the name is stored with the odd byte written as `\\xff`."""
+    job = make_job(db, make_user(db, "alice"))
+    out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
+    out.mkdir()
+    _append(out / "a.jsonl", 1, 1.0)
+    os.symlink("loop.jsonl", out / "loop.jsonl")
+    os.symlink("nowhere", out / "dangling.jsonl")
+    (out / "dir.jsonl").mkdir()
+    _append(out / "dir.jsonl" / "inner.jsonl", 1, 2.0)
+    _append(Path(os.fsdecode(os.fsencode(out) + b"/lat\xe9n1.jsonl")), 1, 3.0)
+    _append(out / "z.jsonl", 1, 4.0)
+    process = _collector(out, spool, gateway.url, member_token(db, job), log)
+    try:
+        _stored_while_running(conn, job, process, log, 4)
+        _append(out / "z.jsonl", 2, 5.0)  # still following the files after the bad one
+        _stored_while_running(conn, job, process, log, 5)
+        _drain(spool, process, log)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert stored_points(conn, job) == Counter(
+        [
+            ("jsonl:a.jsonl", "loss", 1, 1.0),
+            ("jsonl:dir.jsonl/inner.jsonl", "loss", 1, 2.0),
+            ("jsonl:lat\\xe9n1.jsonl", "loss", 1, 3.0),
+            ("jsonl:z.jsonl", "loss", 1, 4.0),
+            ("jsonl:z.jsonl", "loss", 2, 5.0),
+        ]
+    )
+    assert log.read_text().count("Too many levels of symbolic links") == 1
