@@ -97,8 +97,8 @@ class GatewayThread:
 
 
 @contextmanager
-def running_gateway(database_url: str) -> Iterator[GatewayThread]:
-    gateway = GatewayThread(database_url).start()
+def running_gateway(database_url: str, port: int | None = None) -> Iterator[GatewayThread]:
+    gateway = GatewayThread(database_url, port).start()
     try:
         yield gateway
     finally:

@@ -17,7 +17,8 @@ import psycopg
 import pytest
 
 from app.db import Database
-from tests.e2e.telemetry_processes import REPO, stored_points
+from tests.conftest import free_port
+from tests.e2e.telemetry_processes import REPO, kill9, stored_points
 from tests.helpers import wait_for
 from tests.telemetry_support import GatewayThread, make_job, make_user, member_token, running_gateway
 from workers.collector.collector import FINAL_SENT, MEMBER_EXITED
@@ -38,7 +39,7 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
 
 
 def _collector(
-    out: Path, spool: Path, url: str, token: str, log: Path, nofile: int | None = None
+    out: Path, spool: Path, url: str, token: str, log: Path, nofile: int | None = None, extra: tuple = ()
 ) -> subprocess.Popen:
     def limits() -> None:
         if nofile is not None:
@@ -50,7 +51,7 @@ def _collector(
         return subprocess.Popen(
             [sys.executable, "-m", "app", "collector", "--output-dir", str(out), "--spool-dir", str(spool),
              "--gateway", url, "--token", token, "--poll-interval", "0.1", "--fsync-interval", "0.1",
-             "--sample-interval", "0"],
+             "--sample-interval", "0", *extra],
             stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=limits,
         )  # fmt: skip
 
@@ -64,6 +65,15 @@ def _stored_while_running(
         return sum(stored_points(conn, job).values()) >= total
 
     wait_for(stored, timeout=120, interval=0.2, what=f"{total} points stored")
+
+
+def _logged(process: subprocess.Popen, log: Path, text: str) -> None:
+    def said() -> bool:
+        if process.poll() is not None:
+            raise AssertionError(f"the collector exited ({process.returncode}):\n{log.read_text()[-3000:]}")
+        return text in log.read_text()
+
+    wait_for(said, timeout=60, interval=0.1, what=text)
 
 
 def _drain(spool: Path, process: subprocess.Popen, log: Path) -> None:
@@ -145,3 +155,73 @@ def test_files_that_cannot_be_read_or_named_do_not_stop_the_others(
         ]
     )
     assert log.read_text().count("Too many levels of symbolic links") == 1
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB filesystem (tmpfs) to fill; skipped where mounting is not allowed."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _fill(directory: Path) -> Path:
+    """Take every byte left on the filesystem holding `directory`."""
+    filler = directory / "filler"
+    with open(filler, "wb", buffering=0) as handle:
+        for size in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    handle.write(b"\0" * size)
+            except OSError:
+                continue
+    return filler
+
+
+def test_a_full_spool_disk_pauses_reading_and_loses_nothing(
+    db: Database, conn: psycopg.Connection, db_url: str, small_disk: Path, tmp_path: Path
+) -> None:
+    """The spool's disk fills up (the gateway is down, the member writes on): before, the write raised
+    ENOSPC and the collector died, leaving half a frame; started again on the full disk it died in its
+    spool's start-up, so even what was spooled was never sent. Now reading pauses (the files are the buffer),
+    a collector starts on a full disk and sends what is spooled, and once there is room again every point
+    is stored exactly once."""
+    job = make_job(db, make_user(db, "alice"))
+    out, spool, log = tmp_path / "out", small_disk / "spool", tmp_path / "collector.log"
+    out.mkdir()
+    with open(out / "metrics.jsonl", "w") as handle:  # ~3.6 MB in the spool: over three times the disk
+        for step in range(150_000):
+            handle.write(json.dumps({"step": step, "loss": step / 7}) + "\n")
+    token = member_token(db, job)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    scope = ("--job-id", str(job), "--attempt", "1", "--member", "0", "--batch-points", "2000")
+    process = _collector(out, spool, url, token, log, extra=scope)
+    try:
+        _logged(process, log, "spool: cannot write (No space left on device)")
+        kill9(process)
+        filler = _fill(small_disk)  # not a byte left, not even for the restarted spool's new segment
+        process = _collector(out, spool, url, token, log, extra=scope)
+        with running_gateway(db_url, port):
+            # What was spooled before the disk filled is sent although nothing can be written.
+            sent = lambda: sum(stored_points(conn, job).values()) > 0  # noqa: E731
+            wait_for(sent, timeout=60, what="spooled points sent")
+            assert process.poll() is None, log.read_text()[-3000:]
+            filler.unlink()  # room again
+            _stored_while_running(conn, job, process, log, 150_000)
+            _drain(spool, process, log)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert stored_points(conn, job) == Counter(
+        ("jsonl:metrics.jsonl", "loss", step, step / 7) for step in range(150_000)
+    )

@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 MEMBER_EXITED = "member-exited"  # marker the agent writes into the spool directory when the member ended
 FINAL_SENT = "final-sent"  # written by the collector once its final batch was acknowledged
 EXIT_UNDRAINED = 3  # batches are left in the spool (the gateway could not be reached in time)
+WRITE_RETRY = 1.0  # seconds between tries to write a batch the spool's disk refused (full)
 
 
 class CollectorError(Exception):
@@ -123,6 +124,9 @@ class Collector:
         self._parent = os.getppid()
         self._member_seen = time.monotonic()
         self._next_member_check = 0.0
+        self._write_blocked_until = 0.0
+        self._write_error: str | None = None
+        self._write_error_said = 0.0
 
     def _check_scope(self) -> None:
         path = self.config.spool_dir / "scope.json"
@@ -136,8 +140,13 @@ class Collector:
                 )
             if scope is None:
                 self.config.scope = saved
-        if scope:
-            path.write_text(json.dumps(scope))
+        if scope and (not path.exists() or json.loads(path.read_text() or "null") != scope):
+            try:
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(scope))
+                os.replace(tmp, path)
+            except OSError as exc:  # a full disk must not keep the collector from sending what is spooled
+                log.warning("cannot record the spool's scope in %s: %s", path, exc.strerror)
 
     def _health(self) -> dict:
         damaged = {s.path: s.bad_records for s in self.tracker.states.values() if s.bad_records}
@@ -151,7 +160,7 @@ class Collector:
             health["spool_corrupt_records"] = self.spool.stats.corrupt_records
         return health
 
-    def _spool_chunk(self, chunk: Chunk) -> None:
+    def _spool_chunk(self, chunk: Chunk) -> bool:
         source = chunk.state.source
         names = list(chunk.series)
         columns = [chunk.series[name] for name in names]
@@ -171,22 +180,53 @@ class Collector:
             refused=[(source, name, reason, n) for (name, reason), n in sorted(chunk.refused.items())],
             damage=[(source, chunk.state.path, d.offset, d.length, d.reason) for d in chunk.damage],
         )
-        state = {_state_key(chunk.state.identity.key): chunk.state.checkpoint()}
-        appended = self.spool.append(payload, state)
+        key = _state_key(chunk.state.identity.key)
+        try:
+            appended = self.spool.append(payload, {key: chunk.state.checkpoint()})
+        except OSError as exc:
+            # The spool's disk is full (or failing): this file goes back to where its last spooled batch
+            # left it, so the same bytes are read again once the spool can be written; nothing is lost.
+            saved = self.spool.file_states.get(key)
+            back = FileState.from_checkpoint(saved) if saved else None
+            chunk.state.offset = back.offset if back else 0
+            chunk.state.bad_records = back.bad_records if back else 0
+            self._spool_write_failed(exc)
+            return False
         assert appended == seq, "only the collector loop appends to its spool"
         self.points_read += chunk.count
         self.records_spooled += 1
+        return True
+
+    def _spool_write_failed(self, exc: OSError) -> None:
+        """Reading pauses and the write is tried again after WRITE_RETRY seconds; sending goes on (acks free
+        room). Said once a minute at most."""
+        now = time.monotonic()
+        self._write_blocked_until = now + WRITE_RETRY
+        if self._write_error != exc.strerror or now - self._write_error_said > 60:
+            self._write_error, self._write_error_said = exc.strerror, now
+            log.warning(
+                "spool: cannot write (%s); reading paused, tried again every %gs; nothing is lost "
+                "(the files are read again from the last spooled position)",
+                exc.strerror,
+                WRITE_RETRY,
+            )
+
+    @property
+    def spool_blocked(self) -> bool:
+        """No room for new batches now: the spool is over its size limit or its disk refused a write."""
+        return self.spool.full or time.monotonic() < self._write_blocked_until
 
     def poll_once(self, final: bool = False) -> int:
         """Read what is new in every file and spool it; returns the number of spool records written
         (points, refusals or damage)."""
-        if self.spool.full:
+        if self.spool_blocked:
             return 0
         before = self.records_spooled
         self.tracker.discover()
         for chunk in self.tracker.read(self.config.batch_points, final=final):
             if chunk.news:
-                self._spool_chunk(chunk)
+                if not self._spool_chunk(chunk):
+                    break
                 # Per batch, not per poll: a sender with nothing durable gets this batch at once (fsync
                 # when starving, else at the interval) while the rest of a large file is still being read.
                 self.spool.sync()
@@ -198,7 +238,7 @@ class Collector:
     def sample_system(self) -> None:
         """One host/GPU sample of the member as one batch (source `system`, step = milliseconds since the
         epoch), when the sampling interval has passed."""
-        if self.sampler is None or time.monotonic() < self._next_sample or self.spool.full:
+        if self.sampler is None or time.monotonic() < self._next_sample or self.spool_blocked:
             return
         self._next_sample = time.monotonic() + self.config.sample_interval
         values = self.sampler.sample()
@@ -215,7 +255,11 @@ class Collector:
             [now] * len(names),
             scope=self.config.scope,
         )
-        self.spool.append(payload, {})
+        try:
+            self.spool.append(payload, {})
+        except OSError as exc:
+            self._spool_write_failed(exc)  # this sample is skipped; the next one comes at its interval
+            return
         self.records_spooled += 1
 
     @property
@@ -251,7 +295,7 @@ class Collector:
         shipper while the spool is full."""
         while time.monotonic() < deadline:
             wrote = self.poll_once(final=final)
-            if self.spool.full:
+            if self.spool_blocked:
                 self.spool.sync(force=True)
                 time.sleep(0.05)
                 continue
@@ -282,7 +326,11 @@ class Collector:
             health=health,
             final=True,
         )
-        self.spool.append(payload, {})
+        try:
+            self.spool.append(payload, {})
+        except OSError as exc:
+            self._spool_write_failed(exc)  # not sent: the next start (the agent's) drains again
+            return
         if self._wait_shipped(deadline):
             (self.config.spool_dir / FINAL_SENT).write_text(f"{self.spool.last_seq}\n")
 
@@ -303,7 +351,7 @@ class Collector:
             shipped = self._wait_shipped(deadline)
             if shipped and final and not (self.config.spool_dir / FINAL_SENT).exists():
                 self._send_final(deadline)
-                shipped = self.spool.pending_count() == 0
+                shipped = (self.config.spool_dir / FINAL_SENT).exists()
             return 0 if shipped else EXIT_UNDRAINED
         finally:
             self.shipper.stop()

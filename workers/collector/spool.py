@@ -23,6 +23,8 @@ spool after a crash, and its re-send carries the same seq and content (the gatew
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -42,6 +44,8 @@ _FRAME = struct.Struct("<4sIII")
 _BATCH_HEAD = struct.Struct("<cQI")
 MAX_RECORD_BYTES = 128 * 1024 * 1024
 SEGMENT_SUFFIX = ".seg"
+# A write that fails for want of room: a new segment lets the acknowledged part of the current one go.
+OUT_OF_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 @dataclass
@@ -69,6 +73,14 @@ class SpoolStats:
 def _frame(payload: bytes) -> bytes:
     length = struct.pack("<I", len(payload))
     return _FRAME.pack(FRAME_MAGIC, len(payload), masked_crc32c(length), masked_crc32c(payload)) + payload
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """os.write until all is written: a disk that fills mid-write gives a short write first, then ENOSPC."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
 
 
 def _fsync_dir(path: Path) -> None:
@@ -107,6 +119,7 @@ class Spool:
         self._fd: int | None = None
         self._size = 0
         self._total_bytes = 0
+        self._ledger_error: str | None = None
         self.collector_uuid = ""
 
     # ---------------------------------------------------------------- open and recovery
@@ -124,8 +137,17 @@ class Spool:
         self._next_seq = highest + 1
         self._durable_seq = highest
         self._total_bytes = sum(s.path.stat().st_size for s in self._segments)
-        self._roll()  # a fresh segment that starts with a checkpoint of every position
-        self._delete_acked_segments()
+        try:
+            self._roll()  # a fresh segment that starts with a checkpoint of every position
+        except OSError as exc:
+            # A full disk must not keep the collector from starting: what is spooled can still be sent
+            # (and acknowledged segments deleted); new batches go on at the end of the last segment.
+            log.warning("spool: cannot start a new segment (%s); appending to the last one", exc.strerror)
+            if self._segments:
+                last = self._segments[-1]
+                self._fd = os.open(last.path, os.O_WRONLY | os.O_APPEND)
+                self._size = os.fstat(self._fd).st_size
+        self._delete_acked_segments_or_wait()
         return self
 
     def _load_uuid(self) -> str:
@@ -161,6 +183,7 @@ class Spool:
         os.replace(tmp, self.dir / "acked")
         if sync:
             _fsync_dir(self.dir)
+        self._ledger_error = None
 
     @staticmethod
     def _find_next_frame(data: bytes, start: int) -> int | None:
@@ -219,22 +242,56 @@ class Spool:
 
     # ---------------------------------------------------------------- writing
     def _roll(self) -> None:
+        """Start a new segment with a checkpoint of every position. The current segment is synced first (the
+        checkpoint may speak for its batches) and stays the one written to if the new one cannot be made."""
         if self._fd is not None:
             os.fsync(self._fd)
-            os.close(self._fd)
             self._durable_seq = self._next_seq - 1
+            self._changed.notify_all()
         number = self._segments[-1].number + 1 if self._segments else 1
         path = self.dir / f"{number:012d}{SEGMENT_SUFFIX}"
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        self._segments.append(_Segment(path, number))
-        self._size = 0
         frame = _frame(b"C" + json.dumps(self.file_states, separators=(",", ":")).encode())
-        os.write(self._fd, frame)
-        os.fsync(self._fd)
-        _fsync_dir(self.dir)
-        self._size += len(frame)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        try:
+            _write_all(fd, frame)
+            os.fsync(fd)
+            _fsync_dir(self.dir)
+        except OSError:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            raise
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = fd
+        self._segments.append(_Segment(path, number))
+        self._size = len(frame)
         self._total_bytes += len(frame)
         self._last_sync = time.monotonic()
+
+    def _write_frame(self, frame: bytes, payload_len: int) -> None:
+        """Append one frame whole or not at all (a failed write is cut off again)."""
+        if self._fd is None or (self._size > _FRAME.size and self._size + payload_len > self.segment_bytes):
+            self._roll()
+        try:
+            _write_all(self._fd, frame)  # type: ignore[arg-type]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, self._size)  # type: ignore[arg-type]
+            raise
+
+    def _make_room(self) -> bool:
+        """Out of room: start a new segment (only when the current one holds batches, so a full disk does not
+        make one segment per try) so that its acknowledged batches can be deleted now rather than at the
+        next roll. True when a new segment was started."""
+        if not self._segments or not self._segments[-1].last_seq:
+            return False
+        try:
+            self._roll()
+        except OSError:
+            return False
+        self._delete_acked_segments_or_wait()
+        return True
 
     def append(self, batch: bytes, states: dict[str, dict]) -> int:
         """Spool one batch with the positions of the files it was read from; returns its seq."""
@@ -244,10 +301,14 @@ class Spool:
             payload = _BATCH_HEAD.pack(b"B", seq, len(state_bytes)) + state_bytes + batch
             if len(payload) > MAX_RECORD_BYTES:
                 raise ValueError("batch too large for the spool")
-            if self._size > _FRAME.size and self._size + len(payload) > self.segment_bytes:
-                self._roll()
             frame = _frame(payload)
-            os.write(self._fd, frame)  # type: ignore[arg-type]
+            try:
+                self._write_frame(frame, len(payload))
+            except OSError as exc:
+                # Nothing of the frame stays; the caller keeps the data (its files are the buffer).
+                if exc.errno not in OUT_OF_ROOM or not self._make_room():
+                    raise
+                self._write_frame(frame, len(payload))
             offset = self._size + _FRAME.size + _BATCH_HEAD.size + len(state_bytes)
             self._size += len(frame)
             self._total_bytes += len(frame)
@@ -270,7 +331,8 @@ class Spool:
                 self._sync_locked()
 
     def _sync_locked(self) -> None:
-        os.fsync(self._fd)  # type: ignore[arg-type]
+        if self._fd is not None:
+            os.fsync(self._fd)
         self._durable_seq = self._next_seq - 1
         self._last_sync = time.monotonic()
         self._changed.notify_all()
@@ -329,8 +391,12 @@ class Spool:
             self._in_flight.discard(seq)
             first = next(iter(self._pending), None)
             self._acked = max(self._acked, (first - 1) if first is not None else self._next_seq - 1)
-            self._write_ledger(sync=False)
-            self._delete_acked_segments()
+            try:
+                self._write_ledger(sync=False)
+            except OSError as exc:
+                # A full disk: the ack holds in memory; the ledger is written with the next ack or at close.
+                self._ledger_trouble(exc)
+            self._delete_acked_segments_or_wait()
             self._changed.notify_all()
 
     def reject(self, record: PendingRecord, reason: str) -> None:
@@ -341,6 +407,20 @@ class Spool:
         (rejected / f"{record.seq:020d}.reason").write_text(reason + "\n")
         self.stats.rejected += 1
         self.ack(record.seq)
+
+    def _ledger_trouble(self, exc: OSError) -> None:
+        if self._ledger_error != exc.strerror:
+            self._ledger_error = exc.strerror
+            log.warning("spool: cannot write the ack ledger (%s); acknowledged segments stay until it can be "
+                        "written", exc.strerror)  # fmt: skip
+
+    def _delete_acked_segments_or_wait(self) -> None:
+        """Delete what is acknowledged; when the ledger cannot be made durable (a full disk) nothing is
+        deleted yet (a deletion the ledger does not vouch for could reuse sequence numbers after a crash)."""
+        try:
+            self._delete_acked_segments()
+        except OSError as exc:
+            self._ledger_trouble(exc)
 
     def _delete_acked_segments(self) -> None:
         removable = [s for s in self._segments[:-1] if s.last_seq <= self._acked]
@@ -374,11 +454,16 @@ class Spool:
     def close(self) -> None:
         with self._lock:
             if self._fd is not None:
-                os.fsync(self._fd)
-                os.close(self._fd)
-                self._fd = None
-                self._durable_seq = self._next_seq - 1
-                self._write_ledger(sync=True)
+                fd, self._fd = self._fd, None
+                try:
+                    os.fsync(fd)
+                    self._durable_seq = self._next_seq - 1
+                    self._write_ledger(sync=True)
+                except OSError as exc:
+                    # The batches written and the acks already durable stand; the rest is re-sent.
+                    log.warning("spool: closing without a final sync or ledger (%s)", exc.strerror)
+                finally:
+                    os.close(fd)
 
 
 def _intact_frame_at(data: bytes, pos: int) -> bytes | None:
