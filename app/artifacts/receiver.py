@@ -229,7 +229,8 @@ class ArtifactReceiver:
             if writer is not None:
                 writer.close()
         if recorded["file_verified"]:
-            return {"file_verified": True, "state": self.status(credential_hash, artifact_id)["state"]}
+            state = self._file_state(credential_hash, artifact_id, file_index)["state"]
+            return {"file_verified": True, "state": state}
         if recorded["all_chunks"]:
             artifact = self._assemble(credential_hash, target)
             return {"file_verified": True, "state": artifact["state"]}
@@ -256,11 +257,14 @@ class ArtifactReceiver:
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         with open(lock_path, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            status = self.status(credential_hash, target["artifact_id"])
-            entry = next(f for f in status["files"] if f["index"] == target["file_index"])
-            if entry["verified"]:
+            if self._file_state(credential_hash, target["artifact_id"], target["file_index"])["verified"]:
                 return self.db.call("finish_artifact", credential_hash, target["artifact_id"])[0]
             return self._assemble_locked(credential_hash, target, staged)
+
+    def _file_state(self, credential_hash: str, artifact_id: int, file_index: int) -> dict:
+        # One file's answer, not artifact_upload_status: asked once per file, which for an artifact of
+        # tens of thousands of files made every file cost as much as all of them.
+        return self.db.call("artifact_file_state", credential_hash, artifact_id, file_index)[0]
 
     def _assemble_locked(self, credential_hash: str, target: dict, staged: Path) -> dict:
         # One pass over the staged bytes not hashed on arrival: each chunk is checked against the digest it
@@ -343,9 +347,29 @@ class ArtifactReceiver:
         if artifact["state"] == "uploading":
             # Files whose blobs arrived but whose record was lost (a crash between the two) verify here.
             artifact = self._verify_known_files(credential_hash, artifact)
-            if artifact["state"] == "uploading":
-                artifact = self.db.call("finish_artifact", credential_hash, artifact_id)[0]
+        if artifact["state"] == "uploading":
+            self._assemble_due(credential_hash, artifact_id)
+            artifact = self.db.call("finish_artifact", credential_hash, artifact_id)[0]
         return artifact
+
+    def _assemble_due(self, credential_hash: str, artifact_id: int) -> None:
+        """Assemble every file whose chunks are all recorded but which is not verified: its assembly after
+        the last chunk was cut short (the server killed, its disk full or unwritable at that moment), and
+        an uploader that holds nothing more to send would otherwise wait for it for ever. A file whose
+        staged chunks turn out lost or wrong has them dropped (the uploader resends them)."""
+        status = self.status(credential_hash, artifact_id)
+        for entry in status["files"]:
+            if not entry.get("all_chunks"):
+                continue
+            target = {
+                "artifact_id": artifact_id, "manifest_digest": status["manifest_digest"],
+                "chunk_size": status["chunk_size"], "file_index": entry["index"], "path": entry["path"],
+                "size": entry["size"], "sha256": entry["sha256"],
+            }  # fmt: skip
+            try:
+                self._assemble(credential_hash, target)
+            except Refusal as refusal:
+                log.info("artifact %s: %s", artifact_id, refusal.message)
 
     def fail(self, credential_hash: str, artifact_id: int, reason: str) -> dict:
         artifact = self.db.call("fail_artifact", credential_hash, artifact_id, reason)[0]

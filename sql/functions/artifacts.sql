@@ -241,6 +241,31 @@ BEGIN
 END;
 $$;
 
+-- artifact_complete_when_verified: uploading → complete when no file of the artifact is unverified (every
+-- file re-hashed by the server; vacuously for a manifest without files), then checkpoint retention. Any
+-- other artifact, or one with a file left to verify, is returned unchanged. The one place completion is
+-- decided: record_artifact_file, finish_artifact and register_artifact call it.
+CREATE OR REPLACE FUNCTION tuneplane.artifact_complete_when_verified(p_artifact tuneplane.artifacts)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts := p_artifact;
+BEGIN
+    IF a.state <> 'uploading' OR EXISTS (SELECT 1 FROM tuneplane.artifact_files af
+                                          WHERE af.artifact_id = a.id AND af.verified_at IS NULL) THEN
+        RETURN a;
+    END IF;
+    UPDATE tuneplane.artifacts SET state = 'complete', completed_at = now(),
+           reason = format('server verified %s files (%s bytes) against manifest %s',
+                           a.file_count, a.total_bytes, left(a.manifest_digest, 16))
+     WHERE id = a.id RETURNING * INTO a;
+    IF a.kind = 'checkpoint' THEN
+        PERFORM tuneplane.prune_checkpoints(a.job_id);
+    END IF;
+    RETURN a;
+END;
+$$;
+
 -- register_artifact: (none | failed | uploading) → uploading with this manifest. Registering the same
 -- manifest again returns the row unchanged (an agent restarted mid-upload resumes on it); a different
 -- manifest replaces an uploading or failed one and drops its progress; a complete artifact with the same
@@ -328,7 +353,7 @@ BEGIN
         SELECT * INTO a FROM tuneplane.artifacts WHERE member_id = m.id AND name = p_name FOR UPDATE;
         IF a.manifest_digest = digest AND a.state <> 'failed' AND a.delivery = p_delivery
            AND a.shared_path IS NOT DISTINCT FROM v_shared THEN
-            RETURN a;  -- the same registration again: resume
+            RETURN tuneplane.artifact_complete_when_verified(a);  -- the same registration again: resume
         END IF;
         IF a.state IN ('complete', 'pruned') THEN
             RAISE EXCEPTION 'artifact % of member % is complete with manifest %; a complete manifest is immutable',
@@ -347,12 +372,14 @@ BEGIN
     SELECT a.id, (row_number() OVER (ORDER BY f ->> 'path' COLLATE "C")) - 1, f ->> 'path',
            (f ->> 'size')::bigint, f ->> 'sha256'
       FROM jsonb_array_elements(p_manifest -> 'files') f;
-    RETURN a;
+    -- A manifest without files (an empty output directory) has nothing left to verify: complete now.
+    RETURN tuneplane.artifact_complete_when_verified(a);
 END;
 $$;
 
--- artifact_upload_status: where an upload stands, for resuming: per file whether it is verified and
--- which chunks the server holds. Refuses a node that did not produce the artifact.
+-- artifact_upload_status: where an upload stands, for resuming: per file whether it is verified, which
+-- chunks the server holds and whether that is all of them (all_chunks: its assembly is due). Refuses a
+-- node that did not produce the artifact.
 CREATE OR REPLACE FUNCTION tuneplane.artifact_upload_status(p_credential_hash text, p_artifact_id bigint)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
@@ -367,12 +394,38 @@ BEGIN
             SELECT jsonb_agg(jsonb_build_object(
                        'index', f.file_index, 'path', f.path, 'size', f.size, 'sha256', f.sha256,
                        'verified', f.verified_at IS NOT NULL,
-                       'chunks', coalesce((SELECT jsonb_agg(c.chunk_index ORDER BY c.chunk_index)
-                                             FROM tuneplane.artifact_chunks c
-                                            WHERE c.artifact_id = f.artifact_id AND c.file_index = f.file_index),
-                                          '[]'::jsonb))
+                       'chunks', coalesce(held.chunks, '[]'::jsonb),
+                       -- every chunk recorded but the file not verified: its assembly is due (a crash or
+                       -- a failure of the server's disk interrupted it); finishing the upload retries it
+                       'all_chunks', f.verified_at IS NULL AND f.size > 0
+                                     AND coalesce(jsonb_array_length(held.chunks), 0)
+                                         >= (f.size + a.chunk_size - 1) / a.chunk_size)
                    ORDER BY f.file_index)
-              FROM tuneplane.artifact_files f WHERE f.artifact_id = a.id), '[]'::jsonb));
+              FROM tuneplane.artifact_files f
+              LEFT JOIN LATERAL (SELECT jsonb_agg(c.chunk_index ORDER BY c.chunk_index) AS chunks
+                                   FROM tuneplane.artifact_chunks c
+                                  WHERE c.artifact_id = f.artifact_id AND c.file_index = f.file_index) held ON true
+             WHERE f.artifact_id = a.id), '[]'::jsonb));
+END;
+$$;
+
+-- artifact_file_state: the artifact's state and whether its file p_file_index is verified: what the
+-- receiver asks about one file (artifact_upload_status answers for every file, too costly per file of an
+-- artifact with tens of thousands). Refuses a node that did not produce the artifact, an unknown file (404).
+CREATE OR REPLACE FUNCTION tuneplane.artifact_file_state(p_credential_hash text, p_artifact_id bigint,
+                                                         p_file_index integer)
+RETURNS TABLE (state text, verified boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+BEGIN
+    a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    RETURN QUERY SELECT a.state, f.verified_at IS NOT NULL FROM tuneplane.artifact_files f
+                  WHERE f.artifact_id = a.id AND f.file_index = p_file_index;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'artifact % has no file %', a.id, p_file_index USING ERRCODE = 'TP404',
+            COLUMN = 'file_index';
+    END IF;
 END;
 $$;
 
@@ -572,22 +625,13 @@ BEGIN
          WHERE artifact_id = a.id AND file_index = p_file_index;
         DELETE FROM tuneplane.artifact_chunks c WHERE c.artifact_id = a.id AND c.file_index = p_file_index;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM tuneplane.artifact_files af WHERE af.artifact_id = a.id AND af.verified_at IS NULL)
-    THEN
-        UPDATE tuneplane.artifacts SET state = 'complete', completed_at = now(),
-               reason = format('server verified %s files (%s bytes) against manifest %s',
-                               a.file_count, a.total_bytes, left(a.manifest_digest, 16))
-         WHERE id = a.id RETURNING * INTO a;
-        IF a.kind = 'checkpoint' THEN
-            PERFORM tuneplane.prune_checkpoints(a.job_id);
-        END IF;
-    END IF;
-    RETURN a;
+    RETURN tuneplane.artifact_complete_when_verified(a);
 END;
 $$;
 
 -- finish_artifact: the uploader says it has sent everything. Returns the artifact: complete when every
--- file is verified, otherwise still uploading with a reason naming the unverified files. Moves nothing.
+-- file is verified (uploading → complete, artifact_complete_when_verified), otherwise still uploading with
+-- a reason naming the unverified files.
 CREATE OR REPLACE FUNCTION tuneplane.finish_artifact(p_credential_hash text, p_artifact_id bigint)
 RETURNS tuneplane.artifacts
 LANGUAGE plpgsql AS $$
@@ -595,7 +639,7 @@ DECLARE
     a tuneplane.artifacts;
     pending text;
 BEGIN
-    a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    a := tuneplane.artifact_complete_when_verified(tuneplane.artifact_for_node(p_credential_hash, p_artifact_id));
     IF a.state <> 'uploading' THEN
         RETURN a;
     END IF;
