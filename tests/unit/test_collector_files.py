@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -120,6 +121,36 @@ def test_rotated_file_keeps_its_offset_and_the_new_file_starts_at_zero(tmp_path:
     tracker.close()
     assert sorted(sources) == [2, 3]
     assert set(sources.values()) == {"jsonl:metrics.jsonl"}
+
+
+def _lines(steps: range, **values: float) -> str:
+    return "".join(json.dumps({"step": step, **values}) + "\n" for step in steps)
+
+
+def test_a_file_rewritten_in_place_longer_is_read_again_from_the_start(tmp_path: Path) -> None:
+    """The same inode with other first bytes and more of them (a script that writes its whole history
+    again; copytruncate with the writer already past the old position): before, reading went on at the
+    old position, in the middle of a line of the new text (steps 0-6 lost, one line refused)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(_lines(range(10), loss=1.0))
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    assert [p.step for p in _points(tracker)] == list(range(10))
+    inode = path.stat().st_ino
+    path.write_text(_lines(range(20), loss=2.0, lr=0.5))  # truncated and written again, longer
+    assert path.stat().st_ino == inode
+    chunks = list(tracker.read(10_000))
+    assert sorted((p.name, p.step, p.value) for c in chunks for p in c.points) == sorted(
+        [("loss", step, 2.0) for step in range(20)] + [("lr", step, 0.5) for step in range(20)]
+    )
+    assert not any(c.refused for c in chunks)
+    # Copytruncate: emptied, then the writer goes on appending past the old position before the next read.
+    with open(path, "r+") as handle:
+        handle.truncate(0)
+    with open(path, "a") as handle:
+        handle.write(_lines(range(20, 60), loss=3.0))
+    assert [p.step for p in _points(tracker)] == list(range(20, 60))
+    tracker.close()
 
 
 def test_deleted_file_is_read_to_its_end_then_forgotten(tmp_path: Path) -> None:

@@ -336,10 +336,14 @@ class OutputTracker:
         if size == state.offset:
             self._forget_gone(key, fd)
             return None
-        if state.identity.prefix_len < 64:
-            widened = still_same(state.identity, fd)
-            if widened is not None:
-                state.identity = widened
+        same = still_same(state.identity, fd)
+        if same is None:
+            # Rewritten in place (the same inode, other first bytes: a script that writes its whole history
+            # again, or copytruncate with the writer already past the old position): read it from the
+            # start. Before, reading went on at the old position, in the middle of a line of the new text.
+            log.info("%s was rewritten in place; reading it again from the start", state.path)
+            state.offset, same = 0, identify(fd)
+        state.identity = same
         want = self.read_sizes.get(key, FIRST_READ)
         self.read_sizes[key] = min(READ_CHUNK, want * 2)
         data = os.pread(fd, min(want, size - state.offset), state.offset)
