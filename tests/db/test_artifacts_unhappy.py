@@ -3,7 +3,9 @@ delivery (retried until the agent's deadline) now ends, and never with wrong byt
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -11,6 +13,10 @@ import pytest
 
 from app.db import Database
 from tests.artifact_fixtures import make_member, served_artifacts, write_tree
+from workers.agent.checkpoints import publish_pending
+from workers.agent.delivery import Delivery, plan_deliveries
+from workers.agent.members import MemberRecord, MemberStore
+from workers.agent.prepare import NodeAccess
 from workers.artifacts.deliver import deliver_artifact, node_http, register
 from workers.artifacts.manifest import build_manifest
 from workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
@@ -80,3 +86,78 @@ def test_an_assembly_cut_short_by_the_blob_store_is_redone_when_the_upload_finis
         sha = hashlib.sha256(data).hexdigest()
         assert (env["blob_dir"] / "sha256" / sha[:2] / sha).read_bytes() == data
     assert build_manifest(src).digest == manifest.digest
+
+
+BAD_NAMES = pytest.mark.parametrize(
+    "bad", [b"line\nbreak.txt", b"latin1-\xe9t\xe9.bin"], ids=["control-character", "not-utf8"]
+)
+
+
+def ended_member(root: Path, member_id: int, bad: bytes) -> Path:
+    """A member directory as the agent keeps it after an exit 0: output `model` holds one file whose name
+    no manifest can describe, next to a good one; its logs are there."""
+    directory = root / f"member-{member_id}"
+    model = directory / "output" / "model"
+    model.mkdir(parents=True)
+    (model / "ok.bin").write_bytes(b"ok" * 3000)
+    with open(os.path.join(os.fsencode(model), bad), "wb") as handle:
+        handle.write(b"bad")
+    (directory / "logs").mkdir()
+    (directory / "logs" / "stdout.log").write_text("step 1\n")
+    (directory / "capsule").mkdir()
+    (directory / "capsule" / "spec.json").write_text(
+        json.dumps({"outputs": [{"name": "model", "path": "model"}]})
+    )
+    (directory / "member.json").write_text(json.dumps({"member_id": member_id}))
+    return directory
+
+
+@BAD_NAMES
+def test_an_output_holding_an_undescribable_file_name_fails_naming_it_and_the_logs_still_arrive(
+    db: Database, env, bad: bytes
+) -> None:
+    # Before: the manifest error escaped the delivery task: the output stayed pending for ever (tried again
+    # at every reconnect) and the member's logs, delivered after it, never were.
+    setup = make_member(db)
+    directory = ended_member(env["tmp"], setup.member["id"], bad)
+    store = MemberStore(env["tmp"] / "state")
+    record = MemberRecord(setup.member["id"], 1, setup.job_id, 1, 0, state="ended")
+    plan_deliveries(record, directory, 600)
+    store.save(record)
+    access = NodeAccess(env["url"], None, lambda: setup.credential)  # type: ignore[arg-type]
+    lines: list[str] = []
+
+    async def deliver() -> None:
+        delivery = Delivery(store, record.member_id, directory, lambda: access, lines.append)
+        await asyncio.wait_for(delivery.task, 60)
+
+    asyncio.run(deliver())
+    model, logs = record.deliveries["model"], record.deliveries["logs"]
+    assert model["state"] == "failed" and model["tries"] == 1, model
+    assert repr(bad)[2:-1] in model["error"] or repr(bad.decode("latin-1"))[1:-1] in model["error"]
+    assert "model cannot be delivered" in model["error"]
+    assert logs["state"] == "complete", logs
+    assert db.fetch_one("SELECT count(*) AS n FROM artifacts WHERE name = 'model'")["n"] == 0
+
+
+@BAD_NAMES
+def test_a_checkpoint_holding_an_undescribable_file_name_is_refused_and_the_next_one_published(
+    db: Database, env, bad: bytes
+) -> None:
+    # Before: a name not valid UTF-8 raised out of every scan, so this checkpoint and every later one
+    # waited for ever.
+    setup = make_member(db)
+    directory = ended_member(env["tmp"], setup.member["id"], bad)
+    (directory / "output" / "good").mkdir()
+    (directory / "output" / "good" / "w.bin").write_bytes(b"w" * 5000)
+    requests = directory / "output" / ".tuneplane" / "checkpoints" / "requests"
+    requests.mkdir(parents=True)
+    (requests / "1.json").write_text(json.dumps({"path": "model", "name": "ckpt"}))
+    (requests / "2.json").write_text(json.dumps({"path": "good", "name": "ckpt"}))
+    access = NodeAccess(env["url"], None, lambda: setup.credential)  # type: ignore[arg-type]
+    assert publish_pending(access, directory, lambda _line: None) == 2
+    results = directory / "output" / ".tuneplane" / "checkpoints" / "results"
+    first = json.loads((results / "1.json").read_text())
+    second = json.loads((results / "2.json").read_text())
+    assert first["state"] == "failed" and "not a readable checkpoint" in first["reason"], first
+    assert second["state"] == "complete" and second["artifact"] == "ckpt.2", second

@@ -16,6 +16,7 @@ never depends on any of this: the artifact carries its own state.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,8 @@ from workers.agent.members import MemberRecord, MemberStore
 from workers.agent.outputs import Outcome, deliver_output, fail_artifact, planned_outputs
 from workers.agent.prepare import NodeAccess
 from workers.artifacts.member_logs import logs_output
+
+log = logging.getLogger("tuneplane.agent.delivery")
 
 DEFAULT_DEADLINE = 6 * 3600.0
 BACKOFF_BASE, BACKOFF_CAP = 1.0, 60.0
@@ -101,9 +104,15 @@ class Delivery:
             if expired:
                 outcome = await self._give_up(name, item)
             else:
-                outcome = await asyncio.to_thread(
-                    deliver_output, self.access(), self.directory, item["output"]
-                )
+                try:
+                    outcome = await asyncio.to_thread(
+                        deliver_output, self.access(), self.directory, item["output"]
+                    )
+                except Exception as exc:
+                    # Whatever one output raises must not stop the others (the logs come last) nor the task:
+                    # it is retried like a server failure until the deadline fails it with this reason.
+                    log.exception("member %s: delivering output %s", self.member_id, name)
+                    outcome = Outcome("retry", f"unexpected {type(exc).__name__}: {exc}")
             item["tries"] += 1
             item["artifact_id"] = outcome.artifact_id or item["artifact_id"]
             if outcome.state == "complete":

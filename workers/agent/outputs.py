@@ -6,8 +6,9 @@ when the fleet declares no object delivery. On the shared mount an output goes t
 
 `deliver_output` makes one try and says what it came to: `complete`, `retry` (the server or the network
 failed: a 5xx, a connection error, an upload cut short; trying again later can succeed) or `failed` (a
-refusal that will not change: a 4xx, an output directory that is not there). The retrying, the backoff,
-the deadline and the durable bookkeeping live in workers.agent.delivery.
+refusal that will not change: a 4xx, an output directory that is not there or holds a file no manifest
+can describe). The retrying, the backoff, the deadline and the durable bookkeeping live in
+workers.agent.delivery.
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def _retryable(exc: Exception) -> bool:
 def deliver_output(access: NodeAccess, directory: Path, output: dict) -> Outcome:
     """One try at delivering one output (blocking: run it in a thread)."""
     from workers.artifacts.deliver import deliver_artifact, node_http
+    from workers.artifacts.manifest import ManifestError
     from workers.artifacts.upload import UploadError
 
     try:
@@ -89,6 +91,10 @@ def deliver_output(access: NodeAccess, directory: Path, output: dict) -> Outcome
                     http, int(member["member_id"]), name, root, kind=kind, delivery=delivery,
                     shared_path=shared,
                 )  # fmt: skip
+            except ManifestError as exc:
+                # The directory cannot be described (a file name with a control character or not UTF-8, a
+                # link out of it, a FIFO): no try will change that, whatever the delivery.
+                return Outcome("failed", f"{output['path'] or name} cannot be delivered: {exc}")
             except (UploadError, OSError, httpx.HTTPError) as exc:
                 if _retryable(exc):
                     return Outcome("retry", f"{delivery} delivery: {exc}")

@@ -4,7 +4,7 @@ The canonical form is compact JSON with sorted keys, files sorted by path (code 
 text: `{"files":[{"path":"a.bin","sha256":"…","size":3}],"version":1}`. Its sha256 is the manifest
 digest. The database recomputes the same text from the stored jsonb (`artifact_manifest_canonical` in
 sql/migrations/0050_artifacts.sql), so paths are restricted to what both sides escape identically:
-no control characters, relative POSIX form, no `.`/`..`/empty components.
+valid UTF-8 without control characters, relative POSIX form, no `.`/`..`/empty components.
 """
 
 from __future__ import annotations
@@ -58,6 +58,14 @@ def check_relative_path(path: str) -> str:
         raise ManifestError(f"{path[:80]}…: path longer than {MAX_PATH_LENGTH} characters")
     if _CONTROL.search(path):
         raise ManifestError(f"{path!r}: control characters are not allowed in artifact paths")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        # A name that is not UTF-8 on disk arrives as lone surrogates (os.fsdecode); the manifest's canonical
+        # text is UTF-8, so it cannot be described. Named by its bytes.
+        raise ManifestError(
+            f"{os.fsencode(path)!r}: the name is not valid UTF-8; artifact paths must be UTF-8"
+        ) from None
     if path.startswith("/"):
         raise ManifestError(f"{path}: absolute paths are not allowed")
     if any(part in ("", ".", "..") for part in path.split("/")):
