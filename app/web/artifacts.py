@@ -232,7 +232,7 @@ def _checked_body(stream: BinaryIO, entry: dict, label: str) -> Iterable[bytes]:
 @login_required
 def verify(artifact_id: int):
     db = get_db()
-    artifact = db.call("artifact_for_user", _user_id(), artifact_id)[0]
+    artifact = db.call("artifact_to_verify", _user_id(), artifact_id)[0]
     report = verify_stored(FsBlobStore(blob_dir()), artifact)
     db.call(
         "record_artifact_verification", _user_id(), artifact_id, report.ok, report.checked,

@@ -830,9 +830,29 @@ BEGIN
 END;
 $$;
 
+-- artifact_to_verify: the artifact p_artifact_id if the user may see it (404) and it is complete: only a
+-- complete artifact has stored bytes to check against its manifest. An uploading or failed one never had
+-- them all, a pruned one may have lost them to garbage collection by design; checking those would report
+-- "missing" files as if bytes had been lost (409, naming the state and its reason).
+CREATE OR REPLACE FUNCTION tuneplane.artifact_to_verify(p_user_id bigint, p_artifact_id bigint)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    a tuneplane.artifacts;
+BEGIN
+    a := tuneplane.artifact_for_user(p_user_id, p_artifact_id);
+    IF a.state <> 'complete' THEN
+        RAISE EXCEPTION 'artifact % (%) is %: %; only a complete artifact can be verified', a.id, a.name, a.state,
+                        coalesce(nullif(a.reason, ''), 'no reason recorded')
+            USING ERRCODE = 'TP409', COLUMN = 'state';
+    END IF;
+    RETURN a;
+END;
+$$;
+
 -- record_artifact_verification: the result of a verification the user asked for (the server recomputed
 -- every file). Changes no state: a complete artifact stays complete and immutable; the console and the
--- input resolution read the latest result.
+-- input resolution read the latest result. Refuses an artifact that is not complete (artifact_to_verify).
 CREATE OR REPLACE FUNCTION tuneplane.record_artifact_verification(p_user_id bigint, p_artifact_id bigint, p_ok boolean,
                                                        p_checked integer, p_problems jsonb)
 RETURNS tuneplane.artifact_verifications
@@ -841,7 +861,7 @@ DECLARE
     a tuneplane.artifacts;
     v tuneplane.artifact_verifications;
 BEGIN
-    a := tuneplane.artifact_for_user(p_user_id, p_artifact_id);
+    a := tuneplane.artifact_to_verify(p_user_id, p_artifact_id);
     INSERT INTO tuneplane.artifact_verifications (artifact_id, ok, checked, problems, requested_by)
     VALUES (a.id, p_ok, coalesce(p_checked, 0), coalesce(p_problems, '[]'::jsonb),
             coalesce((SELECT 'user:' || username FROM tuneplane.users WHERE id = p_user_id), 'user:?'))

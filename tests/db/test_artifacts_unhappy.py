@@ -13,11 +13,12 @@ import pytest
 
 from app.db import Database
 from tests.artifact_fixtures import make_member, served_artifacts, write_tree
+from tests.db.test_artifacts_http import user_client
 from workers.agent.checkpoints import publish_pending
 from workers.agent.delivery import Delivery, plan_deliveries
 from workers.agent.members import MemberRecord, MemberStore
 from workers.agent.prepare import NodeAccess
-from workers.artifacts.deliver import deliver_artifact, node_http, register
+from workers.artifacts.deliver import deliver_artifact, fail_artifact, node_http, register
 from workers.artifacts.manifest import build_manifest
 from workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
 
@@ -161,3 +162,38 @@ def test_a_checkpoint_holding_an_undescribable_file_name_is_refused_and_the_next
     second = json.loads((results / "2.json").read_text())
     assert first["state"] == "failed" and "not a readable checkpoint" in first["reason"], first
     assert second["state"] == "complete" and second["artifact"] == "ckpt.2", second
+
+
+def test_only_a_complete_artifact_can_be_verified_and_nothing_is_recorded_otherwise(
+    db: Database, env
+) -> None:
+    # Before: verifying an uploading, failed or pruned artifact recorded a failed verification naming
+    # every file "missing", as if stored bytes had been lost.
+    db.fetch_one("UPDATE artifact_settings SET keep_checkpoints = 1 RETURNING 1")
+    setup = make_member(db)
+    src = env["tmp"] / "src"
+    manifest = write_tree(src, {"a.bin": b"a" * 100})
+    with node_http(env["url"], setup.credential) as http:
+        uploading = register(http, setup.member["id"], "partial", manifest)
+        failed = register(http, setup.member["id"], "broken", manifest)
+        fail_artifact(http, failed["id"], "gave up at the deadline")
+        first = deliver_artifact(http, setup.member["id"], "ckpt.1", src, kind="checkpoint")
+        (src / "a.bin").write_bytes(b"b" * 100)
+        second = deliver_artifact(http, setup.member["id"], "ckpt.2", src, kind="checkpoint")
+    assert second["state"] == "complete"
+    with user_client(db, env["url"], setup.user_id) as client:
+        for art, state, why in (
+            (uploading, "uploading", ""),
+            (failed, "failed", "gave up at the deadline"),
+            (first, "pruned", "pruned by retention"),
+        ):
+            response = client.post(f"/artifacts/{art['id']}/verify")
+            assert response.status_code == 409, response.text
+            assert f"is {state}: {why}" in response.json()["error"] and "state" in response.json()["fields"]
+        assert client.post(f"/artifacts/{second['id']}/verify").json()["ok"]
+        page = client.get(f"/jobs/{setup.job_id}/artifacts", headers={"Accept": "text/html"}).text
+    assert db.fetch_all("SELECT artifact_id, ok FROM artifact_verifications") == [
+        {"artifact_id": second["id"], "ok": True}
+    ]
+    # The console offers Verify for the complete artifact only.
+    assert page.count("/verify") == 1 and f"/artifacts/{second['id']}/verify" in page
