@@ -115,7 +115,7 @@ def download_cmd(
         with byte_progress(label, int(artifact.get("total_bytes") or 0), quiet=quiet) as advance:
             total, problems = download_artifact(client, artifact, dest_path, on_bytes=advance)
     if problems:
-        raise ExpectedError(f"{len(problems)} file(s) failed verification: " + "; ".join(problems))
+        raise ExpectedError(f"{len(problems)} file(s) not downloaded: " + "; ".join(problems))
     click.echo(
         f"downloaded {len(artifact['files'])} files ({total} bytes) into {dest_path}; "
         f"every sha256 matches manifest {artifact['manifest_digest']}"
@@ -191,8 +191,15 @@ def download_file(
         partial.unlink(missing_ok=True)
         raise DownloadMismatch(f"received {size} bytes with sha256 {digest.hexdigest()[:16]}…, manifest says "
                                f"{entry['size']} bytes with {entry['sha256'][:16]}…")  # fmt: skip
-    target.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(partial, target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(partial, target)
+    except OSError as exc:
+        # DEST already holds something else where the file goes (a file where its directory belongs, a
+        # directory where the file belongs): named per file, and no verified copy left behind in the
+        # partial directory.
+        partial.unlink(missing_ok=True)
+        raise DownloadMismatch(f"cannot be placed in {dest} ({exc.strerror}: {exc.filename})") from exc
     return size
 
 

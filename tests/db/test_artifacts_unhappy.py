@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from app.db import Database
-from tests.artifact_fixtures import make_member, served_artifacts, write_tree
+from tests.artifact_fixtures import api_token, make_member, served_artifacts, write_tree
+from tests.db.test_artifacts_cli import cli
 from tests.db.test_artifacts_http import user_client
 from workers.agent.checkpoints import publish_pending
 from workers.agent.delivery import Delivery, plan_deliveries
@@ -197,3 +198,28 @@ def test_only_a_complete_artifact_can_be_verified_and_nothing_is_recorded_otherw
     ]
     # The console offers Verify for the complete artifact only.
     assert page.count("/verify") == 1 and f"/artifacts/{second['id']}/verify" in page
+
+
+def test_a_download_into_a_directory_holding_other_things_names_each_conflict_and_leaves_no_partials(
+    db: Database, env
+) -> None:
+    # Before: the first conflict ended the command with one OSError line, the other conflicts unnamed and
+    # their verified copies left behind in DEST/.tuneplane-partial.
+    setup = make_member(db)
+    files = {"model/w.bin": os.urandom(9000), "tokenizer.json": b"{}", "readme.txt": b"hi"}
+    src = env["tmp"] / "src"
+    write_tree(src, files)
+    with node_http(env["url"], setup.credential) as http:
+        assert deliver_artifact(http, setup.member["id"], "model", src)["state"] == "complete"
+    dest = env["tmp"] / "dest"
+    dest.mkdir()
+    (dest / "model").write_bytes(b"a file where the directory belongs")
+    (dest / "tokenizer.json").mkdir()
+    (dest / "stale.bin").write_bytes(b"from an earlier download")
+    got = cli(env, api_token(db, setup.user_id), "download", str(setup.job_id), "model", str(dest))
+    assert got.returncode == 1, got.stdout
+    assert "2 file(s) not downloaded" in got.stderr
+    assert "model/w.bin: cannot be placed" in got.stderr and "tokenizer.json: cannot be placed" in got.stderr
+    assert (dest / "readme.txt").read_bytes() == b"hi"
+    assert not (dest / ".tuneplane-partial").exists()
+    assert (dest / "stale.bin").exists()  # what the artifact does not name is left alone
