@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -224,4 +225,39 @@ def test_a_full_spool_disk_pauses_reading_and_loses_nothing(
             process.wait(10)
     assert stored_points(conn, job) == Counter(
         ("jsonl:metrics.jsonl", "loss", step, step / 7) for step in range(150_000)
+    )
+
+
+def test_a_spool_directory_removed_while_running_loses_and_duplicates_nothing(
+    db: Database, conn: psycopg.Connection, gateway: GatewayThread, tmp_path: Path
+) -> None:
+    """Someone (a tmp cleaner, an operator) removes the spool directory under a running collector. Before,
+    later batches went into unlinked files and were never sent while the member ran, and the next start
+    read every file again under a new spool id (every point stored twice). Now the spool is rebuilt from
+    what the collector holds."""
+    job = make_job(db, make_user(db, "alice"))
+    out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
+    out.mkdir()
+    path = out / "metrics.jsonl"
+    for step in range(1000):
+        _append(path, step, step / 3)
+    process = _collector(out, spool, gateway.url, member_token(db, job), log)
+    try:
+        _stored_while_running(conn, job, process, log, 1000)
+        shutil.rmtree(spool)
+        for step in range(1000, 2000):
+            _append(path, step, step / 3)
+        _stored_while_running(conn, job, process, log, 2000)
+        kill9(process)  # the rebuilt spool is what a restart resumes from
+        process = _collector(out, spool, gateway.url, member_token(db, job), log)
+        for step in range(2000, 2500):
+            _append(path, step, step / 3)
+        _stored_while_running(conn, job, process, log, 2500)
+        _drain(spool, process, log)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert stored_points(conn, job) == Counter(
+        ("jsonl:metrics.jsonl", "loss", step, step / 3) for step in range(2500)
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from app.telemetry import wire
@@ -156,3 +157,27 @@ def test_rejected_batch_is_kept_aside_and_no_longer_pending(tmp_path: Path) -> N
 def test_spool_directory_is_private(tmp_path: Path) -> None:
     Spool(tmp_path / "sp").open().close()
     assert os.stat(tmp_path / "sp").st_mode & 0o077 == 0
+
+
+def test_a_spool_directory_removed_while_running_is_rebuilt_with_every_unacked_batch(tmp_path: Path) -> None:
+    """Before, batches went on into unlinked files, pending ones could not be read (sent never), and the
+    next start began an empty spool under a new id: every file read again, every point stored twice."""
+    directory = tmp_path / "spool"
+    spool = Spool(directory, fsync_interval=0, segment_bytes=600).open()  # several segments
+    _fill(spool, 6)
+    uuid = spool.collector_uuid
+    spool.ack(1)
+    spool.ack(2)
+    shutil.rmtree(directory)
+    assert spool.append(_batch(6), {"1:2": {"offset": 60}, "3:4": {"offset": 7}}) == 7
+    sent = {}
+    while (record := spool.next_pending(0)) is not None:
+        sent[record.seq] = wire.decode(spool.read(record)).steps.tolist()
+    assert sent == {seq: [seq - 1, seq] for seq in range(3, 8)}
+    spool.ack(3)
+    spool.close()
+    again = Spool(directory).open()
+    assert again.collector_uuid == uuid and again.last_seq == 7
+    assert _pending_seqs(again) == [4, 5, 6, 7]
+    assert again.file_states == {"1:2": {"offset": 60}, "3:4": {"offset": 7}}
+    again.close()

@@ -54,6 +54,8 @@ class PendingRecord:
     segment: Path
     offset: int  # of the batch bytes inside the segment file
     length: int
+    frame_offset: int = 0  # the whole frame, to copy it when the spool is rebuilt
+    frame_length: int = 0
 
 
 @dataclass
@@ -120,17 +122,25 @@ class Spool:
         self._size = 0
         self._total_bytes = 0
         self._ledger_error: str | None = None
+        # A read descriptor per segment: batches are read through it, so a spool directory removed under a
+        # running collector can be rebuilt from what it still holds (see _rebuild).
+        self._read_fds: dict[Path, int] = {}
+        self._dir_id: tuple[int, int] | None = None
         self.collector_uuid = ""
 
     # ---------------------------------------------------------------- open and recovery
     def open(self) -> Spool:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = self.dir.stat()
+        self._dir_id = (st.st_dev, st.st_ino)
         self.collector_uuid = self._load_uuid()
         self._acked = self._read_ledger()
         for path in self.dir.glob(f"*{SEGMENT_SUFFIX}"):
             if path.stem.isdigit():
                 self._segments.append(_Segment(path, int(path.stem)))
         self._segments.sort(key=lambda s: s.number)
+        for segment in self._segments:
+            self._read_fds[segment.path] = os.open(segment.path, os.O_RDONLY)
         for index, segment in enumerate(self._segments):
             self._recover_segment(segment, last=index == len(self._segments) - 1)
         highest = max([self._acked, *(s.last_seq for s in self._segments)])
@@ -156,11 +166,15 @@ class Spool:
             return path.read_text().strip()
         except FileNotFoundError:
             value = uuid.uuid4().hex
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(value + "\n")
-            os.replace(tmp, path)
-            _fsync_dir(self.dir)
+            self._write_uuid(value)
             return value
+
+    def _write_uuid(self, value: str) -> None:
+        path = self.dir / "collector.id"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(value + "\n")
+        os.replace(tmp, path)
+        _fsync_dir(self.dir)
 
     def _read_ledger(self) -> int:
         try:
@@ -237,7 +251,12 @@ class Spool:
         segment.last_seq = max(segment.last_seq, seq)
         if seq > self._acked:
             self._pending[seq] = PendingRecord(
-                seq, segment.path, payload_offset + body_start, len(payload) - body_start
+                seq,
+                segment.path,
+                payload_offset + body_start,
+                len(payload) - body_start,
+                payload_offset - _FRAME.size,
+                _FRAME.size + len(payload),
             )
 
     # ---------------------------------------------------------------- writing
@@ -265,6 +284,7 @@ class Spool:
             os.close(self._fd)
         self._fd = fd
         self._segments.append(_Segment(path, number))
+        self._read_fds[path] = os.open(path, os.O_RDONLY)
         self._size = len(frame)
         self._total_bytes += len(frame)
         self._last_sync = time.monotonic()
@@ -293,9 +313,63 @@ class Spool:
         self._delete_acked_segments_or_wait()
         return True
 
+    def _directory_gone(self) -> bool:
+        try:
+            st = self.dir.stat()
+        except FileNotFoundError:
+            return True
+        return (st.st_dev, st.st_ino) != self._dir_id
+
+    def _rebuild(self) -> None:
+        """The spool directory was removed (or replaced) under the running collector: writes would go into
+        unlinked files and the next restart would start an empty spool, read every file again from the
+        start and store its points twice. Everything needed is still at hand: make the directory again with
+        the same collector id, the ledger, and one segment holding every unacknowledged batch (copied
+        through the read descriptors, with its seq) between two checkpoints of every file's position (the
+        first for the segment-start rule, the last because the copied batches carry older positions)."""
+        log.error("spool directory %s was removed while the collector ran; rebuilding it", self.dir)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = self.dir.stat()
+        self._dir_id = (st.st_dev, st.st_ino)
+        self._write_uuid(self.collector_uuid)
+        self._write_ledger(sync=True)
+        number = self._segments[-1].number + 1 if self._segments else 1
+        path = self.dir / f"{number:012d}{SEGMENT_SUFFIX}"
+        checkpoint = _frame(b"C" + json.dumps(self.file_states, separators=(",", ":")).encode())
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o600)
+        try:
+            parts, size, moved = [checkpoint], len(checkpoint), {}
+            for seq, record in self._pending.items():
+                frame = os.pread(self._read_fds[record.segment], record.frame_length, record.frame_offset)
+                within = record.offset - record.frame_offset
+                moved[seq] = PendingRecord(seq, path, size + within, record.length, size, len(frame))
+                parts.append(frame)
+                size += len(frame)
+            parts.append(checkpoint)
+            _write_all(fd, b"".join(parts))
+            os.fsync(fd)
+            _fsync_dir(self.dir)
+        except OSError:
+            os.close(fd)
+            raise
+        for old in self._read_fds.values():
+            os.close(old)
+        if self._fd is not None:
+            os.close(self._fd)
+        self._read_fds = {path: os.open(path, os.O_RDONLY)}
+        self._fd = fd
+        self._segments = [_Segment(path, number, max(self._pending, default=0))]
+        self._pending = moved
+        self._size = self._total_bytes = size + len(checkpoint)
+        self._durable_seq = self._next_seq - 1
+        self._last_sync = time.monotonic()
+        self._changed.notify_all()
+
     def append(self, batch: bytes, states: dict[str, dict]) -> int:
         """Spool one batch with the positions of the files it was read from; returns its seq."""
         with self._lock:
+            if self._directory_gone():
+                self._rebuild()
             seq = self._next_seq
             state_bytes = json.dumps(states, separators=(",", ":")).encode()
             payload = _BATCH_HEAD.pack(b"B", seq, len(state_bytes)) + state_bytes + batch
@@ -309,13 +383,16 @@ class Spool:
                 if exc.errno not in OUT_OF_ROOM or not self._make_room():
                     raise
                 self._write_frame(frame, len(payload))
+            frame_offset = self._size
             offset = self._size + _FRAME.size + _BATCH_HEAD.size + len(state_bytes)
             self._size += len(frame)
             self._total_bytes += len(frame)
             self._next_seq = seq + 1
             self._segments[-1].last_seq = seq
             self.file_states.update(states)
-            self._pending[seq] = PendingRecord(seq, self._segments[-1].path, offset, len(batch))
+            self._pending[seq] = PendingRecord(
+                seq, self._segments[-1].path, offset, len(batch), frame_offset, len(frame)
+            )
             if self.fsync_interval <= 0:
                 self._sync_locked()
             return seq
@@ -324,6 +401,12 @@ class Spool:
         """fsync the current segment if records are waiting and the interval has passed, or at once when
         the senders have nothing durable left to send (or `force`)."""
         with self._lock:
+            if self._directory_gone():
+                # Also while nothing is appended: acks, rejections and a restart need the directory.
+                try:
+                    self._rebuild()
+                except OSError as exc:
+                    log.error("spool: cannot rebuild %s: %s", self.dir, exc.strerror)
             if self._durable_seq >= self._next_seq - 1:
                 return
             starving = all(seq > self._durable_seq or seq in self._in_flight for seq in self._pending)
@@ -376,11 +459,13 @@ class Spool:
             self._changed.notify_all()
 
     def read(self, record: PendingRecord) -> bytes:
-        fd = os.open(record.segment, os.O_RDONLY)
-        try:
+        # Under the lock: a rebuild closes the descriptors (a number reused meanwhile would read another
+        # file's bytes).
+        with self._lock:
+            fd = self._read_fds.get(record.segment)
+            if fd is None:  # moved by a rebuild: the sender is offered the record again
+                raise FileNotFoundError(f"segment {record.segment} of batch {record.seq} was moved")
             return os.pread(fd, record.length, record.offset)
-        finally:
-            os.close(fd)
 
     def ack(self, seq: int) -> None:
         """The gateway stored (or had already stored) batch `seq`. The ledger records the highest seq below
@@ -430,6 +515,9 @@ class Spool:
         for segment in removable:
             size = segment.path.stat().st_size
             segment.path.unlink()
+            fd = self._read_fds.pop(segment.path, None)
+            if fd is not None:
+                os.close(fd)
             self._total_bytes -= size
             self._segments.remove(segment)
         _fsync_dir(self.dir)
@@ -464,6 +552,9 @@ class Spool:
                     log.warning("spool: closing without a final sync or ledger (%s)", exc.strerror)
                 finally:
                     os.close(fd)
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()
 
 
 def _intact_frame_at(data: bytes, pos: int) -> bytes | None:
