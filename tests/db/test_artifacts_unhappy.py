@@ -223,3 +223,27 @@ def test_a_download_into_a_directory_holding_other_things_names_each_conflict_an
     assert (dest / "readme.txt").read_bytes() == b"hi"
     assert not (dest / ".tuneplane-partial").exists()
     assert (dest / "stale.bin").exists()  # what the artifact does not name is left alone
+
+
+def test_a_file_that_vanishes_mid_upload_leaves_the_artifact_to_the_next_try_which_completes(
+    db: Database, env
+) -> None:
+    # Before: the FileNotFoundError escaped deliver_artifact; the agent recorded the output failed for good
+    # (a refusal) while the registered artifact stayed uploading on the server for ever.
+    setup = make_member(db)
+    src = env["tmp"] / "out"
+    write_tree(src, {"big.bin": os.urandom(5 * CHUNK), "keep.txt": b"keep"})
+
+    def vanish(path: str, index: int, _size: int) -> None:
+        if path == "big.bin" and index == 0:
+            (src / "big.bin").unlink()  # before its own thread reads chunk 1
+
+    with node_http(env["url"], setup.credential) as http:
+        first = deliver_artifact(http, setup.member["id"], "model", src, on_chunk=vanish)
+        assert first["state"] == "uploading" and "big.bin" in first["reason"], first
+        again = deliver_artifact(http, setup.member["id"], "model", src)
+    assert again["id"] == first["id"] and again["state"] == "complete", again
+    assert [
+        f["path"]
+        for f in db.fetch_all("SELECT path FROM artifact_files WHERE artifact_id = %s", (again["id"],))
+    ] == ["keep.txt"]

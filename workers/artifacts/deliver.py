@@ -116,7 +116,10 @@ def deliver_artifact(
     transport = HttpChunkTransport(http, artifact["id"])
     try:
         result = upload_artifact(root, manifest, transport, on_chunk=on_chunk)
-    except UploadError as exc:
+    except (UploadError, OSError) as exc:
+        # OSError: a file vanished or became unreadable after the manifest was built. Like a file that
+        # shrank, the artifact stays registered (uploading) and the next try describes the directory anew;
+        # raising instead made the caller give the output up while the server kept it uploading for ever.
         return {**artifact, "state": "uploading", "reason": str(exc)}
     return {**artifact, "state": result.state, "reason": result.reason, "chunks_sent": result.chunks_sent}
 
