@@ -247,3 +247,28 @@ def test_a_file_that_vanishes_mid_upload_leaves_the_artifact_to_the_next_try_whi
         f["path"]
         for f in db.fetch_all("SELECT path FROM artifact_files WHERE artifact_id = %s", (again["id"],))
     ] == ["keep.txt"]
+
+
+def test_a_checkpoint_whose_upload_meets_a_server_failure_is_published_at_a_later_scan(
+    db: Database, env
+) -> None:
+    # The server cannot stage chunks for a while (a file stands where its staging directory belongs: 500
+    # for every chunk). Before: the checkpoint was failed for good the moment the upload gave up.
+    setup = make_member(db)
+    directory = ended_member(env["tmp"], setup.member["id"], b"fine.txt")
+    requests = directory / "output" / ".tuneplane" / "checkpoints" / "requests"
+    requests.mkdir(parents=True)
+    (requests / "1.json").write_text(json.dumps({"path": "model", "name": "ckpt"}))
+    access = NodeAccess(env["url"], None, lambda: setup.credential)  # type: ignore[arg-type]
+    blocker = env["blob_dir"] / "staging"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_bytes(b"")
+    lines: list[str] = []
+    assert publish_pending(access, directory, lines.append) == 0
+    assert any("ckpt.1 not yet published" in line and "HTTP 500" in line for line in lines), lines
+    results = directory / "output" / ".tuneplane" / "checkpoints" / "results"
+    assert not (results / "1.json").exists()
+    blocker.unlink()
+    assert publish_pending(access, directory, lines.append) == 1
+    result = json.loads((results / "1.json").read_text())
+    assert result["state"] == "complete" and result["artifact"] == "ckpt.1", result

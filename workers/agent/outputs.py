@@ -21,9 +21,7 @@ import httpx
 
 from workers.agent.prepare import NodeAccess
 from workers.artifacts.member_logs import snapshot_logs
-
-# 4xx answers that are worth another try (the server was busy or timed the request out).
-RETRYABLE_4XX = (408, 425, 429)
+from workers.artifacts.upload import RETRYABLE_4XX, UploadError
 
 
 @dataclass(frozen=True)
@@ -50,13 +48,10 @@ def planned_outputs(directory: Path) -> list[dict]:
 
 
 def _retryable(exc: Exception) -> bool:
-    from workers.artifacts.upload import UploadError
-
     if isinstance(exc, httpx.TransportError | ConnectionError | TimeoutError):
         return True
     if isinstance(exc, UploadError):
-        status = getattr(exc, "status", None)
-        return status is None or status >= 500 or status in RETRYABLE_4XX
+        return exc.retryable
     return False
 
 
@@ -64,7 +59,6 @@ def deliver_output(access: NodeAccess, directory: Path, output: dict) -> Outcome
     """One try at delivering one output (blocking: run it in a thread)."""
     from workers.artifacts.deliver import deliver_artifact, node_http
     from workers.artifacts.manifest import ManifestError
-    from workers.artifacts.upload import UploadError
 
     try:
         member = json.loads((directory / "member.json").read_text())

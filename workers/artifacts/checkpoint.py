@@ -49,8 +49,9 @@ def changed_reason(found: list[str]) -> str:
 
 def publish_checkpoint(http: httpx.Client, member_id: int, name: str, root: Path | str) -> dict[str, Any]:
     """Register and upload `root` as checkpoint artifact `name`; returns the artifact as the server last
-    reported it (`state` complete or failed, `reason`). Raises UploadError only when the server cannot be
-    reached to register it (the caller may try again)."""
+    reported it (`state` complete or failed, `reason`). Raises UploadError when the server cannot be
+    reached or failed (5xx) while the directory stayed unchanged: the caller tries again later, and the
+    same manifest resumes the same upload."""
     root = Path(root)
     try:
         before = snapshot(root)
@@ -65,6 +66,7 @@ def publish_checkpoint(http: httpx.Client, member_id: int, name: str, root: Path
     if found:
         return fail_artifact(http, artifact["id"], changed_reason(found))
     reason = None
+    transient: UploadError | None = None
     try:
         result = upload_artifact(root, manifest, HttpChunkTransport(http, artifact["id"]))
         if result.state == "complete":
@@ -72,8 +74,16 @@ def publish_checkpoint(http: httpx.Client, member_id: int, name: str, root: Path
         reason = result.reason
     except (UploadError, OSError) as exc:
         reason = str(exc)
+        transient = exc if isinstance(exc, UploadError) and exc.retryable else None
     try:
         found = changes(before, snapshot(root))
     except (ManifestError, OSError) as exc:
         found = [f"unreadable: {exc}"]
-    return fail_artifact(http, artifact["id"], changed_reason(found) if found else f"upload failed: {reason}")
+    if found:
+        return fail_artifact(http, artifact["id"], changed_reason(found))
+    if transient is not None:
+        # The server failed or went away (5xx, no answer) and the directory is as it was: the caller tries
+        # again at its next scan, resuming the same registration. Failing the checkpoint here lost it for
+        # good to an outage that ended a moment later.
+        raise transient
+    return fail_artifact(http, artifact["id"], f"upload failed: {reason}")

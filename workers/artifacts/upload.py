@@ -27,6 +27,10 @@ DEFAULT_CHUNK_SIZE = 32 * 1024 * 1024
 SEND_PIECE = 1024 * 1024
 
 
+# 4xx answers that are worth another try (the server was busy or timed the request out).
+RETRYABLE_4XX = (408, 425, 429)
+
+
 class UploadError(RuntimeError):
     """The upload cannot go on; the message names the file or the server's reason. `status` is the HTTP
     status of a server refusal (None otherwise), so a caller can tell a retryable 5xx from a 4xx."""
@@ -34,6 +38,11 @@ class UploadError(RuntimeError):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        """Whether trying again later can succeed: the server failed or was unreachable, not a refusal."""
+        return self.status is None or self.status >= 500 or self.status in RETRYABLE_4XX
 
 
 @dataclass(frozen=True)
