@@ -39,22 +39,46 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
         yield connection
 
 
-def _collector(
-    out: Path, spool: Path, url: str, token: str, log: Path, nofile: int | None = None, extra: tuple = ()
-) -> subprocess.Popen:
-    def limits() -> None:
-        if nofile is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+class Collectors:
+    """Starts real collector processes (their output in one log) and kills any still running at the end."""
 
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("TUNEPLANE_DATABASE_URL", None)
-    with open(log, "ab") as handle:
-        return subprocess.Popen(
-            [sys.executable, "-m", "app", "collector", "--output-dir", str(out), "--spool-dir", str(spool),
-             "--gateway", url, "--token", token, "--poll-interval", "0.1", "--fsync-interval", "0.1",
-             "--sample-interval", "0", *extra],
-            stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=limits,
-        )  # fmt: skip
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.started: list[subprocess.Popen] = []
+
+    def start(
+        self, out: Path, spool: Path, url: str, token: str, nofile: int | None = None, extra: tuple = ()
+    ) -> subprocess.Popen:
+        def limits() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env.pop("TUNEPLANE_DATABASE_URL", None)
+        with open(self.log, "ab") as handle:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "app", "collector", "--output-dir", str(out),
+                 "--spool-dir", str(spool), "--gateway", url, "--token", token, "--poll-interval", "0.1",
+                 "--fsync-interval", "0.1", "--sample-interval", "0", *extra],
+                stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=limits,
+            )  # fmt: skip
+        self.started.append(process)
+        return process
+
+    def kill_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                process.kill()
+                process.wait(10)
+
+
+@pytest.fixture
+def collectors(tmp_path: Path) -> Iterator[Collectors]:
+    started = Collectors(tmp_path / "collector.log")
+    try:
+        yield started
+    finally:
+        started.kill_all()
 
 
 def _stored_while_running(
@@ -90,28 +114,24 @@ def _append(path: Path, step: int, value: float) -> None:
 
 
 def test_more_metric_files_than_descriptors_are_all_read_and_followed_as_they_grow(
-    db: Database, conn: psycopg.Connection, gateway: GatewayThread, tmp_path: Path
+    db: Database, conn: psycopg.Connection, gateway: GatewayThread, collectors: Collectors, tmp_path: Path
 ) -> None:
     """One file per hyper-parameter trial, 300 of them, and a collector allowed 128 descriptors (soft and
-    hard): before, the open of the ~120th file raised EMFILE, the collector died at start-up and read
-    nothing, again at every restart. Now idle files are closed and opened again when they grow."""
+    hard): before, every file stayed open, so past the limit listing a directory failed with EMFILE, which
+    os.walk swallows: the files beyond were silently never read (an open that hit the limit instead killed
+    the collector at every start). Now idle files are closed and opened again when they grow."""
     job = make_job(db, make_user(db, "alice"))
     out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
     files = [out / f"trial{i:03d}" / "metrics.jsonl" for i in range(300)]
     for i, path in enumerate(files):
         path.parent.mkdir(parents=True)
         _append(path, 1, float(i))
-    process = _collector(out, spool, gateway.url, member_token(db, job), log, nofile=128)
-    try:
-        _stored_while_running(conn, job, process, log, len(files))
-        for i, path in enumerate(files):  # every file grows after it was read (and closed) once
-            _append(path, 2, i + 0.5)
-        _stored_while_running(conn, job, process, log, 2 * len(files))
-        _drain(spool, process, log)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
+    process = collectors.start(out, spool, gateway.url, member_token(db, job), nofile=128)
+    _stored_while_running(conn, job, process, log, len(files))
+    for i, path in enumerate(files):  # every file grows after it was read (and closed) once
+        _append(path, 2, i + 0.5)
+    _stored_while_running(conn, job, process, log, 2 * len(files))
+    _drain(spool, process, log)
     expected = Counter(
         (f"jsonl:trial{i:03d}/metrics.jsonl", "loss", step, value)
         for i in range(len(files))
@@ -121,7 +141,7 @@ def test_more_metric_files_than_descriptors_are_all_read_and_followed_as_they_gr
 
 
 def test_files_that_cannot_be_read_or_named_do_not_stop_the_others(
-    db: Database, conn: psycopg.Connection, gateway: GatewayThread, tmp_path: Path
+    db: Database, conn: psycopg.Connection, gateway: GatewayThread, collectors: Collectors, tmp_path: Path
 ) -> None:
     """A symlink loop named like a metrics file (stat: ELOOP) killed the collector at every start, so no
     file was read; a file name that is not UTF-8 had every point refused for its source name. Now the loop
@@ -136,16 +156,11 @@ def test_files_that_cannot_be_read_or_named_do_not_stop_the_others(
     _append(out / "dir.jsonl" / "inner.jsonl", 1, 2.0)
     _append(Path(os.fsdecode(os.fsencode(out) + b"/lat\xe9n1.jsonl")), 1, 3.0)
     _append(out / "z.jsonl", 1, 4.0)
-    process = _collector(out, spool, gateway.url, member_token(db, job), log)
-    try:
-        _stored_while_running(conn, job, process, log, 4)
-        _append(out / "z.jsonl", 2, 5.0)  # still following the files after the bad one
-        _stored_while_running(conn, job, process, log, 5)
-        _drain(spool, process, log)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
+    process = collectors.start(out, spool, gateway.url, member_token(db, job))
+    _stored_while_running(conn, job, process, log, 4)
+    _append(out / "z.jsonl", 2, 5.0)  # still following the files after the bad one
+    _stored_while_running(conn, job, process, log, 5)
+    _drain(spool, process, log)
     assert stored_points(conn, job) == Counter(
         [
             ("jsonl:a.jsonl", "loss", 1, 1.0),
@@ -188,7 +203,12 @@ def _fill(directory: Path) -> Path:
 
 
 def test_a_full_spool_disk_pauses_reading_and_loses_nothing(
-    db: Database, conn: psycopg.Connection, db_url: str, small_disk: Path, tmp_path: Path
+    db: Database,
+    conn: psycopg.Connection,
+    db_url: str,
+    small_disk: Path,
+    collectors: Collectors,
+    tmp_path: Path,
 ) -> None:
     """The spool's disk fills up (the gateway is down, the member writes on): before, the write raised
     ENOSPC and the collector died, leaving half a frame; started again on the full disk it died in its
@@ -205,31 +225,26 @@ def test_a_full_spool_disk_pauses_reading_and_loses_nothing(
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     scope = ("--job-id", str(job), "--attempt", "1", "--member", "0", "--batch-points", "2000")
-    process = _collector(out, spool, url, token, log, extra=scope)
-    try:
-        _logged(process, log, "spool: cannot write (No space left on device)")
-        kill9(process)
-        filler = _fill(small_disk)  # not a byte left, not even for the restarted spool's new segment
-        process = _collector(out, spool, url, token, log, extra=scope)
-        with running_gateway(db_url, port):
-            # What was spooled before the disk filled is sent although nothing can be written.
-            sent = lambda: sum(stored_points(conn, job).values()) > 0  # noqa: E731
-            wait_for(sent, timeout=60, what="spooled points sent")
-            assert process.poll() is None, log.read_text()[-3000:]
-            filler.unlink()  # room again
-            _stored_while_running(conn, job, process, log, 150_000)
-            _drain(spool, process, log)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
+    process = collectors.start(out, spool, url, token, extra=scope)
+    _logged(process, log, "spool: cannot write (No space left on device)")
+    kill9(process)
+    filler = _fill(small_disk)  # not a byte left, not even for the restarted spool's new segment
+    process = collectors.start(out, spool, url, token, extra=scope)
+    with running_gateway(db_url, port):
+        # What was spooled before the disk filled is sent although nothing can be written.
+        sent = lambda: sum(stored_points(conn, job).values()) > 0  # noqa: E731
+        wait_for(sent, timeout=60, what="spooled points sent")
+        assert process.poll() is None, log.read_text()[-3000:]
+        filler.unlink()  # room again
+        _stored_while_running(conn, job, process, log, 150_000)
+        _drain(spool, process, log)
     assert stored_points(conn, job) == Counter(
         ("jsonl:metrics.jsonl", "loss", step, step / 7) for step in range(150_000)
     )
 
 
 def test_a_spool_directory_removed_while_running_loses_and_duplicates_nothing(
-    db: Database, conn: psycopg.Connection, gateway: GatewayThread, tmp_path: Path
+    db: Database, conn: psycopg.Connection, gateway: GatewayThread, collectors: Collectors, tmp_path: Path
 ) -> None:
     """Someone (a tmp cleaner, an operator) removes the spool directory under a running collector. Before,
     later batches went into unlinked files and were never sent while the member ran, and the next start
@@ -241,23 +256,18 @@ def test_a_spool_directory_removed_while_running_loses_and_duplicates_nothing(
     path = out / "metrics.jsonl"
     for step in range(1000):
         _append(path, step, step / 3)
-    process = _collector(out, spool, gateway.url, member_token(db, job), log)
-    try:
-        _stored_while_running(conn, job, process, log, 1000)
-        shutil.rmtree(spool)
-        for step in range(1000, 2000):
-            _append(path, step, step / 3)
-        _stored_while_running(conn, job, process, log, 2000)
-        kill9(process)  # the rebuilt spool is what a restart resumes from
-        process = _collector(out, spool, gateway.url, member_token(db, job), log)
-        for step in range(2000, 2500):
-            _append(path, step, step / 3)
-        _stored_while_running(conn, job, process, log, 2500)
-        _drain(spool, process, log)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(10)
+    process = collectors.start(out, spool, gateway.url, member_token(db, job))
+    _stored_while_running(conn, job, process, log, 1000)
+    shutil.rmtree(spool)
+    for step in range(1000, 2000):
+        _append(path, step, step / 3)
+    _stored_while_running(conn, job, process, log, 2000)
+    kill9(process)  # the rebuilt spool is what a restart resumes from
+    process = collectors.start(out, spool, gateway.url, member_token(db, job))
+    for step in range(2000, 2500):
+        _append(path, step, step / 3)
+    _stored_while_running(conn, job, process, log, 2500)
+    _drain(spool, process, log)
     assert stored_points(conn, job) == Counter(
         ("jsonl:metrics.jsonl", "loss", step, step / 3) for step in range(2500)
     )
