@@ -277,3 +277,41 @@ def test_a_fifo_named_like_a_metrics_file_is_skipped_not_opened(tmp_path: Path) 
     assert not alive, "discover blocked on the FIFO"
     assert [(p.source, p.name, p.step) for p in seen] == [("jsonl:train.jsonl", "loss", 1)]
     tracker.close()
+
+
+class _CountedStates(dict):
+    """The tracker's file states, counting how often all of them are gone through."""
+
+    walks = 0
+
+    def values(self):  # type: ignore[override]
+        _CountedStates.walks += 1
+        return super().values()
+
+
+def test_health_is_summed_once_per_poll_not_once_per_batch_and_names_the_batchs_own_file(
+    tmp_path: Path,
+) -> None:
+    """One batch per file with news: the health summary went through every file for every batch, so a poll
+    of 5,000 trial files took 3.4 s (2.7 s in the summary). It is summed once per poll; each batch's own
+    file is brought up to date in it."""
+    from app.telemetry import wire
+    from workers.collector.collector import Collector, CollectorConfig
+
+    out = tmp_path / "out"
+    for i in range(300):
+        (out / f"t{i:03d}").mkdir(parents=True)
+        (out / f"t{i:03d}" / "m.jsonl").write_text('{"step": 1, "loss": 1}\nnot json\n')
+    config = CollectorConfig(out, tmp_path / "spool", "http://127.0.0.1:9", "t", sample_interval=0)
+    collector = Collector(config)
+    collector.tracker.states = _CountedStates(collector.tracker.states)
+    _CountedStates.walks = 0
+    assert collector.poll_once() == 300
+    assert _CountedStates.walks <= 4
+    records = []
+    while (record := collector.spool.next_pending(0)) is not None:
+        records.append(record)
+    health = wire.decode(collector.spool.read(records[-1])).health
+    assert health["refused_or_damaged"]["t299/m.jsonl"] == 1  # this batch's own file
+    collector.tracker.close()
+    collector.spool.close()

@@ -125,6 +125,7 @@ class Collector:
         self._member_seen = time.monotonic()
         self._next_member_check = 0.0
         self._write_blocked_until = 0.0
+        self._health_memo: dict | None = None
         self._write_error: str | None = None
         self._write_error_said = 0.0
 
@@ -148,14 +149,24 @@ class Collector:
             except OSError as exc:  # a full disk must not keep the collector from sending what is spooled
                 log.warning("cannot record the spool's scope in %s: %s", path, exc.strerror)
 
-    def _health(self) -> dict:
-        damaged = {s.path: s.bad_records for s in self.tracker.states.values() if s.bad_records}
-        last = [s.last_data_at for s in self.tracker.states.values() if s.last_data_at]
-        health: dict = {"files": len(self.tracker.states)}
-        if damaged:
+    def _health(self, state: FileState | None = None) -> dict:
+        """The collector's summary sent with a batch. Summed over every file once per poll, not once per
+        batch (one batch per file with news: a poll of 5,000 trial files took 3.4 s, 2.7 s of it here), with
+        the batch's own file brought up to date."""
+        if self._health_memo is None:
+            damaged = {s.path: s.bad_records for s in self.tracker.states.values() if s.bad_records}
+            last = [s.last_data_at for s in self.tracker.states.values() if s.last_data_at]
+            self._health_memo = {"files": len(self.tracker.states)}
+            if damaged:
+                self._health_memo["refused_or_damaged"] = damaged
+            if last:
+                self._health_memo["last_data_at"] = max(last)
+        health = dict(self._health_memo)
+        if state is not None and state.bad_records:
+            damaged = {**health.get("refused_or_damaged", {}), state.path: state.bad_records}
             health["refused_or_damaged"] = damaged
-        if last:
-            health["last_data_at"] = max(last)
+        if state is not None and state.last_data_at:
+            health["last_data_at"] = max(health.get("last_data_at", 0.0), state.last_data_at)
         if self.spool.stats.corrupt_records:
             health["spool_corrupt_records"] = self.spool.stats.corrupt_records
         return health
@@ -176,7 +187,7 @@ class Collector:
             values,
             walls,
             scope=self.config.scope,
-            health=self._health(),
+            health=self._health(chunk.state),
             refused=[(source, name, reason, n) for (name, reason), n in sorted(chunk.refused.items())],
             damage=[(source, chunk.state.path, d.offset, d.length, d.reason) for d in chunk.damage],
         )
@@ -222,6 +233,7 @@ class Collector:
         if self.spool_blocked:
             return 0
         before = self.records_spooled
+        self._health_memo = None
         self.tracker.discover()
         for chunk in self.tracker.read(self.config.batch_points, final=final):
             if chunk.news:
@@ -312,6 +324,7 @@ class Collector:
     def _send_final(self, deadline: float) -> None:
         """All batches are acknowledged: one empty batch marked final ends the member's metrics."""
         rejected = len(list((self.config.spool_dir / "rejected").glob("*.batch")))
+        self._health_memo = None
         health = self._health()
         if rejected:
             health["rejected_batches"] = rejected
