@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -181,3 +182,19 @@ def test_a_spool_directory_removed_while_running_is_rebuilt_with_every_unacked_b
     assert _pending_seqs(again) == [4, 5, 6, 7]
     assert again.file_states == {"1:2": {"offset": 60}, "3:4": {"offset": 7}}
     again.close()
+
+
+def test_a_damaged_scope_file_does_not_stop_the_collector_from_starting(tmp_path: Path) -> None:
+    """scope.json was rewritten in place at every start; one cut short by a crash made every later start
+    die on a JSONDecodeError, so nothing spooled was ever sent."""
+    from workers.collector.collector import Collector, CollectorConfig
+
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    (spool / "scope.json").write_text('{"job_id": 1, "att')
+    scope = {"job_id": 1, "attempt": 1, "member": 0}
+    collector = Collector(
+        CollectorConfig(tmp_path / "out", spool, "http://127.0.0.1:9", "t", scope=scope, sample_interval=0)
+    )
+    collector.spool.close()
+    assert json.loads((spool / "scope.json").read_text()) == scope

@@ -88,6 +88,19 @@ def open_files_budget(ceiling: int = 65536) -> int:
     return max(8, min(soft - 64, soft * 3 // 4))
 
 
+def _saved_scope(path: Path) -> dict | None:
+    """The scope the spool was last used for; an unreadable file (cut short by a crash of the version that
+    wrote it in place: every start then died on it) counts as none and is written again."""
+    try:
+        saved = json.loads(path.read_text() or "null")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        log.warning("spool scope file %s is unreadable (%s); writing it again", path, exc)
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
 def _state_key(key: tuple[int, int]) -> str:
     return f"{key[0]}:{key[1]}"
 
@@ -132,17 +145,16 @@ class Collector:
     def _check_scope(self) -> None:
         path = self.config.spool_dir / "scope.json"
         scope = self.config.scope
-        if path.exists():
-            saved = json.loads(path.read_text() or "null")
-            if scope and saved and saved != scope and self.spool.pending_count():
-                raise CollectorError(
-                    f"spool {self.config.spool_dir} holds unsent data of {saved}, not {scope}; "
-                    "use another spool directory"
-                )
-            if scope is None:
-                self.config.scope = saved
-        if scope and (not path.exists() or json.loads(path.read_text() or "null") != scope):
-            try:
+        saved = _saved_scope(path)
+        if scope and saved and saved != scope and self.spool.pending_count():
+            raise CollectorError(
+                f"spool {self.config.spool_dir} holds unsent data of {saved}, not {scope}; "
+                "use another spool directory"
+            )
+        if scope is None:
+            self.config.scope = saved
+        elif saved != scope:
+            try:  # atomically: a half-written file must not stop every later start
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(scope))
                 os.replace(tmp, path)
