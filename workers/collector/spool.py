@@ -140,7 +140,7 @@ class Spool:
                 self._segments.append(_Segment(path, int(path.stem)))
         self._segments.sort(key=lambda s: s.number)
         for segment in self._segments:
-            self._read_fds[segment.path] = os.open(segment.path, os.O_RDONLY)
+            self._reader(segment.path)
         for index, segment in enumerate(self._segments):
             self._recover_segment(segment, last=index == len(self._segments) - 1)
         highest = max([self._acked, *(s.last_seq for s in self._segments)])
@@ -284,7 +284,7 @@ class Spool:
             os.close(self._fd)
         self._fd = fd
         self._segments.append(_Segment(path, number))
-        self._read_fds[path] = os.open(path, os.O_RDONLY)
+        self._reader(path, opening=True)
         self._size = len(frame)
         self._total_bytes += len(frame)
         self._last_sync = time.monotonic()
@@ -340,7 +340,11 @@ class Spool:
         try:
             parts, size, moved = [checkpoint], len(checkpoint), {}
             for seq, record in self._pending.items():
-                frame = os.pread(self._read_fds[record.segment], record.frame_length, record.frame_offset)
+                reader = self._reader(record.segment)
+                if reader is None:  # never opened (out of descriptors) and now gone with the directory
+                    log.error("spool: batch %d was lost with the spool directory", seq)
+                    continue
+                frame = os.pread(reader, record.frame_length, record.frame_offset)
                 within = record.offset - record.frame_offset
                 moved[seq] = PendingRecord(seq, path, size + within, record.length, size, len(frame))
                 parts.append(frame)
@@ -356,7 +360,8 @@ class Spool:
             os.close(old)
         if self._fd is not None:
             os.close(self._fd)
-        self._read_fds = {path: os.open(path, os.O_RDONLY)}
+        self._read_fds = {}
+        self._reader(path, opening=True)
         self._fd = fd
         self._segments = [_Segment(path, number, max(self._pending, default=0))]
         self._pending = moved
@@ -462,10 +467,21 @@ class Spool:
         # Under the lock: a rebuild closes the descriptors (a number reused meanwhile would read another
         # file's bytes).
         with self._lock:
-            fd = self._read_fds.get(record.segment)
+            fd = self._reader(record.segment)
             if fd is None:  # moved by a rebuild: the sender is offered the record again
                 raise FileNotFoundError(f"segment {record.segment} of batch {record.seq} was moved")
             return os.pread(fd, record.length, record.offset)
+
+    def _reader(self, segment: Path, opening: bool = False) -> int | None:
+        """The read descriptor of a segment, opened at its start (so that it outlives a removed directory)
+        or, when that failed (out of descriptors), at its first read."""
+        fd = self._read_fds.get(segment)
+        if fd is None and (opening or any(s.path == segment for s in self._segments)):
+            try:
+                fd = self._read_fds[segment] = os.open(segment, os.O_RDONLY)
+            except OSError as exc:
+                log.warning("spool: cannot open %s for reading yet: %s", segment, exc.strerror)
+        return fd
 
     def ack(self, seq: int) -> None:
         """The gateway stored (or had already stored) batch `seq`. The ledger records the highest seq below
