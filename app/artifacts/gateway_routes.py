@@ -27,6 +27,7 @@ from app.artifacts.receiver import (
     ArtifactReceiver,
     ChunkBody,
     fail_reason_from_json,
+    refused_from_json,
     registration_from_json,
 )
 from app.db import Database
@@ -166,6 +167,11 @@ async def _fail(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.St
     return web.json_response(_public(row))
 
 
+async def _refused(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    refused = refused_from_json(await _json(request))
+    return web.json_response(_public(await asyncio.to_thread(rx.refuse, cred, refused)))
+
+
 async def _input_manifest(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
     rows = await asyncio.to_thread(
         rx.db.call, "artifact_input_for_node", cred, int(request.match_info["artifact_id"])
@@ -220,5 +226,6 @@ def add_artifact_routes(
     )
     r.add_post("/api/artifacts/{artifact_id:\\d+}/finish", _handler(_finish))
     r.add_post("/api/artifacts/{artifact_id:\\d+}/fail", _handler(_fail))
+    r.add_post("/api/artifacts/refused", _handler(_refused))
     r.add_get("/api/input-artifacts/{artifact_id:\\d+}", _handler(_input_manifest))
     r.add_get("/api/input-artifacts/{artifact_id:\\d+}/files/{file_index:\\d+}", _handler(_input_file))

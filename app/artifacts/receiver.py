@@ -83,6 +83,31 @@ def registration_from_json(body: object) -> Registration:
     )
 
 
+@dataclass(frozen=True)
+class Refused:
+    member_id: int
+    name: str
+    kind: str
+    reason: str
+
+
+def refused_from_json(body: object) -> Refused:
+    """An agent's `POST /api/artifacts/refused` body ({"member_id", "name", "kind"?, "reason"}): an output
+    it cannot deliver, recorded failed with the reason; refused naming the field that is wrong."""
+    if not isinstance(body, dict):
+        raise Refusal("the request body must be a JSON object", 400, "body")
+    member_id = body.get("member_id")
+    if not isinstance(member_id, int) or isinstance(member_id, bool) or not 0 < member_id < 2**63:
+        raise Refusal("member_id must be a member's id", 400, "member_id")
+    for field in ("name", "reason"):
+        if not isinstance(body.get(field), str):
+            raise Refusal(f"{field} must be a string", 400, field)
+    kind = body.get("kind", "output")
+    if not isinstance(kind, str):
+        raise Refusal("kind must be a string", 400, "kind")
+    return Refused(body["member_id"], body["name"], kind, body["reason"])
+
+
 def fail_reason_from_json(body: object) -> str:
     """The reason in an agent's `POST /api/artifacts/<id>/fail` body ({"reason": "…"}, may be empty)."""
     if not isinstance(body, dict):
@@ -370,6 +395,15 @@ class ArtifactReceiver:
                 self._assemble(credential_hash, target)
             except Refusal as refusal:
                 log.info("artifact %s: %s", artifact_id, refusal.message)
+
+    def refuse(self, credential_hash: str, refused: Refused) -> dict:
+        """Record an output the agent cannot deliver as failed with its reason (refuse_artifact)."""
+        artifact = self.db.call(
+            "refuse_artifact", credential_hash, refused.member_id, refused.name, refused.kind, refused.reason
+        )[0]
+        STAGED_HASHES.forget_under(self._staging_root(artifact["id"]))
+        shutil.rmtree(self._staging_root(artifact["id"]), ignore_errors=True)
+        return artifact
 
     def fail(self, credential_hash: str, artifact_id: int, reason: str) -> dict:
         artifact = self.db.call("fail_artifact", credential_hash, artifact_id, reason)[0]

@@ -25,6 +25,7 @@ from app.artifacts.receiver import (
     ArtifactReceiver,
     ChunkBody,
     fail_reason_from_json,
+    refused_from_json,
     registration_from_json,
 )
 from app.errors import Refusal
@@ -125,6 +126,14 @@ def finish(artifact_id: int):
 def fail(artifact_id: int):
     reason = fail_reason_from_json(request.get_json(silent=True))
     return json_response(public(receiver().fail(node_credential_hash(), artifact_id, reason)))
+
+
+@bp.post("/api/artifacts/refused")
+@node_endpoint
+def refused():
+    cred = node_credential_hash()
+    refused = refused_from_json(request.get_json(silent=True))
+    return json_response(public(receiver().refuse(cred, refused)))
 
 
 @bp.get("/api/input-artifacts/<int:artifact_id>")

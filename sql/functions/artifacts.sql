@@ -674,6 +674,54 @@ BEGIN
 END;
 $$;
 
+-- refuse_artifact: an output the agent cannot deliver before it could register it (its directory holds a
+-- file no manifest can describe: a name with a control character or not valid UTF-8, a link out of it, a
+-- FIFO; or its delivery gave up before any registration): (none | uploading | failed) → failed with the
+-- reason, so the user sees it among the job's artifacts instead of finding nothing. A new row gets the
+-- empty manifest. Refuses a complete or pruned artifact (409), a bad name or kind and an empty reason (400).
+CREATE OR REPLACE FUNCTION tuneplane.refuse_artifact(p_credential_hash text, p_member_id bigint, p_name text,
+                                                     p_kind text, p_reason text)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    a tuneplane.artifacts;
+    v_empty constant jsonb := '{"files": [], "version": 1}';
+BEGIN
+    m := tuneplane.artifact_node_member(p_credential_hash, p_member_id);
+    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$' THEN
+        RAISE EXCEPTION 'artifact name must be 1-63 characters of letters, digits, . _ -' USING ERRCODE = 'TP400',
+            COLUMN = 'name';
+    END IF;
+    IF coalesce(p_kind, '') NOT IN ('output', 'checkpoint', 'logs') THEN
+        RAISE EXCEPTION 'artifact kind must be output, checkpoint or logs' USING ERRCODE = 'TP400', COLUMN = 'kind';
+    END IF;
+    IF coalesce(p_reason, '') = '' THEN
+        RAISE EXCEPTION 'a refused artifact needs a reason' USING ERRCODE = 'TP400', COLUMN = 'reason';
+    END IF;
+    INSERT INTO tuneplane.artifacts (job_id, attempt_id, member_id, rank, name, kind, state, reason, delivery,
+                                     manifest, manifest_digest, file_count, total_bytes, chunk_size,
+                                     registered_by)
+    SELECT m.job_id, m.attempt_id, m.id, m.rank, p_name, p_kind, 'failed', left(p_reason, 2000), 'object',
+           v_empty, tuneplane.artifact_manifest_digest(v_empty), 0, 0, s.chunk_size, 'node:' || m.node_id
+      FROM tuneplane.artifact_settings s
+    ON CONFLICT (member_id, name) DO NOTHING
+    RETURNING * INTO a;
+    IF a.id IS NOT NULL THEN
+        RETURN a;
+    END IF;
+    SELECT * INTO a FROM tuneplane.artifacts WHERE member_id = m.id AND name = p_name FOR UPDATE;
+    IF a.state IN ('complete', 'pruned') THEN
+        RAISE EXCEPTION 'artifact % of member % is %; it cannot be refused', p_name, m.rank, a.state
+            USING ERRCODE = 'TP409', COLUMN = 'state';
+    END IF;
+    DELETE FROM tuneplane.artifact_chunks WHERE artifact_id = a.id;
+    UPDATE tuneplane.artifacts SET state = 'failed', reason = left(p_reason, 2000) WHERE id = a.id
+    RETURNING * INTO a;
+    RETURN a;
+END;
+$$;
+
 -- ---------------------------------------------------------------------------------------------------
 -- Users: a user sees the artifacts of their own jobs; an admin sees all. Invisible is reported as
 -- unknown (404), so job ids cannot be probed.

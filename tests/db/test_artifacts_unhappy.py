@@ -13,7 +13,9 @@ import pytest
 
 from app.db import Database
 from tests.artifact_fixtures import api_token, make_member, served_artifacts, write_tree
+from tests.conftest import free_port
 from tests.db.test_artifacts_cli import cli
+from tests.db.test_artifacts_gateway import serve_gateway_routes
 from tests.db.test_artifacts_http import user_client
 from workers.agent.checkpoints import publish_pending
 from workers.agent.delivery import Delivery, plan_deliveries
@@ -114,32 +116,58 @@ def ended_member(root: Path, member_id: int, bad: bytes) -> Path:
     return directory
 
 
-@BAD_NAMES
-def test_an_output_holding_an_undescribable_file_name_fails_naming_it_and_the_logs_still_arrive(
-    db: Database, env, bad: bytes
-) -> None:
-    # Before: the manifest error escaped the delivery task: the output stayed pending for ever (tried again
-    # at every reconnect) and the member's logs, delivered after it, never were.
-    setup = make_member(db)
-    directory = ended_member(env["tmp"], setup.member["id"], bad)
+def run_delivery(db_url: str, env: dict, setup, directory: Path, deadline: float) -> MemberRecord:
+    """The agent's delivery task for an ended member, through the node gateway's routes (what agents use),
+    until it ends; the member's record."""
     store = MemberStore(env["tmp"] / "state")
     record = MemberRecord(setup.member["id"], 1, setup.job_id, 1, 0, state="ended")
-    plan_deliveries(record, directory, 600)
+    plan_deliveries(record, directory, deadline)
     store.save(record)
-    access = NodeAccess(env["url"], None, lambda: setup.credential)  # type: ignore[arg-type]
-    lines: list[str] = []
 
-    async def deliver() -> None:
-        delivery = Delivery(store, record.member_id, directory, lambda: access, lines.append)
+    async def deliver(url: str) -> None:
+        access = NodeAccess(url, None, lambda: setup.credential)  # type: ignore[arg-type]
+        delivery = Delivery(store, record.member_id, directory, lambda: access, lambda _line: None)
         await asyncio.wait_for(delivery.task, 60)
 
-    asyncio.run(deliver())
+    with serve_gateway_routes(db_url, env["blob_dir"], free_port()) as url:
+        asyncio.run(deliver(url))
+    return record
+
+
+def job_artifacts_seen(db: Database, setup) -> dict[str, dict]:
+    return {a["name"]: a for a in db.call("job_artifacts", setup.user_id, setup.job_id)}
+
+
+@BAD_NAMES
+def test_an_output_holding_an_undescribable_file_name_fails_naming_it_and_the_logs_still_arrive(
+    db: Database, db_url: str, env, bad: bytes
+) -> None:
+    # Before: the manifest error escaped the delivery task: the output stayed pending for ever (tried again
+    # at every reconnect), the user saw nothing, and the member's logs, delivered after it, never were.
+    setup = make_member(db)
+    directory = ended_member(env["tmp"], setup.member["id"], bad)
+    record = run_delivery(db_url, env, setup, directory, 600)
     model, logs = record.deliveries["model"], record.deliveries["logs"]
     assert model["state"] == "failed" and model["tries"] == 1, model
-    assert repr(bad)[2:-1] in model["error"] or repr(bad.decode("latin-1"))[1:-1] in model["error"]
-    assert "model cannot be delivered" in model["error"]
+    named = repr(bad)[2:-1] in model["error"] or repr(bad.decode("latin-1"))[1:-1] in model["error"]
+    assert named and "model cannot be delivered" in model["error"]
     assert logs["state"] == "complete", logs
-    assert db.fetch_one("SELECT count(*) AS n FROM artifacts WHERE name = 'model'")["n"] == 0
+    # The user sees the output failed with the reason among the job's artifacts.
+    seen = job_artifacts_seen(db, setup)
+    assert seen["model"]["state"] == "failed" and seen["model"]["reason"] == model["error"]
+    assert seen["model"]["file_count"] == 0 and seen["logs"]["state"] == "complete"
+
+
+def test_an_output_never_registered_by_its_deadline_is_recorded_failed_on_the_server(
+    db: Database, db_url: str, env
+) -> None:
+    # Before: only the agent's own record and log said so; the user found no artifact at all.
+    setup = make_member(db)
+    directory = ended_member(env["tmp"], setup.member["id"], b"fine.txt")
+    record = run_delivery(db_url, env, setup, directory, 0)
+    assert record.deliveries["model"]["state"] == "failed"
+    seen = job_artifacts_seen(db, setup)
+    assert seen["model"]["state"] == "failed" and "gave up at its deadline" in seen["model"]["reason"]
 
 
 @BAD_NAMES
@@ -272,3 +300,27 @@ def test_a_checkpoint_whose_upload_meets_a_server_failure_is_published_at_a_late
     assert publish_pending(access, directory, lines.append) == 1
     result = json.loads((results / "1.json").read_text())
     assert result["state"] == "complete" and result["artifact"] == "ckpt.1", result
+
+
+def test_a_refusal_names_the_bad_field_and_never_touches_a_complete_artifact(db: Database, env) -> None:
+    setup = make_member(db)
+    src = env["tmp"] / "src"
+    write_tree(src, {"a.bin": b"a"})
+    mid = setup.member["id"]
+    with node_http(env["url"], setup.credential) as http:
+        done = deliver_artifact(http, mid, "model", src)
+        for body, field in (
+            ({"member_id": "1", "name": "x", "reason": "r"}, "member_id"),
+            ({"member_id": 2**64, "name": "x", "reason": "r"}, "member_id"),
+            ({"member_id": mid, "name": "x", "reason": ""}, "reason"),
+            ({"member_id": mid, "name": "bad name", "reason": "r"}, "name"),
+            ({"member_id": mid, "name": "x", "kind": "weights", "reason": "r"}, "kind"),
+        ):
+            response = http.post("/api/artifacts/refused", json=body)
+            assert response.status_code == 400 and field in response.json()["fields"], response.text
+        response = http.post(
+            "/api/artifacts/refused", json={"member_id": mid, "name": "model", "reason": "r"}
+        )
+        assert response.status_code == 409 and "state" in response.json()["fields"], response.text
+    assert db.fetch_one("SELECT state FROM artifacts WHERE id = %s", (done["id"],))["state"] == "complete"
+    assert db.fetch_one("SELECT count(*) AS n FROM artifacts")["n"] == 1

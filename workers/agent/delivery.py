@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from workers.agent.members import MemberRecord, MemberStore
-from workers.agent.outputs import Outcome, deliver_output, fail_artifact, planned_outputs
+from workers.agent.outputs import Outcome, deliver_output, fail_artifact, planned_outputs, refuse_output
 from workers.agent.prepare import NodeAccess
 from workers.artifacts.member_logs import logs_output
 
@@ -131,11 +131,15 @@ class Delivery:
 
     async def _give_up(self, name: str, item: dict) -> Outcome:
         reason = f"delivery gave up at its deadline; last error: {item['error'] or 'none recorded'}"
-        if item["artifact_id"] is None:
-            self.say(f"member {self.member_id}: output {name} was never registered: {reason}")
-            return Outcome("failed", reason)
         item["state"] = "failing"
-        outcome = await asyncio.to_thread(fail_artifact, self.access(), int(item["artifact_id"]), reason)
+        if item["artifact_id"] is None:
+            # Never registered: recorded on the server as a failed artifact, so its user sees why.
+            self.say(f"member {self.member_id}: output {name} was never registered: {reason}")
+            outcome = await asyncio.to_thread(
+                refuse_output, self.access(), self.member_id, item["output"], reason
+            )
+        else:
+            outcome = await asyncio.to_thread(fail_artifact, self.access(), int(item["artifact_id"]), reason)
         if outcome.state == "retry":
             # Keep the reason of the give-up; only the marking itself is retried.
             return Outcome("retry", item["error"], outcome.artifact_id)

@@ -88,7 +88,8 @@ def deliver_output(access: NodeAccess, directory: Path, output: dict) -> Outcome
             except ManifestError as exc:
                 # The directory cannot be described (a file name with a control character or not UTF-8, a
                 # link out of it, a FIFO): no try will change that, whatever the delivery.
-                return Outcome("failed", f"{output['path'] or name} cannot be delivered: {exc}")
+                reason = f"{output['path'] or name} cannot be delivered: {exc}"
+                return refuse_output(access, int(member["member_id"]), output, reason)
             except (UploadError, OSError, httpx.HTTPError) as exc:
                 if _retryable(exc):
                     return Outcome("retry", f"{delivery} delivery: {exc}")
@@ -102,6 +103,25 @@ def deliver_output(access: NodeAccess, directory: Path, output: dict) -> Outcome
                 return Outcome("failed", reason or "the server failed the artifact", artifact_id)
             return Outcome("retry", reason or f"the upload is not finished ({state})", artifact_id)
     return Outcome("failed", "; ".join(refusals) or "no delivery was possible")
+
+
+def refuse_output(access: NodeAccess, member_id: int, output: dict, reason: str) -> Outcome:
+    """Record an output that was never registered as a failed artifact with the reason (what its user
+    sees); `retry` while the server cannot be told."""
+    from workers.artifacts.deliver import node_http, refuse_artifact
+
+    try:
+        with node_http(access.server, access.credential(), ca_bundle=access.ca_bundle) as http:
+            artifact = refuse_artifact(
+                http, member_id, output["name"], output.get("kind") or "output", reason
+            )
+    except (UploadError, httpx.HTTPError, OSError) as exc:
+        if _retryable(exc):
+            return Outcome("retry", reason)
+        return Outcome("failed", reason)  # refused (e.g. it completed after all): the record keeps the reason
+    except Exception as exc:  # no credential now (being rotated): tell the server later
+        return Outcome("retry", f"{reason} (not recorded on the server yet: {exc})")
+    return Outcome("failed", reason, artifact.get("id"))
 
 
 def fail_artifact(access: NodeAccess, artifact_id: int, reason: str) -> Outcome:

@@ -128,6 +128,13 @@ def fail_artifact(http: httpx.Client, artifact_id: int, reason: str) -> dict[str
     return _checked(http.post(f"/api/artifacts/{artifact_id}/fail", json={"reason": reason}))
 
 
+def refuse_artifact(http: httpx.Client, member_id: int, name: str, kind: str, reason: str) -> dict[str, Any]:
+    """Record an artifact that cannot be delivered (no manifest could be built, or it was never registered)
+    as failed with the reason, so its user sees why (`refuse_artifact`)."""
+    body = {"member_id": member_id, "name": name, "kind": kind, "reason": reason[:2000]}
+    return _checked(http.post("/api/artifacts/refused", json=body))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m workers.artifacts.deliver")
     parser.add_argument("--server", required=True)
