@@ -143,9 +143,10 @@ def test_more_metric_files_than_descriptors_are_all_read_and_followed_as_they_gr
 def test_files_that_cannot_be_read_or_named_do_not_stop_the_others(
     db: Database, conn: psycopg.Connection, gateway: GatewayThread, collectors: Collectors, tmp_path: Path
 ) -> None:
-    """A symlink loop named like a metrics file (stat: ELOOP) killed the collector at every start, so no
-    file was read; a file name that is not UTF-8 had every point refused for its source name. Now the loop
-    is skipped and said once, and the name is stored with the odd byte written as `\\xff`."""
+    """A symlink loop named like a metrics file (stat: ELOOP) or a file that cannot be opened (EACCES)
+    killed the collector at every start, so no file was read; a file name that is not UTF-8 had every
+    point refused for its source name. Now such files are skipped and said once, and the name is stored
+    with the odd byte written as `\\xe9`."""
     job = make_job(db, make_user(db, "alice"))
     out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
     out.mkdir()
@@ -153,6 +154,9 @@ def test_files_that_cannot_be_read_or_named_do_not_stop_the_others(
     os.symlink("loop.jsonl", out / "loop.jsonl")
     os.symlink("nowhere", out / "dangling.jsonl")
     (out / "dir.jsonl").mkdir()
+    refused = _unopenable()
+    if refused is not None:  # a regular file even root may not open: EACCES on open, not on stat
+        os.symlink(refused, out / "write-only.jsonl")
     _append(out / "dir.jsonl" / "inner.jsonl", 1, 2.0)
     _append(Path(os.fsdecode(os.fsencode(out) + b"/lat\xe9n1.jsonl")), 1, 3.0)
     _append(out / "z.jsonl", 1, 4.0)
@@ -171,6 +175,20 @@ def test_files_that_cannot_be_read_or_named_do_not_stop_the_others(
         ]
     )
     assert log.read_text().count("Too many levels of symbolic links") == 1
+    said = log.read_text().count("write-only.jsonl skipped for now: Permission denied")
+    assert said == (0 if refused is None else 1)
+
+
+def _unopenable() -> str | None:
+    """A write-only sysfs attribute: a regular file that open() refuses (EACCES) even to root."""
+    for candidate in ("/sys/bus/platform/uevent", "/sys/bus/pci/uevent"):
+        try:
+            os.close(os.open(candidate, os.O_RDONLY | os.O_NONBLOCK))
+        except PermissionError:
+            return candidate
+        except OSError:
+            continue
+    return None
 
 
 @pytest.fixture
