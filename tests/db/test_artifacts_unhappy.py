@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tests.conftest import free_port
 from tests.db.test_artifacts_cli import cli
 from tests.db.test_artifacts_gateway import serve_gateway_routes
 from tests.db.test_artifacts_http import user_client
-from workers.agent.checkpoints import publish_pending
+from workers.agent.checkpoints import CheckpointWatchers, publish_pending
 from workers.agent.delivery import Delivery, plan_deliveries
 from workers.agent.members import MemberRecord, MemberStore
 from workers.agent.prepare import NodeAccess
@@ -324,3 +325,45 @@ def test_a_refusal_names_the_bad_field_and_never_touches_a_complete_artifact(db:
         assert response.status_code == 409 and "state" in response.json()["fields"], response.text
     assert db.fetch_one("SELECT state FROM artifacts WHERE id = %s", (done["id"],))["state"] == "complete"
     assert db.fetch_one("SELECT count(*) AS n FROM artifacts")["n"] == 1
+
+
+@pytest.mark.parametrize("final_retry", [60.0, 0.0], ids=["server-back-in-time", "server-still-failing"])
+def test_after_the_member_ended_a_checkpoint_the_server_could_not_take_is_retried_then_failed(
+    db: Database, env, final_retry: float
+) -> None:
+    # The member ends with a checkpoint request pending and the server cannot stage chunks. Before: the
+    # watcher's one last scan met the failure and stopped; the checkpoint was never published nor failed.
+    setup = make_member(db)
+    mid = setup.member["id"]
+    work = env["tmp"] / "work"
+    (work / "members").mkdir(parents=True)
+    directory = ended_member(env["tmp"], mid, b"fine.txt").rename(work / "members" / str(mid))
+    requests = directory / "output" / ".tuneplane" / "checkpoints" / "requests"
+    requests.mkdir(parents=True)
+    (requests / "1.json").write_text(json.dumps({"path": "model", "name": "ckpt"}))
+    blocker = env["blob_dir"] / "staging"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_bytes(b"")
+    access = NodeAccess(env["url"], None, lambda: setup.credential)  # type: ignore[arg-type]
+
+    def say(line: str) -> None:
+        if "not yet published" in line:
+            blocker.unlink(missing_ok=True)  # the server recovers after the first failure
+
+    async def member_ends() -> None:
+        paths = types.SimpleNamespace(work_dir=work)
+        watchers = CheckpointWatchers(paths, lambda: access, say, final_retry=final_retry)
+        watchers.start(mid)
+        watchers.member_ended(mid)
+        await asyncio.wait_for(watchers.tasks[mid][0], 90)
+
+    asyncio.run(member_ends())
+    result = json.loads(
+        (directory / "output" / ".tuneplane" / "checkpoints" / "results" / "1.json").read_text()
+    )
+    row = db.fetch_one("SELECT state, reason FROM artifacts WHERE name = 'ckpt.1'")
+    if final_retry:
+        assert result["state"] == "complete" and row["state"] == "complete", (result, row)
+    else:
+        assert result["state"] == "failed" and "HTTP 500" in result["reason"], result
+        assert row["state"] == "failed" and "upload failed" in row["reason"], row

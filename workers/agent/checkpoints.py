@@ -16,8 +16,9 @@ repeats nor forgets one. `tuneplane artifacts checkpoint JOB` reaches the worklo
 `.tuneplane/checkpoint-requested` ({"requests": n}), which the SDK reads (`sdk.checkpoint_requested()`).
 
 A path that leaves the member's output directory is refused (the agent would otherwise upload whatever
-the workload names). LaunchAgent starts a member's watcher with the member and lets it make one last scan
-after the member ended.
+the workload names). LaunchAgent starts a member's watcher with the member; after the member ended the
+watcher scans once more (a marker written just before the exit) and, while the server cannot take a
+checkpoint yet, keeps trying for FINAL_RETRY seconds before failing it with the reason.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +43,10 @@ log = logging.getLogger("tuneplane.agent.checkpoints")
 CONTROL_DIR = ".tuneplane"
 MARKER = ".tuneplane-complete"
 SCAN_INTERVAL = 0.5
+# After the member ended, a checkpoint the server could not take yet is tried again (pauses doubling from
+# SCAN_INTERVAL up to FINAL_PAUSE_MAX) for FINAL_RETRY seconds; the last try fails it with the reason.
+FINAL_RETRY = 600.0
+FINAL_PAUSE_MAX = 30.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,40}$")
 
 
@@ -108,8 +114,12 @@ def pending_checkpoints(directory: Path, published: dict) -> list[tuple[str, str
     return found
 
 
-def publish_pending(access: NodeAccess, directory: Path, say: Callable[[str], None]) -> int:
-    """Publish every pending checkpoint of the member in `directory` (blocking); returns how many."""
+def publish_pending(
+    access: NodeAccess, directory: Path, say: Callable[[str], None], *, final: bool = False
+) -> int:
+    """Publish every pending checkpoint of the member in `directory` (blocking); returns how many. A server
+    failure leaves the rest for the next scan, except on the `final` one (the member ended and the watcher
+    stops retrying): then the checkpoint is failed with the reason instead of being left unpublished."""
     from workers.artifacts.checkpoint import publish_checkpoint
     from workers.artifacts.deliver import node_http
     from workers.artifacts.upload import UploadError
@@ -129,13 +139,16 @@ def publish_pending(access: NodeAccess, directory: Path, say: Callable[[str], No
                 number = int(state["counts"].get(name, 0)) + 1
                 artifact_name = f"{name}.{number}"
                 try:
-                    artifact = publish_checkpoint(http, int(member["member_id"]), artifact_name, root)
+                    artifact = publish_checkpoint(
+                        http, int(member["member_id"]), artifact_name, root, retry_later=not final
+                    )
                 except (UploadError, OSError) as exc:
                     status = getattr(exc, "status", None)
-                    if status is None or status >= 500 or status in RETRYABLE_4XX:
+                    if not final and (status is None or status >= 500 or status in RETRYABLE_4XX):
                         say(f"member {member['member_id']}: {artifact_name} not yet published: {exc}")
                         break  # the server is unreachable or busy: the next scan tries again
-                    # Refused for good (e.g. a fleet without object delivery): say so, do not retry.
+                    # Refused for good (e.g. a fleet without object delivery), or the last try after the
+                    # member ended: say so, do not retry.
                     artifact = {"id": None, "state": "failed", "reason": str(exc)}
                 state["counts"][name] = number
                 result = {
@@ -157,13 +170,25 @@ def publish_pending(access: NodeAccess, directory: Path, say: Callable[[str], No
     return done
 
 
+def _left_to_publish(directory: Path) -> bool:
+    state = _read_json(directory / "checkpoints.json") or {"published": {}}
+    try:
+        return bool(pending_checkpoints(directory, state["published"]))
+    except OSError:  # a marker removed while it was listed: look again
+        return True
+
+
 class CheckpointWatchers:
     """One watcher task per running member: scans for checkpoint requests and markers and publishes them."""
 
-    def __init__(self, paths, access: Callable[[], NodeAccess], say: Callable[[str], None]) -> None:
+    def __init__(
+        self, paths, access: Callable[[], NodeAccess], say: Callable[[str], None], *,
+        final_retry: float = FINAL_RETRY,
+    ) -> None:  # fmt: skip
         self.paths = paths
         self.access = access
         self.say = say
+        self.final_retry = final_retry
         self.tasks: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}
 
     def start(self, member_id: int) -> None:
@@ -183,17 +208,27 @@ class CheckpointWatchers:
 
     async def _watch(self, member_id: int, ended: asyncio.Event) -> None:
         directory = member_dir(self.paths, member_id)
+        give_up_at: float | None = None
+        pause = SCAN_INTERVAL
         while True:
-            last = ended.is_set()
+            if ended.is_set() and give_up_at is None:
+                give_up_at = time.monotonic() + self.final_retry
+            final = give_up_at is not None and time.monotonic() >= give_up_at
             try:
-                await asyncio.to_thread(publish_pending, self.access(), directory, self.say)
+                await asyncio.to_thread(publish_pending, self.access(), directory, self.say, final=final)
             except Exception as exc:  # a bad scan must not end the watcher; the next one tries again
                 log.warning("member %s: checkpoint scan failed: %s", member_id, exc)
-            if last:
+            if give_up_at is None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), SCAN_INTERVAL)
+                continue
+            # The member ended: stop once nothing is left (a checkpoint the server could not take yet is
+            # tried again until final_retry has passed; before, it was left unpublished for ever).
+            if final or not await asyncio.to_thread(_left_to_publish, directory):
                 self.tasks.pop(member_id, None)
                 return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ended.wait(), SCAN_INTERVAL)
+            await asyncio.sleep(min(pause, max(give_up_at - time.monotonic(), 0.0)))
+            pause = min(pause * 2, FINAL_PAUSE_MAX)
 
 
 @command("checkpoint")

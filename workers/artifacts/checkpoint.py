@@ -47,11 +47,13 @@ def changed_reason(found: list[str]) -> str:
     return f"the checkpoint directory changed while it was being read ({shown}); refused"
 
 
-def publish_checkpoint(http: httpx.Client, member_id: int, name: str, root: Path | str) -> dict[str, Any]:
+def publish_checkpoint(
+    http: httpx.Client, member_id: int, name: str, root: Path | str, *, retry_later: bool = True
+) -> dict[str, Any]:
     """Register and upload `root` as checkpoint artifact `name`; returns the artifact as the server last
     reported it (`state` complete or failed, `reason`). Raises UploadError when the server cannot be
-    reached or failed (5xx) while the directory stayed unchanged: the caller tries again later, and the
-    same manifest resumes the same upload."""
+    reached or failed (5xx) while the directory stayed unchanged and `retry_later`: the caller tries again
+    later, and the same manifest resumes the same upload (without `retry_later` the artifact is failed)."""
     root = Path(root)
     try:
         before = snapshot(root)
@@ -81,7 +83,7 @@ def publish_checkpoint(http: httpx.Client, member_id: int, name: str, root: Path
         found = [f"unreadable: {exc}"]
     if found:
         return fail_artifact(http, artifact["id"], changed_reason(found))
-    if transient is not None:
+    if transient is not None and retry_later:
         # The server failed or went away (5xx, no answer) and the directory is as it was: the caller tries
         # again at its next scan, resuming the same registration. Failing the checkpoint here lost it for
         # good to an outage that ended a moment later.
