@@ -177,6 +177,16 @@ def test_files_that_cannot_be_read_or_named_do_not_stop_the_others(
     assert log.read_text().count("Too many levels of symbolic links") == 1
     said = log.read_text().count("write-only.jsonl skipped for now: Permission denied")
     assert said == (0 if refused is None else 1)
+    # What a file still unreadable at the member's end held is shown as damage, not only logged.
+    damage = conn.execute(
+        "SELECT source, file, file_offset, bytes, reason FROM tuneplane.telemetry_damage WHERE job_id = %s",
+        (job,),
+    ).fetchall()
+    expected = [] if refused is None else [
+        ("jsonl:write-only.jsonl", "write-only.jsonl", 0, os.stat(refused).st_size,
+         "file could not be read: Permission denied"),
+    ]  # fmt: skip
+    assert damage == expected
 
 
 def _unopenable() -> str | None:

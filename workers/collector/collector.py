@@ -340,6 +340,12 @@ class Collector:
         health = self._health()
         if rejected:
             health["rejected_batches"] = rejected
+        # A file that still could not be read at the member's end (no permission, an I/O error) lost what
+        # it holds: shown as a damaged region with the reason, not only in the collector's log.
+        unreadable = [
+            (source, path, offset, length, f"file could not be read: {reason}")
+            for path, (source, offset, length, reason) in sorted(self.tracker.unreadable.items())
+        ]
         payload = wire.encode(
             self.collector_id,
             self.spool.last_seq + 1,
@@ -349,6 +355,7 @@ class Collector:
             [],
             scope=self.config.scope,
             health=health,
+            damage=unreadable,
             final=True,
         )
         try:

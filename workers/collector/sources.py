@@ -161,24 +161,41 @@ class OutputTracker:
         self.waiting: set[tuple[int, int]] = set()
         self._evicted: set[tuple[int, int]] = set()  # closed by us while read to their end
         self._errors: dict[str, str] = {}  # path → the last error said about it (said once)
+        # Files that hold bytes this collector could not read (path → source, offset, bytes, reason): at the
+        # member's end they are reported as damage, so the loss is shown, not only logged.
+        self.unreadable: dict[str, tuple[str, int, int, str]] = {}
 
     def close(self) -> None:
         for fd in self.handles.values():
             os.close(fd)
         self.handles.clear()
 
-    def _trouble(self, path: object, exc: OSError) -> None:
-        """Say once per file and kind of error that a file is skipped for now."""
+    def _relative(self, path: str | Path) -> str:
+        try:
+            return storable(Path(path).relative_to(self.root))
+        except ValueError:
+            return storable(Path(path))
+
+    def _trouble(
+        self, path: str, exc: OSError, source: str | None = None, offset: int = 0, size: int = 0
+    ) -> None:
+        """Say once per file and kind of error that a file is skipped for now; remember what it holds."""
         message = f"{exc.strerror or exc}"
-        if self._errors.get(str(path)) != message:
-            self._errors[str(path)] = message
+        if self._errors.get(path) != message:
+            self._errors[path] = message
             log.warning("metrics file %s skipped for now: %s", path, message)
+        if source is not None and size > offset:
+            self.unreadable[path] = (source, offset, size - offset, message)
+
+    def _readable(self, path: str) -> None:
+        self._errors.pop(path, None)
+        self.unreadable.pop(path, None)
 
     def _candidates(self, failed: list[OSError]) -> Iterator[tuple[Path, str]]:
         # A directory that cannot be listed (out of descriptors, no permission) is said, not silently empty.
         def listing_failed(exc: OSError) -> None:
             failed.append(exc)
-            self._trouble(exc.filename, exc)
+            self._trouble(self._relative(exc.filename or self.root), exc)
 
         for dirpath, dirnames, filenames in os.walk(self.root, onerror=listing_failed):
             dirnames.sort()
@@ -201,7 +218,7 @@ class OutputTracker:
             except FileNotFoundError:
                 continue
             except OSError as exc:  # a symlink loop, no permission, a name too long, an I/O error
-                self._trouble(path, exc)
+                self._trouble(self._relative(path), exc)
                 failed.append(exc)
                 continue
             if not stat.S_ISREG(st.st_mode):
@@ -218,14 +235,16 @@ class OutputTracker:
             if len(self.handles) >= self.max_open and not self._close_idle():
                 self.waiting.add(key)
                 continue
-            self._open(path, kind, key, failed)
+            self._open(path, kind, key, failed, st.st_size)
         if not failed:
             # Files closed while read to their end that are gone from the directory are forgotten.
             for key in self._evicted - seen:
                 self._evicted.discard(key)
                 self.states.pop(key, None)
 
-    def _open(self, path: Path, kind: str, key: tuple[int, int], failed: list[OSError]) -> None:
+    def _open(self, path: Path, kind: str, key: tuple[int, int], failed: list[OSError], size: int) -> None:
+        relative = path.relative_to(self.root)
+        where, source = storable(relative), source_for(kind, relative)
         try:
             # O_NONBLOCK: a regular file swapped for a FIFO since the stat must not block the open.
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -237,7 +256,9 @@ class OutputTracker:
                 # leaving room for listing directories, the spool and the sender's connections.
                 self.max_open = max(1, len(self.handles) - 16)
                 self.waiting.add(key)
-            self._trouble(path, exc)
+                self._trouble(where, exc)
+            else:
+                self._trouble(where, exc, source, self._offset(key), size)
             failed.append(exc)
             return
         try:
@@ -251,19 +272,21 @@ class OutputTracker:
                     known = None  # the inode was recycled for a new file
                 else:
                     known.identity = same
-                    known.path = storable(path.relative_to(self.root))
+                    known.path = where
             if known is None:
-                relative = path.relative_to(self.root)
-                source = source_for(kind, relative)
-                self.states[key] = FileState(identify(fd), kind, source, storable(relative))
+                self.states[key] = FileState(identify(fd), kind, source, where)
         except OSError as exc:
             os.close(fd)
-            self._trouble(path, exc)
+            self._trouble(where, exc, source, self._offset(key), size)
             failed.append(exc)
             return
         self.handles[key] = fd
         self._evicted.discard(key)
-        self._errors.pop(str(path), None)
+        self._readable(where)
+
+    def _offset(self, key: tuple[int, int]) -> int:
+        state = self.states.get(key)
+        return state.offset if state is not None else 0
 
     def _close_idle(self) -> bool:
         """Close the least recently read file that is read to its end; False when every open file still
@@ -312,8 +335,14 @@ class OutputTracker:
             try:
                 got = self._next_bytes(key, fd, state)
             except OSError as exc:  # an I/O error on one file: the others are read, this one again later
-                self._trouble(state.path, exc)
+                try:
+                    size = os.fstat(fd).st_size
+                except OSError:
+                    size = 0
+                self._trouble(state.path, exc, state.source, state.offset, size)
                 continue
+            if state.path in self._errors:
+                self._readable(state.path)
             if got is None:
                 continue
             data, size = got
