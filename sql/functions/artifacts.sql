@@ -722,6 +722,29 @@ BEGIN
 END;
 $$;
 
+-- artifacts_of_lost_member: a member that becomes lost (its node fenced or retired) can no longer deliver
+-- (artifact_node_member refuses it), so its uploading artifacts move uploading → failed with the reason and
+-- their chunk records are dropped; before, they stayed uploading for ever, their bytes kept from garbage
+-- collection and an upload progress bar on the job page that never moved again.
+CREATE OR REPLACE FUNCTION tuneplane.artifacts_of_lost_member() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM tuneplane.artifact_chunks c USING tuneplane.artifacts a
+     WHERE c.artifact_id = a.id AND a.member_id = NEW.id AND a.state = 'uploading';
+    UPDATE tuneplane.artifacts
+       SET state = 'failed',
+           reason = left(format('its member (rank %s) was lost while it was uploading (%s); it can no longer be '
+                                'delivered', NEW.rank, coalesce(nullif(NEW.reason, ''), 'node fenced')), 2000)
+     WHERE member_id = NEW.id AND state = 'uploading';
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER artifacts_of_lost_member
+    AFTER UPDATE OF state ON tuneplane.members
+    FOR EACH ROW WHEN (NEW.state = 'lost' AND OLD.state IS DISTINCT FROM 'lost')
+    EXECUTE FUNCTION tuneplane.artifacts_of_lost_member();
+
 -- ---------------------------------------------------------------------------------------------------
 -- Users: a user sees the artifacts of their own jobs; an admin sees all. Invisible is reported as
 -- unknown (404), so job ids cannot be probed.

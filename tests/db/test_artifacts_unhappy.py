@@ -10,6 +10,7 @@ import os
 import types
 from pathlib import Path
 
+import google_crc32c
 import pytest
 
 from app.db import Database
@@ -367,3 +368,31 @@ def test_after_the_member_ended_a_checkpoint_the_server_could_not_take_is_retrie
     else:
         assert result["state"] == "failed" and "HTTP 500" in result["reason"], result
         assert row["state"] == "failed" and "upload failed" in row["reason"], row
+
+
+def test_a_lost_members_uploading_artifacts_fail_and_free_their_bytes(db: Database, env) -> None:
+    # The node is fenced while a checkpoint uploads: its member is lost and may no longer deliver. Before:
+    # the artifact stayed uploading for ever and its blobs stayed referenced (never collected).
+    setup = make_member(db)
+    src = env["tmp"] / "src"
+    manifest = write_tree(src, {"done.bin": b"d" * 100, "half.bin": os.urandom(3 * CHUNK)})
+    with node_http(env["url"], setup.credential) as http:
+        art = register(http, setup.member["id"], "ckpt.1", manifest, kind="checkpoint")
+        http.put(
+            f"/api/artifacts/{art['id']}/files/1/chunks/0",
+            content=(src / "half.bin").read_bytes()[:CHUNK],
+            headers={"X-Chunk-Crc32c": f"{google_crc32c.value((src / 'half.bin').read_bytes()[:CHUNK]):08x}"},
+        ).raise_for_status()
+        assert upload_status(http, art["id"])["state"] == "uploading"
+        node = db.fetch_one("SELECT name FROM nodes WHERE id = %s", (setup.node_id,))["name"]
+        db.call("fence_node", node, "disk died")
+        refused = http.post(f"/api/artifacts/{art['id']}/finish")
+    assert refused.status_code == 409
+    row = db.fetch_one("SELECT state, reason FROM artifacts WHERE id = %s", (art["id"],))
+    assert row["state"] == "failed" and "was lost while it was uploading" in row["reason"], row
+    assert db.fetch_one("SELECT count(*) AS n FROM artifact_chunks")["n"] == 0
+    assert db.fetch_all("SELECT * FROM blob_references() WHERE why LIKE 'artifact%'") == []
+
+
+def upload_status(http, artifact_id: int) -> dict:
+    return http.get(f"/api/artifacts/{artifact_id}/upload").json()
