@@ -299,3 +299,32 @@ def test_a_spool_directory_removed_while_running_loses_and_duplicates_nothing(
     assert stored_points(conn, job) == Counter(
         ("jsonl:metrics.jsonl", "loss", step, step / 3) for step in range(2500)
     )
+
+
+def test_a_stop_while_a_writer_is_mid_line_ends_at_once_and_the_line_is_read_at_the_next_start(
+    db: Database, conn: psycopg.Connection, gateway: GatewayThread, collectors: Collectors, tmp_path: Path
+) -> None:
+    """SIGTERM without the member-exited marker (an operator, or a service manager stopping the agent's
+    whole cgroup) while a writer is mid-line: before, the drain re-read that file in a busy loop until
+    the drain deadline (a core spun for 30 s and the stop took that long). Now the drain ends once a
+    poll changes nothing; the torn line is read by the next collector once it is whole."""
+    job = make_job(db, make_user(db, "alice"))
+    out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
+    out.mkdir()
+    path = out / "metrics.jsonl"
+    _append(path, 1, 1.0)
+    with open(path, "a") as handle:
+        handle.write('{"step": 2, "lo')
+    slow = ("--drain-timeout", "120")
+    process = collectors.start(out, spool, gateway.url, member_token(db, job), extra=slow)
+    _stored_while_running(conn, job, process, log, 1)
+    process.terminate()
+    assert process.wait(60) == 0, log.read_text()[-3000:]  # before: only after the 120 s deadline
+    with open(path, "a") as handle:
+        handle.write('ss": 2.0}\n')
+    process = collectors.start(out, spool, gateway.url, member_token(db, job))
+    _stored_while_running(conn, job, process, log, 2)
+    _drain(spool, process, log)
+    assert stored_points(conn, job) == Counter(
+        [("jsonl:metrics.jsonl", "loss", 1, 1.0), ("jsonl:metrics.jsonl", "loss", 2, 2.0)]
+    )

@@ -316,16 +316,34 @@ class Collector:
 
     def drain_files(self, final: bool, deadline: float) -> None:
         """Read every file to its end (what a single read leaves, the next one takes), waiting for the
-        shipper while the spool is full."""
+        shipper while the spool is full. Stops as soon as a poll changes nothing: what is left then cannot be
+        read now (a torn last line or record while its writer lives, a file that cannot be read); before,
+        such a file kept this loop spinning on a core until the drain deadline (30 s by default)."""
         while time.monotonic() < deadline:
+            mark = self._reading_mark()
             wrote = self.poll_once(final=final)
             if self.spool_blocked:
                 self.spool.sync(force=True)
                 time.sleep(0.05)
                 continue
-            if wrote == 0 and not self.tracker.unread():
+            if not self.tracker.unread():
+                return
+            if wrote == 0 and self._reading_mark() == mark:
+                log.info("drain: what is left in the files cannot be read now; it is read at the next start")
                 return
         log.warning("drain: files still unread at the deadline")
+
+    def _reading_mark(self) -> tuple[int, ...]:
+        """Changes whenever a poll made progress: a batch spooled, a position moved, a read window grown (a
+        line longer than the window is read whole next time), a file opened."""
+        tracker = self.tracker
+        return (
+            self.records_spooled,
+            sum(state.offset for state in tracker.states.values()),
+            sum(tracker.read_sizes.values()),
+            len(tracker.handles),
+            len(tracker.waiting),
+        )
 
     def _wait_shipped(self, deadline: float) -> bool:
         self.spool.sync(force=True)
