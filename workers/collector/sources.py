@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import stat
 import time
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ NOT_AN_EVENT = "record is not a TensorBoard event"
 LINE_TOO_LONG = f"line longer than {READ_CHUNK} bytes"
 
 log = logging.getLogger(__name__)
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
 
 
 def classify(name: str) -> str | None:
@@ -60,7 +62,7 @@ def storable(relative: Path) -> str:
     as lone surrogates) become `\\xff`, control characters `\\x0a`. Otherwise every point of such a file
     would be refused for its source name."""
     text = os.fsencode(relative).decode("utf-8", "backslashreplace")
-    return "".join(f"\\x{ord(c):02x}" if ord(c) < 0x20 or ord(c) == 0x7F else c for c in text)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def source_for(kind: str, relative: Path) -> str:
