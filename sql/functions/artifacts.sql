@@ -241,6 +241,21 @@ BEGIN
 END;
 $$;
 
+-- check_artifact_name_kind: refuses (400, naming the field) an artifact name or kind a node may not use.
+CREATE OR REPLACE FUNCTION tuneplane.check_artifact_name_kind(p_name text, p_kind text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$' THEN
+        RAISE EXCEPTION 'artifact name must be 1-63 characters of letters, digits, . _ -' USING ERRCODE = 'TP400',
+            COLUMN = 'name';
+    END IF;
+    IF coalesce(p_kind, '') NOT IN ('output', 'checkpoint', 'logs') THEN
+        RAISE EXCEPTION 'artifact kind must be output, checkpoint or logs' USING ERRCODE = 'TP400', COLUMN = 'kind';
+    END IF;
+END;
+$$;
+
 -- artifact_complete_when_verified: uploading → complete when no file of the artifact is unverified (every
 -- file re-hashed by the server; vacuously for a manifest without files), then checkpoint retention. Any
 -- other artifact, or one with a file left to verify, is returned unchanged. The one place completion is
@@ -290,13 +305,7 @@ DECLARE
 BEGIN
     m := tuneplane.artifact_node_member(p_credential_hash, p_member_id);
     SELECT * INTO s FROM tuneplane.artifact_settings;
-    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$' THEN
-        RAISE EXCEPTION 'artifact name must be 1-63 characters of letters, digits, . _ -' USING ERRCODE = 'TP400',
-            COLUMN = 'name';
-    END IF;
-    IF coalesce(p_kind, '') NOT IN ('output', 'checkpoint', 'logs') THEN
-        RAISE EXCEPTION 'artifact kind must be output, checkpoint or logs' USING ERRCODE = 'TP400', COLUMN = 'kind';
-    END IF;
+    PERFORM tuneplane.check_artifact_name_kind(p_name, p_kind);
     problem := tuneplane.artifact_manifest_problem(p_manifest);
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION '%', problem USING ERRCODE = 'TP400', COLUMN = 'manifest';
@@ -689,13 +698,7 @@ DECLARE
     v_empty constant jsonb := '{"files": [], "version": 1}';
 BEGIN
     m := tuneplane.artifact_node_member(p_credential_hash, p_member_id);
-    IF p_name IS NULL OR p_name !~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$' THEN
-        RAISE EXCEPTION 'artifact name must be 1-63 characters of letters, digits, . _ -' USING ERRCODE = 'TP400',
-            COLUMN = 'name';
-    END IF;
-    IF coalesce(p_kind, '') NOT IN ('output', 'checkpoint', 'logs') THEN
-        RAISE EXCEPTION 'artifact kind must be output, checkpoint or logs' USING ERRCODE = 'TP400', COLUMN = 'kind';
-    END IF;
+    PERFORM tuneplane.check_artifact_name_kind(p_name, p_kind);
     IF coalesce(p_reason, '') = '' THEN
         RAISE EXCEPTION 'a refused artifact needs a reason' USING ERRCODE = 'TP400', COLUMN = 'reason';
     END IF;
@@ -710,15 +713,9 @@ BEGIN
     IF a.id IS NOT NULL THEN
         RETURN a;
     END IF;
-    SELECT * INTO a FROM tuneplane.artifacts WHERE member_id = m.id AND name = p_name FOR UPDATE;
-    IF a.state IN ('complete', 'pruned') THEN
-        RAISE EXCEPTION 'artifact % of member % is %; it cannot be refused', p_name, m.rank, a.state
-            USING ERRCODE = 'TP409', COLUMN = 'state';
-    END IF;
-    DELETE FROM tuneplane.artifact_chunks WHERE artifact_id = a.id;
-    UPDATE tuneplane.artifacts SET state = 'failed', reason = left(p_reason, 2000) WHERE id = a.id
-    RETURNING * INTO a;
-    RETURN a;
+    -- Registered before: failed like any other (fail_artifact refuses a complete or pruned one, 409).
+    SELECT * INTO a FROM tuneplane.artifacts WHERE member_id = m.id AND name = p_name;
+    RETURN tuneplane.fail_artifact(p_credential_hash, a.id, p_reason);
 END;
 $$;
 
