@@ -29,6 +29,8 @@ from app.telemetry.limits import name_problem, scrub
 MAGIC = b"TPB1"
 CONTENT_TYPE = "application/x-tuneplane-batch"
 MAX_BATCH_BYTES = 64 * 1024 * 1024
+# Most refusal and damage entries one batch may carry (a batch with more is malformed: 400).
+MAX_ENTRIES = 10_000
 # Series names longer than this are refused per series by the gateway; the header bounds what it parses.
 MAX_HEADER_STRING = 4096
 _HEAD = struct.Struct("<4sI")
@@ -189,7 +191,7 @@ def _text(value: object, what: str) -> str:
 def _refused(entries: object) -> list[tuple[str, str, str, int]]:
     if entries is None:
         return []
-    if not isinstance(entries, list) or len(entries) > 10_000:
+    if not isinstance(entries, list) or len(entries) > MAX_ENTRIES:
         raise WireError("refused must be a list of [source, name, reason, count]", "refused")
     out = []
     for entry in entries:
@@ -204,7 +206,7 @@ def _refused(entries: object) -> list[tuple[str, str, str, int]]:
 def _damage(entries: object) -> list[tuple[str, str, int, int, str]]:
     if entries is None:
         return []
-    if not isinstance(entries, list) or len(entries) > 10_000:
+    if not isinstance(entries, list) or len(entries) > MAX_ENTRIES:
         raise WireError("damage must be a list of [source, file, offset, bytes, reason]", "damage")
     out = []
     for entry in entries:

@@ -297,3 +297,52 @@ def test_a_damaged_region_read_in_pieces_is_reported_once_whole(tmp_path: Path) 
     tracker.close()
     assert damage == [tfrecord.Damage(at, len(frames[20]), tfrecord.BAD_LENGTH)]
     assert steps == [s for s in range(40) if s != 20]
+
+
+def test_a_file_with_thousands_of_damaged_records_never_makes_a_batch_the_gateway_refuses(
+    tmp_path: Path,
+) -> None:
+    """Every other record with a bad data CRC: one read's chunk carried 12,103 damaged regions, the gateway
+    refuses a batch with more than 10,000 entries as malformed (400, final), and the chunk's 12,103 intact
+    points went with it. Regions beyond the per-batch cap now become one spanning region that says how
+    many there were."""
+    from app.telemetry import wire
+
+    frames = _simple_frames(40_000)
+    for index in range(1, len(frames), 2):
+        broken = bytearray(frames[index])
+        broken[-1] ^= 0x01  # the data CRC
+        frames[index] = bytes(broken)
+    (tmp_path / "events.out.tfevents.5.x").write_bytes(b"".join(frames))
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    chunks = []
+    while tracker.unread():
+        chunks += list(tracker.read(65_536, final=True))
+    state = next(iter(tracker.states.values()))
+    tracker.close()
+    assert sorted(p.step for c in chunks for p in c.points) == list(range(0, 40_000, 2))
+    assert max(len(c.damage) for c in chunks) <= wire.MAX_ENTRIES
+    folded = [d for c in chunks for d in c.damage if d.reason != tfrecord.BAD_DATA_CRC]
+    exact = sum(len(c.damage) for c in chunks) - len(folded)
+    assert exact + sum(int(d.reason.split(": ")[1].split()[0]) for d in folded) == 20_000 == state.bad_records
+
+
+def test_refusals_of_thousands_of_distinct_names_never_make_a_batch_the_gateway_refuses(
+    tmp_path: Path,
+) -> None:
+    """A line per step with a new text field (`sample_17_text`): one chunk carried a refusal entry per
+    name, more than the gateway takes in a batch, so the batch and its points were refused whole."""
+    from app.telemetry import wire
+
+    with open(tmp_path / "metrics.jsonl", "w") as handle:
+        for step in range(12_000):
+            texts = f'"sample_{step}_text": "hi", "sample_{step}_id": "a"'
+            handle.write(f'{{"step": {step}, "loss": 0.5, {texts}}}\n')
+    tracker = OutputTracker(tmp_path)
+    tracker.discover()
+    chunks = list(tracker.read(65_536))
+    tracker.close()
+    assert sum(c.count for c in chunks) == 12_000
+    assert max(len(c.refused) for c in chunks) <= wire.MAX_ENTRIES
+    assert sum(n for c in chunks for n in c.refused.values()) == 24_000

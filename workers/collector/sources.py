@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from app.telemetry import wire
 from workers.collector import jsonl, tb_events, tfrecord
 from workers.collector.columns import Parsed, PointColumns, Series
 from workers.collector.file_identity import FileIdentity, identify, still_same
@@ -111,6 +112,39 @@ class FileState:
             bad_records=int(data.get("bad_records") or 0),
             last_data_at=data.get("last_data_at"),
         )
+
+
+# A batch carries at most this many refusal and damage entries (the gateway refuses a batch with more than
+# wire.MAX_ENTRIES as malformed, and with it every point of the batch).
+MAX_ENTRIES = wire.MAX_ENTRIES // 10
+OTHER_NAMES = "(other names)"
+
+
+def _fold_refused(refused: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    """Refusals beyond MAX_ENTRIES distinct (name, reason) pairs (a line per step logging a new text field)
+    are counted under the name `(other names)` per reason: every refusal stays counted."""
+    if len(refused) <= MAX_ENTRIES:
+        return refused
+    kept = dict(list(refused.items())[: MAX_ENTRIES - 64])
+    for (_, reason), n in list(refused.items())[MAX_ENTRIES - 64 :]:
+        kept[(OTHER_NAMES, reason)] = kept.get((OTHER_NAMES, reason), 0) + n
+    return kept
+
+
+def _fold_damage(damage: list[tfrecord.Damage]) -> list[tfrecord.Damage]:
+    """Damaged regions beyond MAX_ENTRIES (every other record of a file with a bad CRC) become one region
+    per reason that spans them, its reason saying how many there were: the batch stays one the gateway
+    takes (before, its points were refused with it) and the damage stays shown."""
+    if len(damage) <= MAX_ENTRIES:
+        return damage
+    kept = damage[: MAX_ENTRIES - 64]
+    spans: dict[str, list[int]] = {}
+    for d in damage[MAX_ENTRIES - 64 :]:
+        span = spans.setdefault(d.reason, [d.offset, d.offset + d.length, 0])
+        span[0], span[1], span[2] = min(span[0], d.offset), max(span[1], d.offset + d.length), span[2] + 1
+    for reason, (start, stop, n) in spans.items():
+        kept.append(tfrecord.Damage(start, stop - start, f"{reason}: {n} damaged regions in this span"))
+    return kept
 
 
 @dataclass
@@ -475,6 +509,6 @@ class OutputTracker:
         if count:
             state.last_data_at = time.time()
         state.bad_records += len(damage) + sum(refused.values())
-        chunk = Chunk(state, end, series, count, refused, damage)
+        chunk = Chunk(state, end, series, count, _fold_refused(refused), _fold_damage(damage))
         state.offset = end
         return chunk
