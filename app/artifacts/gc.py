@@ -12,6 +12,11 @@ has not ended, every source archive and every attempt's capsule. Everything else
 - Writers that do not take the lock (source-archive uploads, capsule builds) are covered by age: a blob
   modified within `min_age` seconds is kept (a reused blob is touched by its writer).
 
+The same collection removes what uploads left behind, with the same age guard: the staged files of an
+artifact that is no longer uploading (failed, complete, pruned or gone; a failed upload's staged bytes
+otherwise stayed for ever) and temporary files of uploads that never finished (`<blob dir>/tmp`). The
+staged files of an uploading artifact are never touched.
+
 Run by an operator (`tuneplane blobs gc`, docs/artifacts.md) and on a schedule by the backend worker.
 """
 
@@ -20,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
+import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -53,6 +60,8 @@ class GcReport:
     kept_recent: int = 0
     removed: list[str] = field(default_factory=list)
     removed_bytes: int = 0
+    removed_leftovers: int = 0  # staging directories of artifacts no longer uploading, stale temp files
+    leftover_bytes: int = 0
     dry_run: bool = False
 
     def as_json(self) -> dict:
@@ -62,6 +71,8 @@ class GcReport:
             "kept_recent": self.kept_recent,
             "removed": len(self.removed),
             "removed_bytes": self.removed_bytes,
+            "removed_leftovers": self.removed_leftovers,
+            "leftover_bytes": self.leftover_bytes,
             "dry_run": self.dry_run,
         }
 
@@ -92,8 +103,49 @@ def collect(
                 path.unlink(missing_ok=True)
             report.removed.append(path.name)
             report.removed_bytes += stat.st_size
+        _collect_leftovers(db, root, horizon, report)
     log.info("blob gc: %s", report.as_json())
     return report
+
+
+def _collect_leftovers(db: Database, root: Path, horizon: float, report: GcReport) -> None:
+    uploading = {
+        str(row["id"]) for row in db.fetch_all("SELECT id FROM tuneplane.artifacts WHERE state = 'uploading'")
+    }
+    staging = root / "staging" / "artifacts"
+    candidates = [d for d in sorted(staging.glob("*")) if d.is_dir() and d.name not in uploading]
+    candidates += [f for f in sorted((root / "tmp").glob("*")) if f.is_file()]
+    for path in candidates:
+        newest, size = _newest_and_size(path)
+        if newest > horizon:
+            continue  # written lately: an upload may still be at work (registered again, finishing)
+        if not report.dry_run:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        report.removed_leftovers += 1
+        report.leftover_bytes += size
+
+
+def _newest_and_size(path: Path) -> tuple[float, int]:
+    """The newest mtime under path (itself included) and the bytes of its files."""
+    try:
+        top = path.stat()
+    except FileNotFoundError:
+        return float("inf"), 0
+    if not path.is_dir():
+        return top.st_mtime, top.st_size
+    newest, size = top.st_mtime, 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            try:
+                st = os.lstat(os.path.join(dirpath, name))
+            except FileNotFoundError:
+                continue
+            newest = max(newest, st.st_mtime)
+            size += st.st_size if name in filenames else 0
+    return newest, size
 
 
 def run_collection(database_url: str, blob_dir: Path | str, min_age: float = DEFAULT_MIN_AGE) -> GcReport:

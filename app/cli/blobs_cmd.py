@@ -46,6 +46,10 @@ def gc_cmd(
         f"{report.examined} blob(s) examined: {verb} {len(report.removed)} ({report.removed_bytes} bytes); "
         f"kept {report.kept_referenced} referenced and {report.kept_recent} younger than {min_age:.0f}s"
     )
+    click.echo(
+        f"left behind by ended uploads (staged files of artifacts no longer uploading, stale temp files): "
+        f"{verb} {report.removed_leftovers} ({report.leftover_bytes} bytes)"
+    )
 
 
 COMMANDS = [blobs_group]

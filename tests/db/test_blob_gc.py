@@ -177,3 +177,50 @@ def test_an_upload_reusing_a_blob_a_collection_is_about_to_remove_keeps_its_byte
     assert art["state"] == "complete"
     row = db.fetch_one("SELECT * FROM artifacts WHERE id = %s", (art["id"],))
     assert verify_stored(FsBlobStore(blob_dir), row).ok
+
+
+def _staged(blob_dir: Path, artifact_id: int, age: float) -> Path:
+    """A staged file of the artifact, as an interrupted upload leaves it, last written `age` seconds ago."""
+    part = blob_dir / "staging" / "artifacts" / str(artifact_id) / "0123456789abcdef" / "0.part"
+    part.parent.mkdir(parents=True, exist_ok=True)
+    part.write_bytes(os.urandom(CHUNK))
+    when = part.stat().st_mtime - age
+    for path in (part, part.parent, part.parent.parent):
+        os.utime(path, (when, when))
+    return part.parent.parent
+
+
+def test_gc_removes_what_ended_uploads_left_behind_never_an_uploading_ones(db: Database, env) -> None:
+    from psycopg.types.json import Jsonb
+
+    from workers.artifacts.manifest import build_manifest
+
+    blob_dir, setup = env["blob_dir"], make_member(db)
+    src = env["tmp"] / "src-staged"
+    write_tree(src, {"w.bin": os.urandom(3 * CHUNK)})
+    manifest = build_manifest(src)
+
+    def registered(name: str) -> int:
+        return db.call(
+            "register_artifact", setup.credential_hash, setup.member["id"], name, "output", "object",
+            Jsonb(manifest.as_json()), manifest.digest, None,
+        )[0]["id"]  # fmt: skip
+
+    uploading, failed_old, failed_new = registered("up"), registered("gone"), registered("just-failed")
+    for artifact_id in (failed_old, failed_new):
+        db.call("fail_artifact", setup.credential_hash, artifact_id, "the agent gave up")
+    kept_uploading = _staged(blob_dir, uploading, age=7200)  # old, but its upload may resume any time
+    removed = _staged(blob_dir, failed_old, age=7200)
+    kept_recent = _staged(blob_dir, failed_new, age=10)
+    (blob_dir / "tmp").mkdir(exist_ok=True)
+    stale_tmp, fresh_tmp = blob_dir / "tmp" / "upload-stale", blob_dir / "tmp" / "upload-fresh"
+    for path, age in ((stale_tmp, 7200), (fresh_tmp, 10)):
+        path.write_bytes(b"x" * 100)
+        os.utime(path, (path.stat().st_mtime - age, path.stat().st_mtime - age))
+
+    dry = collect(db, blob_dir, min_age=3600, dry_run=True)
+    assert (dry.removed_leftovers, dry.leftover_bytes) == (2, CHUNK + 100) and removed.exists()
+    report = collect(db, blob_dir, min_age=3600)
+    assert (report.removed_leftovers, report.leftover_bytes) == (2, CHUNK + 100)
+    assert not removed.exists() and not stale_tmp.exists()
+    assert kept_uploading.exists() and kept_recent.exists() and fresh_tmp.exists()
