@@ -218,14 +218,13 @@ def add_artifact_routes(
 
     app.on_cleanup.append(close)
     r = app.router
+    # Ids past bigint (indexes past integer) do not match: a 404, not a database error answered with 500.
+    art, idx = "{artifact_id:\\d{1,18}}", "{file_index:\\d{1,9}}"
     r.add_post("/api/artifacts", _handler(_register))
-    r.add_get("/api/artifacts/{artifact_id:\\d+}/upload", _handler(_status))
-    r.add_put(
-        "/api/artifacts/{artifact_id:\\d+}/files/{file_index:\\d+}/chunks/{chunk_index:\\d+}",
-        _handler(_put_chunk),
-    )
-    r.add_post("/api/artifacts/{artifact_id:\\d+}/finish", _handler(_finish))
-    r.add_post("/api/artifacts/{artifact_id:\\d+}/fail", _handler(_fail))
+    r.add_get(f"/api/artifacts/{art}/upload", _handler(_status))
+    r.add_put(f"/api/artifacts/{art}/files/{idx}/chunks/{{chunk_index:\\d{{1,9}}}}", _handler(_put_chunk))
+    r.add_post(f"/api/artifacts/{art}/finish", _handler(_finish))
+    r.add_post(f"/api/artifacts/{art}/fail", _handler(_fail))
     r.add_post("/api/artifacts/refused", _handler(_refused))
-    r.add_get("/api/input-artifacts/{artifact_id:\\d+}", _handler(_input_manifest))
-    r.add_get("/api/input-artifacts/{artifact_id:\\d+}/files/{file_index:\\d+}", _handler(_input_file))
+    r.add_get(f"/api/input-artifacts/{art}", _handler(_input_manifest))
+    r.add_get(f"/api/input-artifacts/{art}/files/{idx}", _handler(_input_file))

@@ -151,3 +151,35 @@ def test_malformed_agent_requests_name_the_field_on_the_server_and_the_gateway(
             answer = httpx.post(base + path, content=body, headers=headers, timeout=30)
             assert answer.status_code == 400, (base, answer.text)
             assert field in answer.json()["fields"], (base, answer.json())
+
+
+HUGE = "9" * 20  # past bigint
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", f"/api/artifacts/{HUGE}/upload", None),
+        ("POST", f"/api/artifacts/{HUGE}/finish", b"{}"),
+        ("POST", f"/api/artifacts/{HUGE}/fail", b'{"reason": "x"}'),
+        ("PUT", f"/api/artifacts/1/files/{HUGE}/chunks/0", b"abc"),
+        ("PUT", "/api/artifacts/1/files/0/chunks/99999999999", b"abc"),
+        ("GET", f"/api/input-artifacts/{HUGE}", None),
+        ("GET", f"/api/input-artifacts/1/files/{HUGE}", None),
+        ("POST", "/api/artifacts", b'{"member_id": 1180591620717411303424, "name": "m", "manifest": {},'
+         b' "manifest_digest": "d"}'),
+    ],
+)
+def test_out_of_range_ids_are_a_4xx_on_the_server_and_the_gateway(
+    db: Database, db_url: str, gw, tmp_path: Path, method: str, path: str, body: bytes | None
+) -> None:
+    from tests.artifact_fixtures import served_artifacts
+    from tests.conftest import free_port
+
+    setup = make_member(db)
+    headers = {"Authorization": f"Node {setup.credential}", "Content-Type": "application/json",
+               "X-Chunk-Crc32c": "00000000"}  # fmt: skip
+    with served_artifacts(db, db_url, tmp_path / "server", free_port(), 4096) as server:
+        for base in (gw["url"], server["url"]):
+            answer = httpx.request(method, base + path, content=body, headers=headers, timeout=30)
+            assert 400 <= answer.status_code < 500, (base, answer.status_code, answer.text)
