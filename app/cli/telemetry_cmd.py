@@ -140,6 +140,7 @@ def collector_cmd(
     from app.client.transport import ClientError
     from workers.collector.collector import Collector, CollectorConfig, CollectorError
     from workers.collector.fs_check import NetworkFilesystemError
+    from workers.collector.spool import SpoolInUse
 
     logging.getLogger("workers.collector").setLevel(logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per batch is noise
@@ -168,7 +169,7 @@ def collector_cmd(
     )
     try:
         collector = Collector(config)
-    except (NetworkFilesystemError, CollectorError, ClientError) as exc:
+    except (NetworkFilesystemError, CollectorError, ClientError, SpoolInUse) as exc:
         raise ExpectedError(str(exc)) from exc
     if stop_requested:
         collector.stop()

@@ -328,3 +328,30 @@ def test_a_stop_while_a_writer_is_mid_line_ends_at_once_and_the_line_is_read_at_
     assert stored_points(conn, job) == Counter(
         [("jsonl:metrics.jsonl", "loss", 1, 1.0), ("jsonl:metrics.jsonl", "loss", 2, 2.0)]
     )
+
+
+def test_a_second_collector_on_the_same_spool_refuses_to_start(
+    db: Database, conn: psycopg.Connection, gateway: GatewayThread, collectors: Collectors, tmp_path: Path
+) -> None:
+    """Two collectors on one spool (an agent that lost a collector's pid, an operator): before, both read
+    the same files from the same positions and wrote batches under the same collector id and sequence
+    numbers but cut differently, so the gateway refused one as a conflicting re-send (409, final) or stored
+    points twice. Now the spool is locked: the second says so and exits, the first goes on."""
+    job = make_job(db, make_user(db, "alice"))
+    out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
+    out.mkdir()
+    path = out / "metrics.jsonl"
+    _append(path, 0, 0.0)
+    first = collectors.start(out, spool, gateway.url, member_token(db, job), extra=("--batch-points", "300"))
+    _stored_while_running(conn, job, first, log, 1)
+    second = collectors.start(out, spool, gateway.url, member_token(db, job), extra=("--batch-points", "7"))
+    for step in range(1, 3000):
+        _append(path, step, step / 3)
+    assert second.wait(60) != 0
+    assert "is in use by another collector" in log.read_text()
+    _stored_while_running(conn, job, first, log, 3000)
+    _drain(spool, first, log)
+    assert stored_points(conn, job) == Counter(
+        ("jsonl:metrics.jsonl", "loss", step, step / 3) for step in range(3000)
+    )
+    assert not (spool / "rejected").exists()

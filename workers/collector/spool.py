@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -46,6 +47,10 @@ MAX_RECORD_BYTES = 128 * 1024 * 1024
 SEGMENT_SUFFIX = ".seg"
 # A write that fails for want of room: a new segment lets the acknowledged part of the current one go.
 OUT_OF_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+
+
+class SpoolInUse(Exception):
+    """Another collector holds this spool directory."""
 
 
 @dataclass
@@ -126,11 +131,13 @@ class Spool:
         # running collector can be rebuilt from what it still holds (see _rebuild).
         self._read_fds: dict[Path, int] = {}
         self._dir_id: tuple[int, int] | None = None
+        self._lock_fd: int | None = None
         self.collector_uuid = ""
 
     # ---------------------------------------------------------------- open and recovery
     def open(self) -> Spool:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._take_lock()
         st = self.dir.stat()
         self._dir_id = (st.st_dev, st.st_ino)
         self.collector_uuid = self._load_uuid()
@@ -159,6 +166,25 @@ class Spool:
                 self._size = os.fstat(self._fd).st_size
         self._delete_acked_segments_or_wait()
         return self
+
+    def _take_lock(self) -> None:
+        """One collector per spool: a second one (an agent that lost the first one's pid, an operator) would
+        read the same files from the same positions, number its batches like the first and delete
+        segments the first still sends from. The lock (a POSIX record lock) goes with the process, kill -9
+        included."""
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            message = f"spool directory {self.dir} is in use by another collector (pid {holder})"
+            raise SpoolInUse(message) from exc
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+        self._lock_fd = fd
 
     def _load_uuid(self) -> str:
         path = self.dir / "collector.id"
@@ -329,6 +355,10 @@ class Spool:
         first for the segment-start rule, the last because the copied batches carry older positions)."""
         log.error("spool directory %s was removed while the collector ran; rebuilding it", self.dir)
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self._take_lock()
+        except SpoolInUse as exc:  # another collector started on the new directory meanwhile
+            raise OSError(errno.EBUSY, str(exc)) from exc
         st = self.dir.stat()
         self._dir_id = (st.st_dev, st.st_ino)
         self._write_uuid(self.collector_uuid)
@@ -571,6 +601,9 @@ class Spool:
             for fd in self._read_fds.values():
                 os.close(fd)
             self._read_fds.clear()
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
 
 
 def _intact_frame_at(data: bytes, pos: int) -> bytes | None:
