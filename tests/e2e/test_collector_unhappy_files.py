@@ -108,6 +108,23 @@ def _drain(spool: Path, process: subprocess.Popen, log: Path) -> None:
     assert (spool / FINAL_SENT).exists()
 
 
+def _member(db: Database, tmp_path: Path) -> tuple[int, Path, Path, Path]:
+    """A job, and its member's (empty) output directory, spool path and collector log."""
+    out = tmp_path / "out"
+    out.mkdir()
+    return make_job(db, make_user(db, "alice")), out, tmp_path / "spool", tmp_path / "collector.log"
+
+
+def _write_steps(path: Path, steps: range, divisor: int) -> None:
+    for step in steps:
+        _append(path, step, step / divisor)
+
+
+def _loss_points(steps: range, divisor: int) -> Counter:
+    """What _write_steps wrote to metrics.jsonl, as stored_points counts it."""
+    return Counter(("jsonl:metrics.jsonl", "loss", step, step / divisor) for step in steps)
+
+
 def _append(path: Path, step: int, value: float) -> None:
     with open(path, "a") as handle:
         handle.write(json.dumps({"step": step, "loss": value}) + "\n")
@@ -120,11 +137,10 @@ def test_more_metric_files_than_descriptors_are_all_read_and_followed_as_they_gr
     hard): before, every file stayed open, so past the limit listing a directory failed with EMFILE, which
     os.walk swallows: the files beyond were silently never read (an open that hit the limit instead killed
     the collector at every start). Now idle files are closed and opened again when they grow."""
-    job = make_job(db, make_user(db, "alice"))
-    out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
+    job, out, spool, log = _member(db, tmp_path)
     files = [out / f"trial{i:03d}" / "metrics.jsonl" for i in range(300)]
     for i, path in enumerate(files):
-        path.parent.mkdir(parents=True)
+        path.parent.mkdir()
         _append(path, 1, float(i))
     process = collectors.start(out, spool, gateway.url, member_token(db, job), nofile=128)
     _stored_while_running(conn, job, process, log, len(files))
@@ -147,9 +163,7 @@ def test_files_that_cannot_be_read_or_named_do_not_stop_the_others(
     killed the collector at every start, so no file was read; a file name that is not UTF-8 had every
     point refused for its source name. Now such files are skipped and said once, and the name is stored
     with the odd byte written as `\\xe9`."""
-    job = make_job(db, make_user(db, "alice"))
-    out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
-    out.mkdir()
+    job, out, spool, log = _member(db, tmp_path)
     _append(out / "a.jsonl", 1, 1.0)
     os.symlink("loop.jsonl", out / "loop.jsonl")
     os.symlink("nowhere", out / "dangling.jsonl")
@@ -243,9 +257,8 @@ def test_a_full_spool_disk_pauses_reading_and_loses_nothing(
     spool's start-up, so even what was spooled was never sent. Now reading pauses (the files are the buffer),
     a collector starts on a full disk and sends what is spooled, and once there is room again every point
     is stored exactly once."""
-    job = make_job(db, make_user(db, "alice"))
-    out, spool, log = tmp_path / "out", small_disk / "spool", tmp_path / "collector.log"
-    out.mkdir()
+    job, out, _, log = _member(db, tmp_path)
+    spool = small_disk / "spool"
     with open(out / "metrics.jsonl", "w") as handle:  # ~3.6 MB in the spool: over three times the disk
         for step in range(150_000):
             handle.write(json.dumps({"step": step, "loss": step / 7}) + "\n")
@@ -266,9 +279,7 @@ def test_a_full_spool_disk_pauses_reading_and_loses_nothing(
         filler.unlink()  # room again
         _stored_while_running(conn, job, process, log, 150_000)
         _drain(spool, process, log)
-    assert stored_points(conn, job) == Counter(
-        ("jsonl:metrics.jsonl", "loss", step, step / 7) for step in range(150_000)
-    )
+    assert stored_points(conn, job) == _loss_points(range(150_000), 7)
 
 
 def test_a_spool_directory_removed_while_running_loses_and_duplicates_nothing(
@@ -278,27 +289,20 @@ def test_a_spool_directory_removed_while_running_loses_and_duplicates_nothing(
     later batches went into unlinked files and were never sent while the member ran, and the next start
     read every file again under a new spool id (every point stored twice). Now the spool is rebuilt from
     what the collector holds."""
-    job = make_job(db, make_user(db, "alice"))
-    out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
-    out.mkdir()
+    job, out, spool, log = _member(db, tmp_path)
     path = out / "metrics.jsonl"
-    for step in range(1000):
-        _append(path, step, step / 3)
+    _write_steps(path, range(1000), 3)
     process = collectors.start(out, spool, gateway.url, member_token(db, job))
     _stored_while_running(conn, job, process, log, 1000)
     shutil.rmtree(spool)
-    for step in range(1000, 2000):
-        _append(path, step, step / 3)
+    _write_steps(path, range(1000, 2000), 3)
     _stored_while_running(conn, job, process, log, 2000)
     kill9(process)  # the rebuilt spool is what a restart resumes from
     process = collectors.start(out, spool, gateway.url, member_token(db, job))
-    for step in range(2000, 2500):
-        _append(path, step, step / 3)
+    _write_steps(path, range(2000, 2500), 3)
     _stored_while_running(conn, job, process, log, 2500)
     _drain(spool, process, log)
-    assert stored_points(conn, job) == Counter(
-        ("jsonl:metrics.jsonl", "loss", step, step / 3) for step in range(2500)
-    )
+    assert stored_points(conn, job) == _loss_points(range(2500), 3)
 
 
 def test_a_stop_while_a_writer_is_mid_line_ends_at_once_and_the_line_is_read_at_the_next_start(
@@ -308,9 +312,7 @@ def test_a_stop_while_a_writer_is_mid_line_ends_at_once_and_the_line_is_read_at_
     whole cgroup) while a writer is mid-line: before, the drain re-read that file in a busy loop until
     the drain deadline (a core spun for 30 s and the stop took that long). Now the drain ends once a
     poll changes nothing; the torn line is read by the next collector once it is whole."""
-    job = make_job(db, make_user(db, "alice"))
-    out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
-    out.mkdir()
+    job, out, spool, log = _member(db, tmp_path)
     path = out / "metrics.jsonl"
     _append(path, 1, 1.0)
     with open(path, "a") as handle:
@@ -337,21 +339,16 @@ def test_a_second_collector_on_the_same_spool_refuses_to_start(
     the same files from the same positions and wrote batches under the same collector id and sequence
     numbers but cut differently, so the gateway refused one as a conflicting re-send (409, final) or stored
     points twice. Now the spool is locked: the second says so and exits, the first goes on."""
-    job = make_job(db, make_user(db, "alice"))
-    out, spool, log = tmp_path / "out", tmp_path / "spool", tmp_path / "collector.log"
-    out.mkdir()
+    job, out, spool, log = _member(db, tmp_path)
     path = out / "metrics.jsonl"
     _append(path, 0, 0.0)
     first = collectors.start(out, spool, gateway.url, member_token(db, job), extra=("--batch-points", "300"))
     _stored_while_running(conn, job, first, log, 1)
     second = collectors.start(out, spool, gateway.url, member_token(db, job), extra=("--batch-points", "7"))
-    for step in range(1, 3000):
-        _append(path, step, step / 3)
+    _write_steps(path, range(1, 3000), 3)
     assert second.wait(60) != 0
     assert "is in use by another collector" in log.read_text()
     _stored_while_running(conn, job, first, log, 3000)
     _drain(spool, first, log)
-    assert stored_points(conn, job) == Counter(
-        ("jsonl:metrics.jsonl", "loss", step, step / 3) for step in range(3000)
-    )
+    assert stored_points(conn, job) == _loss_points(range(3000), 3)
     assert not (spool / "rejected").exists()
