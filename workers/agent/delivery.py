@@ -127,7 +127,9 @@ class Delivery:
                     f"member {self.member_id}: output {name} not delivered yet (try {item['tries']}): "
                     f"{outcome.reason}; retrying in {backoff(item['tries']):.0f}s"
                 )
-            self.store.save(record)
+            error = self.store.keep(record)  # a full disk never stops the delivery (it goes on from memory)
+            if error is not None:
+                self.say(f"member {self.member_id}: its delivery state could not be written ({error})")
 
     async def _give_up(self, name: str, item: dict) -> Outcome:
         reason = f"delivery gave up at its deadline; last error: {item['error'] or 'none recorded'}"

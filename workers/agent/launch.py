@@ -128,7 +128,7 @@ class LaunchAgent:
         """Send a member's report; if it cannot be sent now, keep it in the record for the next session."""
         if record is not None:
             record.unreported[kind] = payload
-            self.store.save(record)
+            self.keep(record)
         try:
             result = await self.send(kind, payload)
         except (ConnectionError, TimeoutError, RuntimeError) as exc:
@@ -141,8 +141,17 @@ class LaunchAgent:
             result = {"refused": exc.message}
         if record is not None and self.store.get(record.member_id) is record:
             record.unreported.pop(kind, None)
-            self.store.save(record)
+            self.keep(record)
         return result
+
+    def keep(self, record: MemberRecord) -> bool:
+        """Save a member's record; when the state directory cannot take it (the disk is full) say so and
+        go on from the record in memory: a report must never wait on the disk, or the job would show a
+        member running (or preparing) for ever. Only START needs its record on disk (see start)."""
+        error = self.store.keep(record)
+        if error is not None:
+            _say(self.ctx, f"member {record.member_id}: its record could not be written ({error}); going on")
+        return error is None
 
     def publish(self) -> None:
         """What heartbeats carry: the members this agent runs."""
@@ -174,7 +183,7 @@ class LaunchAgent:
             rank=int(payload["rank"]),
             prepare_payload=payload,
         )
-        self.store.save(record)
+        self.keep(record)
         self._begin_prepare(record, payload)
         return {"state": "preparing", "accepted": True}
 
@@ -211,14 +220,14 @@ class LaunchAgent:
                 else (f"{type(exc).__name__}: {exc}")
             )
             record.state, record.reason, record.prepare_payload = "failed", reason, None
-            self.store.save(record)
+            self.keep(record)
             _say(self.ctx, f"member {record.member_id}: prepare failed: {reason}")
             await self.report(
                 record, "member_prepare_failed", {"member_id": record.member_id, "reason": reason, **checks}
             )
             return
         record.state, record.reason, record.prepare_payload = "prepared", "prepared", None
-        self.store.save(record)
+        self.keep(record)
         schedule_clean_caches(self.paths.work_dir, self.store.all(), self.send)
         _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
         await self.report(record, "member_prepared", {"member_id": record.member_id, **checks})
@@ -300,7 +309,10 @@ class LaunchAgent:
             await asyncio.sleep(hold)
         record.pid, record.pid_started = runner.pid, start_time(runner.pid)
         record.state, record.reason = "running", "running"
-        self.store.save(record)  # before the report: a restarted agent must find this pid
+        try:
+            self.store.save(record)  # before the report: a restarted agent must find this pid
+        except OSError as exc:
+            await self._unspawn(record, runner, exc)
         self.publish()
         _say(
             self.ctx,
@@ -336,7 +348,7 @@ class LaunchAgent:
         member_id = record.member_id
         record.pid, record.pid_started = pid, (start_time(pid) if pid else None)
         record.state, record.reason = "running", f"adopted: {why}"
-        self.store.save(record)
+        self.keep(record)
         self.publish()
         _say(self.ctx, f"member {member_id}: adopted, not started again ({why})")
         if await asyncio.to_thread(member_lock_held, directory):
@@ -346,6 +358,30 @@ class LaunchAgent:
         self.ensure_watcher(record)
         await self.report(record, "member_started", {"member_id": member_id, "pid": pid})
         return {"member_id": member_id, "pid": pid, "adopted": why}
+
+    async def _unspawn(self, record: MemberRecord, runner: subprocess.Popen, exc: OSError) -> NoReturn:
+        """The runner was spawned but its record could not be written (the state directory's disk is full):
+        a run the agent cannot find after a restart must not go on. Kill everything of it, wait until it
+        is gone, then fail START with the reason (the control plane releases the member on that error)."""
+        member_id = record.member_id
+        tag = member_tag(self.paths, member_id)
+        for _ in range(100):  # bounded: SIGKILL is not refused; 10 s covers a loaded machine
+            pids = await asyncio.to_thread(member_processes, runner.pid, record.pid_started, tag)
+            if not pids:
+                break
+            signal_all(pids, signal.SIGKILL)
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(runner.wait, 10)
+        self.runners.pop(member_id, None)
+        if runner.returncode is None:
+            self.retired.append(runner)
+        why = f"its runner could not be recorded on this node ({exc}); the runner was killed"
+        record.state, record.reason, record.pid, record.pid_started = "failed", why, None, None
+        self.keep(record)
+        self.publish()
+        _say(self.ctx, f"member {member_id}: {why}")
+        raise CommandFailed(f"member {member_id}: {why}")
 
     async def _cannot_start(self, member_id: int, why: str) -> NoReturn:
         """Say the member ended (it never ran) so the attempt does not wait for it, then fail the command."""
@@ -450,7 +486,7 @@ class LaunchAgent:
         directory = member_dir(self.paths, record.member_id)
         deadline = float(self.ctx.extra.get("delivery_deadline") or DEFAULT_DEADLINE)
         plan_deliveries(record, directory, deadline, outputs=code == 0)
-        self.store.save(record)
+        self.keep(record)  # a disk that cannot take it never holds the end back
         runner = self.runners.pop(record.member_id, None)
         if runner is not None:
             self.retired.append(runner)
@@ -671,7 +707,7 @@ class LaunchAgent:
             record = self.store.get(item["member_id"])
             if record is not None:
                 record.unreported.pop("member_exited", None)
-                self.store.save(record)
+                self.keep(record)
         for record in self.store.all():
             for kind, payload in list(record.unreported.items()):
                 await self.report(record, kind, payload)

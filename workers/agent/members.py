@@ -76,16 +76,34 @@ class MemberStore:
         return list(self.records.values())
 
     def save(self, record: MemberRecord) -> None:
+        """Keep the record (in memory at once) and write it atomically. Raises OSError when the directory
+        cannot take it (a full disk): the file keeps its previous content, no partial temp file is left."""
         self.records[record.member_id] = record
         path = self.directory / f"{record.member_id}.json"
         tmp = path.with_name(path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        data = json.dumps(asdict(record)).encode()
         try:
-            os.write(fd, json.dumps(asdict(record)).encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                view = memoryview(data)
+                while view:  # a write may take only part (the disk filling up); the rest or ENOSPC follows
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def keep(self, record: MemberRecord) -> OSError | None:
+        """save(), but a directory that cannot take the record (a full disk) is returned, not raised: the
+        record in memory goes on (a member's reports and deliveries never wait on the disk)."""
+        try:
+            self.save(record)
+        except OSError as exc:
+            return exc
+        return None
 
     def forget(self, member_id: int) -> None:
         self.records.pop(int(member_id), None)

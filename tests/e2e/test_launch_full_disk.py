@@ -1,0 +1,143 @@
+"""The agent's state directory full (ENOSPC, a real size-limited tmpfs) around a member's start and end.
+
+The agent writes member → runner pid to its state directory before it reports a start, and the member's
+durable end record before it reports an end. When that write fails (the disk is full), the job must still
+say what runs: a START whose record cannot be written leaves nothing running and fails the member with
+the reason; a member that ends while its record cannot be written is still reported ended (the job is not
+left running for ever).
+
+Needs root to mount a tmpfs (skipped otherwise).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.launch_cluster import MIB, Cluster
+from tests.helpers import wait_for
+from workers.agent.members import member_tag
+from workers.agent.state import AgentPaths
+from workers.proctree import tagged
+
+pytestmark = pytest.mark.e2e
+
+WAIT_FOR_RELEASE = """
+import os, pathlib, time
+flag = pathlib.Path(os.environ["RELEASE_FLAG"])
+pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"], "started").write_text(str(os.getpid()))
+while not flag.exists():
+    time.sleep(0.05)
+"""
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def fill(directory: Path) -> Path:
+    """Write to a file in `directory` until the file system says ENOSPC; returns the file."""
+    filler = directory / "filler"
+    block = b"\0" * 65536
+    with open(filler, "wb") as handle:
+        while True:
+            try:
+                handle.write(block)
+                handle.flush()
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                break
+    # Fill the last partial page too: tmpfs hands out whole pages.
+    with contextlib.suppress(OSError), open(filler, "ab", buffering=0) as handle:
+        while handle.write(b"\0"):
+            pass
+    return filler
+
+
+def _spec(archive: str, flag: Path, nodes: int) -> dict:
+    return {
+        "source": {"archive": archive, "entrypoint": "python job.py", "integration": "script"},
+        "resources": {"nodes": nodes, "gpus_per_node": 0, "cpus_per_node": 1, "memory_per_node": 64 * MIB},
+        "env": {"RELEASE_FLAG": str(flag)},
+        "max_attempts": 1,
+    }
+
+
+def _tagged(cluster: Cluster, agent: str, member_id: int) -> set[int]:
+    state, work = cluster.agent_dirs(agent)
+    return tagged(member_tag(AgentPaths(state, work), member_id))
+
+
+def test_a_start_whose_record_cannot_be_written_runs_nothing_and_fails_with_the_reason(
+    cluster: Cluster,
+) -> None:
+    state, _ = cluster.agent_dirs("a")
+    with small_tmpfs(state):
+        cluster.start_agent("a")
+        # b holds its prepare, so a's member is prepared (its record written) well before COMMIT sends START.
+        cluster.start_agent("b", "--hold-prepare", "6")
+        cluster.start_worker()
+        archive = cluster.upload_source({"job.py": WAIT_FOR_RELEASE})
+        flag = cluster.root / "release"
+        job_id = cluster.submit(_spec(archive, flag, nodes=2))
+        on_a = wait_for(
+            lambda: next(
+                (m for m in cluster.members(job_id) if m["node"] == "a" and m["state"] == "prepared"), None
+            ),
+            timeout=30,
+            what="a's member prepared",
+        )
+        filler = fill(state)
+        try:
+            assert cluster.job(job_id)["state"] == "preparing", (
+                "b prepared before the disk was full: hold longer"
+            )
+            job = cluster.wait_job(job_id, ("failed", "succeeded", "cancelled"), timeout=60)
+            member = next(m for m in cluster.members(job_id) if m["id"] == on_a["id"])
+            # Nothing of a's member may run once its resources are released (it ran on, unrecorded, before).
+            assert member["released_at"] is not None
+            assert not _tagged(cluster, "a", on_a["id"]), (
+                "a's member runs on after its resources were released"
+            )
+            assert job["state"] == "failed", cluster.diagnose(job_id)
+            assert "No space left on device" in member["reason"], member
+            assert cluster.held() == 0
+        finally:
+            filler.unlink()
+            flag.write_text("go")
+
+
+def test_a_member_ending_while_its_record_cannot_be_written_is_still_reported_ended(cluster: Cluster) -> None:
+    state, _ = cluster.agent_dirs("a")
+    with small_tmpfs(state):
+        cluster.start_agent("a")
+        cluster.start_worker()
+        archive = cluster.upload_source({"job.py": WAIT_FOR_RELEASE})
+        flag = cluster.root / "release"
+        job_id = cluster.submit(_spec(archive, flag, nodes=1))
+        (member,) = cluster.wait_members(job_id, "running", timeout=60)
+        started = cluster.member_dir("a", member["id"]) / "output" / "started"
+        wait_for(started.exists, timeout=30, what="the workload to start")
+        filler = fill(state)
+        try:
+            flag.write_text("go")
+            job = cluster.wait_job(job_id, ("succeeded", "failed", "cancelled"), timeout=40)
+            assert job["state"] == "succeeded", cluster.diagnose(job_id)
+            assert cluster.held() == 0
+        finally:
+            filler.unlink()
