@@ -24,7 +24,8 @@ DROP FUNCTION IF EXISTS tuneplane.job_members_of(bigint, bigint);
 --                                                            before its allocation started)
 --            reserved → preparing                            begin_prepare
 --            reserved | preparing → running                  member_prepared (COMMIT)
---            reserved | preparing | running → queued         finish_attempt_if_done (retry by max_attempts)
+--            reserved | preparing | running → queued         finish_attempt_if_done (retry by max_attempts;
+--                                                            a free re-launch after an ABORT in prepare)
 --            reserved | preparing | running → succeeded | failed | cancelled   finish_attempt_if_done
 --            queued → cancelled                              cancel_job
 --   attempt  reserved → preparing                            begin_prepare
@@ -131,7 +132,10 @@ $$;
 
 -- finish_attempt_if_done: once every member of an attempt has ended and been released, the attempt gets
 -- its outcome and the job its next state: succeeded, cancelled, back to queued for a retry (while
--- attempts remain), or failed. Caller holds the job lock (lock_attempt).
+-- attempts remain), or failed. An attempt of a node fleet aborted after PREPARE was sent (a member failed
+-- to prepare, the prepare deadline passed) started nothing: it is queued again without using up one of
+-- max_attempts, at most launch_settings.free_relaunches times per job (jobs.free_relaunches_used); the
+-- attempts that count are number - free_relaunches_used. Caller holds the job lock (lock_attempt).
 CREATE OR REPLACE FUNCTION tuneplane.finish_attempt_if_done(p_attempt_id bigint)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -142,6 +146,8 @@ DECLARE
     v_bad    tuneplane.members;
     v_state  text;
     v_reason text;
+    v_free   integer;
+    v_counted integer;
 BEGIN
     a := tuneplane.lock_attempt(p_attempt_id);
     IF a.state IN ('succeeded', 'failed', 'aborted', 'cancelled') THEN
@@ -169,19 +175,32 @@ BEGIN
     PERFORM tuneplane.set_attempt_state(a.id, v_state, v_reason);
 
     SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
+    SELECT free_relaunches INTO v_free FROM tuneplane.launch_settings;
+    v_counted := a.number - j.free_relaunches_used;
     IF v_state = 'succeeded' THEN
         PERFORM tuneplane.set_job_state(j.id, 'succeeded', format('attempt %s: %s', a.number, v_reason));
     ELSIF v_state = 'cancelled' THEN
         PERFORM tuneplane.set_job_state(j.id, 'cancelled',
             format('cancelled; every member of attempt %s stopped and its resources were released', a.number));
-    ELSIF a.number < j.max_attempts THEN
+    ELSIF v_state = 'aborted' AND j.free_relaunches_used < v_free AND a.capsule_digest IS NOT NULL
+          AND (SELECT f.backend FROM tuneplane.fleets f WHERE f.id = a.fleet_id) = 'node' THEN
+        -- Nothing was started (no COMMIT): the user's attempts are not spent on what the nodes met while
+        -- preparing. A capsule that could not be built (no digest: aborted before PREPARE) would fail the
+        -- same way again, so it counts.
+        UPDATE tuneplane.jobs SET free_relaunches_used = free_relaunches_used + 1 WHERE id = j.id;
         PERFORM tuneplane.set_job_state(j.id, 'queued',
-            format('attempt %s of %s failed (%s); queued for attempt %s', a.number, j.max_attempts, v_reason,
-                   a.number + 1));
+            format('attempt %s: %s; nothing was started, so it does not count against max_attempts (%s): '
+                   'launching again as attempt %s (free re-launch %s of %s)', a.number, v_reason,
+                   j.max_attempts, a.number + 1, j.free_relaunches_used + 1, v_free));
+        PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
+    ELSIF v_counted < j.max_attempts THEN
+        PERFORM tuneplane.set_job_state(j.id, 'queued',
+            format('attempt %s of %s failed (%s); queued for attempt %s', v_counted, j.max_attempts, v_reason,
+                   v_counted + 1));
         PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
     ELSE
         PERFORM tuneplane.set_job_state(j.id, 'failed',
-            format('attempt %s of %s failed: %s', a.number, j.max_attempts, v_reason));
+            format('attempt %s of %s failed: %s', v_counted, j.max_attempts, v_reason));
     END IF;
     RETURN v_state;
 END;

@@ -98,7 +98,9 @@ def test_one_failed_prepare_aborts_nothing_starts_and_resources_are_released(
     assert len(_commands(db, "abort")) == 2
     assert _held(db) == 0
     j = job(db, job_id)
-    assert j["state"] == "failed" and "peer network check failed" in j["state_reason"]
+    # Nothing started: the job is launched again without spending its one attempt (0140).
+    assert j["state"] == "queued" and "peer network check failed" in j["state_reason"]
+    assert "does not count against max_attempts" in j["state_reason"]
     with pytest.raises(Exception, match="immutable"), db.transaction() as conn:
         conn.execute("UPDATE launch_decisions SET decision = 'commit'")
 
@@ -111,6 +113,55 @@ def test_prepare_deadline_aborts(db: Database, setup: dict) -> None:
     assert db.call("expire_prepare_deadlines")[0]["expire_prepare_deadlines"] == 1
     assert "prepare deadline passed" in job(db, job_id)["state_reason"]
     assert _held(db) == 0
+
+
+def _abort_in_prepare(db: Database, job_id: int, why: str) -> None:
+    """Place the job, send PREPARE, and have rank 0's node fail its prepare with `why`."""
+    attempt = db.fetch_one("SELECT * FROM attempts WHERE job_id = %s ORDER BY number DESC LIMIT 1", (job_id,))
+    epoch = db.call("claim_launch", attempt["id"], "w")[0]["epoch"]
+    db.call("begin_prepare", attempt["id"], epoch, "a" * 64)
+    (m,) = [m for m in members_of(db, job_id) if m["attempt_id"] == attempt["id"]]
+    report(db, "member_prepare_failed", m, reason=why)
+
+
+def test_a_launch_aborted_in_prepare_is_relaunched_free_a_bounded_number_of_times(
+    db: Database, setup: dict
+) -> None:
+    """Rank 0 cannot bind MASTER_PORT (something else holds it): nothing started, so max_attempts 1 is not
+    spent; each re-launch is a new attempt with another rendezvous port; after launch_settings.
+    free_relaunches free ones, an abort counts and the job fails with the reason."""
+    job_id, _ = _launch(db, setup, max_attempts=1)
+    ports = []
+    for round_ in range(3):
+        if round_:
+            db.call("reserve_next", setup["fleet"], 1000)
+        attempt = db.fetch_one(
+            "SELECT * FROM attempts WHERE job_id = %s ORDER BY number DESC LIMIT 1", (job_id,)
+        )
+        ports.append(attempt["master_port"])
+        _abort_in_prepare(db, job_id, f"rank 0 cannot bind MASTER_PORT {attempt['master_port']} (in use)")
+        j = job(db, job_id)
+        if round_ < 2:
+            assert j["state"] == "queued", j
+            assert f"free re-launch {round_ + 1} of 2" in j["state_reason"]
+            assert j["free_relaunches_used"] == round_ + 1
+    assert len(set(ports)) == 3, ports
+    assert j["state"] == "failed" and "attempt 1 of 1 failed" in j["state_reason"], j
+    assert "cannot bind MASTER_PORT" in j["state_reason"]
+    assert _held(db) == 0
+    # A failure after free re-launches counts against max_attempts like any other.
+    job2, _ = _launch(db, setup, max_attempts=2)
+    _abort_in_prepare(db, job2, "rank 0 cannot bind MASTER_PORT")
+    db.call("reserve_next", setup["fleet"], 1000)
+    (m,) = run_to_running(db, job2)
+    report(db, "member_exited", m, exit_code=3)
+    j2 = job(db, job2)
+    assert j2["state"] == "queued" and "attempt 1 of 2 failed" in j2["state_reason"], j2
+    # free_relaunches 0 restores the old rule: an abort in prepare counts.
+    db.fetch_all("UPDATE launch_settings SET free_relaunches = 0 RETURNING 1")
+    job3, _ = _launch(db, setup, max_attempts=1)
+    _abort_in_prepare(db, job3, "rank 0 cannot bind MASTER_PORT")
+    assert job(db, job3)["state"] == "failed"
 
 
 def test_failed_attempt_is_retried_until_max_attempts(db: Database, setup: dict) -> None:

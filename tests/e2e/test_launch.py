@@ -157,6 +157,8 @@ def test_one_members_failed_prepare_aborts_the_launch_and_nothing_starts_anywher
     assert "failed to prepare" in job["state_reason"] and "cannot reach rank 1 on b" in job["state_reason"]
     members = cluster.members(job_id)
     assert {m["state"] for m in members} == {"aborted"}
+    # Launched 1 + launch_settings.free_relaunches (2) times: an abort in prepare started nothing (0140).
+    assert len({m["attempt_id"] for m in members}) == 3
     assert cluster.db.fetch_one(
         "SELECT decision FROM launch_decisions WHERE attempt_id = %s", (members[0]["attempt_id"],)
     ) == {"decision": "abort"}
