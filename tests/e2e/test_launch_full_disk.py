@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +142,21 @@ def test_a_member_ending_while_its_record_cannot_be_written_is_still_reported_en
             assert cluster.held() == 0
         finally:
             filler.unlink()
+
+
+def test_a_capsule_fetch_that_fills_the_work_disk_fails_the_prepare_with_the_reason_and_leaves_no_partial(
+    cluster: Cluster,
+) -> None:
+    _, work = cluster.agent_dirs("a")
+    with small_tmpfs(work, "1m"):
+        cluster.start_agent("a")
+        cluster.start_worker()
+        # 3 MiB of incompressible bytes: the capsule cannot fit in the 1 MiB work directory.
+        archive = cluster.upload_source({"job.py": "print('never')\n", "blob.txt": os.urandom(3 * MIB).hex()})
+        job_id = cluster.submit(_spec(archive, cluster.root / "unused", nodes=1))
+        job = cluster.wait_job(job_id, ("failed", "succeeded", "cancelled"), timeout=90)
+        assert job["state"] == "failed", cluster.diagnose(job_id)
+        assert "No space left on device" in job["state_reason"], job["state_reason"]
+        # Nothing of the failed fetches stays on the node's disk.
+        assert list((work / "capsules").glob("*")) == []
+        assert cluster.held() == 0

@@ -303,6 +303,10 @@ def environment_entries(work_dir: Path) -> list[CacheEntry]:
     return entries
 
 
+# A capsule download's partial file unchanged this long belongs to no live fetch (remove_stale_partials).
+PARTIAL_STALE_AFTER = 600.0
+
+
 def capsule_entries(work_dir: Path) -> list[CacheEntry]:
     root = work_dir / "capsules"
     if not root.is_dir():
@@ -407,7 +411,26 @@ def clean_caches(work_dir: Path, records: list) -> dict:
     in_use = environments_in_use(work_dir, records)
     envs = clean_up(environment_entries(work_dir), in_use, ENV_CACHE_MAX_BYTES, ENV_MIN_AGE)
     capsules = clean_up(capsule_entries(work_dir), set(), CAPSULE_CACHE_MAX_BYTES, CAPSULE_MIN_AGE)
-    return {"environments": [e.key for e in envs], "capsules": [e.key for e in capsules]}
+    partials = remove_stale_partials(work_dir)
+    return {
+        "environments": [e.key for e in envs],
+        "capsules": [e.key for e in capsules],
+        "partials": partials,
+    }
+
+
+def remove_stale_partials(work_dir: Path, stale_after: float = PARTIAL_STALE_AFTER) -> list[str]:
+    """Capsule downloads nobody finishes any more (an agent killed mid-fetch): a live fetch appends at
+    least every 30 s (its read timeout) or gives up, so a partial file unchanged for `stale_after` seconds
+    is an orphan. Returns the names removed."""
+    removed = []
+    now = time.time()
+    for path in (work_dir / "capsules").glob("*.partial"):
+        with contextlib.suppress(OSError):
+            if now - path.stat().st_mtime > stale_after:
+                path.unlink()
+                removed.append(path.name)
+    return removed
 
 
 async def clean_and_report(

@@ -88,27 +88,29 @@ async def fetch_capsule(access: NodeAccess, cache: Path, digest: str, deadline: 
     give_up_at = deadline if deadline is not None else time.time() + FETCH_BUDGET
     pause = FETCH_PAUSE_FIRST
     tries = 0
-    while True:
-        tries += 1
-        try:
-            await _fetch_rest(access, url, partial, digest)
-            break
-        except _FetchInterrupted as exc:
-            if time.time() + pause >= give_up_at:
-                partial.unlink(missing_ok=True)
-                raise PrepareFailed(
-                    f"fetching capsule {digest} failed after {tries} tries until the prepare deadline: {exc}"
-                ) from exc
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, FETCH_PAUSE_MAX)
-        except PrepareFailed:
-            partial.unlink(missing_ok=True)
-            raise
-    actual = await asyncio.to_thread(file_digest, partial)
-    if actual != digest:
+    try:
+        while True:
+            tries += 1
+            try:
+                await _fetch_rest(access, url, partial, digest)
+                break
+            except _FetchInterrupted as exc:
+                if time.time() + pause >= give_up_at:
+                    raise PrepareFailed(
+                        f"fetching capsule {digest} failed after {tries} tries until the prepare "
+                        f"deadline: {exc}"
+                    ) from exc
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, FETCH_PAUSE_MAX)
+        actual = await asyncio.to_thread(file_digest, partial)
+        if actual != digest:
+            raise PrepareFailed(f"capsule digest mismatch: fetched {actual}, expected {digest}")
+        os.replace(partial, target)
+    except BaseException:
+        # Whatever ended the fetch (a refusal, the deadline, a full disk, an ABORT cancelling the prepare),
+        # its partial file goes: left behind, each would keep its bytes on the node's disk for ever.
         partial.unlink(missing_ok=True)
-        raise PrepareFailed(f"capsule digest mismatch: fetched {actual}, expected {digest}")
-    os.replace(partial, target)
+        raise
     return target
 
 
