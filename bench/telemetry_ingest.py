@@ -107,11 +107,17 @@ def end_to_end(url: str, out: Path, total: int, tmp: Path) -> tuple[float, float
     try:
         import httpx
 
-        wait_for(
-            lambda: gateway.poll() is None and _ok(httpx, f"http://127.0.0.1:{port}/healthz"),
-            timeout=60,
-            what=f"gateway (log: {tmp / 'gateway.log'})",
-        )
+        try:
+            wait_for(
+                lambda: gateway.poll() is not None or _ok(httpx, f"http://127.0.0.1:{port}/healthz"),
+                timeout=60,
+                what="the telemetry gateway",
+            )
+        except AssertionError:
+            gateway.poll()
+        if gateway.returncode is not None or not _ok(httpx, f"http://127.0.0.1:{port}/healthz"):
+            tail = (tmp / "gateway.log").read_bytes()[-4000:].decode(errors="replace")
+            raise RuntimeError(f"the telemetry gateway did not come up (exit {gateway.returncode}):\n{tail}")
         conn = psycopg.connect(url, autocommit=True)
         pg_before, gateway_before = postgres_cpu_seconds(), cpu_seconds(gateway.pid)
         started = time.perf_counter()
