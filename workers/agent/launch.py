@@ -55,6 +55,7 @@ from workers.capsule import CapsuleError
 from workers.proctree import (
     TAG_VARIABLE,
     alive,
+    descendants,
     member_processes,
     signal_all,
     start_time,
@@ -608,7 +609,14 @@ class LaunchAgent:
         return {"member_id": member_id, "signalled": len(pids)}
 
     def processes_of(self, record: MemberRecord) -> set[int]:
-        return member_processes(record.pid, record.pid_started, member_tag(self.paths, record.member_id))
+        pids = member_processes(record.pid, record.pid_started, member_tag(self.paths, record.member_id))
+        # The keeper's descendants too: after the runner was killed they are found by tag only, and a child
+        # started with a clean environment (`env -i`) carries none; SIGKILLing the keeper before it would
+        # leave that child running after the member's resources were released.
+        keeper = read_runner_pids(member_dir(self.paths, record.member_id))
+        if keeper.get("keeper") and alive(keeper["keeper"], keeper.get("keeper_started")):
+            pids |= {keeper["keeper"]} | descendants(keeper["keeper"])
+        return pids
 
     async def _kill_after(self, record: MemberRecord, grace: float) -> None:
         deadline = asyncio.get_running_loop().time() + grace
