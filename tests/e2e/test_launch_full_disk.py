@@ -11,17 +11,14 @@ Needs root to mount a tmpfs (skipped otherwise).
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.helpers import wait_for
+from tests.small_fs import fill_up, small_tmpfs
 from workers.agent.members import member_tag
 from workers.agent.state import AgentPaths
 from workers.proctree import tagged
@@ -35,39 +32,6 @@ pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"], "started").write_text(str(os.ge
 while not flag.exists():
     time.sleep(0.05)
 """
-
-
-@contextlib.contextmanager
-def small_tmpfs(path: Path, size: str = "2m") -> Iterator[Path]:
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
-
-
-def fill(directory: Path) -> Path:
-    """Write to a file in `directory` until the file system says ENOSPC; returns the file."""
-    filler = directory / "filler"
-    block = b"\0" * 65536
-    with open(filler, "wb") as handle:
-        while True:
-            try:
-                handle.write(block)
-                handle.flush()
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC, exc
-                break
-    # Fill the last partial page too: tmpfs hands out whole pages.
-    with contextlib.suppress(OSError), open(filler, "ab", buffering=0) as handle:
-        while handle.write(b"\0"):
-            pass
-    return filler
 
 
 def _spec(archive: str, flag: Path, nodes: int) -> dict:
@@ -88,7 +52,7 @@ def test_a_start_whose_record_cannot_be_written_runs_nothing_and_fails_with_the_
     cluster: Cluster,
 ) -> None:
     state, _ = cluster.agent_dirs("a")
-    with small_tmpfs(state):
+    with small_tmpfs(state, "2m"):
         cluster.start_agent("a")
         # b holds its prepare, so a's member is prepared (its record written) well before COMMIT sends START.
         cluster.start_agent("b", "--hold-prepare", "6")
@@ -103,7 +67,7 @@ def test_a_start_whose_record_cannot_be_written_runs_nothing_and_fails_with_the_
             timeout=30,
             what="a's member prepared",
         )
-        filler = fill(state)
+        filler = fill_up(state)
         try:
             assert cluster.job(job_id)["state"] == "preparing", (
                 "b prepared before the disk was full: hold longer"
@@ -125,7 +89,7 @@ def test_a_start_whose_record_cannot_be_written_runs_nothing_and_fails_with_the_
 
 def test_a_member_ending_while_its_record_cannot_be_written_is_still_reported_ended(cluster: Cluster) -> None:
     state, _ = cluster.agent_dirs("a")
-    with small_tmpfs(state):
+    with small_tmpfs(state, "2m"):
         cluster.start_agent("a")
         cluster.start_worker()
         archive = cluster.upload_source({"job.py": WAIT_FOR_RELEASE})
@@ -134,7 +98,7 @@ def test_a_member_ending_while_its_record_cannot_be_written_is_still_reported_en
         (member,) = cluster.wait_members(job_id, "running", timeout=60)
         started = cluster.member_dir("a", member["id"]) / "output" / "started"
         wait_for(started.exists, timeout=30, what="the workload to start")
-        filler = fill(state)
+        filler = fill_up(state)
         try:
             flag.write_text("go")
             job = cluster.wait_job(job_id, ("succeeded", "failed", "cancelled"), timeout=40)
