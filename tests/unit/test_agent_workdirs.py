@@ -40,3 +40,54 @@ def test_a_capsule_download_left_by_a_killed_agent_is_removed_once_stale_a_live_
     removed = clean_caches(tmp_path, [])
     assert removed["partials"] == [orphan.name]
     assert not orphan.exists() and live.exists()
+
+
+def test_finished_members_directories_go_after_the_keep_time_never_a_needed_or_live_one(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    from workers.agent.member_dirs import remove_finished_member_dirs
+    from workers.agent.members import MemberRecord, member_tag_in
+    from workers.proctree import TAG_VARIABLE, tagged
+
+    def workspace(member_id: int, age: float) -> Path:
+        path = tmp_path / "members" / str(member_id)
+        (path / "output" / "ckpt").mkdir(parents=True)
+        (path / "output" / "ckpt" / "w.bin").write_bytes(b"w" * 1024)
+        when = time.time() - age
+        for each in (path / "output" / "ckpt" / "w.bin", path / "output" / "ckpt", path / "output", path):
+            os.utime(each, (when, when))
+        return path
+
+    day = 24 * 3600.0
+
+    def record(member_id: int, **fields: object) -> MemberRecord:
+        return MemberRecord(member_id=member_id, attempt_id=1, job_id=1, attempt=1, rank=0, **fields)
+
+    done = workspace(1, 2 * day)  # ended, reported, delivered: the agent forgot it
+    recent = workspace(2, 60)  # done too, but touched a minute ago
+    delivering = workspace(3, 2 * day)
+    unreported = workspace(4, 2 * day)
+    running = workspace(5, 2 * day)
+    live = workspace(6, 2 * day)  # no record (a state disk lost), but its process still runs
+    records = [
+        record(2, state="ended"),
+        record(3, state="ended", deliveries={"ckpt": {"state": "pending"}}),
+        record(4, state="ended", unreported={"member_exited": {}}),
+        record(5, state="running"),
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        env={**os.environ, TAG_VARIABLE: member_tag_in(tmp_path, 6)},
+    )
+    try:
+        assert tagged(member_tag_in(tmp_path, 6)) == {process.pid}
+        removed = remove_finished_member_dirs(tmp_path, records, keep_for=day)
+    finally:
+        process.kill()
+        process.wait()
+    assert removed == [1] and not done.exists()
+    assert all(p.exists() for p in (recent, delivering, unreported, running, live))
+    assert not list((tmp_path / "members").glob(".delete-*"))

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from app.uvtool import uv_binary, uv_environment, uv_reason
 from workers.agent.handlers import SESSION_HOOKS, AgentContext
+from workers.agent.member_dirs import remove_finished_member_dirs
 from workers.runner.environment_check import (
     READY_MARKER,
     EnvironmentMismatch,
@@ -407,15 +408,18 @@ def environments_in_use(work_dir: Path, records: list) -> set[str]:
 
 
 def clean_caches(work_dir: Path, records: list) -> dict:
-    """The LRU clean-up of both caches (run in a thread after a prepare); returns what it removed."""
+    """The LRU clean-up of both caches, stale partial downloads and finished members' directories
+    (workers.agent.member_dirs), run in a thread after a prepare; returns what it removed."""
     in_use = environments_in_use(work_dir, records)
     envs = clean_up(environment_entries(work_dir), in_use, ENV_CACHE_MAX_BYTES, ENV_MIN_AGE)
     capsules = clean_up(capsule_entries(work_dir), set(), CAPSULE_CACHE_MAX_BYTES, CAPSULE_MIN_AGE)
     partials = remove_stale_partials(work_dir)
+    members = remove_finished_member_dirs(work_dir, records)
     return {
         "environments": [e.key for e in envs],
         "capsules": [e.key for e in capsules],
         "partials": partials,
+        "member_dirs": members,
     }
 
 

@@ -24,7 +24,11 @@ def member_dir(paths: AgentPaths, member_id: int) -> Path:
 
 def member_tag(paths: AgentPaths, member_id: int) -> str:
     """A marker unique to this member on this machine, put into the environment of its processes."""
-    return f"m{int(member_id)}.{hashlib.sha256(str(paths.work_dir).encode()).hexdigest()[:12]}"
+    return member_tag_in(paths.work_dir, member_id)
+
+
+def member_tag_in(work_dir: Path, member_id: int) -> str:
+    return f"m{int(member_id)}.{hashlib.sha256(str(work_dir).encode()).hexdigest()[:12]}"
 
 
 def tag_suffix(paths: AgentPaths) -> str:
