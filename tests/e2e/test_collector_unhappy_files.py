@@ -21,6 +21,7 @@ from app.db import Database
 from tests.conftest import free_port
 from tests.e2e.telemetry_processes import REPO, kill9, stored_points
 from tests.helpers import wait_for
+from tests.small_fs import fill_up, small_tmpfs
 from tests.telemetry_support import GatewayThread, make_job, make_user, member_token, running_gateway
 from workers.collector.collector import FINAL_SENT, MEMBER_EXITED
 
@@ -218,30 +219,8 @@ def _unopenable() -> str | None:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 1 MiB filesystem (tmpfs) to fill; skipped where mounting is not allowed."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def _fill(directory: Path) -> Path:
-    """Take every byte left on the filesystem holding `directory`."""
-    filler = directory / "filler"
-    with open(filler, "wb", buffering=0) as handle:
-        for size in (65536, 4096, 512, 1):
-            try:
-                while True:
-                    handle.write(b"\0" * size)
-            except OSError:
-                continue
-    return filler
 
 
 def test_a_full_spool_disk_pauses_reading_and_loses_nothing(
@@ -269,7 +248,7 @@ def test_a_full_spool_disk_pauses_reading_and_loses_nothing(
     process = collectors.start(out, spool, url, token, extra=scope)
     _logged(process, log, "spool: cannot write (No space left on device)")
     kill9(process)
-    filler = _fill(small_disk)  # not a byte left, not even for the restarted spool's new segment
+    filler = fill_up(small_disk)  # not a byte left, not even for the restarted spool's new segment
     process = collectors.start(out, spool, url, token, extra=scope)
     with running_gateway(db_url, port):
         # What was spooled before the disk filled is sent although nothing can be written.
