@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import logging
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from app.db import Database
+from workers.disk_usage import tree_usage
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +116,11 @@ def _collect_leftovers(db: Database, root: Path, horizon: float, report: GcRepor
     candidates = [d for d in sorted(staging.glob("*")) if d.is_dir() and d.name not in uploading]
     candidates += [f for f in sorted((root / "tmp").glob("*")) if f.is_file()]
     for path in candidates:
-        newest, size = _newest_and_size(path)
-        if newest > horizon:
+        try:
+            usage = tree_usage(path)
+        except FileNotFoundError:
+            continue
+        if usage.newest > horizon:
             continue  # written lately: an upload may still be at work (registered again, finishing)
         if not report.dry_run:
             if path.is_dir():
@@ -125,27 +128,7 @@ def _collect_leftovers(db: Database, root: Path, horizon: float, report: GcRepor
             else:
                 path.unlink(missing_ok=True)
         report.removed_leftovers += 1
-        report.leftover_bytes += size
-
-
-def _newest_and_size(path: Path) -> tuple[float, int]:
-    """The newest mtime under path (itself included) and the bytes of its files."""
-    try:
-        top = path.stat()
-    except FileNotFoundError:
-        return float("inf"), 0
-    if not path.is_dir():
-        return top.st_mtime, top.st_size
-    newest, size = top.st_mtime, 0
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in dirnames + filenames:
-            try:
-                st = os.lstat(os.path.join(dirpath, name))
-            except FileNotFoundError:
-                continue
-            newest = max(newest, st.st_mtime)
-            size += st.st_size if name in filenames else 0
-    return newest, size
+        report.leftover_bytes += usage.bytes
 
 
 def run_collection(database_url: str, blob_dir: Path | str, min_age: float = DEFAULT_MIN_AGE) -> GcReport:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.agent.members import MemberRecord, MemberStore
+from workers.agent.members import MemberRecord, MemberStore, pending
 from workers.agent.outputs import Outcome, deliver_output, fail_artifact, planned_outputs, refuse_output
 from workers.agent.prepare import NodeAccess
 from workers.artifacts.member_logs import logs_output
@@ -41,10 +41,6 @@ def plan_deliveries(record: MemberRecord, directory: Path, deadline: float, *, o
         for o in outputs
     }
     record.deliver_by = time.time() + deadline if outputs else None
-
-
-def pending(record: MemberRecord) -> list[str]:
-    return [name for name, d in (record.deliveries or {}).items() if d["state"] in ("pending", "failing")]
 
 
 def backoff(tries: int) -> float:

@@ -34,6 +34,7 @@ from pathlib import Path
 from app.uvtool import uv_binary, uv_environment, uv_reason
 from workers.agent.handlers import SESSION_HOOKS, AgentContext
 from workers.agent.member_dirs import remove_finished_member_dirs
+from workers.disk_usage import tree_usage
 from workers.runner.environment_check import (
     READY_MARKER,
     EnvironmentMismatch,
@@ -275,15 +276,6 @@ def interpreter_site(env: Path) -> Path:
 # ---- clean-up -----------------------------------------------------------------------------------------
 
 
-def tree_size(path: Path) -> int:
-    total = 0
-    for dirpath, _dirs, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
-
-
 @dataclass(frozen=True)
 class CacheEntry:
     path: Path
@@ -300,7 +292,7 @@ def environment_entries(work_dir: Path) -> list[CacheEntry]:
     for path in root.iterdir():
         if path.is_dir() and re.fullmatch(r"[0-9a-f]{64}", path.name) and (path / READY_MARKER).is_file():
             used = (path / READY_MARKER).stat().st_mtime
-            entries.append(CacheEntry(path, path.name, tree_size(path), used))
+            entries.append(CacheEntry(path, path.name, tree_usage(path).bytes, used))
     return entries
 
 

@@ -43,11 +43,19 @@ from app.security import new_token
 from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
 from workers.agent.checkpoints import CheckpointWatchers
 from workers.agent.collectors import MemberCollectors
-from workers.agent.delivery import DEFAULT_DEADLINE, Delivery, pending, plan_deliveries
+from workers.agent.delivery import DEFAULT_DEADLINE, Delivery, plan_deliveries
 from workers.agent.environments import progress_reporter, schedule_clean_caches
 from workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
 from workers.agent.logship import ship_logs
-from workers.agent.members import MemberRecord, MemberStore, member_dir, member_tag, tag_suffix
+from workers.agent.members import (
+    MemberRecord,
+    MemberStore,
+    member_dir,
+    member_tag,
+    pending,
+    settled,
+    tag_suffix,
+)
 from workers.agent.prepare import NodeAccess, PrepareFailed, prepare_member_dir
 from workers.agent.probe import ProbeServer
 from workers.agent.session import Refused
@@ -693,7 +701,7 @@ class LaunchAgent:
                 exited.append(
                     {"member_id": record.member_id, "exit_code": record.exit_code, "reason": record.reason}
                 )
-            elif not record.unreported and not pending(record) and not self._busy(record.member_id):
+            elif settled(record) and not self._busy(record.member_id):
                 # Reported, acknowledged and delivered: nothing left to remember.
                 self.store.forget(record.member_id)
                 for tasks in (self.deliveries, self.finishing, self.watchers):

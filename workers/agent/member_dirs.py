@@ -10,35 +10,18 @@ has a live process (found by the member's tag) is never removed, whatever the re
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import shutil
 import time
 from pathlib import Path
 
-from workers.agent.members import MemberRecord, member_tag_in
+from workers.agent.members import MemberRecord, member_tag_in, settled
+from workers.disk_usage import tree_usage
 from workers.proctree import tagged
 
 MEMBER_DIR_KEEP = float(os.environ.get("TUNEPLANE_MEMBER_DIR_KEEP", str(24 * 3600)))
 _counter = itertools.count()
-
-
-def _still_needed(record: MemberRecord) -> bool:
-    # The same rule as the agent's reconcile before it forgets a record: ended, reported, delivered.
-    if record.state != "ended" or record.unreported:
-        return True
-    return any(d.get("state") in ("pending", "failing") for d in (record.deliveries or {}).values())
-
-
-def newest_change(path: Path) -> float:
-    """The newest mtime of anything under `path` (itself included)."""
-    newest = path.stat().st_mtime
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in itertools.chain(dirnames, filenames):
-            with contextlib.suppress(OSError):
-                newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
-    return newest
 
 
 def remove_finished_member_dirs(
@@ -46,7 +29,7 @@ def remove_finished_member_dirs(
 ) -> list[int]:
     """Remove the directories of members the agent is done with and that have not changed for `keep_for`
     seconds. Returns the member ids removed."""
-    needed = {r.member_id for r in records if _still_needed(r)}
+    needed = {r.member_id for r in records if not settled(r)}
     horizon = time.time() - keep_for
     removed = []
     root = work_dir / "members"
@@ -55,7 +38,7 @@ def remove_finished_member_dirs(
             continue
         member_id = int(path.name)
         try:
-            if newest_change(path) > horizon:
+            if tree_usage(path).newest > horizon:
                 continue
         except OSError:
             continue

@@ -61,6 +61,17 @@ class MemberRecord:
     deliver_by: float | None = None
 
 
+def pending(record: MemberRecord) -> list[str]:
+    """The outputs still to deliver (or to give up on)."""
+    return [name for name, d in (record.deliveries or {}).items() if d["state"] in ("pending", "failing")]
+
+
+def settled(record: MemberRecord) -> bool:
+    """The agent is done with the member: it ended, its end was reported and acknowledged, and its outputs
+    were delivered or given up (the record may be forgotten, its directory removed in time)."""
+    return record.state == "ended" and not record.unreported and not pending(record)
+
+
 class MemberStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
