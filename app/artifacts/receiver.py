@@ -264,6 +264,11 @@ class ArtifactReceiver:
     def _staging_root(self, artifact_id: int) -> Path:
         return self.blob_dir / "staging" / "artifacts" / str(artifact_id)
 
+    def _drop_staging(self, artifact_id: int) -> None:
+        """The artifact's staged files and in-order hashes are no longer needed (complete, failed)."""
+        STAGED_HASHES.forget_under(self._staging_root(artifact_id))
+        shutil.rmtree(self._staging_root(artifact_id), ignore_errors=True)
+
     def _staging_file(self, target: dict) -> Path:
         return (
             self._staging_root(target["artifact_id"])
@@ -363,8 +368,7 @@ class ArtifactReceiver:
                 target["size"],
             )[0]
         if artifact["state"] == "complete":
-            STAGED_HASHES.forget_under(self._staging_root(target["artifact_id"]))
-            shutil.rmtree(self._staging_root(target["artifact_id"]), ignore_errors=True)
+            self._drop_staging(target["artifact_id"])
         return artifact
 
     def finish(self, credential_hash: str, artifact_id: int) -> dict:
@@ -401,14 +405,12 @@ class ArtifactReceiver:
         artifact = self.db.call(
             "refuse_artifact", credential_hash, refused.member_id, refused.name, refused.kind, refused.reason
         )[0]
-        STAGED_HASHES.forget_under(self._staging_root(artifact["id"]))
-        shutil.rmtree(self._staging_root(artifact["id"]), ignore_errors=True)
+        self._drop_staging(artifact["id"])
         return artifact
 
     def fail(self, credential_hash: str, artifact_id: int, reason: str) -> dict:
         artifact = self.db.call("fail_artifact", credential_hash, artifact_id, reason)[0]
-        STAGED_HASHES.forget_under(self._staging_root(artifact_id))
-        shutil.rmtree(self._staging_root(artifact_id), ignore_errors=True)
+        self._drop_staging(artifact_id)
         return artifact
 
 
