@@ -35,8 +35,8 @@ from pathlib import Path
 
 from workers.agent.handlers import AgentContext, CommandFailed, command
 from workers.agent.members import member_dir
-from workers.agent.outputs import RETRYABLE_4XX
 from workers.agent.prepare import NodeAccess
+from workers.artifacts.upload import retryable_status
 
 log = logging.getLogger("tuneplane.agent.checkpoints")
 
@@ -144,7 +144,7 @@ def publish_pending(
                     )
                 except (UploadError, OSError) as exc:
                     status = getattr(exc, "status", None)
-                    if not final and (status is None or status >= 500 or status in RETRYABLE_4XX):
+                    if not final and retryable_status(status):
                         say(f"member {member['member_id']}: {artifact_name} not yet published: {exc}")
                         break  # the server is unreachable or busy: the next scan tries again
                     # Refused for good (e.g. a fleet without object delivery), or the last try after the

@@ -21,7 +21,7 @@ import httpx
 
 from workers.agent.prepare import NodeAccess
 from workers.artifacts.member_logs import snapshot_logs
-from workers.artifacts.upload import RETRYABLE_4XX, UploadError
+from workers.artifacts.upload import UploadError, retryable_status
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def fail_artifact(access: NodeAccess, artifact_id: int, reason: str) -> Outcome:
         return Outcome("retry", f"could not mark artifact {artifact_id} failed: {exc}", artifact_id)
     if response.is_success or response.status_code == 409:  # 409: it completed after all
         return Outcome("failed", reason, artifact_id)
-    if response.status_code >= 500 or response.status_code in RETRYABLE_4XX:
+    if retryable_status(response.status_code):
         return Outcome(
             "retry", f"HTTP {response.status_code} marking artifact {artifact_id} failed", artifact_id
         )

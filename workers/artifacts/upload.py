@@ -31,6 +31,12 @@ SEND_PIECE = 1024 * 1024
 RETRYABLE_4XX = (408, 425, 429)
 
 
+def retryable_status(status: int | None) -> bool:
+    """Whether trying again later can succeed after this answer: none at all (unreachable), a server
+    failure, or a 4xx that says busy or too slow; any other 4xx is a refusal that will not change."""
+    return status is None or status >= 500 or status in RETRYABLE_4XX
+
+
 class UploadError(RuntimeError):
     """The upload cannot go on; the message names the file or the server's reason. `status` is the HTTP
     status of a server refusal (None otherwise), so a caller can tell a retryable 5xx from a 4xx."""
@@ -42,7 +48,7 @@ class UploadError(RuntimeError):
     @property
     def retryable(self) -> bool:
         """Whether trying again later can succeed: the server failed or was unreachable, not a refusal."""
-        return self.status is None or self.status >= 500 or self.status in RETRYABLE_4XX
+        return retryable_status(self.status)
 
 
 @dataclass(frozen=True)
