@@ -7,7 +7,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.supervisor import Component
+from tuneplane.app.supervisor import Component
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class UpContext:
 
 
 def tuneplane_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "app", *args]
+    return [sys.executable, "-P", "-m", "tuneplane", *args]
 
 
 def http_ok(url: str) -> bool:
@@ -75,7 +75,7 @@ def embedded_postgres_component(pgdata: Path, data_dir: Path) -> tuple[Component
 
 
 def up_components(ctx: UpContext) -> list[Component]:
-    from app.node_gateway.local import node_components
+    from tuneplane.app.node_gateway.local import node_components
 
     return [
         Component(

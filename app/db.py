@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from app.errors import RETRY_PAUSES, busy_refusal, refusal_from_db, rolled_back
+from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, refusal_from_db, rolled_back
 
 SEARCH_PATH_OPTION = "-c search_path=tuneplane,public"
 

@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 from aiohttp import http_exceptions, web
 
-from app import input_limits
-from app.errors import Refusal, clip
+from tuneplane.app import input_limits
+from tuneplane.app.errors import Refusal, clip
 
 # A typed request key where aiohttp has them (3.12+), a plain string before.
 JSON_KEY: Any = web.RequestKey("tuneplane_json", object) if hasattr(web, "RequestKey") else "tuneplane_json"

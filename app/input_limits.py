@@ -18,7 +18,7 @@ import math
 import re
 from typing import Any
 
-from app.errors import Refusal, clip
+from tuneplane.app.errors import Refusal, clip
 
 MAX_JSON_DEPTH = 32
 MAX_JSON_BYTES = 8 * 1024 * 1024

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psycopg
 
-from app.db import connect
-from app.resources import resource_dir
+from tuneplane.app.db import connect
+from tuneplane.app.resources import resource_dir
 
 # An arbitrary constant: the key of the session advisory lock that serializes migration runs.
 MIGRATION_LOCK_KEY = 7_402_911_339

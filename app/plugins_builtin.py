@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.plugins import Plugin
+from tuneplane.app.plugins import Plugin
 
 node_backend = Plugin(
     name="node",

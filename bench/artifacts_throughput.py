@@ -57,18 +57,19 @@ sys.path.insert(0, str(REPO))
 import google_crc32c  # noqa: E402
 import httpx  # noqa: E402
 
-from app import embedded_pg  # noqa: E402
-from app.cli.artifacts_cmd import download_artifact  # noqa: E402
-from app.client.config import ClientConfig  # noqa: E402
-from app.client.http import ApiClient  # noqa: E402
-from app.db import Database  # noqa: E402
-from app.migrate import migrate  # noqa: E402
 from tests.artifact_fixtures import api_token, make_member  # noqa: E402
 from tests.conftest import free_port  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
-from workers.artifacts.deliver import deliver_artifact, node_http  # noqa: E402
-from workers.artifacts.manifest import build_manifest  # noqa: E402
-from workers.artifacts.upload import Chunk, read_chunk  # noqa: E402
+from tuneplane.app import embedded_pg  # noqa: E402
+from tuneplane.app.cli.artifacts_cmd import download_artifact  # noqa: E402
+from tuneplane.app.client.config import ClientConfig  # noqa: E402
+from tuneplane.app.client.http import ApiClient  # noqa: E402
+from tuneplane.app.components import tuneplane_argv  # noqa: E402
+from tuneplane.app.db import Database  # noqa: E402
+from tuneplane.app.migrate import migrate  # noqa: E402
+from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http  # noqa: E402
+from tuneplane.workers.artifacts.manifest import build_manifest  # noqa: E402
+from tuneplane.workers.artifacts.upload import Chunk, read_chunk  # noqa: E402
 
 TARGET = 0.5
 
@@ -142,7 +143,7 @@ def _bare_receiver(dst: Path, sizes: dict[str, int], chunk_size: int, ports: Any
     """The receiving side of `bare_upload`, in its own process (as the node gateway is): for each chunk,
     check the crc32c, extend the file's sha256, write at the offset, start writeback, fsync after the
     file's last chunk, then answer with the crc32c."""
-    from app.artifacts.staged_hash import start_writeback
+    from tuneplane.app.artifacts.staged_hash import start_writeback
 
     hashes = {name: hashlib.sha256() for name in sizes}
     listener = socket.create_server(("127.0.0.1", 0))
@@ -232,7 +233,7 @@ def write_random_tree(root: Path, files: int, total: int) -> None:
 
 def start(args: list[str], url: str, health: str) -> subprocess.Popen:
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        tuneplane_argv(*args), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     wait_for(lambda: _up(url + health), timeout=60, what=" ".join(args[:1]))
     return process

@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from app import embedded_pg
-from app.migrate import migrate
+from tuneplane.app import embedded_pg
+from tuneplane.app.migrate import migrate
 
 
 @contextmanager

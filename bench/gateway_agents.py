@@ -40,12 +40,12 @@ from psycopg.types.json import Jsonb
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from app.db import SEARCH_PATH_OPTION  # noqa: E402
-from app.migrate import migrate  # noqa: E402
-from app.security import new_token  # noqa: E402
-from workers.agent.handlers import COMMAND_HANDLERS, AgentContext  # noqa: E402
-from workers.agent.session import ControlSession  # noqa: E402
-from workers.agent.state import MemoryCredentialStore, StoredCredential  # noqa: E402
+from tuneplane.app.db import SEARCH_PATH_OPTION  # noqa: E402
+from tuneplane.app.migrate import migrate  # noqa: E402
+from tuneplane.app.security import new_token  # noqa: E402
+from tuneplane.workers.agent.handlers import COMMAND_HANDLERS, AgentContext  # noqa: E402
+from tuneplane.workers.agent.session import ControlSession  # noqa: E402
+from tuneplane.workers.agent.state import MemoryCredentialStore, StoredCredential  # noqa: E402
 
 TARGET_P99 = 1.0
 received: dict[int, float] = {}
@@ -223,8 +223,8 @@ async def run(args: argparse.Namespace, url: str) -> dict:
     gateway = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "app",
+            "-P", "-m",
+            "tuneplane",
             "node-gateway",
             "--database-url",
             url,
@@ -377,7 +377,7 @@ def main() -> None:
     pg = None
     url = args.database_url
     if url is None:
-        from app import embedded_pg
+        from tuneplane.app import embedded_pg
 
         tmp = Path(tempfile.mkdtemp(prefix="tp-bench-"))
         pg = embedded_pg.start(tmp / "pg")

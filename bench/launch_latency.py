@@ -34,9 +34,9 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
-from app import embedded_pg
-from app.client.config import read_config_file
 from tests.e2e.up_process import free_port_run
+from tuneplane.app import embedded_pg
+from tuneplane.app.client.config import read_config_file
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_P50 = 0.5
@@ -103,8 +103,8 @@ class Installation:
         self.up = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "app",
+                "-P", "-m",
+                "tuneplane",
                 "up",
                 "--database-url",
                 self.url,

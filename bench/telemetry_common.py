@@ -14,9 +14,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.db import Database  # noqa: E402
-from app.migrate import migrate  # noqa: E402
 from tests.telemetry_support import make_job, make_user, member_token  # noqa: E402
+from tuneplane.app.db import Database  # noqa: E402
+from tuneplane.app.migrate import migrate  # noqa: E402
 
 
 @contextmanager
@@ -25,7 +25,7 @@ def bench_database(database_url: str | None) -> Iterator[str]:
         migrate(database_url, progress=lambda _m: None)
         yield database_url
         return
-    from app import embedded_pg
+    from tuneplane.app import embedded_pg
 
     tmp = Path(tempfile.mkdtemp(prefix="tp-bench-telemetry-"))
     with warnings.catch_warnings():

@@ -33,10 +33,11 @@ import numpy as np
 import psycopg
 from telemetry_common import REPO, bench_database, job_with_token
 
-from app.telemetry.ingest import COPY_SQL, copy_buffer
 from tests.conftest import free_port
 from tests.helpers import wait_for
-from workers.collector import tfrecord
+from tuneplane.app.components import tuneplane_argv
+from tuneplane.app.telemetry.ingest import COPY_SQL, copy_buffer
+from tuneplane.workers.collector import tfrecord
 
 
 def write_files(out: Path, jsonl_points: int, tb_points: int) -> None:
@@ -98,7 +99,7 @@ def end_to_end(url: str, out: Path, total: int, tmp: Path) -> tuple[float, float
     tmp.mkdir(parents=True, exist_ok=True)
     gateway_log = open(tmp / "gateway.log", "wb")  # noqa: SIM115 - closed with the process
     gateway = subprocess.Popen(
-        [sys.executable, "-m", "app", "telemetry-gateway", "--database-url", url, "--port", str(port)],
+        tuneplane_argv("telemetry-gateway", "--database-url", url, "--port", str(port)),
         cwd=REPO,
         env=env,
         stderr=gateway_log,
@@ -124,8 +125,8 @@ def end_to_end(url: str, out: Path, total: int, tmp: Path) -> tuple[float, float
         collector = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "app",
+                "-P", "-m",
+                "tuneplane",
                 "collector",
                 "--output-dir",
                 str(out),

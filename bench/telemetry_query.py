@@ -22,10 +22,10 @@ import psycopg
 from psycopg.rows import dict_row
 from telemetry_common import bench_database, job_with_token, percentile
 
-from app.db import SEARCH_PATH_OPTION
-from app.security import token_hash
-from app.telemetry import wire
-from app.telemetry.ingest import batch_digest, store_batch
+from tuneplane.app.db import SEARCH_PATH_OPTION
+from tuneplane.app.security import token_hash
+from tuneplane.app.telemetry import wire
+from tuneplane.app.telemetry.ingest import batch_digest, store_batch
 
 
 async def _store_all(url: str, token: str, points: int, chunk: int) -> None:

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from app import embedded_pg
-from app.migrate import migrate
+from tuneplane.app import embedded_pg
+from tuneplane.app.migrate import migrate
 
 
 def main() -> None:

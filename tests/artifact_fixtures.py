@@ -13,10 +13,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.db import Database
-from app.security import new_token
 from tests.launch_fixtures import make_job, make_node, make_user, members_of
-from workers.artifacts.manifest import Manifest, build_manifest
+from tuneplane.app.db import Database
+from tuneplane.app.security import new_token
+from tuneplane.workers.artifacts.manifest import Manifest, build_manifest
 
 
 @dataclass
@@ -121,7 +121,7 @@ def recorded_complete(
 def served_artifacts(db: Database, db_url: str, tmp_path: Path, port: int, chunk: int) -> Iterator[dict]:
     """The console server (real HTTP on loopback) with its blob store under tmp_path and small chunks:
     {"url", "blob_dir", "tmp"} for artifact tests."""
-    from app.web import create_app
+    from tuneplane.app.web import create_app
 
     db.fetch_one("UPDATE artifact_settings SET chunk_size = %s RETURNING chunk_size", (chunk,))
     blob_dir = tmp_path / "blobs"

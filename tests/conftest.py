@@ -23,8 +23,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pytest_postgresql import factories
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from app.db import Database
-from app.migrate import migrate
+from tuneplane.app.db import Database
+from tuneplane.app.migrate import migrate
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,7 +54,7 @@ def pg_server() -> Iterator[ServerInfo]:
             info.get("password"),
         )
         return
-    from app import embedded_pg
+    from tuneplane.app import embedded_pg
 
     tmp = Path(tempfile.mkdtemp(prefix="tp-test-pg-"))
     with warnings.catch_warnings():

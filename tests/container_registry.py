@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workers.runner.containers import global_options, runtime_env
+from tuneplane.workers.runner.containers import global_options, runtime_env
 
 TOOLS = ("podman", "skopeo", "docker-registry", "busybox")
 APPLETS = ("sh", "echo", "cat", "nc", "sleep", "env", "printf", "test", "seq", "date", "mkdir", "ls", "ps")

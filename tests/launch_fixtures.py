@@ -9,7 +9,7 @@ import hashlib
 import json
 import uuid
 
-from app.db import Database
+from tuneplane.app.db import Database
 
 
 def make_user(db: Database, name: str = "alice", role: str = "user") -> int:

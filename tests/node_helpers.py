@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from app.db import Database
-from app.security import new_token, token_hash
+from tuneplane.app.db import Database
+from tuneplane.app.security import new_token, token_hash
 
 
 def make_fleet(db: Database, name: str = "gpu") -> dict:

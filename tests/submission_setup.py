@@ -5,8 +5,8 @@ Fleet and node management is another area's; these rows stand in for what its ag
 
 from __future__ import annotations
 
-from app.db import Database
-from app.security import hash_password
+from tuneplane.app.db import Database
+from tuneplane.app.security import hash_password
 
 GIB = 1024**3
 

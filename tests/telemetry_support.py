@@ -12,11 +12,11 @@ from contextlib import contextmanager
 
 from aiohttp import web
 
-from app.db import Database
-from app.security import hash_password, new_token
-from app.telemetry.gateway import create_app
-from app.telemetry.tokens import issue_member_token
 from tests.conftest import free_port
+from tuneplane.app.db import Database
+from tuneplane.app.security import hash_password, new_token
+from tuneplane.app.telemetry.gateway import create_app
+from tuneplane.app.telemetry.tokens import issue_member_token
 
 
 def make_user(db: Database, username: str, role: str = "user") -> int:

@@ -45,7 +45,7 @@ class Client:
     ) -> None:
         import httpx
 
-        from app.client.http import check_transport
+        from tuneplane.app.client.http import check_transport
 
         check_transport(url)
         self.url = url.rstrip("/") + "/v1/telemetry/points"

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from app.submission.canonical import canonical_json, digest_of
+from tuneplane.app.submission.canonical import canonical_json, digest_of
 
 SCHEMA = "tuneplane.capsule/v1"
 MANIFEST = "manifest.json"

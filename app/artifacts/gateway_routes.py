@@ -20,9 +20,9 @@ from typing import Any
 
 from aiohttp import web
 
-from app.artifacts.blobs import FsBlobStore
-from app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified
-from app.artifacts.receiver import (
+from tuneplane.app.artifacts.blobs import FsBlobStore
+from tuneplane.app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified
+from tuneplane.app.artifacts.receiver import (
     MAX_CHUNK_BYTES,
     ArtifactReceiver,
     ChunkBody,
@@ -30,9 +30,9 @@ from app.artifacts.receiver import (
     refused_from_json,
     registration_from_json,
 )
-from app.db import Database
-from app.errors import Refusal
-from app.security import token_hash
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.security import token_hash
 
 RECEIVER_KEY = web.AppKey("artifact_receiver", ArtifactReceiver)
 CHUNK_POOL_KEY = web.AppKey("artifact_chunk_pool", ThreadPoolExecutor)
@@ -58,7 +58,7 @@ def _error(refusal: Refusal) -> web.Response:
 
 
 def _public(artifact: dict) -> dict:
-    from app.web.negotiate import _default
+    from tuneplane.app.web.negotiate import _default
 
     keep = ("id", "job_id", "attempt_id", "member_id", "rank", "name", "kind", "state", "reason", "delivery",
             "shared_path", "manifest_digest", "file_count", "total_bytes", "chunk_size")  # fmt: skip

@@ -31,8 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.db import Database
-from workers.disk_usage import tree_usage
+from tuneplane.app.db import Database
+from tuneplane.workers.disk_usage import tree_usage
 
 log = logging.getLogger(__name__)
 

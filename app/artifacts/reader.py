@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from app.artifacts.blobs import FsBlobStore
-from app.artifacts.receiver import shared_file_path
-from workers.artifacts.manifest import READ_BLOCK, Manifest
-from workers.artifacts.verify import VerifyReport, verify_with
+from tuneplane.app.artifacts.blobs import FsBlobStore
+from tuneplane.app.artifacts.receiver import shared_file_path
+from tuneplane.workers.artifacts.manifest import READ_BLOCK, Manifest
+from tuneplane.workers.artifacts.verify import VerifyReport, verify_with
 
 log = logging.getLogger(__name__)
 

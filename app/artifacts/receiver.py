@@ -29,12 +29,12 @@ from typing import Any
 import google_crc32c
 from psycopg.types.json import Jsonb
 
-from app.artifacts.blobs import FsBlobStore
-from app.artifacts.gc import gc_lock
-from app.artifacts.staged_hash import STAGED_HASHES, StagedWriter, trusted_prefix
-from app.db import Database
-from app.errors import Refusal
-from workers.artifacts.manifest import READ_BLOCK, Manifest, ManifestError, check_relative_path
+from tuneplane.app.artifacts.blobs import FsBlobStore
+from tuneplane.app.artifacts.gc import gc_lock
+from tuneplane.app.artifacts.staged_hash import STAGED_HASHES, StagedWriter, trusted_prefix
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.workers.artifacts.manifest import READ_BLOCK, Manifest, ManifestError, check_relative_path
 
 log = logging.getLogger(__name__)
 

@@ -13,49 +13,49 @@ import sys
 
 import click
 
-from app import __version__
-from app.errors import Refusal
+from tuneplane.app import __version__
+from tuneplane.app.errors import Refusal
 
 # command name → the modules to import for it (the first one lists it in COMMANDS). A test checks that this
 # table and the modules' COMMANDS agree.
 COMMANDS_BY_NAME: dict[str, tuple[str, ...]] = {
-    "db": ("app.cli.db_cmd",),
-    "up": ("app.cli.up_cmd",),
-    "embedded-postgres": ("app.cli.up_cmd",),
-    "server": ("app.cli.server_cmd",),
-    "plugins": ("app.cli.plugins_cmd",),
-    "admin": ("app.cli.admin_cmd",),
-    "preview": ("app.cli.submit_cmd",),
-    "confirm": ("app.cli.submit_cmd",),
-    "submit": ("app.cli.submit_cmd",),
-    "jobs": ("app.cli.submit_cmd", "app.cli.jobs_launch_cmd"),
-    "login": ("app.cli.submit_cmd",),
-    "telemetry-gateway": ("app.cli.telemetry_cmd",),
-    "collector": ("app.cli.telemetry_cmd",),
-    "metrics": ("app.cli.telemetry_cmd",),
-    "artifacts": ("app.cli.artifacts_cmd",),
-    "blobs": ("app.cli.blobs_cmd",),
-    "node": ("app.cli.node_cmd",),
-    "node-gateway": ("app.cli.node_cmd",),
-    "fleet": ("app.cli.fleet_cmd",),
-    "worker": ("app.cli.launch_cmd",),
-    "runner": ("app.cli.launch_cmd",),
+    "db": ("tuneplane.app.cli.db_cmd",),
+    "up": ("tuneplane.app.cli.up_cmd",),
+    "embedded-postgres": ("tuneplane.app.cli.up_cmd",),
+    "server": ("tuneplane.app.cli.server_cmd",),
+    "plugins": ("tuneplane.app.cli.plugins_cmd",),
+    "admin": ("tuneplane.app.cli.admin_cmd",),
+    "preview": ("tuneplane.app.cli.submit_cmd",),
+    "confirm": ("tuneplane.app.cli.submit_cmd",),
+    "submit": ("tuneplane.app.cli.submit_cmd",),
+    "jobs": ("tuneplane.app.cli.submit_cmd", "tuneplane.app.cli.jobs_launch_cmd"),
+    "login": ("tuneplane.app.cli.submit_cmd",),
+    "telemetry-gateway": ("tuneplane.app.cli.telemetry_cmd",),
+    "collector": ("tuneplane.app.cli.telemetry_cmd",),
+    "metrics": ("tuneplane.app.cli.telemetry_cmd",),
+    "artifacts": ("tuneplane.app.cli.artifacts_cmd",),
+    "blobs": ("tuneplane.app.cli.blobs_cmd",),
+    "node": ("tuneplane.app.cli.node_cmd",),
+    "node-gateway": ("tuneplane.app.cli.node_cmd",),
+    "fleet": ("tuneplane.app.cli.fleet_cmd",),
+    "worker": ("tuneplane.app.cli.launch_cmd",),
+    "runner": ("tuneplane.app.cli.launch_cmd",),
 }
 
 COMMAND_MODULES = [
-    "app.cli.db_cmd",
-    "app.cli.up_cmd",
-    "app.cli.server_cmd",
-    "app.cli.plugins_cmd",
-    "app.cli.admin_cmd",
-    "app.cli.submit_cmd",
-    "app.cli.jobs_launch_cmd",
-    "app.cli.telemetry_cmd",
-    "app.cli.artifacts_cmd",
-    "app.cli.blobs_cmd",
-    "app.cli.node_cmd",
-    "app.cli.fleet_cmd",
-    "app.cli.launch_cmd",
+    "tuneplane.app.cli.db_cmd",
+    "tuneplane.app.cli.up_cmd",
+    "tuneplane.app.cli.server_cmd",
+    "tuneplane.app.cli.plugins_cmd",
+    "tuneplane.app.cli.admin_cmd",
+    "tuneplane.app.cli.submit_cmd",
+    "tuneplane.app.cli.jobs_launch_cmd",
+    "tuneplane.app.cli.telemetry_cmd",
+    "tuneplane.app.cli.artifacts_cmd",
+    "tuneplane.app.cli.blobs_cmd",
+    "tuneplane.app.cli.node_cmd",
+    "tuneplane.app.cli.fleet_cmd",
+    "tuneplane.app.cli.launch_cmd",
 ]
 
 
@@ -64,9 +64,9 @@ class ExpectedError(Exception):
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    from app.client.transport import ClientError
-    from app.migrate import MigrationError
-    from app.settings import SettingsError
+    from tuneplane.app.client.transport import ClientError
+    from tuneplane.app.migrate import MigrationError
+    from tuneplane.app.settings import SettingsError
 
     return (ExpectedError, SettingsError, MigrationError, Refusal, ClientError)
 

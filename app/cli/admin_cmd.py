@@ -6,9 +6,9 @@ import secrets
 
 import click
 
-from app.cli.options import database, server_side, settings_from
-from app.db import Database
-from app.security import hash_password, new_token
+from tuneplane.app.cli.options import database, server_side, settings_from
+from tuneplane.app.db import Database
+from tuneplane.app.security import hash_password, new_token
 
 
 @click.group("admin")

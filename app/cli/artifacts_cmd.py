@@ -15,14 +15,14 @@ from typing import Any
 import click
 import httpx
 
-from app import humanize
-from app.cli import ExpectedError
-from app.cli.options import api_client, client_options, json_option, print_json, print_table
-from app.cli.progress import byte_progress, quiet_option_help
-from app.client.bulk_get import bulk_get, proxied
-from app.client.http import ApiClient, ClientError
-from workers.artifacts.manifest import Manifest, ManifestError
-from workers.artifacts.verify import verify_directory
+from tuneplane.app import humanize
+from tuneplane.app.cli import ExpectedError
+from tuneplane.app.cli.options import api_client, client_options, json_option, print_json, print_table
+from tuneplane.app.cli.progress import byte_progress, quiet_option_help
+from tuneplane.app.client.bulk_get import bulk_get, proxied
+from tuneplane.app.client.http import ApiClient, ClientError
+from tuneplane.workers.artifacts.manifest import Manifest, ManifestError
+from tuneplane.workers.artifacts.verify import verify_directory
 
 PARTIAL_DIR = ".tuneplane-partial"
 DOWNLOAD_BLOCK = 4 * 1024 * 1024

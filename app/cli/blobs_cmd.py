@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from app.cli.options import database, json_option, print_json, server_side, settings_from
+from tuneplane.app.cli.options import database, json_option, print_json, server_side, settings_from
 
 
 @click.group("blobs")
@@ -28,8 +28,8 @@ def gc_cmd(
     min_age: float, dry_run: bool, database_url: str | None, data_dir: str | None, as_json: bool
 ) -> None:
     """Remove blobs that no artifact, source archive or capsule needs (blob_references() in the database)."""
-    from app.artifacts.gc import collect
-    from app.db import Database
+    from tuneplane.app.artifacts.gc import collect
+    from tuneplane.app.db import Database
 
     settings = settings_from(database_url, data_dir)
     with database(settings) as url:

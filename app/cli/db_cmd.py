@@ -6,8 +6,15 @@ import dataclasses
 
 import click
 
-from app import migrate as migrations
-from app.cli.options import database, json_option, print_json, print_table, server_side, settings_from
+from tuneplane.app import migrate as migrations
+from tuneplane.app.cli.options import (
+    database,
+    json_option,
+    print_json,
+    print_table,
+    server_side,
+    settings_from,
+)
 
 
 @click.group("db")

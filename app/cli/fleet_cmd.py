@@ -12,8 +12,8 @@ from urllib.parse import quote
 
 import click
 
-from app import humanize
-from app.cli.options import api_client, client_options, json_option, print_json, print_table
+from tuneplane.app import humanize
+from tuneplane.app.cli.options import api_client, client_options, json_option, print_json, print_table
 
 
 def _size(value: int | None) -> str:

@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import click
 
-from app import humanize
-from app.cli.log_follow import print_logs
-from app.cli.options import api_client, client_options, json_option, print_json, print_table
-from app.cli.submit_cmd import jobs_group
+from tuneplane.app import humanize
+from tuneplane.app.cli.log_follow import print_logs
+from tuneplane.app.cli.options import api_client, client_options, json_option, print_json, print_table
+from tuneplane.app.cli.submit_cmd import jobs_group
 
 
 def echo_waiting(job: dict) -> None:

@@ -6,7 +6,7 @@ import socket
 
 import click
 
-from app.cli.options import server_side, settings_from
+from tuneplane.app.cli.options import server_side, settings_from
 
 
 @click.command("worker")
@@ -46,9 +46,9 @@ def worker_cmd(
     (node), or submit, follow and cancel every Slurm fleet's jobs through Slurm's tools (slurm)."""
     import os
 
-    from app.cli import ExpectedError
-    from app.migrate import require_current
-    from workers.backend.node_worker import WorkerOptions, main
+    from tuneplane.app.cli import ExpectedError
+    from tuneplane.app.migrate import require_current
+    from tuneplane.workers.backend.node_worker import WorkerOptions, main
 
     settings = settings_from(database_url, data_dir)
     if not settings.database_url:
@@ -61,8 +61,8 @@ def worker_cmd(
         "poll_interval": poll_interval,
     }
     if backend == "slurm":
-        from workers.slurm.worker import SlurmWorkerOptions
-        from workers.slurm.worker import main as slurm_main
+        from tuneplane.workers.slurm.worker import SlurmWorkerOptions
+        from tuneplane.workers.slurm.worker import main as slurm_main
 
         slurm_main(SlurmWorkerOptions(**common))
         return
@@ -79,7 +79,7 @@ def worker_cmd(
 )
 def runner_cmd(member_dir: str) -> None:
     """Run one member (started by the node agent): check the pinned runtime, run the integration."""
-    from workers.runner.process import main
+    from tuneplane.workers.runner.process import main
 
     main(member_dir)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from app.client.http import ApiClient
+from tuneplane.app.client.http import ApiClient
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 READ_BYTES = 256 * 1024

@@ -7,8 +7,8 @@ import socket
 
 import click
 
-from app.cli.options import server_side, settings_from
-from app.node_gateway.config import DEFAULT_PORT, ENV_NODE_GATEWAY_URL
+from tuneplane.app.cli.options import server_side, settings_from
+from tuneplane.app.node_gateway.config import DEFAULT_PORT, ENV_NODE_GATEWAY_URL
 
 
 @click.command("node")
@@ -105,8 +105,8 @@ def node_cmd(
     hold_exit_report: float,
 ) -> None:
     """Run the Node agent: enroll once, then keep an outbound control connection to the gateway."""
-    from app.cli import ExpectedError
-    from workers.agent.main import AgentError, AgentOptions, main
+    from tuneplane.app.cli import ExpectedError
+    from tuneplane.workers.agent.main import AgentError, AgentOptions, main
 
     options = AgentOptions(
         server=server,
@@ -164,9 +164,9 @@ def node_gateway_cmd(
     data_dir: str | None,
 ) -> None:
     """Serve the node control gateway that Node agents dial out to."""
-    from app.cli import ExpectedError
-    from app.migrate import require_current
-    from app.node_gateway.server import serve
+    from tuneplane.app.cli import ExpectedError
+    from tuneplane.app.migrate import require_current
+    from tuneplane.app.node_gateway.server import serve
 
     settings = settings_from(database_url, data_dir)
     if not settings.database_url:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from tuneplane.app.settings import Settings
 
 
 def server_side(func: Callable) -> Callable:
@@ -31,7 +31,7 @@ def server_side(func: Callable) -> Callable:
 
 
 def settings_from(database_url: str | None, data_dir: str | None) -> Settings:
-    from app.settings import load_settings  # pydantic: only for the commands that read settings
+    from tuneplane.app.settings import load_settings  # pydantic: only for the commands that read settings
 
     return load_settings(database_url=database_url, data_dir=data_dir)
 
@@ -42,7 +42,7 @@ def database(settings: Settings, progress: Callable[[str], None] | None = None) 
     if settings.database_url:
         yield settings.database_url
         return
-    from app import embedded_pg
+    from tuneplane.app import embedded_pg
 
     if progress:
         progress(f"using the embedded PostgreSQL in {settings.pgdata}")
@@ -65,8 +65,8 @@ def client_options(func: Callable) -> Callable:
 
 def api_client(server: str | None, token: str | None, ca_bundle: str | None, *, timeout: float = 30.0):
     """The HTTP client for a client command, configured from flags, env and the config file."""
-    from app.client.config import resolve
-    from app.client.http import ApiClient
+    from tuneplane.app.client.config import resolve
+    from tuneplane.app.client.http import ApiClient
 
     return ApiClient(resolve(server, token, ca_bundle), timeout=timeout)
 
@@ -75,7 +75,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
 
 
 def print_json(data: Any) -> None:
-    from app.web.negotiate import _default
+    from tuneplane.app.web.negotiate import _default
 
     json.dump(data, sys.stdout, default=_default, indent=2)
     sys.stdout.write("\n")

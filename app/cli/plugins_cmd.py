@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from app.cli.options import json_option, print_json, print_table
-from app.plugins import load_plugins
+from tuneplane.app.cli.options import json_option, print_json, print_table
+from tuneplane.app.plugins import load_plugins
 
 
 @click.command("plugins")

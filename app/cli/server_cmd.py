@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from app.cli.options import server_side, settings_from
-from app.migrate import require_current
+from tuneplane.app.cli.options import server_side, settings_from
+from tuneplane.app.migrate import require_current
 
 # Artifact chunks (tens of MiB) and downloads go through this server: read the socket in 1 MiB steps, not
 # waitress's 8 KiB, and buffer up to 16 MiB of a response in memory before spilling it to a temporary file
@@ -41,7 +41,7 @@ def server_cmd(
     require_current(settings.database_url)
     import waitress
 
-    from app.web import create_app
+    from tuneplane.app.web import create_app
 
     app = create_app(
         settings.database_url, pool_max=threads + 2, config={"TP_DATA_DIR": str(settings.data_dir)}

@@ -15,14 +15,14 @@ from typing import Any
 
 import click
 
-from app import humanize
-from app.cli import ExpectedError
-from app.cli.options import api_client, client_options, json_option, print_json, print_table
-from app.cli.progress import byte_progress, quiet_option_help, reading
-from app.client.archive_pack import PackError, pack_directory
-from app.client.http import ApiClient
-from app.client.spec_file import SpecFileError, load_spec_file
-from app.submission.io_flags import parse_input, parse_output
+from tuneplane.app import humanize
+from tuneplane.app.cli import ExpectedError
+from tuneplane.app.cli.options import api_client, client_options, json_option, print_json, print_table
+from tuneplane.app.cli.progress import byte_progress, quiet_option_help, reading
+from tuneplane.app.client.archive_pack import PackError, pack_directory
+from tuneplane.app.client.http import ApiClient
+from tuneplane.app.client.spec_file import SpecFileError, load_spec_file
+from tuneplane.app.submission.io_flags import parse_input, parse_output
 
 _SHA256 = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
 
@@ -427,7 +427,7 @@ def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
         print_json(job)
         return
     # Launch (issue 5): why it waits, attempts and members come from app.cli.jobs_launch_cmd.
-    from app.cli.jobs_launch_cmd import echo_launch, echo_waiting
+    from tuneplane.app.cli.jobs_launch_cmd import echo_launch, echo_waiting
 
     click.echo(f"job {job['id']} {job['state']}: {job['state_reason']}")
     echo_waiting(job)
@@ -455,7 +455,7 @@ def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
         click.echo(f"  {label:<16} {shown[label]}")
     echo_launch(job)
     # Telemetry (issue 11): whether every member's metrics arrived, and what could not be stored.
-    from app.cli.telemetry_cmd import echo_health
+    from tuneplane.app.cli.telemetry_cmd import echo_health
 
     with api_client(server, token, ca_bundle) as client:
         echo_health(client.get(f"/jobs/{job_id}/metrics/health"))
@@ -477,7 +477,7 @@ def login_cmd(
     server: str, username: str | None, password_stdin: bool, ca_bundle: str | None, name: str
 ) -> None:
     """Log in: obtains an API token and writes it, with the server URL, to the config file."""
-    from app.client.config import ClientConfig, read_config_file, write_config_file
+    from tuneplane.app.client.config import ClientConfig, read_config_file, write_config_file
 
     username = username or click.prompt("Username")
     password = (

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
-from app.cli import ExpectedError
-from app.cli.options import json_option, print_json, print_table, server_side, settings_from
+from tuneplane.app.cli import ExpectedError
+from tuneplane.app.cli.options import json_option, print_json, print_table, server_side, settings_from
 
 
 @click.command("telemetry-gateway")
@@ -25,11 +25,11 @@ def telemetry_gateway_cmd(
     settings = settings_from(database_url, data_dir)
     if not settings.database_url:
         raise ExpectedError("tuneplane telemetry-gateway needs --database-url or TUNEPLANE_DATABASE_URL")
-    from app.migrate import require_current
-    from app.telemetry.gateway import serve
+    from tuneplane.app.migrate import require_current
+    from tuneplane.app.telemetry.gateway import serve
 
     require_current(settings.database_url)
-    logging.getLogger("app.telemetry").setLevel(min(logging.INFO, logging.getLogger().level))
+    logging.getLogger("tuneplane.app.telemetry").setLevel(min(logging.INFO, logging.getLogger().level))
     click.echo(f"telemetry gateway listening on http://{host}:{port}", err=True)
     serve(settings.database_url, host, port, pool_max=pool_size)
 
@@ -137,12 +137,12 @@ def collector_cmd(
     signal.signal(signal.SIGINT, _stop)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
-    from app.client.transport import ClientError
-    from workers.collector.collector import Collector, CollectorConfig, CollectorError
-    from workers.collector.fs_check import NetworkFilesystemError
-    from workers.collector.spool import SpoolInUse
+    from tuneplane.app.client.transport import ClientError
+    from tuneplane.workers.collector.collector import Collector, CollectorConfig, CollectorError
+    from tuneplane.workers.collector.fs_check import NetworkFilesystemError
+    from tuneplane.workers.collector.spool import SpoolInUse
 
-    logging.getLogger("workers.collector").setLevel(logging.INFO)
+    logging.getLogger("tuneplane.workers.collector").setLevel(logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per batch is noise
     scope = None
     if job_id is not None or attempt is not None or member is not None:
@@ -206,8 +206,8 @@ def metrics_cmd(
     as_json: bool,
 ) -> None:
     """A job's metrics, downsampled to at most --max-points buckets per series."""
-    from app.client.config import resolve
-    from app.client.http import ApiClient
+    from tuneplane.app.client.config import resolve
+    from tuneplane.app.client.http import ApiClient
 
     params = {"max_points": max_points}
     for key, value in (("name", name), ("attempt", attempt), ("member", member), ("source", source)):

@@ -9,20 +9,20 @@ from pathlib import Path
 
 import click
 
-from app import migrate
-from app.cli.options import server_side, settings_from
-from app.cli.up_ports import check_ports_free
-from app.client.config import config_path, read_config_file, write_config_file
-from app.components import (
+from tuneplane.app import migrate
+from tuneplane.app.cli.options import server_side, settings_from
+from tuneplane.app.cli.up_ports import check_ports_free
+from tuneplane.app.client.config import config_path, read_config_file, write_config_file
+from tuneplane.app.components import (
     UpContext,
     embedded_postgres_component,
     node_gateway_url,
     telemetry_gateway_url,
     up_components,
 )
-from app.db import Database
-from app.security import hash_password, new_token
-from app.supervisor import ComponentFailed, Supervisor
+from tuneplane.app.db import Database
+from tuneplane.app.security import hash_password, new_token
+from tuneplane.app.supervisor import ComponentFailed, Supervisor
 
 
 def _say(message: str) -> None:
@@ -142,7 +142,7 @@ def embedded_postgres_cmd(pgdata: str, url_file: str) -> None:
     """The embedded PostgreSQL as a child of `tuneplane up` (started, watched and stopped by it)."""
     from pathlib import Path
 
-    from app import embedded_pg
+    from tuneplane.app import embedded_pg
 
     sys.exit(embedded_pg.serve(Path(pgdata), Path(url_file), say=lambda line: click.echo(line)))
 

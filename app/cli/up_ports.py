@@ -12,7 +12,7 @@ import json
 import socket
 import urllib.request
 
-from app.cli import ExpectedError
+from tuneplane.app.cli import ExpectedError
 
 FLAGS = {
     "console": "--port",

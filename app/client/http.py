@@ -6,8 +6,8 @@ from typing import Any
 
 import httpx
 
-from app.client.config import ClientConfig
-from app.client.transport import ClientError, check_transport, is_loopback_host, verify_setting
+from tuneplane.app.client.config import ClientConfig
+from tuneplane.app.client.transport import ClientError, check_transport, is_loopback_host, verify_setting
 
 __all__ = ["ApiClient", "ClientError", "check_transport", "is_loopback_host", "verify_setting"]
 

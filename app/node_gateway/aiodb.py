@@ -16,9 +16,9 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from app.db import SEARCH_PATH_OPTION
-from app.errors import RETRY_PAUSES, busy_refusal, refusal_from_db, rolled_back
-from app.gateway_limits import data_refusal
+from tuneplane.app.db import SEARCH_PATH_OPTION
+from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, refusal_from_db, rolled_back
+from tuneplane.app.gateway_limits import data_refusal
 
 
 def jsonb(value: Any) -> Jsonb:

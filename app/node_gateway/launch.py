@@ -21,11 +21,11 @@ from pathlib import Path
 
 from aiohttp import web
 
-from app.blobstore import FilesystemBlobStore
-from app.errors import Refusal
-from app.node_gateway.aiodb import AsyncDatabase
-from app.node_gateway.files import register_file_provider
-from app.node_gateway.reports import register_report
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.errors import Refusal
+from tuneplane.app.node_gateway.aiodb import AsyncDatabase
+from tuneplane.app.node_gateway.files import register_file_provider
+from tuneplane.app.node_gateway.reports import register_report
 
 LAUNCH_REPORTS = {
     "probe": "report_node_probe",
@@ -78,7 +78,7 @@ def install(app: web.Application, db: AsyncDatabase, blob_dir: Path | None) -> N
     app[DB_KEY] = db
     if blob_dir is None:
         return
-    from app.artifacts.gateway_routes import add_artifact_routes
+    from tuneplane.app.artifacts.gateway_routes import add_artifact_routes
 
     app[BLOBS_KEY] = FilesystemBlobStore(Path(blob_dir))
     add_artifact_routes(app, db.url, blob_dir)

@@ -8,14 +8,20 @@ import datetime as dt
 import time
 from pathlib import Path
 
-from app.components import UpContext, http_ok, node_gateway_url, telemetry_gateway_url, tuneplane_argv
-from app.db import Database
-from app.errors import Refusal
-from app.node_gateway.config import ENV_NODE_GATEWAY_URL
-from app.node_gateway.protocol import ENROLL_TOKEN_PREFIX
-from app.security import new_token, token_hash
-from app.supervisor import Component
-from workers.agent.state import CREDENTIAL_FILE, FileCredentialStore, StateError
+from tuneplane.app.components import (
+    UpContext,
+    http_ok,
+    node_gateway_url,
+    telemetry_gateway_url,
+    tuneplane_argv,
+)
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.node_gateway.config import ENV_NODE_GATEWAY_URL
+from tuneplane.app.node_gateway.protocol import ENROLL_TOKEN_PREFIX
+from tuneplane.app.security import new_token, token_hash
+from tuneplane.app.supervisor import Component
+from tuneplane.workers.agent.state import CREDENTIAL_FILE, FileCredentialStore, StateError
 
 LOCAL_FLEET = "local"
 LOCAL_NODE = "local"
@@ -89,7 +95,7 @@ def local_node_reported(database_url: str) -> bool:
     that can hold a job, so `up` does not say it is up until then."""
     import psycopg
 
-    from app.db import connect
+    from tuneplane.app.db import connect
 
     try:
         with connect(database_url, application_name="tuneplane-up-ready") as conn:

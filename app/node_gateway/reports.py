@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.errors import Refusal
-from app.node_gateway.aiodb import AsyncDatabase, jsonb
+from tuneplane.app.errors import Refusal
+from tuneplane.app.node_gateway.aiodb import AsyncDatabase, jsonb
 
 REPORT_FUNCTIONS: dict[str, str] = {
     "capacity": "report_node_capacity",

@@ -26,15 +26,15 @@ import psycopg
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
-from app import __version__
-from app.errors import Refusal, describe_db_error
-from app.gateway_limits import input_limits_middleware, request_json
-from app.input_limits import load_json
-from app.node_gateway import files, launch, protocol
-from app.node_gateway.aiodb import AsyncDatabase, jsonb
-from app.node_gateway.refusal_audit import RefusalAudit
-from app.node_gateway.reports import dispatch_report
-from app.security import new_token, token_hash
+from tuneplane.app import __version__
+from tuneplane.app.errors import Refusal, describe_db_error
+from tuneplane.app.gateway_limits import input_limits_middleware, request_json
+from tuneplane.app.input_limits import load_json
+from tuneplane.app.node_gateway import files, launch, protocol
+from tuneplane.app.node_gateway.aiodb import AsyncDatabase, jsonb
+from tuneplane.app.node_gateway.refusal_audit import RefusalAudit
+from tuneplane.app.node_gateway.reports import dispatch_report
+from tuneplane.app.security import new_token, token_hash
 
 log = logging.getLogger("tuneplane.node_gateway")
 

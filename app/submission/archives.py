@@ -23,9 +23,9 @@ import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from app.blobstore import BlobStore
-from app.db import Database
-from app.errors import Refusal, clip
+from tuneplane.app.blobstore import BlobStore
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal, clip
 
 CHUNK = 1024 * 1024
 FIELD = "archive"

@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
-from app.errors import Refusal
-from app.submission.canonical import digest_of
-from app.submission.jobspec import REQUIREMENT, EnvironmentSpec
-from app.uvtool import uv_binary, uv_environment, uv_reason, uv_version
-from workers.runner.environment_check import normalise_name
+from tuneplane.app.errors import Refusal
+from tuneplane.app.submission.canonical import digest_of
+from tuneplane.app.submission.jobspec import REQUIREMENT, EnvironmentSpec
+from tuneplane.app.uvtool import uv_binary, uv_environment, uv_reason, uv_version
+from tuneplane.workers.runner.environment_check import normalise_name
 
 # Provided by a node for `base: node` and never installed by uv (see the module's docstring).
 NODE_PROVIDED = ("torch", "torchvision", "torchaudio", "triton")

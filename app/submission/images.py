@@ -84,8 +84,8 @@ def resolve_image_digest(ref: ImageRef) -> tuple[ImageRef, str | None]:
     import shutil
     import subprocess
 
-    from app.errors import Refusal
-    from workers.runner.containers import runtime_env, tls_options
+    from tuneplane.app.errors import Refusal
+    from tuneplane.workers.runner.containers import runtime_env, tls_options
 
     skopeo = shutil.which("skopeo")
     if skopeo is None:

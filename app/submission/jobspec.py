@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from app.errors import Refusal
-from app.submission.images import ImageRefError, normalise_image_ref
+from tuneplane.app.errors import Refusal
+from tuneplane.app.submission.images import ImageRefError, normalise_image_ref
 
 SHA256_REF = re.compile(r"^(sha256:)?([0-9a-f]{64})$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")

@@ -14,14 +14,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from app.errors import Refusal
-from app.plugins import Plugin, load_plugins
-from app.submission.canonical import digest_of
-from app.submission.environments import NODE_PROVIDED, normalise_name, resolve_environment
-from app.submission.images import normalise_image_ref, resolve_image_digest
-from app.submission.jobspec import JobSpec, OutputSpec
+from tuneplane.app.errors import Refusal
+from tuneplane.app.plugins import Plugin, load_plugins
+from tuneplane.app.submission.canonical import digest_of
+from tuneplane.app.submission.environments import NODE_PROVIDED, normalise_name, resolve_environment
+from tuneplane.app.submission.images import normalise_image_ref, resolve_image_digest
+from tuneplane.app.submission.jobspec import JobSpec, OutputSpec
 
-INTEGRATIONS_PACKAGE = "workers.integrations"
+INTEGRATIONS_PACKAGE = "tuneplane.workers.integrations"
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from app.blobstore import BlobStore
-from app.db import Database
-from app.errors import Refusal
-from app.submission.jobspec import JobSpec, parse_jobspec
-from app.submission.pins import build_pins, with_recipe_outputs
+from tuneplane.app.blobstore import BlobStore
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.submission.jobspec import JobSpec, parse_jobspec
+from tuneplane.app.submission.pins import build_pins, with_recipe_outputs
 
 MAX_ID = 2**63 - 1
 

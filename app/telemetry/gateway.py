@@ -21,12 +21,12 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.db import SEARCH_PATH_OPTION
-from app.errors import Refusal, refusal_from_db
-from app.gateway_limits import input_limits_middleware
-from app.security import token_hash
-from app.telemetry import limits, wire
-from app.telemetry.ingest import batch_digest, store_batch
+from tuneplane.app.db import SEARCH_PATH_OPTION
+from tuneplane.app.errors import Refusal, refusal_from_db
+from tuneplane.app.gateway_limits import input_limits_middleware
+from tuneplane.app.security import token_hash
+from tuneplane.app.telemetry import limits, wire
+from tuneplane.app.telemetry.ingest import batch_digest, store_batch
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import psycopg
 
-from app.telemetry import limits
-from app.telemetry.pg_arrays import Float8Array, Int4Array, Int8Array, PgArray
-from app.telemetry.wire import Batch
+from tuneplane.app.telemetry import limits
+from tuneplane.app.telemetry.pg_arrays import Float8Array, Int4Array, Int8Array, PgArray
+from tuneplane.app.telemetry.wire import Batch
 
 ROLLUP_WIDTHS = (64, 512, 4096, 32768)
 COPY_SQL = "COPY tuneplane.telemetry_points (series_id, step, value, wall_time) FROM STDIN (FORMAT BINARY)"

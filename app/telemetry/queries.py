@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from app.db import Database
-from app.errors import Refusal
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
 
 MAX_SERIES = 64
 MAX_BUCKETS = 1000

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from app.db import Database
-from app.security import new_token
+from tuneplane.app.db import Database
+from tuneplane.app.security import new_token
 
 TOKEN_PREFIX = "tpt"
 ENV_URL = "TUNEPLANE_TELEMETRY_URL"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.telemetry.limits import name_problem, scrub
+from tuneplane.app.telemetry.limits import name_problem, scrub
 
 MAGIC = b"TPB1"
 CONTENT_TYPE = "application/x-tuneplane-batch"

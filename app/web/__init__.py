@@ -9,25 +9,25 @@ import psycopg
 from flask import Flask, render_template, request
 from werkzeug.exceptions import HTTPException
 
-from app.db import Database
-from app.errors import Refusal
-from app.resources import resource_dir
-from app.web.negotiate import json_response, wants_json
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.resources import resource_dir
+from tuneplane.app.web.negotiate import json_response, wants_json
 
 log = logging.getLogger(__name__)
 
 # Blueprints by area; each later area adds its module here.
 BLUEPRINTS = [
-    "app.web.health",
-    "app.web.home",
-    "app.web.plugins_page",
-    "app.web.fleet",
-    "app.web.artifacts",
-    "app.web.login",
-    "app.web.submit",
-    "app.web.jobs",
-    "app.web.jobs_launch",
-    "app.web.telemetry_charts",
+    "tuneplane.app.web.health",
+    "tuneplane.app.web.home",
+    "tuneplane.app.web.plugins_page",
+    "tuneplane.app.web.fleet",
+    "tuneplane.app.web.artifacts",
+    "tuneplane.app.web.login",
+    "tuneplane.app.web.submit",
+    "tuneplane.app.web.jobs",
+    "tuneplane.app.web.jobs_launch",
+    "tuneplane.app.web.telemetry_charts",
 ]
 
 # Top navigation: (endpoint, label); entries whose blueprint is not registered are left out.
@@ -61,7 +61,7 @@ def create_app(database_url: str, *, pool_max: int = 8, config: dict | None = No
     Htmx(app)
     # Before any blueprint: the bounded int converter applies to routes as they are added, and the
     # limits check runs before every other before_request function (CSRF, authentication).
-    from app.web import limits
+    from tuneplane.app.web import limits
 
     limits.install(app)
 
@@ -74,8 +74,8 @@ def create_app(database_url: str, *, pool_max: int = 8, config: dict | None = No
         if init is not None:
             init(app)
 
-    from app import humanize
-    from app.web.auth import current_user, load_current_user
+    from tuneplane.app import humanize
+    from tuneplane.app.web.auth import current_user, load_current_user
 
     app.jinja_env.filters.update(size=humanize.size, ago=humanize.ago, duration=humanize.duration)
 

@@ -18,9 +18,9 @@ from flask import Blueprint, Response, current_app, request
 from psycopg.types.json import Jsonb
 from werkzeug.wsgi import wrap_file
 
-from app.artifacts.blobs import FsBlobStore
-from app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified, verify_stored
-from app.artifacts.receiver import (
+from tuneplane.app.artifacts.blobs import FsBlobStore
+from tuneplane.app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified, verify_stored
+from tuneplane.app.artifacts.receiver import (
     MAX_CHUNK_BYTES,
     ArtifactReceiver,
     ChunkBody,
@@ -28,12 +28,12 @@ from app.artifacts.receiver import (
     refused_from_json,
     registration_from_json,
 )
-from app.errors import Refusal
-from app.security import token_hash
-from app.web.auth import current_user, login_required
-from app.web.limits import body_dict
-from app.web.negotiate import json_response, respond
-from app.web.state import get_db
+from tuneplane.app.errors import Refusal
+from tuneplane.app.security import token_hash
+from tuneplane.app.web.auth import current_user, login_required
+from tuneplane.app.web.limits import body_dict
+from tuneplane.app.web.negotiate import json_response, respond
+from tuneplane.app.web.state import get_db
 
 bp = Blueprint("artifacts", __name__)
 
@@ -56,7 +56,7 @@ def blob_dir() -> Path:
         return Path(configured)
     data_dir = current_app.config.get("TP_DATA_DIR")
     if not data_dir:
-        from app.settings import load_settings
+        from tuneplane.app.settings import load_settings
 
         data_dir = load_settings().data_dir
     return Path(data_dir) / "blobs"

@@ -11,10 +11,10 @@ from typing import Any
 
 from flask import current_app, g, redirect, request, session, url_for
 
-from app.errors import Refusal
-from app.security import token_hash
-from app.web.negotiate import wants_json
-from app.web.state import get_db
+from tuneplane.app.errors import Refusal
+from tuneplane.app.security import token_hash
+from tuneplane.app.web.negotiate import wants_json
+from tuneplane.app.web.state import get_db
 
 
 @dataclass(frozen=True)

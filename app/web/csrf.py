@@ -15,7 +15,7 @@ from typing import Any
 
 from flask import Flask, current_app, request, session
 
-from app.errors import Refusal
+from tuneplane.app.errors import Refusal
 
 SESSION_KEY = "csrf_token"
 HEADER = "X-CSRF-Token"

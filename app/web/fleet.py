@@ -12,16 +12,16 @@ import re
 from flask import Blueprint, current_app, render_template, request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app.errors import Refusal
-from app.input_limits import check_text
-from app.node_gateway.config import gateway_url
-from app.node_gateway.protocol import ENROLL_TOKEN_PREFIX
-from app.plugins import load_plugins
-from app.security import new_token
-from app.web.auth import admin_required, current_user, login_required
-from app.web.limits import parse_body
-from app.web.negotiate import json_response, respond, wants_json
-from app.web.state import get_db
+from tuneplane.app.errors import Refusal
+from tuneplane.app.input_limits import check_text
+from tuneplane.app.node_gateway.config import gateway_url
+from tuneplane.app.node_gateway.protocol import ENROLL_TOKEN_PREFIX
+from tuneplane.app.plugins import load_plugins
+from tuneplane.app.security import new_token
+from tuneplane.app.web.auth import admin_required, current_user, login_required
+from tuneplane.app.web.limits import parse_body
+from tuneplane.app.web.negotiate import json_response, respond, wants_json
+from tuneplane.app.web.state import get_db
 
 bp = Blueprint("fleet", __name__)
 

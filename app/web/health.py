@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app.web.negotiate import json_response
-from app.web.state import get_db
+from tuneplane.app.web.negotiate import json_response
+from tuneplane.app.web.state import get_db
 
 bp = Blueprint("health", __name__)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app.web.auth import current_user
-from app.web.negotiate import respond
-from app.web.state import get_db
+from tuneplane.app.web.auth import current_user
+from tuneplane.app.web.negotiate import respond
+from tuneplane.app.web.state import get_db
 
 bp = Blueprint("home", __name__)
 
@@ -33,7 +33,7 @@ def index():
     user = current_user()
     if user is None:
         return respond("home.html", {"title": "TunePlane", "jobs": None, "fleets": None})
-    from app.web.jobs import job_json
+    from tuneplane.app.web.jobs import job_json
 
     rows = get_db().call("list_jobs", user.id, None, RECENT_JOBS, None, user.username, None)
     data = {"title": "TunePlane", "jobs": [job_json(r) for r in rows], "fleets": _fleets()}

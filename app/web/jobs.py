@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from flask import Blueprint, render_template, request
 
-from app.submission import service
-from app.web import jobs_launch
-from app.web.auth import current_user, login_required
-from app.web.limits import query_int
-from app.web.negotiate import json_response, wants_json
-from app.web.state import get_db
+from tuneplane.app.submission import service
+from tuneplane.app.web import jobs_launch
+from tuneplane.app.web.auth import current_user, login_required
+from tuneplane.app.web.limits import query_int
+from tuneplane.app.web.negotiate import json_response, wants_json
+from tuneplane.app.web.state import get_db
 
 bp = Blueprint("jobs", __name__)
 

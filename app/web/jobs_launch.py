@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 
-from app.db import Database
-from app.errors import Refusal
-from app.submission import service
-from app.web.auth import current_user, login_required
-from app.web.limits import body_dict, query_int
-from app.web.negotiate import json_response, wants_json
-from app.web.state import get_db
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.submission import service
+from tuneplane.app.web.auth import current_user, login_required
+from tuneplane.app.web.limits import body_dict, query_int
+from tuneplane.app.web.negotiate import json_response, wants_json
+from tuneplane.app.web.state import get_db
 
 bp = Blueprint("jobs_launch", __name__)
 

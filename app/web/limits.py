@@ -22,8 +22,8 @@ from flask.sessions import SecureCookieSessionInterface
 from pydantic import BaseModel, ValidationError
 from werkzeug.routing import IntegerConverter
 
-from app import input_limits
-from app.errors import Refusal
+from tuneplane.app import input_limits
+from tuneplane.app.errors import Refusal
 
 MAX_ID = 2**63 - 1
 FORM_MIMETYPES = ("application/x-www-form-urlencoded", "multipart/form-data")

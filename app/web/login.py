@@ -12,11 +12,11 @@ from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, redirect, render_template, request, session, url_for
 
-from app.errors import Refusal
-from app.security import hash_password, new_token, verify_password
-from app.web.csrf import csrf_exempt, init_csrf, rotate_csrf_token
-from app.web.negotiate import json_response, wants_json
-from app.web.state import get_db
+from tuneplane.app.errors import Refusal
+from tuneplane.app.security import hash_password, new_token, verify_password
+from tuneplane.app.web.csrf import csrf_exempt, init_csrf, rotate_csrf_token
+from tuneplane.app.web.negotiate import json_response, wants_json
+from tuneplane.app.web.state import get_db
 
 bp = Blueprint("auth", __name__)
 

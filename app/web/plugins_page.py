@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from app.plugins import load_plugins
-from app.web.negotiate import respond
+from tuneplane.app.plugins import load_plugins
+from tuneplane.app.web.negotiate import respond
 
 bp = Blueprint("plugins", __name__)
 

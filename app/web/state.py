@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import current_app
 
-from app.db import Database
+from tuneplane.app.db import Database
 
 
 def get_db() -> Database:

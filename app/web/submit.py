@@ -19,16 +19,16 @@ from typing import Any
 from flask import Blueprint, Flask, current_app, redirect, render_template, request, url_for
 from werkzeug.datastructures import FileStorage, MultiDict
 
-from app.blobstore import FilesystemBlobStore
-from app.errors import Refusal
-from app.settings import load_settings
-from app.submission import archives, service
-from app.submission.io_flags import parse_input, parse_output
-from app.submission.jobspec import LAUNCHERS
-from app.submission.pins import recipes
-from app.web.auth import current_user, login_required
-from app.web.negotiate import json_response, wants_json
-from app.web.state import get_db
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.errors import Refusal
+from tuneplane.app.settings import load_settings
+from tuneplane.app.submission import archives, service
+from tuneplane.app.submission.io_flags import parse_input, parse_output
+from tuneplane.app.submission.jobspec import LAUNCHERS
+from tuneplane.app.submission.pins import recipes
+from tuneplane.app.web.auth import current_user, login_required
+from tuneplane.app.web.negotiate import json_response, wants_json
+from tuneplane.app.web.state import get_db
 
 bp = Blueprint("submit", __name__)
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import psycopg
 from flask import Blueprint, request
 
-from app.errors import Refusal
-from app.telemetry import queries
-from app.web.auth import current_user, login_required
-from app.web.limits import query_int
-from app.web.negotiate import json_response, respond
-from app.web.state import get_db
+from tuneplane.app.errors import Refusal
+from tuneplane.app.telemetry import queries
+from tuneplane.app.web.auth import current_user, login_required
+from tuneplane.app.web.limits import query_int
+from tuneplane.app.web.negotiate import json_response, respond
+from tuneplane.app.web.state import get_db
 
 bp = Blueprint("telemetry", __name__)
 

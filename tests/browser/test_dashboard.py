@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
-from app.db import Database
-from app.web import create_app
 from tests.launch_fixtures import make_job
 from tests.submission_setup import add_fleet, add_node, add_user
+from tuneplane.app.db import Database
+from tuneplane.app.web import create_app
 
 pytestmark = pytest.mark.browser
 

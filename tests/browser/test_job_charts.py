@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from werkzeug.serving import make_server
 
-from app.db import Database
-from app.telemetry import wire
-from app.web import create_app
 from tests.browser.test_job_page_live import shot
 from tests.submission_setup import add_user
 from tests.telemetry_support import make_job, member_token, running_gateway
+from tuneplane.app.db import Database
+from tuneplane.app.telemetry import wire
+from tuneplane.app.web import create_app
 
 pytestmark = pytest.mark.browser
 

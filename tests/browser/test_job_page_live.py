@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
-from app.db import Database
-from app.submission import service
-from app.web import create_app
 from tests.launch_fixtures import report, run_to_running
 from tests.submission_setup import add_user, one_local_fleet
+from tuneplane.app.db import Database
+from tuneplane.app.submission import service
+from tuneplane.app.web import create_app
 
 pytestmark = pytest.mark.browser
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
-from app.db import Database
-from app.web import create_app
 from tests.submission_setup import add_user, one_local_fleet
+from tuneplane.app.db import Database
+from tuneplane.app.web import create_app
 
 pytestmark = pytest.mark.browser
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from psycopg.types.json import Jsonb
 
-from app.db import Database
-from app.errors import Refusal
-from app.submission import service
 from tests.artifact_fixtures import make_fleet_with, make_member
 from tests.launch_fixtures import make_node, make_user
-from workers.artifacts.manifest import Manifest, ManifestFile
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.submission import service
+from tuneplane.workers.artifacts.manifest import Manifest, ManifestFile
 
 DEMO = {"recipe": {"name": "demo", "params": {"steps": 5}}, "fleet": "gpu"}
 MANIFEST = Manifest((ManifestFile("model.bin", 3, "a" * 64), ManifestFile("config.json", 2, "b" * 64)))

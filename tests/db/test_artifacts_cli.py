@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from app.db import Database
-from app.web import create_app
 from tests.artifact_fixtures import api_token, make_member, serve_app, write_tree
 from tests.helpers import OutputWatcher, wait_for
+from tuneplane.app.db import Database
+from tuneplane.app.web import create_app
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,7 +37,7 @@ def cli(env: dict, token: str, *args: str) -> subprocess.CompletedProcess:
         "TUNEPLANE_CONFIG": str(env["tmp"] / "no-config.toml"),
     }
     return subprocess.run(
-        [sys.executable, "-m", "app", "artifacts", *args],
+        [sys.executable, "-P", "-m", "tuneplane", "artifacts", *args],
         capture_output=True,
         text=True,
         env=child_env,
@@ -52,7 +52,7 @@ def deliver_process(env: dict, setup, directory: Path, name: str) -> subprocess.
         [
             sys.executable,
             "-m",
-            "workers.artifacts.deliver",
+            "tuneplane.workers.artifacts.deliver",
             "--server",
             env["url"],
             "--member-id",

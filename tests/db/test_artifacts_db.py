@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from psycopg.types.json import Jsonb
 
-from app.db import Database
-from app.errors import Refusal
 from tests.artifact_fixtures import give_credential, make_member, write_tree
 from tests.launch_fixtures import make_user
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
 
 
 def register(db: Database, setup, manifest, name="model", delivery="object", shared_path=None, digest=None):
@@ -149,7 +149,7 @@ def test_registering_again_resumes_and_a_changed_manifest_is_refused_once_comple
     assert status["files"][0]["chunks"] == [0]
     db.call("record_artifact_file", setup.credential_hash, art["id"], 0, manifest.files[0].sha256, 3)
     (tmp_path / "a.bin").write_bytes(b"changed")
-    from workers.artifacts.manifest import build_manifest
+    from tuneplane.workers.artifacts.manifest import build_manifest
 
     with pytest.raises(Refusal) as err:
         register(db, setup, build_manifest(tmp_path))

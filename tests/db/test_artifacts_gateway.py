@@ -15,13 +15,13 @@ import httpx
 import pytest
 from aiohttp import web
 
-from app.artifacts.gateway_routes import add_artifact_routes
-from app.db import Database
-from app.submission import service
 from tests.artifact_fixtures import make_member, write_tree
 from tests.launch_fixtures import members_of
-from workers.artifacts.deliver import deliver_artifact, node_http
-from workers.artifacts.materialize import MaterializeError, materialize_inputs
+from tuneplane.app.artifacts.gateway_routes import add_artifact_routes
+from tuneplane.app.db import Database
+from tuneplane.app.submission import service
+from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http
+from tuneplane.workers.artifacts.materialize import MaterializeError, materialize_inputs
 
 
 @contextmanager

@@ -10,12 +10,12 @@ import google_crc32c
 import httpx
 import pytest
 
-from app.db import Database
 from tests.artifact_fixtures import api_token, make_member, served_artifacts, write_tree
 from tests.launch_fixtures import make_user
-from workers.artifacts.deliver import deliver_artifact, node_http
-from workers.artifacts.manifest import build_manifest
-from workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
+from tuneplane.app.db import Database
+from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http
+from tuneplane.workers.artifacts.manifest import build_manifest
+from tuneplane.workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
 
 CHUNK = 4096
 
@@ -105,7 +105,7 @@ def test_a_chunk_whose_bytes_do_not_match_its_sha256_is_refused(db: Database, en
     src = env["tmp"] / "out"
     manifest = write_tree(src, {"a.bin": os.urandom(100)})
     with node_http(env["url"], setup.credential) as http:
-        from workers.artifacts.deliver import register
+        from tuneplane.workers.artifacts.deliver import register
 
         art = register(http, setup.member["id"], "a", manifest)
         response = http.put(
@@ -143,7 +143,7 @@ def test_an_interrupted_upload_resumes_with_only_the_missing_chunks(db: Database
     files = files_of_all_shapes()
     manifest = write_tree(src, files)
     with node_http(env["url"], setup.credential) as http:
-        from workers.artifacts.deliver import register
+        from tuneplane.workers.artifacts.deliver import register
 
         art = register(http, setup.member["id"], "model", manifest)
         with pytest.raises(UploadError, match="connection lost"):
@@ -162,7 +162,7 @@ def test_bytes_changed_after_the_manifest_never_complete(db: Database, env) -> N
     data[5000] ^= 1
     (src / "a.bin").write_bytes(bytes(data))
     with node_http(env["url"], setup.credential) as http:
-        from workers.artifacts.deliver import register
+        from tuneplane.workers.artifacts.deliver import register
 
         art = register(http, setup.member["id"], "a", manifest)
         with pytest.raises(UploadError, match="do not match the manifest"):
@@ -181,7 +181,7 @@ def test_a_staged_chunk_damaged_on_the_server_is_sent_again(db: Database, env) -
     files = {"a.bin": os.urandom(3 * CHUNK)}
     manifest = write_tree(src, files)
     with node_http(env["url"], setup.credential) as http:
-        from workers.artifacts.deliver import register
+        from tuneplane.workers.artifacts.deliver import register
 
         art = register(http, setup.member["id"], "a", manifest)
         transport = HttpChunkTransport(http, art["id"])
@@ -226,7 +226,7 @@ def test_shared_files_that_do_not_match_fail_the_artifact_with_the_reason(db: Da
     manifest = write_tree(place, {"a.bin": b"abc", "b.bin": b"def"})
     (place / "b.bin").write_bytes(b"DEF")
     with node_http(env["url"], setup.credential) as http:
-        from workers.artifacts.deliver import register
+        from tuneplane.workers.artifacts.deliver import register
 
         art = register(http, setup.member["id"], "m", manifest, delivery="shared", shared_path=str(place))
     assert art["state"] == "failed" and "mismatch: b.bin" in art["reason"]
@@ -282,7 +282,7 @@ def test_a_chunk_is_checked_by_its_crc32c_and_one_without_a_digest_is_refused(db
     src = env["tmp"] / "out"
     manifest = write_tree(src, {"a.bin": os.urandom(100)})
     with node_http(env["url"], setup.credential) as http:
-        from workers.artifacts.deliver import register
+        from tuneplane.workers.artifacts.deliver import register
 
         art = register(http, setup.member["id"], "a", manifest)
         url = f"/api/artifacts/{art['id']}/files/0/chunks/0"
@@ -302,7 +302,7 @@ def test_the_job_page_shows_how_far_an_upload_has_come(db: Database, env) -> Non
     src = env["tmp"] / "out"
     manifest = write_tree(src, {"a.bin": os.urandom(4 * CHUNK), "b.txt": b"small"})
     with node_http(env["url"], setup.credential) as http:
-        from workers.artifacts.deliver import register
+        from tuneplane.workers.artifacts.deliver import register
 
         art = register(http, setup.member["id"], "model", manifest)
         with pytest.raises(UploadError):  # two of a.bin's four chunks, then the link drops

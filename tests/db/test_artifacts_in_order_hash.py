@@ -14,11 +14,17 @@ from pathlib import Path
 import google_crc32c
 import pytest
 
-from app.db import Database
 from tests.artifact_fixtures import make_member, served_artifacts, write_tree
 from tests.db.test_artifacts_gateway import serve_gateway_routes
-from workers.artifacts.deliver import deliver_artifact, node_http, register
-from workers.artifacts.upload import Chunk, HttpChunkTransport, UploadError, read_chunk, upload_artifact
+from tuneplane.app.db import Database
+from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http, register
+from tuneplane.workers.artifacts.upload import (
+    Chunk,
+    HttpChunkTransport,
+    UploadError,
+    read_chunk,
+    upload_artifact,
+)
 
 CHUNK = 4096
 
@@ -38,7 +44,7 @@ def target(request, db: Database, db_url: str, tmp_path: Path, port: int):
 @pytest.fixture
 def assembled(caplog):
     """{path: (bytes hashed on arrival, bytes read back)} from the receiver's log."""
-    caplog.set_level(logging.DEBUG, logger="app.artifacts.receiver")
+    caplog.set_level(logging.DEBUG, logger="tuneplane.app.artifacts.receiver")
 
     def read() -> dict[str, tuple[int, int]]:
         found = {}
@@ -172,7 +178,7 @@ def test_a_refused_chunk_gets_its_reason_though_its_large_body_was_never_read(
 def test_a_body_that_stalls_is_refused_and_frees_its_thread(
     db: Database, db_url: str, tmp_path: Path, port: int, monkeypatch
 ) -> None:
-    from app.artifacts import gateway_routes
+    from tuneplane.app.artifacts import gateway_routes
 
     monkeypatch.setattr(gateway_routes, "BODY_STALL_SECONDS", 0.5)
     db.fetch_one("UPDATE artifact_settings SET chunk_size = %s RETURNING chunk_size", (CHUNK,))

@@ -13,19 +13,19 @@ from pathlib import Path
 import google_crc32c
 import pytest
 
-from app.db import Database
 from tests.artifact_fixtures import api_token, make_member, served_artifacts, write_tree
 from tests.conftest import free_port
 from tests.db.test_artifacts_cli import cli
 from tests.db.test_artifacts_gateway import serve_gateway_routes
 from tests.db.test_artifacts_http import user_client
-from workers.agent.checkpoints import CheckpointWatchers, publish_pending
-from workers.agent.delivery import Delivery, plan_deliveries
-from workers.agent.members import MemberRecord, MemberStore
-from workers.agent.prepare import NodeAccess
-from workers.artifacts.deliver import deliver_artifact, fail_artifact, node_http, register
-from workers.artifacts.manifest import build_manifest
-from workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
+from tuneplane.app.db import Database
+from tuneplane.workers.agent.checkpoints import CheckpointWatchers, publish_pending
+from tuneplane.workers.agent.delivery import Delivery, plan_deliveries
+from tuneplane.workers.agent.members import MemberRecord, MemberStore
+from tuneplane.workers.agent.prepare import NodeAccess
+from tuneplane.workers.artifacts.deliver import deliver_artifact, fail_artifact, node_http, register
+from tuneplane.workers.artifacts.manifest import build_manifest
+from tuneplane.workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
 
 CHUNK = 4096
 

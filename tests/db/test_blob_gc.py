@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from app.artifacts.blobs import FsBlobStore
-from app.artifacts.gc import collect
-from app.artifacts.reader import verify_stored
-from app.db import Database
-from app.errors import Refusal
 from tests.artifact_fixtures import make_member, served_artifacts, write_tree
-from workers.artifacts.deliver import deliver_artifact, node_http
+from tuneplane.app.artifacts.blobs import FsBlobStore
+from tuneplane.app.artifacts.gc import collect
+from tuneplane.app.artifacts.reader import verify_stored
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http
 
 CHUNK = 4096
 
@@ -193,7 +193,7 @@ def _staged(blob_dir: Path, artifact_id: int, age: float) -> Path:
 def test_gc_removes_what_ended_uploads_left_behind_never_an_uploading_ones(db: Database, env) -> None:
     from psycopg.types.json import Jsonb
 
-    from workers.artifacts.manifest import build_manifest
+    from tuneplane.workers.artifacts.manifest import build_manifest
 
     blob_dir, setup = env["blob_dir"], make_member(db)
     src = env["tmp"] / "src-staged"

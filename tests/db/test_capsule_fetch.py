@@ -19,13 +19,13 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from app.blobstore import FilesystemBlobStore
-from app.db import Database
-from app.node_gateway.aiodb import AsyncDatabase
-from app.node_gateway.server import Gateway
 from tests.launch_fixtures import make_job, make_user
 from tests.node_helpers import enroll, make_fleet, make_token
-from workers.agent.prepare import NodeAccess, PrepareFailed, fetch_capsule
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.db import Database
+from tuneplane.app.node_gateway.aiodb import AsyncDatabase
+from tuneplane.app.node_gateway.server import Gateway
+from tuneplane.workers.agent.prepare import NodeAccess, PrepareFailed, fetch_capsule
 
 
 class CuttingRelay:

@@ -10,12 +10,12 @@ from pathlib import Path
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-from app.blobstore import FilesystemBlobStore
-from app.db import Database
-from app.node_gateway.aiodb import AsyncDatabase
-from app.node_gateway.server import Gateway
 from tests.launch_fixtures import make_job, make_user, members_of
 from tests.node_helpers import enroll, make_fleet, make_token
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.db import Database
+from tuneplane.app.node_gateway.aiodb import AsyncDatabase
+from tuneplane.app.node_gateway.server import Gateway
 
 
 def _store(blobs: FilesystemBlobStore, data: bytes) -> str:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from app.db import Database
 from tests.artifact_fixtures import make_member, served_artifacts
-from workers.agent.checkpoints import publish_pending
-from workers.agent.prepare import NodeAccess
+from tuneplane.app.db import Database
+from tuneplane.workers.agent.checkpoints import publish_pending
+from tuneplane.workers.agent.prepare import NodeAccess
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from app.db import Database
-from app.errors import Refusal
-from app.submission import service
 from tests.helpers import wait_for
 from tests.submission_setup import add_user, one_local_fleet
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.submission import service
 
 DEMO = {"recipe": {"name": "demo", "params": {"steps": 5}}}
 

@@ -17,20 +17,20 @@ import psycopg
 import pytest
 from flask.testing import FlaskClient
 
-from app import db as app_db
-from app.db import Database
-from app.node_gateway.reports import REPORT_FUNCTIONS
-from app.security import new_token
-from app.web import create_app
 from tests.db.test_node_gateway import _capacity, running_gateway
 from tests.helpers import wait_for
 from tests.launch_fixtures import run_to_running
 from tests.node_helpers import events, fast_thresholds, make_fleet, make_token
 from tests.submission_setup import add_user, one_local_fleet
-from workers.agent import session as agent_session
-from workers.agent.handlers import AgentContext
-from workers.agent.session import ControlSession, ReportNotRecorded, enroll
-from workers.agent.state import MemoryCredentialStore
+from tuneplane.app import db as app_db
+from tuneplane.app.db import Database
+from tuneplane.app.node_gateway.reports import REPORT_FUNCTIONS
+from tuneplane.app.security import new_token
+from tuneplane.app.web import create_app
+from tuneplane.workers.agent import session as agent_session
+from tuneplane.workers.agent.handlers import AgentContext
+from tuneplane.workers.agent.session import ControlSession, ReportNotRecorded, enroll
+from tuneplane.workers.agent.state import MemoryCredentialStore
 
 DEMO = {"recipe": {"name": "demo", "params": {"steps": 5}}}
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from app.blobstore import FilesystemBlobStore
-from app.db import Database
-from app.errors import Refusal
-from app.submission import service
-from app.uvtool import uv_binary, uv_environment
 from tests.archive_builders import build, file
 from tests.submission_setup import add_user, one_local_fleet
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.submission import service
+from tuneplane.app.uvtool import uv_binary, uv_environment
 
 SOURCE = "sha256:" + "ab" * 32
 

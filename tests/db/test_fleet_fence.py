@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 
-from app.db import Database
-from app.security import hash_password, new_token
-from app.web import create_app
 from tests.launch_fixtures import (
     agent_returns,
     job,
@@ -17,6 +14,9 @@ from tests.launch_fixtures import (
     members_of,
     run_to_running,
 )
+from tuneplane.app.db import Database
+from tuneplane.app.security import hash_password, new_token
+from tuneplane.app.web import create_app
 
 
 def _admin_client(db: Database, db_url: str):

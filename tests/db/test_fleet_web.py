@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from psycopg.types.json import Jsonb
 
-from app.db import Database
-from app.security import hash_password, new_token
-from app.web import create_app
 from tests.node_helpers import enroll, events, make_fleet, make_token
+from tuneplane.app.db import Database
+from tuneplane.app.security import hash_password, new_token
+from tuneplane.app.web import create_app
 
 
 def _user(db: Database, name: str, role: str) -> tuple[int, dict]:

@@ -10,10 +10,10 @@ import json
 import httpx
 import pytest
 
-from app.db import Database
-from app.web import create_app
 from tests.db.test_node_gateway import running_gateway
 from tests.submission_setup import add_user, one_local_fleet
+from tuneplane.app.db import Database
+from tuneplane.app.web import create_app
 
 DEEP = "[" * 10_000 + "]" * 10_000
 
@@ -179,7 +179,7 @@ def test_refused_unauthenticated_gateway_calls_write_a_bounded_number_of_events(
 
 
 def test_refusal_audit_counts_what_it_leaves_out() -> None:
-    from app.node_gateway.refusal_audit import RefusalAudit
+    from tuneplane.app.node_gateway.refusal_audit import RefusalAudit
 
     audit = RefusalAudit(window_s=60, per_source=2, total=100)
     answers = [audit.admit("enroll", "10.0.0.1", now=t) for t in range(10)]
@@ -189,8 +189,8 @@ def test_refusal_audit_counts_what_it_leaves_out() -> None:
 
 
 def test_bounded_json_parser_names_the_path() -> None:
-    from app.errors import Refusal
-    from app.input_limits import load_json
+    from tuneplane.app.errors import Refusal
+    from tuneplane.app.input_limits import load_json
 
     with pytest.raises(Refusal) as caught:
         load_json(json.dumps({"a": [{"b": "x\u0000"}]}))

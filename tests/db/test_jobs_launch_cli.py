@@ -15,13 +15,13 @@ import pytest
 from click.testing import CliRunner, Result
 from werkzeug.serving import make_server
 
-from app.cli import main
-from app.db import Database
-from app.security import new_token
-from app.web import create_app
 from tests.helpers import OutputWatcher
 from tests.launch_fixtures import report, run_to_running
 from tests.submission_setup import add_node, add_user, one_local_fleet
+from tuneplane.app.cli import main
+from tuneplane.app.db import Database
+from tuneplane.app.security import new_token
+from tuneplane.app.web import create_app
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -142,7 +142,7 @@ def _cli_env(server: dict, tmp_path: Path) -> dict:
 def _follow(job_id: int, env: dict) -> subprocess.Popen:
     """`tuneplane jobs logs JOB --follow` as a real process (it polls until the job ends)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "app", "jobs", "logs", str(job_id), "--follow", "--poll", "0.1"],
+        [sys.executable, "-P", "-m", "tuneplane", "jobs", "logs", str(job_id), "--follow", "--poll", "0.1"],
         env=env,
         cwd=REPO,
         stdout=subprocess.PIPE,
@@ -155,7 +155,7 @@ def test_logs_follow_prints_new_output_and_stops_when_the_job_ends(
 ) -> None:
     env = _cli_env(server, tmp_path)
     submitted = subprocess.run(
-        [sys.executable, "-m", "app", "submit", "--recipe", "demo", "--yes", "--json"],
+        [sys.executable, "-P", "-m", "tuneplane", "submit", "--recipe", "demo", "--yes", "--json"],
         env=env,
         cwd=REPO,
         capture_output=True,

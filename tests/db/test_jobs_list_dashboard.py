@@ -4,11 +4,11 @@ reach another user's jobs."""
 
 from __future__ import annotations
 
-from app.db import Database
-from app.web import create_app
 from tests.launch_fixtures import make_job
 from tests.submission_setup import add_fleet, add_node, add_user
 from tests.telemetry_support import user_api_token
+from tuneplane.app.db import Database
+from tuneplane.app.web import create_app
 
 
 def _client(db_url: str, db: Database, user: int):

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import psycopg
 import pytest
 
-from app.db import Database, connect
 from tests.launch_fixtures import make_fleet, make_job, make_node, make_user
+from tuneplane.app.db import Database, connect
 
 ATTEMPTS = 200
 PER_ROUND = 25  # GPUs per node: one placement pass reserves a whole round

@@ -4,8 +4,6 @@ import json
 
 import pytest
 
-from app.db import Database
-from app.errors import Refusal
 from tests.launch_fixtures import (
     assert_no_gpu_allocated_twice,
     job,
@@ -17,6 +15,8 @@ from tests.launch_fixtures import (
     report,
     run_to_running,
 )
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
 
 
 @pytest.fixture

@@ -30,9 +30,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from app.db import Database
-from app.errors import Refusal
 from tests.launch_fixtures import make_job, make_node, make_user
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
 
 _fleets = itertools.count()
 STEPS: list[int] = []

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from app.blobstore import FilesystemBlobStore
-from app.db import Database
-from app.errors import Refusal
-from app.security import new_token
-from app.submission import service
 from tests.e2e.launch_cluster import source_archive
 from tests.launch_fixtures import job, make_fleet, make_job, make_node, make_user, members_of, report
 from tests.unit.test_capsule_and_runner import SCRIPT, _spec, _store_archive
-from workers.backend.node_worker import NodeWorker, WorkerOptions
-from workers.capsule import unpack_capsule
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.security import new_token
+from tuneplane.app.submission import service
+from tuneplane.workers.backend.node_worker import NodeWorker, WorkerOptions
+from tuneplane.workers.capsule import unpack_capsule
 
 
 @pytest.fixture
@@ -203,7 +203,7 @@ def test_a_confirmation_wakes_the_placement_loop_without_waiting_for_the_poll(
 
 def _count_capsule_writes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts real capsule writes (and makes each take a while, so two launches overlap)."""
-    from workers.backend import capsule_build
+    from tuneplane.workers.backend import capsule_build
 
     writes: list[int] = []
     real = capsule_build.write_capsule

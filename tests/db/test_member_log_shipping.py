@@ -11,16 +11,16 @@ from pathlib import Path
 import aiohttp
 from aiohttp.test_utils import TestServer
 
-from app.db import Database
-from app.node_gateway.aiodb import AsyncDatabase
-from app.node_gateway.server import Gateway
 from tests.launch_fixtures import make_job, make_node, make_user
 from tests.node_helpers import fast_thresholds, make_fleet, make_token
-from workers.agent import capacity
-from workers.agent.handlers import AgentContext
-from workers.agent.logship import ship_logs, utf8_cut
-from workers.agent.session import ControlSession, enroll
-from workers.agent.state import AgentPaths, MemoryCredentialStore
+from tuneplane.app.db import Database
+from tuneplane.app.node_gateway.aiodb import AsyncDatabase
+from tuneplane.app.node_gateway.server import Gateway
+from tuneplane.workers.agent import capacity
+from tuneplane.workers.agent.handlers import AgentContext
+from tuneplane.workers.agent.logship import ship_logs, utf8_cut
+from tuneplane.workers.agent.session import ControlSession, enroll
+from tuneplane.workers.agent.state import AgentPaths, MemoryCredentialStore
 
 
 @asynccontextmanager

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from app.db import Database
-from app.errors import Refusal
 from tests.launch_fixtures import make_fleet, make_job, make_node, make_user, run_to_running
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
 
 
 @pytest.fixture

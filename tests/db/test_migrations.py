@@ -9,7 +9,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.migrate import MigrationError, discover, discover_functions, functions_status, migrate, status
+from tuneplane.app.migrate import (
+    MigrationError,
+    discover,
+    discover_functions,
+    functions_status,
+    migrate,
+    status,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,7 +31,7 @@ def test_template_database_is_fully_migrated(db_url: str) -> None:
 
 
 def test_two_concurrent_migrates_apply_each_migration_once(empty_db_url: str) -> None:
-    cmd = [sys.executable, "-m", "app", "db", "migrate", "--database-url", empty_db_url]
+    cmd = [sys.executable, "-P", "-m", "tuneplane", "db", "migrate", "--database-url", empty_db_url]
     procs = [
         subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in range(2)
     ]

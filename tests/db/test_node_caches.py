@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from psycopg.types.json import Jsonb
 
-from app.db import Database
-from app.errors import Refusal
-from app.security import hash_password
-from app.web import create_app
 from tests.node_helpers import enroll, make_fleet, make_token
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.security import hash_password
+from tuneplane.app.web import create_app
 
 SIZES = {"environments": {"count": 2, "bytes": 3 * 1024**3 // 2}, "capsules": {"count": 5, "bytes": 1024**3}}
 

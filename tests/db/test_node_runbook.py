@@ -6,9 +6,9 @@ import re
 
 from psycopg.types.json import Jsonb
 
-from app.db import Database
 from tests.conftest import REPO
 from tests.node_helpers import enroll, make_fleet, make_token
+from tuneplane.app.db import Database
 
 
 def _runbook_statements() -> list[str]:

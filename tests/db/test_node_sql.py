@@ -9,11 +9,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from app.db import Database, connect
-from app.errors import Refusal
-from app.security import new_token, token_hash
 from tests.helpers import wait_for
 from tests.node_helpers import enroll, events, fast_thresholds, make_fleet, make_token
+from tuneplane.app.db import Database, connect
+from tuneplane.app.errors import Refusal
+from tuneplane.app.security import new_token, token_hash
 
 
 def _open(db: Database, node_id: int, reconcile: bool = True) -> int:

@@ -7,8 +7,6 @@ import threading
 import psycopg
 import pytest
 
-from app.db import Database
-from app.errors import Refusal
 from tests.launch_fixtures import (
     assert_no_gpu_allocated_twice,
     job,
@@ -20,6 +18,8 @@ from tests.launch_fixtures import (
     report,
     run_to_running,
 )
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from app.db import Database
-from app.errors import Refusal
 from tests.launch_fixtures import job, make_fleet, make_job, make_node, make_user, members_of
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
 
 # Test setup only: many queued jobs in one statement (make_job's per-job transactions are slow at 1,200).
 MANY_JOBS = """

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.db import Database
-from app.errors import Refusal
 from tests.launch_fixtures import make_fleet, make_job, make_node, make_user, members_of, report
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
 
 
 def _events(db: Database, job_id: int) -> list[dict]:

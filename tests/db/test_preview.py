@@ -7,11 +7,11 @@ import hashlib
 import psycopg
 import pytest
 
-from app.db import Database
-from app.errors import Refusal
-from app.submission import service
-from app.submission.canonical import canonical_json, digest_of
 from tests.submission_setup import GIB, add_fleet, add_node, add_user, one_local_fleet
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.submission import service
+from tuneplane.app.submission.canonical import canonical_json, digest_of
 
 DEMO = {"recipe": {"name": "demo", "params": {"steps": 5}}}
 
@@ -156,7 +156,7 @@ def test_pins_integration_files_and_python_environment(db: Database) -> None:
     user = add_user(db, "alice")
     one_local_fleet(db)
     resolved = service.create_preview(db, user, DEMO)["resolved"]
-    from workers.integrations import demo
+    from tuneplane.workers.integrations import demo
 
     with open(demo.__file__, "rb") as handle:
         file_sha = hashlib.sha256(handle.read()).hexdigest()

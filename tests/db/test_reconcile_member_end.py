@@ -9,7 +9,6 @@ import json
 
 import pytest
 
-from app.db import Database
 from tests.launch_fixtures import (
     job,
     make_fleet,
@@ -19,6 +18,7 @@ from tests.launch_fixtures import (
     members_of,
     run_to_running,
 )
+from tuneplane.app.db import Database
 
 
 def _running_member_of_a_node_that_went_away(db: Database) -> tuple[int, dict, int]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from app.db import Database
 from tests.launch_fixtures import job, make_fleet, make_job, make_node, make_user, members_of, report
+from tuneplane.app.db import Database
 
 
 def test_a_member_whose_start_is_still_pending_is_not_taken_for_gone(db: Database) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 
-from app.db import Database
-from app.web import create_app
 from tests.submission_setup import add_user
+from tuneplane.app.db import Database
+from tuneplane.app.web import create_app
 
 
 def _client(db_url: str, **kwargs):
@@ -31,7 +31,7 @@ def test_every_answer_forbids_framing_and_sniffing_and_carries_the_csp(db_url: s
 
 
 def test_templates_have_no_inline_script_or_handler_the_csp_would_block(db_url: str) -> None:
-    from app.resources import resource_dir
+    from tuneplane.app.resources import resource_dir
 
     for template in resource_dir("templates").rglob("*.html"):
         text = template.read_text()

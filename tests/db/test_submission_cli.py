@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner, Result
 from werkzeug.serving import make_server
 
-from app.cli import main
-from app.client.config import read_config_file
-from app.db import Database
-from app.web import create_app
 from tests.submission_setup import add_user, one_local_fleet
+from tuneplane.app.cli import main
+from tuneplane.app.client.config import read_config_file
+from tuneplane.app.db import Database
+from tuneplane.app.web import create_app
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def test_output_and_input_flags_reach_the_preview_and_bad_ones_name_the_flag(cli
 
 
 def test_parse_input_and_output_text() -> None:
-    from app.submission.io_flags import parse_input, parse_output
+    from tuneplane.app.submission.io_flags import parse_input, parse_output
 
     assert parse_output("ckpt=a/b") == {"name": "ckpt", "path": "a/b"}
     assert parse_output("ckpt=a:b:shared") == {"name": "ckpt", "path": "a:b", "delivery": "shared"}

@@ -9,11 +9,11 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from app.db import Database
-from app.security import new_token
-from app.web import create_app
 from tests import archive_builders as ab
 from tests.submission_setup import add_user, one_local_fleet
+from tuneplane.app.db import Database
+from tuneplane.app.security import new_token
+from tuneplane.app.web import create_app
 
 JSON = {"Accept": "application/json"}
 DEMO = {"recipe": {"name": "demo", "params": {"steps": 5}}}

@@ -8,9 +8,6 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.db import Database
-from app.security import new_token
-from app.telemetry import wire
 from tests.helpers import wait_for
 from tests.telemetry_support import (
     GatewayThread,
@@ -20,6 +17,9 @@ from tests.telemetry_support import (
     running_gateway,
     user_api_token,
 )
+from tuneplane.app.db import Database
+from tuneplane.app.security import new_token
+from tuneplane.app.telemetry import wire
 
 
 @pytest.fixture

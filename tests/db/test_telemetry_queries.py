@@ -13,8 +13,6 @@ import pytest
 from click.testing import CliRunner
 from werkzeug.serving import make_server
 
-from app.db import Database
-from app.telemetry import wire
 from tests.telemetry_support import (
     GatewayThread,
     make_job,
@@ -23,6 +21,8 @@ from tests.telemetry_support import (
     running_gateway,
     user_api_token,
 )
+from tuneplane.app.db import Database
+from tuneplane.app.telemetry import wire
 
 
 @pytest.fixture
@@ -96,7 +96,7 @@ def test_non_finite_values_stay_out_of_min_max_mean(db: Database, gateway: Gatew
 
 
 def test_raw_inspector_pages_exact_points_by_step(db: Database, gateway: GatewayThread) -> None:
-    from app.telemetry.queries import raw_page
+    from tuneplane.app.telemetry.queries import raw_page
 
     owner = make_user(db, "alice")
     job = make_job(db, owner)
@@ -116,7 +116,7 @@ def test_raw_inspector_pages_exact_points_by_step(db: Database, gateway: Gateway
 
 
 def test_users_read_only_their_own_jobs_metrics(db: Database, db_url: str, gateway: GatewayThread) -> None:
-    from app.web import create_app
+    from tuneplane.app.web import create_app
 
     alice, bob, admin = make_user(db, "alice"), make_user(db, "bob"), make_user(db, "root", "admin")
     job = make_job(db, alice)
@@ -145,7 +145,7 @@ def test_users_read_only_their_own_jobs_metrics(db: Database, db_url: str, gatew
 def test_charts_page_serves_uplot_from_static_and_lists_series(
     db: Database, db_url: str, gateway: GatewayThread
 ) -> None:
-    from app.web import create_app
+    from tuneplane.app.web import create_app
 
     alice = make_user(db, "alice")
     job = make_job(db, alice)
@@ -224,8 +224,8 @@ def test_retention_prunes_old_series_only(db: Database, gateway: GatewayThread) 
 
 
 def test_metrics_cli_prints_bounded_series(db: Database, db_url: str, gateway: GatewayThread) -> None:
-    from app.cli import main
-    from app.web import create_app
+    from tuneplane.app.cli import main
+    from tuneplane.app.web import create_app
 
     alice = make_user(db, "alice")
     job = make_job(db, alice)

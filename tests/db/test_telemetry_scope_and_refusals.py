@@ -10,12 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from app.db import Database
-from app.telemetry import wire
 from tests.db.test_telemetry_gateway import _post
 from tests.helpers import wait_for
 from tests.launch_fixtures import make_fleet, make_job, make_node, members_of, report, run_to_running
 from tests.telemetry_support import GatewayThread, make_user, member_token, running_gateway
+from tuneplane.app.db import Database
+from tuneplane.app.telemetry import wire
 
 
 @pytest.fixture

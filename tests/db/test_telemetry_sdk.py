@@ -5,9 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from app.db import Database
 from tests.conftest import REPO
 from tests.telemetry_support import make_job, make_user, member_token, running_gateway
+from tuneplane.app.db import Database
 
 
 def test_sdk_log_from_a_workload_process_is_stored_once(db: Database, db_url: str) -> None:

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.db import Database
-from app.errors import Refusal
-from app.security import hash_password, new_token, token_hash, verify_password
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.security import hash_password, new_token, token_hash, verify_password
 
 
 def test_token_authenticates_and_revocation_refuses(db: Database) -> None:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from app.web import create_app
+from tuneplane.app.web import create_app
 
 
 def test_healthz_is_200_when_database_answers(db_url: str) -> None:

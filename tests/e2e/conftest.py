@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from app.db import Database
 from tests.e2e.launch_cluster import Cluster
+from tuneplane.app.db import Database
 
 
 @pytest.fixture

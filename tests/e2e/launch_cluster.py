@@ -18,14 +18,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.blobstore import FilesystemBlobStore
-from app.db import Database
-from app.submission import archives, service
 from tests.conftest import free_port
 from tests.e2e.node_processes import Proc, start_gateway
 from tests.helpers import wait_for
 from tests.node_helpers import fast_thresholds, make_token
 from tests.submission_setup import add_user
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.db import Database
+from tuneplane.app.submission import archives, service
 
 HEARTBEAT, STALE, LOST = 0.3, 1.5, 3.0
 # The rendezvous ports of a test cluster (a block below the ephemeral range: tests.conftest.free_port).

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.helpers import OutputWatcher
-from workers.proctree import PROC
+from tuneplane.workers.proctree import PROC
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ class Proc:
 
     def __init__(self, argv: list[str]) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "app", *argv],
+            [sys.executable, "-P", "-m", "tuneplane", *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=REPO,

@@ -48,7 +48,7 @@ def _start(name: str, args: list[str], port: int, env: dict, log_dir: Path) -> S
     log = log_dir / f"{name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "app", *args, "--host", "127.0.0.1", "--port", str(port)],
+            [sys.executable, "-P", "-m", "tuneplane", *args, "--host", "127.0.0.1", "--port", str(port)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -29,8 +29,8 @@ def start_gateway(database_url: str, port: int, log_path: Path) -> subprocess.Po
         process = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "app",
+                "-P", "-m",
+                "tuneplane",
                 "telemetry-gateway",
                 "--database-url",
                 database_url,
@@ -62,8 +62,8 @@ def start_collector(
         return subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "app",
+                "-P", "-m",
+                "tuneplane",
                 "collector",
                 "--output-dir",
                 str(out),

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from app.db import Database
 from tests.e2e.up_process import Up, tuneplane_up
 from tests.helpers import wait_for
+from tuneplane.app.db import Database
 
 pytestmark = pytest.mark.e2e
 SMALL = ("--cpus", "1", "--memory", "256M")

@@ -17,13 +17,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.db import Database
 from tests.conftest import free_port
 from tests.e2e.telemetry_processes import REPO, kill9, stored_points
 from tests.helpers import wait_for
 from tests.small_fs import fill_up, small_tmpfs
 from tests.telemetry_support import GatewayThread, make_job, make_user, member_token, running_gateway
-from workers.collector.collector import FINAL_SENT, MEMBER_EXITED
+from tuneplane.app.db import Database
+from tuneplane.workers.collector.collector import FINAL_SENT, MEMBER_EXITED
 
 pytestmark = pytest.mark.e2e
 
@@ -58,7 +58,7 @@ class Collectors:
         env.pop("TUNEPLANE_DATABASE_URL", None)
         with open(self.log, "ab") as handle:
             process = subprocess.Popen(
-                [sys.executable, "-m", "app", "collector", "--output-dir", str(out),
+                [sys.executable, "-P", "-m", "tuneplane", "collector", "--output-dir", str(out),
                  "--spool-dir", str(spool), "--gateway", url, "--token", token, "--poll-interval", "0.1",
                  "--fsync-interval", "0.1", "--sample-interval", "0", *extra],
                 stdout=handle, stderr=subprocess.STDOUT, cwd=REPO, env=env, preexec_fn=limits,

@@ -8,12 +8,12 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from app.cli import main
-from app.db import Database
-from app.security import hash_password, new_token
 from tests.e2e.node_processes import Proc
 from tests.helpers import wait_for
 from tests.node_helpers import enroll, events
+from tuneplane.app.cli import main
+from tuneplane.app.db import Database
+from tuneplane.app.security import hash_password, new_token
 
 pytestmark = pytest.mark.e2e
 

@@ -24,12 +24,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.db import Database
-from app.security import new_token
 from tests.e2e.server_processes import Servers, running_servers
 from tests.node_helpers import make_token
 from tests.submission_setup import add_user, one_local_fleet
 from tests.telemetry_support import make_job, member_token, user_api_token
+from tuneplane.app.db import Database
+from tuneplane.app.security import new_token
 
 pytestmark = pytest.mark.e2e
 

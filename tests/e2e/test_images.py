@@ -11,11 +11,11 @@ import uuid
 
 import pytest
 
-from app.submission import service
 from tests.container_registry import push_image
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.helpers import wait_for
-from workers.runner.containers import container_name, global_options, runtime_env
+from tuneplane.app.submission import service
+from tuneplane.workers.runner.containers import container_name, global_options, runtime_env
 
 pytestmark = pytest.mark.e2e
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from app.security import token_hash
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.helpers import wait_for
-from workers.proctree import tagged
+from tuneplane.app.security import token_hash
+from tuneplane.workers.proctree import tagged
 
 pytestmark = pytest.mark.e2e
 
@@ -129,8 +129,8 @@ def _wait_job_spec(cluster: Cluster, flag: Path, nodes: int = 1, ignore_sigterm:
 
 
 def _member_tag(cluster: Cluster, agent: str, member_id: int) -> str:
-    from workers.agent.members import member_tag
-    from workers.agent.state import AgentPaths
+    from tuneplane.workers.agent.members import member_tag
+    from tuneplane.workers.agent.state import AgentPaths
 
     state, work = cluster.agent_dirs(agent)
     return member_tag(AgentPaths(state.resolve(), work.resolve()), member_id)

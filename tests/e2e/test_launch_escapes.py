@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.helpers import wait_for
-from workers.proctree import alive
+from tuneplane.workers.proctree import alive
 
 pytestmark = pytest.mark.e2e
 

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import Refusal
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.e2e.node_processes import zombies_under
 from tests.e2e.outage_proxy import OutageProxy
 from tests.helpers import wait_for
-from workers.agent.members import member_tag
-from workers.agent.state import AgentPaths
-from workers.proctree import alive, tagged
-from workers.runner.process import read_runner_pids
+from tuneplane.app.errors import Refusal
+from tuneplane.workers.agent.members import member_tag
+from tuneplane.workers.agent.state import AgentPaths
+from tuneplane.workers.proctree import alive, tagged
+from tuneplane.workers.runner.process import read_runner_pids
 
 pytestmark = pytest.mark.e2e
 

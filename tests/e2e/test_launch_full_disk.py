@@ -19,9 +19,9 @@ import pytest
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.helpers import wait_for
 from tests.small_fs import fill_up, small_tmpfs
-from workers.agent.members import member_tag
-from workers.agent.state import AgentPaths
-from workers.proctree import tagged
+from tuneplane.workers.agent.members import member_tag
+from tuneplane.workers.agent.state import AgentPaths
+from tuneplane.workers.proctree import tagged
 
 pytestmark = pytest.mark.e2e
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from app.artifacts.blobs import FsBlobStore
-from app.artifacts.reader import verify_stored
 from tests.e2e.launch_cluster import Cluster
 from tests.e2e.test_launch import _resources
 from tests.helpers import wait_for
-from workers.artifacts.manifest import build_manifest
+from tuneplane.app.artifacts.blobs import FsBlobStore
+from tuneplane.app.artifacts.reader import verify_stored
+from tuneplane.workers.artifacts.manifest import build_manifest
 
 pytestmark = pytest.mark.e2e
 

@@ -46,7 +46,7 @@ def test_jobs_logs_of_a_two_member_job_shows_both_ranks(cluster: Cluster) -> Non
 
         def logs(*args: str) -> subprocess.CompletedProcess:
             return subprocess.run(
-                [sys.executable, "-m", "app", "jobs", "logs", str(job_id), *args],
+                [sys.executable, "-P", "-m", "tuneplane", "jobs", "logs", str(job_id), *args],
                 cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
             )  # fmt: skip
 

@@ -18,12 +18,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from app.db import Database
-from app.security import token_hash
 from tests.e2e.node_processes import start_agent, start_gateway
 from tests.helpers import wait_for
 from tests.node_helpers import enroll, events, fast_thresholds, make_fleet, make_token
-from workers.agent.state import AgentPaths, FileCredentialStore, StoredCredential
+from tuneplane.app.db import Database
+from tuneplane.app.security import token_hash
+from tuneplane.workers.agent.state import AgentPaths, FileCredentialStore, StoredCredential
 
 pytestmark = pytest.mark.e2e
 

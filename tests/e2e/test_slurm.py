@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from app.blobstore import FilesystemBlobStore
-from app.db import Database
-from app.errors import Refusal
-from app.submission import service
 from tests.submission_setup import add_user
-from workers.artifacts.manifest import Manifest
-from workers.artifacts.verify import verify_directory
-from workers.slurm.worker import SlurmWorker, SlurmWorkerOptions
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.submission import service
+from tuneplane.workers.artifacts.manifest import Manifest
+from tuneplane.workers.artifacts.verify import verify_directory
+from tuneplane.workers.slurm.worker import SlurmWorker, SlurmWorkerOptions
 
 MEMBER = b"""import os, signal, sys, time
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -222,7 +222,7 @@ def test_two_member_job_runs_as_one_slurm_gang_job_and_each_member_saw_its_rank(
     )
     assert decision["decision"] == "commit"
     # stdout reached the job's logs (what `tuneplane jobs logs` and the job page read)
-    from app.web import create_app
+    from tuneplane.app.web import create_app
 
     client = create_app(harness.db_url).test_client()
     with client.session_transaction() as session:
@@ -239,8 +239,8 @@ def test_two_member_job_runs_as_one_slurm_gang_job_and_each_member_saw_its_rank(
 def test_fleet_page_shows_slurm_state_and_controller_reachability_and_plugins_list_the_backend(
     harness: Harness, db_url: str
 ) -> None:
-    from app.security import hash_password
-    from app.web import create_app
+    from tuneplane.app.security import hash_password
+    from tuneplane.app.web import create_app
 
     admin = harness.db.call("create_user", "root", hash_password("pw"), "admin")[0]["id"]
     client = create_app(db_url).test_client()
@@ -319,7 +319,7 @@ def test_two_member_torchrun_job_over_gloo_succeeds_and_each_members_metrics_are
         )
         assert [(r["member_rank"], r["points"]) for r in series] == [(0, 3), (1, 3)]
         # Charted: the console's chart data for the job has the loss of both members.
-        from app.web import create_app
+        from tuneplane.app.web import create_app
 
         client = create_app(db_url).test_client()
         with client.session_transaction() as session:
@@ -379,7 +379,7 @@ def test_a_worker_that_died_before_recording_sbatch_adopts_the_named_job_or_abor
 def test_the_end_of_a_job_the_controller_forgot_comes_from_the_completion_record(slurm_cluster) -> None:
     """After MinJobAge scontrol no longer knows a job; without accounting storage (this cluster) the
     jobcomp/filetxt record says how it ended."""
-    from workers.slurm.cli import SlurmCli
+    from tuneplane.workers.slurm.cli import SlurmCli
 
     cli = SlurmCli(str(slurm_cluster.conf))
     done = int(slurm_cluster.run("sbatch", "--parsable", "-p", "batch", "-o", "/dev/null", "--wrap", "true"))
@@ -406,7 +406,7 @@ def test_the_worker_command_runs_a_job_and_refuses_an_unsupported_slurm_in_one_l
     data = tmp_path / "data"
     h = Harness(db, db_url, slurm_cluster, data)  # the archive goes to <data>/blobs, the worker's blob store
     env = {k: v for k, v in os.environ.items() if k != "TUNEPLANE_DATABASE_URL"}
-    argv = [sys.executable, "-m", "app", "worker", "--backend", "slurm", "--database-url", db_url,
+    argv = [sys.executable, "-P", "-m", "tuneplane", "worker", "--backend", "slurm", "--database-url", db_url,
             "--data-dir", str(data), "--poll-interval", "0.3"]  # fmt: skip
     log = tmp_path / "worker.log"
     with open(log, "ab") as out:

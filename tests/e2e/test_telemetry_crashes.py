@@ -19,7 +19,6 @@ import httpx
 import psycopg
 import pytest
 
-from app.db import Database
 from tests.conftest import free_port
 from tests.e2e.telemetry_processes import (
     expected_points,
@@ -34,7 +33,9 @@ from tests.e2e.telemetry_processes import (
 )
 from tests.helpers import wait_for
 from tests.telemetry_support import make_job, make_user, member_token
-from workers.proctree import alive, start_time
+from tuneplane.app.components import tuneplane_argv
+from tuneplane.app.db import Database
+from tuneplane.workers.proctree import alive, start_time
 
 pytestmark = pytest.mark.e2e
 
@@ -149,8 +150,8 @@ def test_gateway_stopped_for_a_while_and_restarted_loses_nothing(
 
 
 def test_database_restart_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    from app import embedded_pg
-    from app.migrate import migrate
+    from tuneplane.app import embedded_pg
+    from tuneplane.app.migrate import migrate
 
     pgdir = Path(tempfile.mkdtemp(prefix="tp-telemetry-pg-"))
     with warnings.catch_warnings():
@@ -211,7 +212,8 @@ def test_demo_recipe_end_to_end_every_point_stored_once(db: Database, db_url: st
     collector = start_collector(out, spool, url, token, tmp_path / "collector.log")
     try:
         demo = subprocess.run(
-            [sys.executable, "-m", "workers.integrations.demo", "--steps", "400", "--step-seconds", "0.002"],
+            [sys.executable, "-m", "tuneplane.workers.integrations.demo", "--steps", "400",
+             "--step-seconds", "0.002"],
             cwd=REPO,
             env={**_env(), "TUNEPLANE_OUTPUT_DIR": str(out)},
             capture_output=True,
@@ -261,7 +263,7 @@ def test_collector_whose_agent_is_gone_drains_and_stops_once_its_member_ends(
     gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
     conn = psycopg.connect(db_url, autocommit=True)
     tag = f"orphan-test-{os.getpid()}-{port}"
-    collector_argv = [sys.executable, "-m", "app", "collector", "--output-dir", str(out), "--spool-dir",
+    collector_argv = [*tuneplane_argv("collector"), "--output-dir", str(out), "--spool-dir",
                       str(spool), "--gateway", f"http://127.0.0.1:{port}", "--token", token,
                       "--poll-interval", "0.1", "--member-tag", tag, "--orphan-grace", "1",
                       "--sample-interval", "0"]  # fmt: skip

@@ -18,7 +18,6 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from app.db import Database
 from tests.conftest import free_port
 from tests.e2e.telemetry_processes import (
     expected_points,
@@ -29,11 +28,12 @@ from tests.e2e.telemetry_processes import (
     tcp_connections,
 )
 from tests.telemetry_support import make_job, make_user, member_token, running_gateway
-from workers.agent.collectors import MemberCollectors
-from workers.agent.members import MemberRecord, MemberStore, member_tag
-from workers.agent.state import AgentPaths
-from workers.collector import tfrecord
-from workers.proctree import TAG_VARIABLE
+from tuneplane.app.db import Database
+from tuneplane.workers.agent.collectors import MemberCollectors
+from tuneplane.workers.agent.members import MemberRecord, MemberStore, member_tag
+from tuneplane.workers.agent.state import AgentPaths
+from tuneplane.workers.collector import tfrecord
+from tuneplane.workers.proctree import TAG_VARIABLE
 
 pytestmark = pytest.mark.e2e
 
@@ -287,8 +287,8 @@ BAD_JSONL = [
 def test_bad_lines_and_damaged_records_lose_only_themselves_and_are_shown(
     db: Database, db_url: str, tmp_path: Path
 ) -> None:
-    from app.web import create_app
     from tests.telemetry_support import user_api_token
+    from tuneplane.app.web import create_app
 
     sources = tmp_path / "sources"
     sources.mkdir()

@@ -44,7 +44,7 @@ def test_two_members_form_one_process_group(tmp_path: Path) -> None:
         }
         members.append(
             subprocess.Popen(
-                [sys.executable, "-m", "workers.integrations.torchrun"],
+                [sys.executable, "-m", "tuneplane.workers.integrations.torchrun"],
                 cwd=tmp_path,
                 env=env,
                 stdout=subprocess.PIPE,

@@ -21,7 +21,7 @@ def _start_up(data_dir: Path, port: int, config: Path) -> tuple[subprocess.Popen
     env = {**os.environ, "TUNEPLANE_CONFIG": str(config)}
     env.pop("TUNEPLANE_DATABASE_URL", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "app", "up", "--data-dir", str(data_dir), "--port", str(port)],
+        [sys.executable, "-P", "-m", "tuneplane", "up", "--data-dir", str(data_dir), "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,

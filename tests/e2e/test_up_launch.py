@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from app.db import Database
-from app.submission import service
 from tests.e2e.up_process import tuneplane_up
 from tests.helpers import wait_for
 from tests.submission_setup import add_user
+from tuneplane.app.db import Database
+from tuneplane.app.submission import service
 
 pytestmark = pytest.mark.e2e
 

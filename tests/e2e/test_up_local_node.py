@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from app.db import Database
 from tests.helpers import OutputWatcher, wait_for
+from tuneplane.app.db import Database
 
 pytestmark = pytest.mark.e2e
 
@@ -24,8 +24,8 @@ def _up(db_url: str, data_dir: Path, port: int, config: Path) -> tuple[subproces
     process = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "app",
+            "-P", "-m",
+            "tuneplane",
             "up",
             "--database-url",
             db_url,

@@ -23,7 +23,7 @@ def _up(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in LEAKY}
     env["TUNEPLANE_CONFIG"] = str(tmp_path / "config.toml")
     return subprocess.run(
-        [sys.executable, "-m", "app", "up", "--data-dir", str(tmp_path / "data"), *args],
+        [sys.executable, "-P", "-m", "tuneplane", "up", "--data-dir", str(tmp_path / "data"), *args],
         cwd=REPO,
         env=env,
         capture_output=True,

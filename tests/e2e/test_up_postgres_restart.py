@@ -16,13 +16,13 @@ from typing import TypeVar
 import psycopg
 import pytest
 
-from app.blobstore import FilesystemBlobStore
-from app.db import Database
-from app.submission import archives, service
 from tests.e2e.launch_cluster import MIB, TINY_MEMBER, source_archive
 from tests.e2e.up_process import Up, embedded_database, tuneplane_up
 from tests.helpers import wait_for
 from tests.submission_setup import add_user
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.db import Database
+from tuneplane.app.submission import archives, service
 
 pytestmark = pytest.mark.e2e
 

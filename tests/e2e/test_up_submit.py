@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.db import Database
 from tests.e2e.up_process import tuneplane_up
+from tuneplane.app.db import Database
 
 pytestmark = pytest.mark.e2e
 

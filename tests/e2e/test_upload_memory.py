@@ -9,10 +9,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.db import Database
 from tests import archive_builders as ab
 from tests.e2e.server_processes import running_servers
 from tests.submission_setup import add_user
+from tuneplane.app.db import Database
 
 pytestmark = pytest.mark.e2e
 

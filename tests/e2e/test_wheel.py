@@ -23,12 +23,19 @@ def test_wheel_installs_and_migrates_from_a_fresh_venv(tmp_path: Path, empty_db_
     wheel = next(dist.glob("tuneplane-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for needed in (
-        "app/_data/sql/migrations/0001_foundation.sql",
-        "app/_data/templates/base.html",
-        "app/_data/static/htmx.min.js",
-        "app/_data/static/htmx.LICENSE",
+        "tuneplane/app/_data/sql/migrations/0001_foundation.sql",
+        "tuneplane/app/_data/templates/base.html",
+        "tuneplane/app/_data/static/htmx.min.js",
+        "tuneplane/app/_data/static/htmx.LICENSE",
+        "tuneplane/workers/runner/containers.conf",
+        "tuneplane/sdk.py",
+        "tuneplane/__main__.py",
     ):
         assert needed in names
+    # One namespace: nothing named app or workers (or anything else) at the top of site-packages.
+    top = {name.split("/", 1)[0] for name in names if not name.split("/", 1)[0].endswith(".dist-info")}
+    assert top == {"tuneplane"}, top
+    assert not [name for name in names if "__pycache__" in name or name.endswith(".pyc")]
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -53,7 +60,7 @@ def test_wheel_installs_and_migrates_from_a_fresh_venv(tmp_path: Path, empty_db_
         [
             str(venv / "bin" / "python"),
             "-c",
-            "from app.resources import resource_dir; print(resource_dir('templates'))",
+            "from tuneplane.app.resources import resource_dir; print(resource_dir('templates'))",
         ],
         cwd=tmp_path,
         capture_output=True,

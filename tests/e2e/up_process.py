@@ -12,9 +12,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.db import Database
 from tests.conftest import free_port
 from tests.helpers import OutputWatcher, wait_for
+from tuneplane.app.db import Database
 
 REPO = Path(__file__).resolve().parents[2]
 # Settings a developer's shell may carry that must not leak into the process under test.
@@ -59,7 +59,7 @@ class Up:
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         """`tuneplane ARGS` as a user runs it, against this server (config written by `up`)."""
         return subprocess.run(
-            [sys.executable, "-m", "app", *args],
+            [sys.executable, "-P", "-m", "tuneplane", *args],
             cwd=REPO,
             env=self.env,
             capture_output=True,
@@ -83,8 +83,8 @@ def tuneplane_up(db_url: str | None, tmp_path: Path, db: Database | None) -> Ite
     process = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "app",
+            "-P", "-m",
+            "tuneplane",
             "up",
             *database,
             "--data-dir",

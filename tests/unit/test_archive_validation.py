@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from app.client.archive_pack import PackError, pack_directory
-from app.submission.archives import ArchiveLimits, ArchiveRefused, validate_archive
 from tests import archive_builders as ab
+from tuneplane.app.client.archive_pack import PackError, pack_directory
+from tuneplane.app.submission.archives import ArchiveLimits, ArchiveRefused, validate_archive
 
 LIMITS = ArchiveLimits(max_bytes=512 * 1024**2, max_members=5000, max_unpacked_bytes=8 * 1024**2)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.artifacts.manifest import (
+from tuneplane.workers.artifacts.manifest import (
     Manifest,
     ManifestError,
     ManifestFile,
@@ -15,7 +15,7 @@ from workers.artifacts.manifest import (
     check_relative_path,
     normalize_digest,
 )
-from workers.artifacts.verify import verify_directory
+from tuneplane.workers.artifacts.verify import verify_directory
 
 
 def make_tree(root: Path) -> None:

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from app.client.bulk_get import BulkGetError, bulk_get, proxied
 from tests.e2e.test_node_agents import _test_pki
+from tuneplane.app.client.bulk_get import BulkGetError, bulk_get, proxied
 
 
 @contextmanager

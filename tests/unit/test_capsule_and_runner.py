@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from app.blobstore import FilesystemBlobStore
-from app.submission.pins import artifact_pin, integrations, python_runtime_pin
 from tests.e2e.launch_cluster import source_archive
 from tests.helpers import wait_for
-from workers.backend.capsule_build import build_capsule
-from workers.capsule import CapsuleError, unpack_capsule
-from workers.runner.environment import MemberPaths, workload_environment
-from workers.runner.process import LOCKED_EXIT, member_lock_held, read_runner_pids
-from workers.runner.runtime import RuntimeRefused, check_runtime, python_pin_problems
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.submission.pins import artifact_pin, integrations, python_runtime_pin
+from tuneplane.workers.backend.capsule_build import build_capsule
+from tuneplane.workers.capsule import CapsuleError, unpack_capsule
+from tuneplane.workers.runner.environment import MemberPaths, workload_environment
+from tuneplane.workers.runner.process import LOCKED_EXIT, member_lock_held, read_runner_pids
+from tuneplane.workers.runner.runtime import RuntimeRefused, check_runtime, python_pin_problems
 
 SCRIPT = """import os, sys
 print("hello from rank", os.environ["RANK"])
@@ -96,7 +96,7 @@ def test_a_capsule_with_other_bytes_than_its_digest_is_refused(built, tmp_path: 
 
 def test_a_consistent_capsule_with_a_swapped_integration_is_refused(built, tmp_path: Path) -> None:
     """Even a capsule whose manifest matches its bytes is refused when the integration is not the pin."""
-    from workers.capsule import bytes_entry, spec_entries, write_capsule
+    from tuneplane.workers.capsule import bytes_entry, spec_entries, write_capsule
 
     blobs, spec, _digest = built
     entries = [*spec_entries(spec), bytes_entry("integration/script.py", b"import os\nos.system('evil')\n")]
@@ -180,7 +180,7 @@ def _prepared_member(built, tmp_path: Path, exit_code: int = 0) -> Path:
 
 
 def _run(root: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "app", "runner", "--member-dir", str(root)],
+    return subprocess.run([sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(root)],
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
@@ -223,7 +223,7 @@ sys.exit(int(os.environ.get("EXIT", "0")))
 
 
 def _start_runner(root: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app", "runner", "--member-dir", str(root)],
+    return subprocess.Popen([sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(root)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
 
 

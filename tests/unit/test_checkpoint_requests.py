@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tuneplane import sdk
-from workers.agent.checkpoints import MARKER, pending_checkpoints
-from workers.artifacts.checkpoint import changes, snapshot
+from tuneplane.workers.agent.checkpoints import MARKER, pending_checkpoints
+from tuneplane.workers.artifacts.checkpoint import changes, snapshot
 
 
 @pytest.fixture

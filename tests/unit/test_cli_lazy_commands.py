@@ -7,7 +7,7 @@ import importlib
 import subprocess
 import sys
 
-from app.cli import COMMAND_MODULES, COMMANDS_BY_NAME
+from tuneplane.app.cli import COMMAND_MODULES, COMMANDS_BY_NAME
 
 
 def test_the_command_table_lists_exactly_the_commands_the_modules_define() -> None:
@@ -33,7 +33,7 @@ def test_the_collector_starts_without_the_database_driver_the_console_or_an_http
 
 
 def test_jobs_subcommands_from_both_modules_are_there() -> None:
-    from app.cli import main
+    from tuneplane.app.cli import main
 
     jobs = main.get_command(None, "jobs")  # type: ignore[arg-type]
     assert {"list", "show", "cancel", "logs"} <= set(jobs.commands)  # type: ignore[attr-defined]
@@ -42,7 +42,7 @@ def test_jobs_subcommands_from_both_modules_are_there() -> None:
 def test_an_unreachable_database_is_one_line_and_no_traceback() -> None:
     # The driver is imported by the command itself now, not by the CLI: its error still reads as one line.
     run = subprocess.run(
-        [sys.executable, "-m", "app", "db", "status", "--database-url", "postgresql://tp@127.0.0.1:1/x"],
+        [sys.executable, "-P", "-m", "tuneplane", "db", "status", "--database-url", "postgresql://tp@127.0.0.1:1/x"],
         capture_output=True,
         text=True,
         timeout=60,

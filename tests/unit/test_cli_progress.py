@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from app.cli.progress import byte_progress
+from tuneplane.app.cli.progress import byte_progress
 
 
 class Terminal(io.StringIO):

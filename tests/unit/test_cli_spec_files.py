@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from app.cli import main
+from tuneplane.app.cli import main
 
 CASES = [
     ("date.yaml", b"recipe: {name: demo}\nenv:\n  WHEN: 2024-01-01\n", "env.WHEN is a date"),

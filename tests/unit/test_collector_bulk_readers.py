@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensorboardX.proto import event_pb2, summary_pb2
 
-from app.telemetry import limits
-from workers.collector import jsonl, tb_events, tfrecord
-from workers.collector.columns import PointColumns
+from tuneplane.app.telemetry import limits
+from tuneplane.workers.collector import jsonl, tb_events, tfrecord
+from tuneplane.workers.collector.columns import PointColumns
 
 READ_TIME = 1234.5
 

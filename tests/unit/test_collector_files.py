@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workers.collector.fs_check import NetworkFilesystemError, check_local, mount_of
-from workers.collector.sources import OutputTracker
+from tuneplane.workers.collector.fs_check import NetworkFilesystemError, check_local, mount_of
+from tuneplane.workers.collector.sources import OutputTracker
 
 
 def _points(tracker: OutputTracker) -> list:
@@ -168,8 +168,8 @@ def test_deleted_file_is_read_to_its_end_then_forgotten(tmp_path: Path) -> None:
 
 
 def test_recycled_inode_with_other_content_is_a_new_file(tmp_path: Path) -> None:
-    from workers.collector.file_identity import FileIdentity
-    from workers.collector.sources import FileState
+    from tuneplane.workers.collector.file_identity import FileIdentity
+    from tuneplane.workers.collector.sources import FileState
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 5, "loss": 5}\n{"step": 6, "loss": 6}\n')
@@ -251,7 +251,7 @@ def test_spool_on_a_network_filesystem_is_refused(tmp_path: Path) -> None:
 def test_fast_line_decoder_agrees_with_json_loads(raw: bytes) -> None:
     import json
 
-    from workers.collector.jsonl import _loads
+    from tuneplane.workers.collector.jsonl import _loads
 
     try:
         expected = json.loads(raw)
@@ -295,8 +295,8 @@ def test_health_is_summed_once_per_poll_not_once_per_batch_and_names_the_batchs_
     """One batch per file with news: the health summary went through every file for every batch, so a poll
     of 5,000 trial files took 3.4 s (2.7 s in the summary). It is summed once per poll; each batch's own
     file is brought up to date in it."""
-    from app.telemetry import wire
-    from workers.collector.collector import Collector, CollectorConfig
+    from tuneplane.app.telemetry import wire
+    from tuneplane.workers.collector.collector import Collector, CollectorConfig
 
     out = tmp_path / "out"
     for i in range(300):

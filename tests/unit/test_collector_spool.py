@@ -7,8 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
-from app.telemetry import wire
-from workers.collector.spool import Spool
+from tuneplane.app.telemetry import wire
+from tuneplane.workers.collector.spool import Spool
 
 
 def _batch(seq: int) -> bytes:
@@ -187,7 +187,7 @@ def test_a_spool_directory_removed_while_running_is_rebuilt_with_every_unacked_b
 def test_a_damaged_scope_file_does_not_stop_the_collector_from_starting(tmp_path: Path) -> None:
     """scope.json was rewritten in place at every start; one cut short by a crash made every later start
     die on a JSONDecodeError, so nothing spooled was ever sent."""
-    from workers.collector.collector import Collector, CollectorConfig
+    from tuneplane.workers.collector.collector import Collector, CollectorConfig
 
     spool = tmp_path / "spool"
     spool.mkdir()

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from workers.collector.system import SystemSampler, load_nvml
-from workers.proctree import TAG_VARIABLE, tagged
+from tuneplane.workers.collector.system import SystemSampler, load_nvml
+from tuneplane.workers.proctree import TAG_VARIABLE, tagged
 
 BUSY = "import time\nend = time.time() + 30\nblob = bytearray(64 * 2**20)\nwhile time.time() < end: pass\n"
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tensorboardX.proto import event_pb2, summary_pb2, tensor_pb2, types_pb2
 
-from workers.collector import tfrecord
-from workers.collector.sources import READ_CHUNK, OutputTracker
+from tuneplane.workers.collector import tfrecord
+from tuneplane.workers.collector.sources import READ_CHUNK, OutputTracker
 
 
 def _read_all(root: Path, max_points: int = 10_000) -> list:
@@ -129,7 +129,7 @@ def test_tf2_tensor_values_in_tensor_content_and_float_val_are_decoded(tmp_path:
 
 
 def test_tag_plugins_survive_a_resume_from_checkpoint(tmp_path: Path) -> None:
-    from workers.collector.sources import FileState
+    from tuneplane.workers.collector.sources import FileState
 
     records = [_event(s, _tf2_value("c", float(s), s == 0, content=True)) for s in range(4)]
     path = tmp_path / "events.out.tfevents.3.tf"
@@ -306,7 +306,7 @@ def test_a_file_with_thousands_of_damaged_records_never_makes_a_batch_the_gatewa
     refuses a batch with more than 10,000 entries as malformed (400, final), and the chunk's 12,103 intact
     points went with it. Regions beyond the per-batch cap now become one spanning region that says how
     many there were."""
-    from app.telemetry import wire
+    from tuneplane.app.telemetry import wire
 
     frames = _simple_frames(40_000)
     for index in range(1, len(frames), 2):
@@ -333,7 +333,7 @@ def test_refusals_of_thousands_of_distinct_names_never_make_a_batch_the_gateway_
 ) -> None:
     """A line per step with a new text field (`sample_17_text`): one chunk carried a refusal entry per
     name, more than the gateway takes in a batch, so the batch and its points were refused whole."""
-    from app.telemetry import wire
+    from tuneplane.app.telemetry import wire
 
     with open(tmp_path / "metrics.jsonl", "w") as handle:
         for step in range(12_000):

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import pytest
 
-from app.submission.environments import EnvironmentSpec, resolve_environment
-from app.uvtool import uv_binary
-from workers.agent.environments import (
+from tuneplane.app.submission.environments import EnvironmentSpec, resolve_environment
+from tuneplane.app.uvtool import uv_binary
+from tuneplane.workers.agent.environments import (
     CacheEntry,
     EnvironmentBuildFailed,
     clean_up,
     ensure_environment,
     environment_entries,
 )
-from workers.runner.environment_check import READY_MARKER, EnvironmentMismatch, verify_environment
+from tuneplane.workers.runner.environment_check import READY_MARKER, EnvironmentMismatch, verify_environment
 
 
 @pytest.fixture(scope="module")

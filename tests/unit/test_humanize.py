@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from app.humanize import ago, duration, size
+from tuneplane.app.humanize import ago, duration, size
 
 
 def test_sizes_use_binary_units() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import struct
@@ -12,8 +13,8 @@ from pathlib import Path
 import google_crc32c
 import pytest
 
-from app.submission.pins import artifact_pin, integrations, python_runtime_pin, recipe_params
-from workers.integrations.torchrun import TorchrunConfigError, build_argv, target_args
+from tuneplane.app.submission.pins import artifact_pin, integrations, python_runtime_pin, recipe_params
+from tuneplane.workers.integrations.torchrun import TorchrunConfigError, build_argv, target_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,7 +53,7 @@ def test_builtin_integrations_are_plugins_with_pinnable_files() -> None:
         pin = artifact_pin(found[name])
         assert pin["sha256"] == artifact_pin(found[name])["sha256"] and len(pin["files"]) == 1
         module = found[name].plugin.details["module"]
-        assert (REPO / (module.replace(".", "/") + ".py")).is_file()
+        assert importlib.util.find_spec(module) is not None
     runtime, warnings = python_runtime_pin(found["demo"])
     assert runtime["python"] == f"{sys.version_info.major}.{sys.version_info.minor}"
     assert set(runtime["packages"]) == {"numpy", "tensorboardX"} and not warnings
@@ -67,7 +68,7 @@ def test_recipe_params_get_defaults_and_types() -> None:
 def test_demo_trains_and_writes_jsonl_and_tensorboard(tmp_path: Path) -> None:
     env = {**os.environ, "TUNEPLANE_OUTPUT_DIR": str(tmp_path / "out"), "TUNEPLANE_PARAMS": '{"seed": 3}'}
     result = subprocess.run(
-        [sys.executable, "-m", "workers.integrations.demo", "--steps", "50", "--step-seconds", "0"],
+        [sys.executable, "-m", "tuneplane.workers.integrations.demo", "--steps", "50", "--step-seconds", "0"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -90,7 +91,7 @@ def test_demo_trains_and_writes_jsonl_and_tensorboard(tmp_path: Path) -> None:
 
 def test_demo_refuses_bad_arguments(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "workers.integrations.demo", "--steps", "0"],
+        [sys.executable, "-m", "tuneplane.workers.integrations.demo", "--steps", "0"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -108,7 +109,7 @@ def test_script_runs_the_entrypoint_through_the_shell_with_its_exit_status(tmp_p
         "TUNEPLANE_ENTRYPOINT": "echo rank=$RANK in $(pwd); exit 3",
     }
     result = subprocess.run(
-        [sys.executable, "-m", "workers.integrations.script"],
+        [sys.executable, "-m", "tuneplane.workers.integrations.script"],
         cwd=tmp_path,
         env=env,
         capture_output=True,

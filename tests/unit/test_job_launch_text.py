@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from app.web.jobs_launch import ordinal, waiting_text
+from tuneplane.app.web.jobs_launch import ordinal, waiting_text
 
 
 @pytest.mark.parametrize(

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.errors import Refusal
-from app.submission.canonical import canonical_json, digest_of
-from app.submission.images import ImageRefError, normalise_image_ref
-from app.submission.jobspec import parse_jobspec, parse_memory
+from tuneplane.app.errors import Refusal
+from tuneplane.app.submission.canonical import canonical_json, digest_of
+from tuneplane.app.submission.images import ImageRefError, normalise_image_ref
+from tuneplane.app.submission.jobspec import parse_jobspec, parse_memory
 
 
 def refusal(data: dict) -> Refusal:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.agent.probe import ProbeServer, can_bind, peer_check, storage_check
+from tuneplane.workers.agent.probe import ProbeServer, can_bind, peer_check, storage_check
 
 
 def _closed_port() -> int:

@@ -5,10 +5,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from app.cli import main
-from app.client.http import ClientError, check_transport
-from app.plugins import Plugin, load_plugins
-from app.settings import SettingsError, load_settings
+from tuneplane.app.cli import main
+from tuneplane.app.client.http import ClientError, check_transport
+from tuneplane.app.plugins import Plugin, load_plugins
+from tuneplane.app.settings import SettingsError, load_settings
 
 
 def test_database_url_must_be_postgres() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from workers.slurm.cli import (
+from tuneplane.workers.slurm.cli import (
     SlurmCli,
     UnsupportedSlurm,
     parse_gpus,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from app.supervisor import Component, ComponentFailed, Supervisor
 from tests.helpers import wait_for
+from tuneplane.app.supervisor import Component, ComponentFailed, Supervisor
 
 
 def test_a_dying_child_is_restarted_with_growing_delays_then_everything_stops(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ def memory_bytes() -> int:
 
 def container_runtimes() -> list[str]:
     """The runtimes that answer `info` with TunePlane's settings (installed but broken is not offered)."""
-    from workers.runner.runtime import usable_container_runtimes
+    from tuneplane.workers.runner.runtime import usable_container_runtimes
 
     return usable_container_runtimes()
 

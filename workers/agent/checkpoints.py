@@ -33,10 +33,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.agent.handlers import AgentContext, CommandFailed, command
-from workers.agent.members import member_dir
-from workers.agent.prepare import NodeAccess
-from workers.artifacts.upload import retryable_status
+from tuneplane.workers.agent.handlers import AgentContext, CommandFailed, command
+from tuneplane.workers.agent.members import member_dir
+from tuneplane.workers.agent.prepare import NodeAccess
+from tuneplane.workers.artifacts.upload import retryable_status
 
 log = logging.getLogger("tuneplane.agent.checkpoints")
 
@@ -120,9 +120,9 @@ def publish_pending(
     """Publish every pending checkpoint of the member in `directory` (blocking); returns how many. A server
     failure leaves the rest for the next scan, except on the `final` one (the member ended and the watcher
     stops retrying): then the checkpoint is failed with the reason instead of being left unpublished."""
-    from workers.artifacts.checkpoint import publish_checkpoint
-    from workers.artifacts.deliver import node_http
-    from workers.artifacts.upload import UploadError
+    from tuneplane.workers.artifacts.checkpoint import publish_checkpoint
+    from tuneplane.workers.artifacts.deliver import node_http
+    from tuneplane.workers.artifacts.upload import UploadError
 
     state_path = directory / "checkpoints.json"
     state = _read_json(state_path) or {"published": {}, "counts": {}}

@@ -28,10 +28,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.agent.members import MemberRecord, MemberStore, member_tag
-from workers.agent.state import AgentPaths
-from workers.collector.collector import FINAL_SENT, MEMBER_EXITED
-from workers.proctree import alive, start_time
+from tuneplane.workers.agent.members import MemberRecord, MemberStore, member_tag
+from tuneplane.workers.agent.state import AgentPaths
+from tuneplane.workers.collector.collector import FINAL_SENT, MEMBER_EXITED
+from tuneplane.workers.proctree import alive, start_time
 
 log = logging.getLogger("tuneplane.agent.collectors")
 
@@ -104,8 +104,8 @@ class MemberCollectors:
         env["TUNEPLANE_TELEMETRY_TOKEN"] = token
         argv = [
             sys.executable,
-            "-m",
-            "app",
+            "-P", "-m",
+            "tuneplane",
             "collector",
             "--output-dir",
             str(member_dir / "output"),

@@ -21,10 +21,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from workers.agent.members import MemberRecord, MemberStore, pending
-from workers.agent.outputs import Outcome, deliver_output, fail_artifact, planned_outputs, refuse_output
-from workers.agent.prepare import NodeAccess
-from workers.artifacts.member_logs import logs_output
+from tuneplane.workers.agent.members import MemberRecord, MemberStore, pending
+from tuneplane.workers.agent.outputs import (
+    Outcome,
+    deliver_output,
+    fail_artifact,
+    planned_outputs,
+    refuse_output,
+)
+from tuneplane.workers.agent.prepare import NodeAccess
+from tuneplane.workers.artifacts.member_logs import logs_output
 
 log = logging.getLogger("tuneplane.agent.delivery")
 

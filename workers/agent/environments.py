@@ -31,11 +31,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.uvtool import uv_binary, uv_environment, uv_reason
-from workers.agent.handlers import SESSION_HOOKS, AgentContext
-from workers.agent.member_dirs import remove_finished_member_dirs
-from workers.disk_usage import tree_usage
-from workers.runner.environment_check import (
+from tuneplane.app.uvtool import uv_binary, uv_environment, uv_reason
+from tuneplane.workers.agent.handlers import SESSION_HOOKS, AgentContext
+from tuneplane.workers.agent.member_dirs import remove_finished_member_dirs
+from tuneplane.workers.disk_usage import tree_usage
+from tuneplane.workers.runner.environment_check import (
     READY_MARKER,
     EnvironmentMismatch,
     interpreter_of,

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.agent.state import AgentPaths
+from tuneplane.workers.agent.state import AgentPaths
 
 
 class CommandFailed(Exception):

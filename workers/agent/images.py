@@ -8,8 +8,8 @@ import asyncio
 import shutil
 import time
 
-from app.submission.images import normalise_image_ref
-from workers.runner.containers import global_options, runtime_env, tls_options
+from tuneplane.app.submission.images import normalise_image_ref
+from tuneplane.workers.runner.containers import global_options, runtime_env, tls_options
 
 PULL_TIMEOUT = 3600.0
 

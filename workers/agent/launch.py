@@ -39,15 +39,15 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from app.security import new_token
-from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
-from workers.agent.checkpoints import CheckpointWatchers
-from workers.agent.collectors import MemberCollectors
-from workers.agent.delivery import DEFAULT_DEADLINE, Delivery, plan_deliveries
-from workers.agent.environments import progress_reporter, schedule_clean_caches
-from workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
-from workers.agent.logship import ship_logs
-from workers.agent.members import (
+from tuneplane.app.security import new_token
+from tuneplane.app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
+from tuneplane.workers.agent.checkpoints import CheckpointWatchers
+from tuneplane.workers.agent.collectors import MemberCollectors
+from tuneplane.workers.agent.delivery import DEFAULT_DEADLINE, Delivery, plan_deliveries
+from tuneplane.workers.agent.environments import progress_reporter, schedule_clean_caches
+from tuneplane.workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
+from tuneplane.workers.agent.logship import ship_logs
+from tuneplane.workers.agent.members import (
     MemberRecord,
     MemberStore,
     member_dir,
@@ -56,11 +56,11 @@ from workers.agent.members import (
     settled,
     tag_suffix,
 )
-from workers.agent.prepare import NodeAccess, PrepareFailed, prepare_member_dir
-from workers.agent.probe import ProbeServer
-from workers.agent.session import Refused
-from workers.capsule import CapsuleError
-from workers.proctree import (
+from tuneplane.workers.agent.prepare import NodeAccess, PrepareFailed, prepare_member_dir
+from tuneplane.workers.agent.probe import ProbeServer
+from tuneplane.workers.agent.session import Refused
+from tuneplane.workers.capsule import CapsuleError
+from tuneplane.workers.proctree import (
     TAG_VARIABLE,
     alive,
     descendants,
@@ -70,8 +70,8 @@ from workers.proctree import (
     tagged,
     zombie_children,
 )
-from workers.runner.process import member_lock_held, read_exit_status, read_runner_pids
-from workers.runner.runtime import RuntimeRefused
+from tuneplane.workers.runner.process import member_lock_held, read_exit_status, read_runner_pids
+from tuneplane.workers.runner.runtime import RuntimeRefused
 
 log = logging.getLogger("tuneplane.agent.launch")
 
@@ -301,7 +301,7 @@ class LaunchAgent:
             self.collectors.start(record, directory, token)
         with open(logs / "runner.log", "ab") as out:
             runner = subprocess.Popen(
-                [sys.executable, "-m", "app", "runner", "--member-dir", str(directory)],
+                [sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(directory)],
                 cwd=directory,
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -25,8 +25,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workers.agent.handlers import AgentContext
-from workers.agent.session import Refused
+from tuneplane.workers.agent.handlers import AgentContext
+from tuneplane.workers.agent.session import Refused
 
 log = logging.getLogger("tuneplane.agent.logs")
 

@@ -19,16 +19,16 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from app import __version__
-from app.client.http import ClientError, check_transport
-from workers.agent import capacity as capacity_probe
-from workers.agent.handlers import AgentContext
-from workers.agent.session import ControlSession, Refused, enroll
-from workers.agent.state import AgentPaths, FileCredentialStore, StateError
-from workers.agent.workdirs import check_workload_dirs
+from tuneplane.app import __version__
+from tuneplane.app.client.http import ClientError, check_transport
+from tuneplane.workers.agent import capacity as capacity_probe
+from tuneplane.workers.agent.handlers import AgentContext
+from tuneplane.workers.agent.session import ControlSession, Refused, enroll
+from tuneplane.workers.agent.state import AgentPaths, FileCredentialStore, StateError
+from tuneplane.workers.agent.workdirs import check_workload_dirs
 
 # Modules that register more command handlers (the launch issue adds its own here).
-HANDLER_MODULES: list[str] = ["workers.agent.launch"]
+HANDLER_MODULES: list[str] = ["tuneplane.workers.agent.launch"]
 
 
 class AgentError(Exception):

@@ -16,9 +16,9 @@ import shutil
 import time
 from pathlib import Path
 
-from workers.agent.members import MemberRecord, member_tag_in, settled
-from workers.disk_usage import tree_usage
-from workers.proctree import tagged
+from tuneplane.workers.agent.members import MemberRecord, member_tag_in, settled
+from tuneplane.workers.disk_usage import tree_usage
+from tuneplane.workers.proctree import tagged
 
 MEMBER_DIR_KEEP = float(os.environ.get("TUNEPLANE_MEMBER_DIR_KEEP", str(24 * 3600)))
 _counter = itertools.count()

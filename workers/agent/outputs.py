@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 
-from workers.agent.prepare import NodeAccess
-from workers.artifacts.member_logs import snapshot_logs
-from workers.artifacts.upload import UploadError, retryable_status
+from tuneplane.workers.agent.prepare import NodeAccess
+from tuneplane.workers.artifacts.member_logs import snapshot_logs
+from tuneplane.workers.artifacts.upload import UploadError, retryable_status
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ def _retryable(exc: Exception) -> bool:
 
 def deliver_output(access: NodeAccess, directory: Path, output: dict) -> Outcome:
     """One try at delivering one output (blocking: run it in a thread)."""
-    from workers.artifacts.deliver import deliver_artifact, node_http
-    from workers.artifacts.manifest import ManifestError
+    from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http
+    from tuneplane.workers.artifacts.manifest import ManifestError
 
     try:
         member = json.loads((directory / "member.json").read_text())
@@ -108,7 +108,7 @@ def deliver_output(access: NodeAccess, directory: Path, output: dict) -> Outcome
 def refuse_output(access: NodeAccess, member_id: int, output: dict, reason: str) -> Outcome:
     """Record an output that was never registered as a failed artifact with the reason (what its user
     sees); `retry` while the server cannot be told."""
-    from workers.artifacts.deliver import node_http, refuse_artifact
+    from tuneplane.workers.artifacts.deliver import node_http, refuse_artifact
 
     try:
         with node_http(access.server, access.credential(), ca_bundle=access.ca_bundle) as http:
@@ -126,7 +126,7 @@ def refuse_output(access: NodeAccess, member_id: int, output: dict, reason: str)
 
 def fail_artifact(access: NodeAccess, artifact_id: int, reason: str) -> Outcome:
     """Mark a registered artifact failed with the reason (its delivery gave up)."""
-    from workers.artifacts.deliver import node_http
+    from tuneplane.workers.artifacts.deliver import node_http
 
     try:
         with node_http(access.server, access.credential(), ca_bundle=access.ca_bundle) as http:

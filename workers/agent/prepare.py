@@ -19,12 +19,12 @@ from typing import Any
 
 import aiohttp
 
-from app.node_gateway import protocol
-from workers.agent.environments import EnvironmentBuildFailed, Progress, prepare_environment
-from workers.agent.images import ImagePrepareFailed, prepare_image
-from workers.agent.probe import peer_check, storage_check
-from workers.capsule import file_digest, unpack_capsule
-from workers.runner.runtime import check_runtime
+from tuneplane.app.node_gateway import protocol
+from tuneplane.workers.agent.environments import EnvironmentBuildFailed, Progress, prepare_environment
+from tuneplane.workers.agent.images import ImagePrepareFailed, prepare_image
+from tuneplane.workers.agent.probe import peer_check, storage_check
+from tuneplane.workers.capsule import file_digest, unpack_capsule
+from tuneplane.workers.runner.runtime import check_runtime
 
 # What member.json carries over from PREPARE's payload (the rest of the runner's input is the capsule).
 MEMBER_FIELDS = (
@@ -165,8 +165,8 @@ def unpack_source(spec: dict, directory: Path) -> None:
 
 
 def materialize(access: NodeAccess, inputs: list[dict], root: Path) -> None:
-    from workers.artifacts.deliver import node_http
-    from workers.artifacts.materialize import MaterializeError, materialize_inputs
+    from tuneplane.workers.artifacts.deliver import node_http
+    from tuneplane.workers.artifacts.materialize import MaterializeError, materialize_inputs
 
     root.mkdir(parents=True, exist_ok=True)
     try:

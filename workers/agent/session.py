@@ -16,9 +16,9 @@ from typing import Any
 
 import aiohttp
 
-from app.node_gateway import protocol
-from workers.agent.handlers import COMMAND_HANDLERS, SESSION_HOOKS, AgentContext, CommandFailed
-from workers.agent.state import CredentialStore, StoredCredential
+from tuneplane.app.node_gateway import protocol
+from tuneplane.workers.agent.handlers import COMMAND_HANDLERS, SESSION_HOOKS, AgentContext, CommandFailed
+from tuneplane.workers.agent.state import CredentialStore, StoredCredential
 
 log = logging.getLogger("tuneplane.agent")
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 
-from workers.artifacts.deliver import fail_artifact, register
-from workers.artifacts.manifest import ManifestError, build_manifest, walk_files
-from workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
+from tuneplane.workers.artifacts.deliver import fail_artifact, register
+from tuneplane.workers.artifacts.manifest import ManifestError, build_manifest, walk_files
+from tuneplane.workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
 
 Snapshot = dict[str, tuple[int, int, int, int]]
 

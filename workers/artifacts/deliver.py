@@ -4,7 +4,7 @@ chunks to the server (object delivery) or place them on the shared mount and reg
 `deliver_artifact` is what the node agent calls when a member finishes (and for checkpoints while it
 runs). Run as a module it delivers one directory, for operators and tests:
 
-    TUNEPLANE_NODE_CREDENTIAL=tpn_… python -m workers.artifacts.deliver \
+    TUNEPLANE_NODE_CREDENTIAL=tpn_… python -m tuneplane.workers.artifacts.deliver \
         --server http://127.0.0.1:8080 --member-id 12 --name model ./out/model
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from workers.artifacts.manifest import Manifest, build_manifest
-from workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
+from tuneplane.workers.artifacts.manifest import Manifest, build_manifest
+from tuneplane.workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
 
 ENV_CREDENTIAL = "TUNEPLANE_NODE_CREDENTIAL"
 
@@ -31,7 +31,7 @@ def node_http(
     server: str, credential: str, *, ca_bundle: str | None = None, timeout: float = 60.0
 ) -> httpx.Client:
     """An HTTP client that authenticates as the node (TLS verification on; plain HTTP only to loopback)."""
-    from app.client.http import check_transport
+    from tuneplane.app.client.http import check_transport
 
     check_transport(server)
     return httpx.Client(
@@ -136,7 +136,7 @@ def refuse_artifact(http: httpx.Client, member_id: int, name: str, kind: str, re
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers.artifacts.deliver")
+    parser = argparse.ArgumentParser(prog="python -m tuneplane.workers.artifacts.deliver")
     parser.add_argument("--server", required=True)
     parser.add_argument("--member-id", type=int, required=True)
     parser.add_argument("--name", required=True)

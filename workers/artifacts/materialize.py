@@ -18,8 +18,8 @@ from typing import Any
 
 import httpx
 
-from workers.artifacts.manifest import Manifest, ManifestError
-from workers.artifacts.verify import VerifyReport, verify_directory
+from tuneplane.workers.artifacts.manifest import Manifest, ManifestError
+from tuneplane.workers.artifacts.verify import VerifyReport, verify_directory
 
 PARTIAL = ".tuneplane-partial"
 

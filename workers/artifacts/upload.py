@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import google_crc32c
 
-from workers.artifacts.manifest import Manifest
+from tuneplane.workers.artifacts.manifest import Manifest
 
 DEFAULT_CHUNK_SIZE = 32 * 1024 * 1024
 SEND_PIECE = 1024 * 1024

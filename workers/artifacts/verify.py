@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from workers.artifacts.manifest import READ_BLOCK, Manifest, ManifestError, walk_files
+from tuneplane.workers.artifacts.manifest import READ_BLOCK, Manifest, ManifestError, walk_files
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ import importlib.util
 import os
 from pathlib import Path
 
-from app.blobstore import FilesystemBlobStore, file_sha256
-from app.submission.canonical import digest_of
-from workers.capsule import CapsuleEntry, CapsuleError, file_entry, spec_entries, write_capsule
+from tuneplane.app.blobstore import FilesystemBlobStore, file_sha256
+from tuneplane.app.submission.canonical import digest_of
+from tuneplane.workers.capsule import CapsuleEntry, CapsuleError, file_entry, spec_entries, write_capsule
 
 
 def integration_dir(pin: dict) -> Path:
     module = pin.get("module") or ""
-    package = module.rsplit(".", 1)[0] if "." in module else "workers.integrations"
+    package = module.rsplit(".", 1)[0] if "." in module else "tuneplane.workers.integrations"
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise CapsuleError(f"integration {pin.get('name')}: package {package} is not installed on the worker")

@@ -29,11 +29,11 @@ from pgqueuer import QueueManager
 from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
-from app.blobstore import FilesystemBlobStore
-from app.errors import Refusal
-from app.node_gateway.aiodb import AsyncDatabase
-from workers.backend.capsule_build import build_capsule
-from workers.capsule import CapsuleError
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.errors import Refusal
+from tuneplane.app.node_gateway.aiodb import AsyncDatabase
+from tuneplane.workers.backend.capsule_build import build_capsule
+from tuneplane.workers.capsule import CapsuleError
 
 log = logging.getLogger("tuneplane.worker")
 
@@ -245,7 +245,7 @@ class NodeWorker:
     async def _blob_gc(self) -> None:
         """The schedule of blob garbage collection: every blob_gc_interval seconds (the first one after one
         interval), never letting a failure end the worker."""
-        from app.artifacts.gc import run_collection
+        from tuneplane.app.artifacts.gc import run_collection
 
         while not self.stop.is_set():
             with contextlib.suppress(TimeoutError):

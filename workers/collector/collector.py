@@ -24,14 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from app.telemetry import wire
-from workers.collector.fs_check import check_local
-from workers.collector.shipper import Shipper
-from workers.collector.sources import Chunk, FileState, OutputTracker
-from workers.collector.spool import Spool
-from workers.collector.system import SOURCE as SYSTEM_SOURCE
-from workers.collector.system import SystemSampler, load_nvml
-from workers.proctree import tagged
+from tuneplane.app.telemetry import wire
+from tuneplane.workers.collector.fs_check import check_local
+from tuneplane.workers.collector.shipper import Shipper
+from tuneplane.workers.collector.sources import Chunk, FileState, OutputTracker
+from tuneplane.workers.collector.spool import Spool
+from tuneplane.workers.collector.system import SOURCE as SYSTEM_SOURCE
+from tuneplane.workers.collector.system import SystemSampler, load_nvml
+from tuneplane.workers.proctree import tagged
 
 log = logging.getLogger(__name__)
 

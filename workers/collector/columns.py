@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.telemetry import limits
+from tuneplane.app.telemetry import limits
 
 Series = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]  # name → (steps, values, wall times)
 

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 import numpy as np
 import orjson
 
-from app.telemetry import limits
-from workers.collector.columns import PointColumns
+from tuneplane.app.telemetry import limits
+from tuneplane.workers.collector.columns import PointColumns
 
 STEP_KEYS = ("step", "global_step")
 TIME_KEYS = ("wall_time", "time", "timestamp")

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app.client.transport import check_transport, verify_setting
-from app.telemetry.wire import CONTENT_TYPE
-from workers.collector.spool import Spool
+from tuneplane.app.client.transport import check_transport, verify_setting
+from tuneplane.app.telemetry.wire import CONTENT_TYPE
+from tuneplane.workers.collector.spool import Spool
 
 if TYPE_CHECKING:
     import httpx

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from app.telemetry import wire
-from workers.collector import jsonl, tb_events, tfrecord
-from workers.collector.columns import Parsed, PointColumns, Series
-from workers.collector.file_identity import FileIdentity, identify, still_same
-from workers.collector.points import Point
+from tuneplane.app.telemetry import wire
+from tuneplane.workers.collector import jsonl, tb_events, tfrecord
+from tuneplane.workers.collector.columns import Parsed, PointColumns, Series
+from tuneplane.workers.collector.file_identity import FileIdentity, identify, still_same
+from tuneplane.workers.collector.points import Point
 
 READ_CHUNK = 8 * 1024 * 1024
 # A file's first read is smaller, then each read doubles up to READ_CHUNK: the first batch of a new file

@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.collector.tfrecord import masked_crc32c
+from tuneplane.workers.collector.tfrecord import masked_crc32c
 
 log = logging.getLogger(__name__)
 

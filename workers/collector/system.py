@@ -20,7 +20,7 @@ import os
 import time
 from typing import Any
 
-from workers.proctree import tagged
+from tuneplane.workers.proctree import tagged
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from workers.collector.tfrecord import values_at
+from tuneplane.workers.collector.tfrecord import values_at
 
 
 def _load_protos() -> tuple[types.ModuleType, types.ModuleType]:

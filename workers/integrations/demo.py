@@ -13,7 +13,7 @@ at the end until every one is complete. The output directory defaults to ./outpu
 weights instead of random ones: that is how a fine-tune job consumes an earlier job's checkpoint.
 
 Parameters come from $TUNEPLANE_PARAMS (a JSON object, as the runner passes a recipe's params) and
-command-line flags, flags winning:  python -m workers.integrations.demo --steps 50
+command-line flags, flags winning:  python -m tuneplane.workers.integrations.demo --steps 50
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if raw:
         params.update(json.loads(raw))
     parser = argparse.ArgumentParser(
-        prog="python -m workers.integrations.demo",
+        prog="python -m tuneplane.workers.integrations.demo",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

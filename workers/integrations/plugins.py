@@ -8,7 +8,7 @@ the Python runtime pin lists with versions) and, for recipes, `parameters`.
 
 from __future__ import annotations
 
-from app.plugins import Plugin
+from tuneplane.app.plugins import Plugin
 
 demo = Plugin(
     name="demo",
@@ -18,7 +18,7 @@ demo = Plugin(
     executes_on=("node",),
     details={
         "kind": "recipe",
-        "module": "workers.integrations.demo",
+        "module": "tuneplane.workers.integrations.demo",
         "files": ["demo.py"],
         "requires": ["numpy", "tensorboardX"],
         "parameters": {
@@ -73,7 +73,7 @@ script = Plugin(
     executes_on=("node",),
     details={
         "kind": "launcher",
-        "module": "workers.integrations.script",
+        "module": "tuneplane.workers.integrations.script",
         "files": ["script.py"],
         "requires": [],
     },
@@ -87,7 +87,7 @@ torchrun = Plugin(
     executes_on=("node",),
     details={
         "kind": "launcher",
-        "module": "workers.integrations.torchrun",
+        "module": "tuneplane.workers.integrations.torchrun",
         "files": ["torchrun.py"],
         "requires": ["torch"],
     },

@@ -6,8 +6,8 @@ MASTER_PORT) in the environment. The command runs through /bin/sh, so `python tr
 `make train` both work; the shell replaces this process (exec), so signals reach the user's program and
 its exit status is the member's.
 
-    TUNEPLANE_ENTRYPOINT="python train.py" python -m workers.integrations.script
-    python -m workers.integrations.script -- python train.py
+    TUNEPLANE_ENTRYPOINT="python train.py" python -m tuneplane.workers.integrations.script
+    python -m tuneplane.workers.integrations.script -- python train.py
 """
 
 from __future__ import annotations

@@ -13,7 +13,13 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from workers.runner.containers import container_name, global_options, remove_command, run_options, runtime_env
+from tuneplane.workers.runner.containers import (
+    container_name,
+    global_options,
+    remove_command,
+    run_options,
+    runtime_env,
+)
 
 # Set by the runner from what the agent passes it (and nothing else named TUNEPLANE_* passes through).
 PASSED_THROUGH = ("TUNEPLANE_TELEMETRY_URL", "TUNEPLANE_TELEMETRY_TOKEN", "TUNEPLANE_MEMBER_TAG")

@@ -27,9 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-from workers.proctree import descendants, signal_all, signal_name, start_time
-from workers.runner.environment import MemberPaths, build_launch
-from workers.runner.runtime import RuntimeRefused, check_runtime
+from tuneplane.workers.proctree import descendants, signal_all, signal_name, start_time
+from tuneplane.workers.runner.environment import MemberPaths, build_launch
+from tuneplane.workers.runner.runtime import RuntimeRefused, check_runtime
 
 REFUSED_EXIT = 126
 # Another runner holds this member directory: nothing was started, nothing was written.

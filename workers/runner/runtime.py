@@ -18,8 +18,8 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from workers.runner.containers import global_options, runtime_env
-from workers.runner.environment_check import EnvironmentMismatch, verify_environment
+from tuneplane.workers.runner.containers import global_options, runtime_env
+from tuneplane.workers.runner.environment_check import EnvironmentMismatch, verify_environment
 
 CONTAINER_RUNTIMES = ("podman", "docker")
 

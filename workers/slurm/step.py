@@ -1,4 +1,4 @@
-"""The Slurm job steps (`python -m workers.slurm.step prepare|run ATTEMPT_DIR`), one task per node.
+"""The Slurm job steps (`python -m tuneplane.workers.slurm.step prepare|run ATTEMPT_DIR`), one task per node.
 
 They hold no credential and decide nothing (ADR 0013): `prepare` verifies and unpacks the capsule the worker
 put on the shared path, prepares the member directory and reports PREPARED (or the reason it failed) as a
@@ -33,9 +33,9 @@ def report(attempt_dir: Path, rank: int, kind: str, body: dict) -> None:
 
 
 def prepare(attempt_dir: Path, rank: int) -> int:
-    from workers.agent.prepare import MEMBER_FIELDS, PrepareFailed, unpack_source
-    from workers.capsule import CapsuleError, unpack_capsule
-    from workers.runner.runtime import RuntimeRefused, check_runtime
+    from tuneplane.workers.agent.prepare import MEMBER_FIELDS, PrepareFailed, unpack_source
+    from tuneplane.workers.capsule import CapsuleError, unpack_capsule
+    from tuneplane.workers.runner.runtime import RuntimeRefused, check_runtime
 
     plan = json.loads((attempt_dir / "plan.json").read_text())
     member = plan["members"][rank]
@@ -67,7 +67,7 @@ def prepare(attempt_dir: Path, rank: int) -> int:
 
 
 def run(attempt_dir: Path, rank: int) -> int:
-    from workers.proctree import TAG_VARIABLE
+    from tuneplane.workers.proctree import TAG_VARIABLE
 
     plan = json.loads((attempt_dir / "plan.json").read_text())
     member = plan["members"][rank]
@@ -76,7 +76,7 @@ def run(attempt_dir: Path, rank: int) -> int:
     env[TAG_VARIABLE] = f"m{member['member_id']}.slurm{plan['attempt_id']}"
     collector = start_collector(plan, member, directory, env)
     runner = subprocess.Popen(
-        [sys.executable, "-m", "app", "runner", "--member-dir", str(directory)],
+        [sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(directory)],
         env=env,
         stdout=open(directory / "logs" / "runner.log", "ab"),  # noqa: SIM115 - the child's
         stderr=subprocess.STDOUT,
@@ -116,8 +116,8 @@ def spool_dir(plan: dict, member: dict) -> Path:
 def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tuple | None:
     """The member's collector beside it, shipping to the telemetry gateway with the member-scoped token the
     worker issued at COMMIT (telemetry.token in the member directory, 0600). None without one."""
-    from workers.agent.collectors import _block_stop_signals
-    from workers.proctree import TAG_VARIABLE
+    from tuneplane.workers.agent.collectors import _block_stop_signals
+    from tuneplane.workers.proctree import TAG_VARIABLE
 
     url = plan.get("telemetry_url")
     token_file = directory / "telemetry.token"
@@ -129,7 +129,7 @@ def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tup
     env["TUNEPLANE_TELEMETRY_URL"] = url
     env["TUNEPLANE_TELEMETRY_TOKEN"] = token
     argv = [
-        sys.executable, "-m", "app", "collector", "--output-dir", str(directory / "output"),
+        sys.executable, "-P", "-m", "tuneplane", "collector", "--output-dir", str(directory / "output"),
         "--spool-dir", str(spool), "--gateway", url,
         "--collector-id", f"slurm-{os.environ.get('SLURMD_NODENAME', 'node')}-m{member['member_id']}",
         "--job-id", str(plan["job_id"]), "--attempt", str(plan["attempt"]), "--member", str(member["rank"]),
@@ -151,7 +151,7 @@ def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tup
 def drain_collector(process: subprocess.Popen, spool: Path, timeout: float = 60.0) -> bool:
     """The member ended: the collector reads every file to its end and sends its final batch (the member's
     metrics become complete), bounded; as the node agent does (workers/agent/collectors.py)."""
-    from workers.collector.collector import FINAL_SENT, MEMBER_EXITED
+    from tuneplane.workers.collector.collector import FINAL_SENT, MEMBER_EXITED
 
     (spool / MEMBER_EXITED).write_text(f"{time.time()}\n")
     try:

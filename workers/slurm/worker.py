@@ -30,14 +30,20 @@ from pathlib import Path
 
 import psycopg
 
-from app.blobstore import FilesystemBlobStore
-from app.db import Database
-from app.errors import Refusal
-from app.security import new_token
-from app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
-from workers.backend.capsule_build import build_capsule
-from workers.capsule import CapsuleError
-from workers.slurm.cli import ControllerUnreachable, QueuedJob, SlurmCli, SlurmError, UnsupportedSlurm
+from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.security import new_token
+from tuneplane.app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
+from tuneplane.workers.backend.capsule_build import build_capsule
+from tuneplane.workers.capsule import CapsuleError
+from tuneplane.workers.slurm.cli import (
+    ControllerUnreachable,
+    QueuedJob,
+    SlurmCli,
+    SlurmError,
+    UnsupportedSlurm,
+)
 
 log = logging.getLogger("tuneplane.worker.slurm")
 BACKEND = "slurm"
@@ -384,7 +390,7 @@ class SlurmWorker:
     def ship_logs(self, fleet: FleetState, attempt_id: int, rank: int, logs: Path, final: bool) -> None:
         """New pieces of the member's stdout/stderr (on the shared path) into member_log_chunks, for
         `tuneplane jobs logs` and the job page; `final` also ships an incomplete last character."""
-        from workers.agent.logship import STREAMS, decode_chunk, read_piece
+        from tuneplane.workers.agent.logship import STREAMS, decode_chunk, read_piece
 
         for stream in STREAMS:
             key = (attempt_id, rank, stream)
@@ -407,9 +413,9 @@ class SlurmWorker:
         """A member that exited 0: each output the spec asks for becomes an artifact delivered `shared` where
         it already is (its output directory on the shared path); the receiver verifies every file there
         against the manifest before the artifact is complete."""
-        from app.artifacts.receiver import ArtifactReceiver, Registration
-        from workers.agent.outputs import planned_outputs
-        from workers.artifacts.manifest import ManifestError, build_manifest
+        from tuneplane.app.artifacts.receiver import ArtifactReceiver, Registration
+        from tuneplane.workers.agent.outputs import planned_outputs
+        from tuneplane.workers.artifacts.manifest import ManifestError, build_manifest
 
         outputs = planned_outputs(member_dir)
         if not outputs:
@@ -544,10 +550,10 @@ def batch_script(fleet: FleetState, due: dict, directory: Path, extra_env: dict)
         'echo "tuneplane: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST"',
         # The worker writes plan.json once the database recorded the allocation (members and ranks).
         'while [ ! -f "$D/plan.json" ]; do sleep 0.2; done',
-        f'{step} "$PY" -m workers.slurm.step prepare "$D"',
+        f'{step} "$PY" -P -m tuneplane.workers.slurm.step prepare "$D"',
         'while [ ! -f "$D/decision" ]; do sleep 0.2; done',
         'if [ "$(cat "$D/decision")" != commit ]; then echo "tuneplane: launch aborted"; exit 1; fi',
-        f'{step} "$PY" -m workers.slurm.step run "$D"',
+        f'{step} "$PY" -P -m tuneplane.workers.slurm.step run "$D"',
     ]
     return "\n".join(lines) + "\n"
 
@@ -562,7 +568,7 @@ def shell_quote(text: str) -> str:
 
 
 def main(options: SlurmWorkerOptions) -> None:
-    from app.cli import ExpectedError
+    from tuneplane.app.cli import ExpectedError
 
     worker = SlurmWorker(options, say=lambda line: print(line, flush=True))
     for sig in (signal.SIGINT, signal.SIGTERM):
