@@ -43,9 +43,9 @@ sys.path.insert(0, str(REPO))
 from tuneplane.app.db import SEARCH_PATH_OPTION  # noqa: E402
 from tuneplane.app.migrate import migrate  # noqa: E402
 from tuneplane.app.security import new_token  # noqa: E402
+from tuneplane.workers.agent.credential import MemoryCredentialStore, StoredCredential  # noqa: E402
 from tuneplane.workers.agent.handlers import COMMAND_HANDLERS, AgentContext  # noqa: E402
 from tuneplane.workers.agent.session import ControlSession  # noqa: E402
-from tuneplane.workers.agent.state import MemoryCredentialStore, StoredCredential  # noqa: E402
 
 TARGET_P99 = 1.0
 received: dict[int, float] = {}

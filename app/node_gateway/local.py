@@ -21,7 +21,8 @@ from tuneplane.app.node_gateway.config import ENV_NODE_GATEWAY_URL
 from tuneplane.app.node_gateway.protocol import ENROLL_TOKEN_PREFIX
 from tuneplane.app.security import new_token, token_hash
 from tuneplane.app.supervisor import Component
-from tuneplane.workers.agent.state import CREDENTIAL_FILE, FileCredentialStore, StateError
+from tuneplane.workers.agent.credential import FileCredentialStore
+from tuneplane.workers.agent.directories import CREDENTIAL_FILE, StateError
 
 LOCAL_FLEET = "local"
 LOCAL_NODE = "local"

@@ -21,7 +21,7 @@ from tests.db.test_artifacts_http import user_client
 from tuneplane.app.db import Database
 from tuneplane.workers.agent.checkpoints import CheckpointWatchers, publish_pending
 from tuneplane.workers.agent.delivery import Delivery, plan_deliveries
-from tuneplane.workers.agent.members import MemberRecord, MemberStore
+from tuneplane.workers.agent.member_records import MemberRecord, MemberStore
 from tuneplane.workers.agent.prepare import NodeAccess
 from tuneplane.workers.artifacts.deliver import deliver_artifact, fail_artifact, node_http, register
 from tuneplane.workers.artifacts.manifest import build_manifest

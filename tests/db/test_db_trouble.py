@@ -28,9 +28,9 @@ from tuneplane.app.node_gateway.reports import REPORT_FUNCTIONS
 from tuneplane.app.security import new_token
 from tuneplane.app.web import create_app
 from tuneplane.workers.agent import session as agent_session
+from tuneplane.workers.agent.credential import MemoryCredentialStore
 from tuneplane.workers.agent.handlers import AgentContext
 from tuneplane.workers.agent.session import ControlSession, ReportNotRecorded, enroll
-from tuneplane.workers.agent.state import MemoryCredentialStore
 
 DEMO = {"recipe": {"name": "demo", "params": {"steps": 5}}}
 

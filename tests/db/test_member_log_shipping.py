@@ -17,10 +17,11 @@ from tuneplane.app.db import Database
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
 from tuneplane.app.node_gateway.server import Gateway
 from tuneplane.workers.agent import capacity
+from tuneplane.workers.agent.credential import MemoryCredentialStore
+from tuneplane.workers.agent.directories import AgentPaths
 from tuneplane.workers.agent.handlers import AgentContext
 from tuneplane.workers.agent.logship import ship_logs, utf8_cut
 from tuneplane.workers.agent.session import ControlSession, enroll
-from tuneplane.workers.agent.state import AgentPaths, MemoryCredentialStore
 
 
 @asynccontextmanager

@@ -22,9 +22,10 @@ from tuneplane.app.node_gateway.reports import REPORT_FUNCTIONS
 from tuneplane.app.node_gateway.server import Gateway
 from tuneplane.app.security import token_hash
 from tuneplane.workers.agent import capacity
+from tuneplane.workers.agent.credential import FileCredentialStore, MemoryCredentialStore
+from tuneplane.workers.agent.directories import AgentPaths
 from tuneplane.workers.agent.handlers import COMMAND_HANDLERS, AgentContext, command
 from tuneplane.workers.agent.session import ControlSession, Refused, enroll
-from tuneplane.workers.agent.state import AgentPaths, FileCredentialStore, MemoryCredentialStore
 
 
 @asynccontextmanager
@@ -144,7 +145,7 @@ def test_refused_enrollments_answer_clearly_and_leave_events(db_url: str, db: Da
 def test_wrong_credential_gets_an_error_message_and_an_event(db_url: str, db: Database) -> None:
     async def scenario() -> Refused:
         async with running_gateway(db_url) as (_gateway, url), aiohttp.ClientSession() as http:
-            from tuneplane.workers.agent.state import StoredCredential
+            from tuneplane.workers.agent.credential import StoredCredential
 
             store = MemoryCredentialStore(StoredCredential(1, "ghost", "gpu", "tpn_not_a_real_credential"))
             session = ControlSession(http, url, store, AgentContext(), _capacity, say=lambda _m: None)

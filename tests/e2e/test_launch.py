@@ -129,8 +129,8 @@ def _wait_job_spec(cluster: Cluster, flag: Path, nodes: int = 1, ignore_sigterm:
 
 
 def _member_tag(cluster: Cluster, agent: str, member_id: int) -> str:
-    from tuneplane.workers.agent.members import member_tag
-    from tuneplane.workers.agent.state import AgentPaths
+    from tuneplane.workers.agent.directories import AgentPaths
+    from tuneplane.workers.agent.member_records import member_tag
 
     state, work = cluster.agent_dirs(agent)
     return member_tag(AgentPaths(state.resolve(), work.resolve()), member_id)

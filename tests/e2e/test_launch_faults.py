@@ -24,8 +24,8 @@ from tests.e2e.node_processes import zombies_under
 from tests.e2e.outage_proxy import OutageProxy
 from tests.helpers import wait_for
 from tuneplane.app.errors import Refusal
-from tuneplane.workers.agent.members import member_tag
-from tuneplane.workers.agent.state import AgentPaths
+from tuneplane.workers.agent.directories import AgentPaths
+from tuneplane.workers.agent.member_records import member_tag
 from tuneplane.workers.proctree import alive, tagged
 from tuneplane.workers.runner.process import read_runner_pids
 

@@ -19,8 +19,8 @@ import pytest
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.helpers import wait_for
 from tests.small_fs import fill_up, small_tmpfs
-from tuneplane.workers.agent.members import member_tag
-from tuneplane.workers.agent.state import AgentPaths
+from tuneplane.workers.agent.directories import AgentPaths
+from tuneplane.workers.agent.member_records import member_tag
 from tuneplane.workers.proctree import tagged
 
 pytestmark = pytest.mark.e2e

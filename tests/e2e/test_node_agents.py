@@ -23,7 +23,8 @@ from tests.helpers import wait_for
 from tests.node_helpers import enroll, events, fast_thresholds, make_fleet, make_token
 from tuneplane.app.db import Database
 from tuneplane.app.security import token_hash
-from tuneplane.workers.agent.state import AgentPaths, FileCredentialStore, StoredCredential
+from tuneplane.workers.agent.credential import FileCredentialStore, StoredCredential
+from tuneplane.workers.agent.directories import AgentPaths
 
 pytestmark = pytest.mark.e2e
 

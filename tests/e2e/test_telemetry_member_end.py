@@ -30,8 +30,8 @@ from tests.e2e.telemetry_processes import (
 from tests.telemetry_support import make_job, make_user, member_token, running_gateway
 from tuneplane.app.db import Database
 from tuneplane.workers.agent.collectors import MemberCollectors
-from tuneplane.workers.agent.members import MemberRecord, MemberStore, member_tag
-from tuneplane.workers.agent.state import AgentPaths
+from tuneplane.workers.agent.directories import AgentPaths
+from tuneplane.workers.agent.member_records import MemberRecord, MemberStore, member_tag
 from tuneplane.workers.collector import tfrecord
 from tuneplane.workers.proctree import TAG_VARIABLE
 

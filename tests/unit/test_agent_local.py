@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from tuneplane.workers.agent import capacity
+from tuneplane.workers.agent.credential import FileCredentialStore, StoredCredential
+from tuneplane.workers.agent.directories import AgentPaths, StateError
 from tuneplane.workers.agent.main import AgentError, backoff_delay, client_ssl
-from tuneplane.workers.agent.state import AgentPaths, FileCredentialStore, StateError, StoredCredential
 
 NVIDIA_SMI_OUTPUT = "0, NVIDIA H200, 143771\n1, NVIDIA A100-SXM4-80GB, 81920\n2, Tesla T4, Rev. B, 15360\n"
 

@@ -13,13 +13,8 @@ import pytest
 
 from tuneplane.app.submission.environments import EnvironmentSpec, resolve_environment
 from tuneplane.app.uvtool import uv_binary
-from tuneplane.workers.agent.environments import (
-    CacheEntry,
-    EnvironmentBuildFailed,
-    clean_up,
-    ensure_environment,
-    environment_entries,
-)
+from tuneplane.workers.agent.disk_cleanup import CacheEntry, clean_up, environment_entries
+from tuneplane.workers.agent.environments import EnvironmentBuildFailed, ensure_environment
 from tuneplane.workers.runner.environment_check import READY_MARKER, EnvironmentMismatch, verify_environment
 
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tuneplane.workers.agent.handlers import AgentContext, CommandFailed, command
-from tuneplane.workers.agent.members import member_dir
+from tuneplane.workers.agent.member_records import member_dir
 from tuneplane.workers.agent.prepare import NodeAccess
 from tuneplane.workers.artifacts.upload import retryable_status
 

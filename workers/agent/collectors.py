@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tuneplane.workers.agent.members import MemberRecord, MemberStore, member_tag
-from tuneplane.workers.agent.state import AgentPaths
+from tuneplane.workers.agent.directories import AgentPaths
+from tuneplane.workers.agent.member_records import MemberRecord, MemberStore, member_tag
 from tuneplane.workers.collector.collector import FINAL_SENT, MEMBER_EXITED
 from tuneplane.workers.proctree import alive, start_time
 
@@ -104,7 +104,8 @@ class MemberCollectors:
         env["TUNEPLANE_TELEMETRY_TOKEN"] = token
         argv = [
             sys.executable,
-            "-P", "-m",
+            "-P",
+            "-m",
             "tuneplane",
             "collector",
             "--output-dir",

@@ -1,6 +1,6 @@
 """Output delivery after a member ended: a durable, retried task of the agent, one per member.
 
-The member's record (workers.agent.members) holds what is left to deliver (`deliveries`: per output its
+The member's record (workers.agent.member_records) holds what is left to deliver (`deliveries`: per output its
 state, tries, last error and artifact id) and the deadline (`deliver_by`), so delivery goes on across
 reconnects and agent restarts: an agent that starts again resumes every member with outputs pending.
 
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tuneplane.workers.agent.members import MemberRecord, MemberStore, pending
+from tuneplane.workers.agent.member_records import MemberRecord, MemberStore, pending
 from tuneplane.workers.agent.outputs import (
     Outcome,
     deliver_output,

@@ -1,10 +1,12 @@
-"""Command handlers: one async function per command kind the gateway may deliver.
+"""The command registry: one async function per command kind the gateway may deliver.
 
 A handler gets the agent context and the command's payload and returns a JSON-able dict (the result
 stored with the acknowledgement) or raises CommandFailed (stored as the error). Delivery is at least once
-and in order per node: a handler must be idempotent per command id (the launch issue's PREPARE, COMMIT,
-START and CANCEL handlers key their work on member and epoch). The launch code adds its kinds with
-`@command("prepare")` in its own module, imported by workers.agent.main.
+and in order per node: a handler must be idempotent per command id. The kinds: `ping` (here),
+`prepare`, `start`, `stop`, `abort` and `kill` (workers.agent.launch, keyed on member and epoch) and
+`checkpoint` (workers.agent.checkpoints); each module adds its kinds with `@command("kind")` and is
+imported by workers.agent.main. SESSION_HOOKS run whenever a control session opens: the reconcile report
+(launch), the workload directory check (workload_dir_check) and the cache sizes (disk_cleanup).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuneplane.workers.agent.state import AgentPaths
+from tuneplane.workers.agent.directories import AgentPaths
 
 
 class CommandFailed(Exception):

@@ -44,10 +44,11 @@ from tuneplane.app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFI
 from tuneplane.workers.agent.checkpoints import CheckpointWatchers
 from tuneplane.workers.agent.collectors import MemberCollectors
 from tuneplane.workers.agent.delivery import DEFAULT_DEADLINE, Delivery, plan_deliveries
-from tuneplane.workers.agent.environments import progress_reporter, schedule_clean_caches
+from tuneplane.workers.agent.disk_cleanup import schedule_clean_caches
+from tuneplane.workers.agent.environments import progress_reporter
 from tuneplane.workers.agent.handlers import SESSION_HOOKS, AgentContext, CommandFailed, command
 from tuneplane.workers.agent.logship import ship_logs
-from tuneplane.workers.agent.members import (
+from tuneplane.workers.agent.member_records import (
     MemberRecord,
     MemberStore,
     member_dir,

@@ -22,10 +22,11 @@ import aiohttp
 from tuneplane.app import __version__
 from tuneplane.app.client.http import ClientError, check_transport
 from tuneplane.workers.agent import capacity as capacity_probe
+from tuneplane.workers.agent.credential import FileCredentialStore
+from tuneplane.workers.agent.directories import AgentPaths, StateError
 from tuneplane.workers.agent.handlers import AgentContext
 from tuneplane.workers.agent.session import ControlSession, Refused, enroll
-from tuneplane.workers.agent.state import AgentPaths, FileCredentialStore, StateError
-from tuneplane.workers.agent.workdirs import check_workload_dirs
+from tuneplane.workers.agent.workload_dir_check import check_workload_dirs
 
 # Modules that register more command handlers (the launch issue adds its own here).
 HANDLER_MODULES: list[str] = ["tuneplane.workers.agent.launch"]

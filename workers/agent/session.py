@@ -17,8 +17,8 @@ from typing import Any
 import aiohttp
 
 from tuneplane.app.node_gateway import protocol
+from tuneplane.workers.agent.credential import CredentialStore, StoredCredential
 from tuneplane.workers.agent.handlers import COMMAND_HANDLERS, SESSION_HOOKS, AgentContext, CommandFailed
-from tuneplane.workers.agent.state import CredentialStore, StoredCredential
 
 log = logging.getLogger("tuneplane.agent")
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.workers.agent.environments import PARTIAL_STALE_AFTER, clean_caches
-from tuneplane.workers.agent.state import AgentPaths, StateError
-from tuneplane.workers.agent.workdirs import check_workload_dirs
+from tuneplane.workers.agent.directories import AgentPaths, StateError
+from tuneplane.workers.agent.disk_cleanup import PARTIAL_STALE_AFTER, clean_caches
+from tuneplane.workers.agent.workload_dir_check import check_workload_dirs
 
 
 def test_writable_work_dirs_are_checked_with_free_space(tmp_path: Path) -> None:
@@ -48,8 +48,8 @@ def test_finished_members_directories_go_after_the_keep_time_never_a_needed_or_l
     import subprocess
     import sys
 
-    from tuneplane.workers.agent.member_dirs import remove_finished_member_dirs
-    from tuneplane.workers.agent.members import MemberRecord, member_tag_in
+    from tuneplane.workers.agent.disk_cleanup import remove_finished_member_dirs
+    from tuneplane.workers.agent.member_records import MemberRecord, member_tag_in
     from tuneplane.workers.proctree import TAG_VARIABLE, tagged
 
     def workspace(member_id: int, age: float) -> Path:

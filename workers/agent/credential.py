@@ -1,9 +1,5 @@
-"""The agent's private state directory and the workload directory, kept apart.
-
-The state directory holds the node credential (mode 0600 in a 0700 directory). Workloads get
-directories only under the work directory (`--work-dir`, default: a sibling `<state-dir>-work`), and the
-two may not contain each other, so no directory handed to a workload can contain the credential.
-"""
+"""The node credential the agent keeps between runs: a file in the state directory (mode 0600, written
+atomically), or memory for benchmarks that run thousands of agents in one process."""
 
 from __future__ import annotations
 
@@ -14,50 +10,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-CREDENTIAL_FILE = "node-credential.json"
-
-
-class StateError(Exception):
-    """The state or work directory is unusable; the message says why."""
-
-
-@dataclass(frozen=True)
-class AgentPaths:
-    state_dir: Path
-    work_dir: Path
-
-    @classmethod
-    def prepare(cls, state_dir: str | Path, work_dir: str | Path | None = None) -> AgentPaths:
-        state = Path(state_dir).expanduser().resolve()
-        work = (Path(work_dir).expanduser() if work_dir else state.parent / f"{state.name}-work").resolve()
-        if state == work or state.is_relative_to(work):
-            raise StateError(
-                f"state directory {state} is inside the work directory {work}: the node credential must "
-                "never be under a directory given to workloads; choose a separate --state-dir"
-            )
-        if work.is_relative_to(state):
-            raise StateError(
-                f"work directory {work} is inside the state directory {state}; choose a separate --work-dir"
-            )
-        for path in (state, work):
-            if path.exists() and not path.is_dir():
-                raise StateError(f"{path} exists and is not a directory")
-        state.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(state, 0o700)
-        work.mkdir(parents=True, exist_ok=True)
-        return cls(state, work)
-
-    @property
-    def credential_path(self) -> Path:
-        return self.state_dir / CREDENTIAL_FILE
-
-    def workload_dir(self, *parts: str) -> Path:
-        """A directory for a workload, always under the work directory (never the state directory)."""
-        path = self.work_dir.joinpath(*parts).resolve()
-        if not path.is_relative_to(self.work_dir) or path == self.work_dir:
-            raise StateError(f"workload directory {path} would escape the work directory {self.work_dir}")
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+from tuneplane.workers.agent.directories import StateError
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ import secrets
 import shutil
 from pathlib import Path
 
+from tuneplane.workers.agent.directories import AgentPaths, StateError
 from tuneplane.workers.agent.handlers import SESSION_HOOKS, AgentContext
-from tuneplane.workers.agent.state import AgentPaths, StateError
 
 # (label, directory under the work directory)
 WORKLOAD_DIRS = (("outputs", "members"), ("cache", "capsules"))

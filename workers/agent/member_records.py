@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuneplane.workers.agent.state import AgentPaths
+from tuneplane.workers.agent.directories import AgentPaths
 
 
 def member_dir(paths: AgentPaths, member_id: int) -> Path:
