@@ -104,14 +104,6 @@ UNION ALL
 SELECT 'member', f, 'lost', '{lose_node_members}'
   FROM unnest('{reserved,preparing,prepared,starting,running,stopping}'::text[]) f;
 
--- node_allocation (declared by 0022 as a stub): what is allocated on a node now.
-CREATE OR REPLACE FUNCTION tuneplane.node_allocation(p_node_id bigint)
-RETURNS TABLE (gpus integer, cpus integer, memory_bytes bigint)
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce(u.used_gpus, 0), coalesce(u.used_cpus, 0), coalesce(u.used_memory, 0::bigint)
-      FROM (SELECT p_node_id AS id) n LEFT JOIN tuneplane.node_usage u ON u.node_id = n.id;
-$$;
-
 CREATE OR REPLACE FUNCTION tuneplane.member_is_live(p_state text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$

@@ -734,6 +734,14 @@ CREATE OR REPLACE FUNCTION tuneplane.retire_node(p_node text, p_reason text DEFA
 RETURNS TABLE (node_id bigint, fleet text, node text, scheduling_state text, changed boolean)
 LANGUAGE sql AS $$ SELECT * FROM tuneplane.change_node_scheduling(p_node, 'retire', p_reason, p_actor) $$;
 
+-- node_allocation (declared by 0022 as a stub): what is allocated on a node now.
+CREATE OR REPLACE FUNCTION tuneplane.node_allocation(p_node_id bigint)
+RETURNS TABLE (gpus integer, cpus integer, memory_bytes bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(u.used_gpus, 0), coalesce(u.used_cpus, 0), coalesce(u.used_memory, 0::bigint)
+      FROM (SELECT p_node_id AS id) n LEFT JOIN tuneplane.node_usage u ON u.node_id = n.id;
+$$;
+
 -- 0047 Fleet view of fencing and of what the control connection cannot prove: v_nodes gains the fence
 -- (fenced_at, fenced_reason) and the last peer-network and shared-storage checks each prepare reports.
 -- CREATE OR REPLACE VIEW may only append columns, so the earlier columns are restated unchanged.
