@@ -1,6 +1,9 @@
 -- sql/functions/launch.sql — the current definition of every launch function, view and trigger.
 -- Launch: prepare/commit decisions, member reports, cancel, lost contact, reconcile, fencing, the
 -- launch worker's claims and the job launch reads.
+-- Read top-down: the contract (the state machine, the lock order, the transitions table and the trigger
+-- that enforces it), then helpers (predicates, lock helpers, the one writer per state column, commands),
+-- transitions (by who drives them), sweeps, reads.
 --
 -- Repeatable file (ADR 0012): `tuneplane db migrate` re-applies every file of sql/functions/ (in the order
 -- of order.txt, one transaction) whenever one changes. Edit definitions here, never in a migration.
@@ -104,150 +107,121 @@ UNION ALL
 SELECT 'member', f, 'lost', '{lose_node_members}'
   FROM unnest('{reserved,preparing,prepared,starting,running,stopping}'::text[]) f;
 
+-- ==== Contract enforced: every state change is checked against the table above ==========================
+
+-- guard_state_transition: BEFORE UPDATE OF state on jobs, attempts and members. Refuses a change that is
+-- not a row of state_transitions, or that no function allowed to make it is making (the functions on the
+-- call stack are read from PG_CONTEXT), naming the function that tried. An operator repairing data by hand
+-- sets `SET LOCAL tuneplane.operator_repair = 'why'` (docs/runbook.md) and is let through.
+CREATE OR REPLACE FUNCTION tuneplane.guard_state_transition() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_entity  text := CASE TG_TABLE_NAME WHEN 'jobs' THEN 'job' WHEN 'attempts' THEN 'attempt' ELSE 'member' END;
+    v_stack   text;
+    v_callers text[];
+    v_writers text[];
+BEGIN
+    IF OLD.state = NEW.state OR coalesce(current_setting('tuneplane.operator_repair', true), '') <> '' THEN
+        RETURN NEW;
+    END IF;
+    GET DIAGNOSTICS v_stack = PG_CONTEXT;
+    SELECT writers INTO v_writers FROM tuneplane.state_transitions
+     WHERE entity = v_entity AND from_state = OLD.state AND to_state = NEW.state;
+    -- The common case (a listed transition made by a listed writer) is decided by plain substring
+    -- searches of the call stack: this trigger runs on every state change, placement's included.
+    IF v_writers IS NOT NULL AND EXISTS (
+            SELECT 1 FROM unnest(v_writers) w
+             WHERE strpos(v_stack, ' ' || w || '(') > 0 OR strpos(v_stack, '.' || w || '(') > 0
+                OR strpos(v_stack, '"' || w || '"') > 0) THEN
+        RETURN NEW;
+    END IF;
+    SELECT coalesce(array_agg(coalesce(x[1], x[2]) ORDER BY ord DESC), '{}') INTO v_callers
+      FROM regexp_matches(v_stack, 'function (?:tuneplane\.)?(\w+)\(|SQL function "(\w+)"', 'g')
+           WITH ORDINALITY AS r(x, ord)
+     WHERE coalesce(x[1], x[2]) <> 'guard_state_transition';
+    IF v_writers IS NULL THEN
+        RAISE EXCEPTION '% %: % → % is not a transition of the % lifecycle (attempted by %)', v_entity, OLD.id,
+            OLD.state, NEW.state, v_entity, coalesce(v_callers[1], 'a direct UPDATE')
+            USING ERRCODE = 'TP409', COLUMN = 'state';
+    END IF;
+    RAISE EXCEPTION '% %: % → % may be made only by % (attempted by %)', v_entity, OLD.id, OLD.state,
+        NEW.state, array_to_string(v_writers, ', '), coalesce(v_callers[1], 'a direct UPDATE')
+        USING ERRCODE = 'TP409', COLUMN = 'state';
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER jobs_state_transition
+    BEFORE UPDATE OF state ON tuneplane.jobs
+    FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
+
+CREATE OR REPLACE TRIGGER attempts_state_transition
+    BEFORE UPDATE OF state ON tuneplane.attempts
+    FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
+
+CREATE OR REPLACE TRIGGER members_state_transition
+    BEFORE UPDATE OF state ON tuneplane.members
+    FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
+
+-- ==== Helpers: predicates, the lock helpers, the one writer per state column, commands ==================
+
 CREATE OR REPLACE FUNCTION tuneplane.member_is_live(p_state text)
 RETURNS boolean
 LANGUAGE sql IMMUTABLE AS $$
     SELECT p_state IN ('reserved', 'preparing', 'prepared', 'starting', 'running', 'stopping');
 $$;
 
--- set_member_state: the one writer of members.state.
-CREATE OR REPLACE FUNCTION tuneplane.set_member_state(p_member_id bigint, p_state text, p_reason text,
-                                           p_exit_code integer DEFAULT NULL)
-RETURNS void
-LANGUAGE sql AS $$
-    UPDATE tuneplane.members
-       SET state = p_state, reason = coalesce(p_reason, reason), updated_at = clock_timestamp(),
-           exit_code = coalesce(p_exit_code, exit_code),
-           ended_at = CASE WHEN tuneplane.member_is_live(p_state) THEN ended_at ELSE clock_timestamp() END
-     WHERE id = p_member_id;
-$$;
-
--- finish_attempt_if_done: once every member of an attempt has ended and been released, the attempt gets
--- its outcome and the job its next state: succeeded, cancelled, back to queued for a retry (while
--- attempts remain), or failed. An attempt of a node fleet aborted after PREPARE was sent (a member failed
--- to prepare, the prepare deadline passed) started nothing: it is queued again without using up one of
--- max_attempts, at most launch_settings.free_relaunches times per job (jobs.free_relaunches_used); the
--- attempts that count are number - free_relaunches_used. Caller holds the job lock (lock_attempt).
-CREATE OR REPLACE FUNCTION tuneplane.finish_attempt_if_done(p_attempt_id bigint)
-RETURNS text
-LANGUAGE plpgsql AS $$
-DECLARE
-    a        tuneplane.attempts;
-    j        tuneplane.jobs;
-    d        tuneplane.launch_decisions;
-    v_bad    tuneplane.members;
-    v_state  text;
-    v_reason text;
-    v_free   integer;
-    v_counted integer;
-BEGIN
-    a := tuneplane.lock_attempt(p_attempt_id);
-    IF a.state IN ('succeeded', 'failed', 'aborted', 'cancelled') THEN
-        RETURN a.state;
-    END IF;
-    IF EXISTS (SELECT 1 FROM tuneplane.members m WHERE m.attempt_id = a.id
-                AND (tuneplane.member_is_live(m.state) OR m.released_at IS NULL)) THEN
-        RETURN NULL;
-    END IF;
-    SELECT * INTO d FROM tuneplane.launch_decisions WHERE attempt_id = a.id;
-    SELECT * INTO v_bad FROM tuneplane.members m
-     WHERE m.attempt_id = a.id AND m.state <> 'exited' ORDER BY m.rank LIMIT 1;
-    IF a.cancel_requested_at IS NOT NULL THEN
-        v_state := 'cancelled'; v_reason := 'cancelled';
-    ELSIF d.decision = 'abort' THEN
-        v_state := 'aborted'; v_reason := 'launch aborted: ' || d.reason;
-    ELSIF v_bad.id IS NULL THEN
-        v_state := 'succeeded';
-        v_reason := format('all %s member(s) exited with status 0',
-                           (SELECT count(*) FROM tuneplane.members WHERE attempt_id = a.id));
-    ELSE
-        v_state := 'failed';
-        v_reason := format('member rank %s %s: %s', v_bad.rank, v_bad.state, v_bad.reason);
-    END IF;
-    PERFORM tuneplane.set_attempt_state(a.id, v_state, v_reason);
-
-    SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
-    SELECT free_relaunches INTO v_free FROM tuneplane.launch_settings;
-    v_counted := a.number - j.free_relaunches_used;
-    IF v_state = 'succeeded' THEN
-        PERFORM tuneplane.set_job_state(j.id, 'succeeded', format('attempt %s: %s', a.number, v_reason));
-    ELSIF v_state = 'cancelled' THEN
-        PERFORM tuneplane.set_job_state(j.id, 'cancelled',
-            format('cancelled; every member of attempt %s stopped and its resources were released', a.number));
-    ELSIF v_state = 'aborted' AND j.free_relaunches_used < v_free AND a.capsule_digest IS NOT NULL
-          AND (SELECT f.backend FROM tuneplane.fleets f WHERE f.id = a.fleet_id) = 'node' THEN
-        -- Nothing was started (no COMMIT): the user's attempts are not spent on what the nodes met while
-        -- preparing. A capsule that could not be built (no digest: aborted before PREPARE) would fail the
-        -- same way again, so it counts.
-        UPDATE tuneplane.jobs SET free_relaunches_used = free_relaunches_used + 1 WHERE id = j.id;
-        PERFORM tuneplane.set_job_state(j.id, 'queued',
-            format('attempt %s: %s; nothing was started, so it does not count against max_attempts (%s): '
-                   'launching again as attempt %s (free re-launch %s of %s)', a.number, v_reason,
-                   j.max_attempts, a.number + 1, j.free_relaunches_used + 1, v_free));
-        PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
-    ELSIF v_counted < j.max_attempts THEN
-        PERFORM tuneplane.set_job_state(j.id, 'queued',
-            format('attempt %s of %s failed (%s); queued for attempt %s', v_counted, j.max_attempts, v_reason,
-                   v_counted + 1));
-        PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
-    ELSE
-        PERFORM tuneplane.set_job_state(j.id, 'failed',
-            format('attempt %s of %s failed: %s', v_counted, j.max_attempts, v_reason));
-    END IF;
-    RETURN v_state;
-END;
-$$;
-
--- decide_abort: record ABORT for an attempt that has no decision yet, abort and release every member
--- that never started, and tell each node to clean up. Returns false when COMMIT was already recorded.
-CREATE OR REPLACE FUNCTION tuneplane.decide_abort(p_attempt_id bigint, p_reason text)
+-- node_takes_commands: whether a node has an outbox someone reads: a node of a `node`-backend fleet (its
+-- agent) that is not retired. Slurm nodes are driven by their backend's worker (scancel), not commands.
+CREATE OR REPLACE FUNCTION tuneplane.node_takes_commands(p_node_id bigint)
 RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT n.scheduling_state <> 'retired' AND f.backend = 'node'
+      FROM tuneplane.nodes n JOIN tuneplane.fleets f ON f.id = n.fleet_id
+     WHERE n.id = p_node_id;
+$$;
+
+-- lock_attempt: the lock order's first steps for one attempt: its job, then the attempt (FOR UPDATE).
+-- Every function that changes an attempt or its members starts here (or holds the job lock already).
+CREATE OR REPLACE FUNCTION tuneplane.lock_attempt(p_attempt_id bigint)
+RETURNS tuneplane.attempts
 LANGUAGE plpgsql AS $$
 DECLARE
     a tuneplane.attempts;
-    d tuneplane.launch_decisions;
-    m tuneplane.members;
 BEGIN
-    -- Every decision is taken under the attempt's row lock (after its job's), so COMMIT and ABORT cannot
-    -- race.
-    a := tuneplane.lock_attempt(p_attempt_id);
-    INSERT INTO tuneplane.launch_decisions (attempt_id, decision, reason)
-    VALUES (p_attempt_id, 'abort', p_reason)
-    ON CONFLICT (attempt_id) DO NOTHING;
-    SELECT * INTO d FROM tuneplane.launch_decisions WHERE attempt_id = p_attempt_id;
-    IF d.decision <> 'abort' THEN
-        RETURN false;
-    END IF;
-    FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = p_attempt_id AND tuneplane.member_is_live(state)
-              ORDER BY id FOR UPDATE LOOP
-        PERFORM tuneplane.set_member_state(m.id, 'aborted', 'launch aborted: ' || d.reason);
-        -- Nothing started (agents start only after COMMIT), so the resources can go back at once.
-        PERFORM tuneplane.release_member(m.id);
-        IF tuneplane.node_takes_commands(m.node_id) THEN
-            PERFORM tuneplane.enqueue_node_command(m.node_id, 'abort',
-                jsonb_build_object('member_id', m.id, 'attempt_id', p_attempt_id, 'reason', d.reason));
-        END IF;
-    END LOOP;
-    IF a.state IN ('reserved', 'preparing') THEN
-        PERFORM tuneplane.set_attempt_state(p_attempt_id, 'stopping', 'aborting: ' || d.reason);
-    END IF;
-    PERFORM tuneplane.finish_attempt_if_done(p_attempt_id);
-    RETURN true;
+    PERFORM 1 FROM tuneplane.jobs WHERE id = (SELECT job_id FROM tuneplane.attempts WHERE id = p_attempt_id)
+        FOR UPDATE;
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id FOR UPDATE;
+    RETURN a;
 END;
 $$;
 
--- claim_launch: a backend worker takes over launching an attempt. Bumps the fencing epoch (a worker that
--- crashed and comes back holds an older epoch and is refused). Returns nothing when the attempt is past
--- preparation (nothing to do: pgqueuer re-ran a finished job).
-CREATE OR REPLACE FUNCTION tuneplane.claim_launch(p_attempt_id bigint, p_owner text)
-RETURNS TABLE (attempt_id bigint, epoch bigint, state text, job_id bigint, attempt_number integer)
+-- lock_jobs_of_node: the lock order for functions that touch members of many jobs on one node (reconcile,
+-- fence, retire): every job with a held member there, in id order, before any attempt or member.
+CREATE OR REPLACE FUNCTION tuneplane.lock_jobs_of_node(p_node_id bigint)
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT 1 FROM tuneplane.jobs
+     WHERE id IN (SELECT job_id FROM tuneplane.members WHERE node_id = p_node_id AND released_at IS NULL)
+     ORDER BY id FOR UPDATE;
+$$;
+
+-- member_of_node: the member a node reports on, locked in the contract's order (job → attempt → member);
+-- refuses a member of another node (404).
+CREATE OR REPLACE FUNCTION tuneplane.member_of_node(p_node_id bigint, p_member_id bigint)
+RETURNS tuneplane.members
 LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
 BEGIN
-    RETURN QUERY
-    UPDATE tuneplane.attempts a
-       SET launch_epoch = a.launch_epoch + 1, launch_owner = p_owner
-     WHERE a.id = p_attempt_id AND a.state IN ('reserved', 'preparing')
-    RETURNING a.id, a.launch_epoch, a.state, a.job_id, a.number;
+    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id AND node_id = p_node_id;
+    IF m.id IS NULL THEN
+        RAISE EXCEPTION 'member % is not placed on this node', p_member_id USING ERRCODE = 'TP404',
+            COLUMN = 'member_id';
+    END IF;
+    PERFORM tuneplane.lock_attempt(m.attempt_id);
+    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id FOR UPDATE;
+    RETURN m;
 END;
 $$;
 
@@ -267,6 +241,90 @@ BEGIN
             a.launch_epoch USING ERRCODE = 'TP409', COLUMN = 'epoch';
     END IF;
     RETURN a;
+END;
+$$;
+
+-- set_member_state: the one writer of members.state.
+CREATE OR REPLACE FUNCTION tuneplane.set_member_state(p_member_id bigint, p_state text, p_reason text,
+                                           p_exit_code integer DEFAULT NULL)
+RETURNS void
+LANGUAGE sql AS $$
+    UPDATE tuneplane.members
+       SET state = p_state, reason = coalesce(p_reason, reason), updated_at = clock_timestamp(),
+           exit_code = coalesce(p_exit_code, exit_code),
+           ended_at = CASE WHEN tuneplane.member_is_live(p_state) THEN ended_at ELSE clock_timestamp() END
+     WHERE id = p_member_id;
+$$;
+
+-- set_attempt_state: the one writer of attempts.state.
+CREATE OR REPLACE FUNCTION tuneplane.set_attempt_state(p_attempt_id bigint, p_state text, p_reason text)
+RETURNS void
+LANGUAGE sql AS $$
+    UPDATE tuneplane.attempts
+       SET state = p_state, reason = coalesce(p_reason, reason),
+           ended_at = CASE WHEN p_state IN ('succeeded', 'failed', 'aborted', 'cancelled')
+                           THEN clock_timestamp() ELSE ended_at END,
+           committed_at = CASE WHEN p_state = 'running' THEN coalesce(committed_at, clock_timestamp())
+                               ELSE committed_at END
+     WHERE id = p_attempt_id;
+$$;
+
+-- send_stop: STOP (SIGTERM, the stop grace, then SIGKILL on the node) for one member, unless one is still
+-- waiting in its node's outbox. Records when, so expire_member_deadlines can escalate to KILL.
+CREATE OR REPLACE FUNCTION tuneplane.send_stop(p_member tuneplane.members, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT tuneplane.node_takes_commands(p_member.node_id)
+       OR EXISTS (SELECT 1 FROM tuneplane.node_commands c
+                   WHERE c.node_id = p_member.node_id AND c.kind = 'stop' AND c.acked_at IS NULL
+                     AND (c.payload ->> 'member_id')::bigint = p_member.id) THEN
+        RETURN;
+    END IF;
+    PERFORM tuneplane.enqueue_node_command(p_member.node_id, 'stop', jsonb_build_object(
+        'member_id', p_member.id, 'attempt_id', p_member.attempt_id, 'reason', p_reason,
+        'grace_seconds', extract(epoch FROM (SELECT stop_grace FROM tuneplane.launch_settings))));
+END;
+$$;
+
+-- send_kill: KILL for members of one node (the node kills whatever runs for them and acknowledges; the
+-- acknowledgement is the proof launch_command_acked acts on). Marks kill_requested_at. A member whose KILL
+-- still waits in the outbox is not sent another.
+CREATE OR REPLACE FUNCTION tuneplane.send_kill(p_node_id bigint, p_member_ids bigint[], p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    SELECT coalesce(array_agg(DISTINCT u.mid ORDER BY u.mid), '{}') INTO p_member_ids
+      FROM unnest(p_member_ids) u(mid)
+     WHERE NOT EXISTS (SELECT 1 FROM tuneplane.node_commands c
+                        WHERE c.node_id = p_node_id AND c.kind = 'kill' AND c.acked_at IS NULL
+                          AND c.payload -> 'member_ids' @> to_jsonb(u.mid));
+    IF coalesce(cardinality(p_member_ids), 0) = 0
+       OR NOT tuneplane.node_takes_commands(p_node_id) THEN
+        RETURN;
+    END IF;
+    UPDATE tuneplane.members SET kill_requested_at = clock_timestamp()
+     WHERE id = ANY (p_member_ids) AND node_id = p_node_id;
+    PERFORM tuneplane.enqueue_node_command(p_node_id, 'kill',
+        jsonb_build_object('member_ids', to_jsonb(p_member_ids), 'reason', p_reason));
+END;
+$$;
+
+-- ==== Transitions =======================================================================================
+-- ---- the launch worker: claim, prepare, abort ----------------------------------------------------------
+
+-- claim_launch: a backend worker takes over launching an attempt. Bumps the fencing epoch (a worker that
+-- crashed and comes back holds an older epoch and is refused). Returns nothing when the attempt is past
+-- preparation (nothing to do: pgqueuer re-ran a finished job).
+CREATE OR REPLACE FUNCTION tuneplane.claim_launch(p_attempt_id bigint, p_owner text)
+RETURNS TABLE (attempt_id bigint, epoch bigint, state text, job_id bigint, attempt_number integer)
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN QUERY
+    UPDATE tuneplane.attempts a
+       SET launch_epoch = a.launch_epoch + 1, launch_owner = p_owner
+     WHERE a.id = p_attempt_id AND a.state IN ('reserved', 'preparing')
+    RETURNING a.id, a.launch_epoch, a.state, a.job_id, a.number;
 END;
 $$;
 
@@ -315,24 +373,58 @@ BEGIN
 END;
 $$;
 
--- member_of_node: the member a node reports on, locked in the contract's order (job → attempt → member);
--- refuses a member of another node (404).
-CREATE OR REPLACE FUNCTION tuneplane.member_of_node(p_node_id bigint, p_member_id bigint)
-RETURNS tuneplane.members
+-- decide_abort: record ABORT for an attempt that has no decision yet, abort and release every member
+-- that never started, and tell each node to clean up. Returns false when COMMIT was already recorded.
+CREATE OR REPLACE FUNCTION tuneplane.decide_abort(p_attempt_id bigint, p_reason text)
+RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
+    a tuneplane.attempts;
+    d tuneplane.launch_decisions;
     m tuneplane.members;
 BEGIN
-    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id AND node_id = p_node_id;
-    IF m.id IS NULL THEN
-        RAISE EXCEPTION 'member % is not placed on this node', p_member_id USING ERRCODE = 'TP404',
-            COLUMN = 'member_id';
+    -- Every decision is taken under the attempt's row lock (after its job's), so COMMIT and ABORT cannot
+    -- race.
+    a := tuneplane.lock_attempt(p_attempt_id);
+    INSERT INTO tuneplane.launch_decisions (attempt_id, decision, reason)
+    VALUES (p_attempt_id, 'abort', p_reason)
+    ON CONFLICT (attempt_id) DO NOTHING;
+    SELECT * INTO d FROM tuneplane.launch_decisions WHERE attempt_id = p_attempt_id;
+    IF d.decision <> 'abort' THEN
+        RETURN false;
     END IF;
-    PERFORM tuneplane.lock_attempt(m.attempt_id);
-    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id FOR UPDATE;
-    RETURN m;
+    FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = p_attempt_id AND tuneplane.member_is_live(state)
+              ORDER BY id FOR UPDATE LOOP
+        PERFORM tuneplane.set_member_state(m.id, 'aborted', 'launch aborted: ' || d.reason);
+        -- Nothing started (agents start only after COMMIT), so the resources can go back at once.
+        PERFORM tuneplane.release_member(m.id);
+        IF tuneplane.node_takes_commands(m.node_id) THEN
+            PERFORM tuneplane.enqueue_node_command(m.node_id, 'abort',
+                jsonb_build_object('member_id', m.id, 'attempt_id', p_attempt_id, 'reason', d.reason));
+        END IF;
+    END LOOP;
+    IF a.state IN ('reserved', 'preparing') THEN
+        PERFORM tuneplane.set_attempt_state(p_attempt_id, 'stopping', 'aborting: ' || d.reason);
+    END IF;
+    PERFORM tuneplane.finish_attempt_if_done(p_attempt_id);
+    RETURN true;
 END;
 $$;
+
+-- abort_launch: the worker holding the launch lease (epoch) could not build the capsule: ABORT the
+-- attempt with that reason (reserved → aborted, resources released; the job is retried or fails by
+-- its max_attempts). Refuses a stale epoch (409). Returns false when a decision already existed.
+CREATE OR REPLACE FUNCTION tuneplane.abort_launch(p_attempt_id bigint, p_epoch bigint, p_reason text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tuneplane.require_launch_epoch(p_attempt_id, p_epoch);
+    RETURN tuneplane.decide_abort(p_attempt_id,
+        'the capsule could not be built: ' || coalesce(nullif(p_reason, ''), 'no reason given'));
+END;
+$$;
+
+-- ---- node reports: prepared, started, exited, probes, tokens, reconcile, acknowledgements --------------
 
 -- member_prepared (report kind `member_prepared`): preparing → prepared. When it is the last member to
 -- prepare, records COMMIT and sends START to every member's node in the same transaction. A report from
@@ -409,31 +501,6 @@ BEGIN
 END;
 $$;
 
--- expire_prepare_deadlines: ABORT every attempt whose members were not all prepared in time. Follows the
--- lock order: the job first (SKIP LOCKED: a job busy with a report is taken on the next sweep).
-CREATE OR REPLACE FUNCTION tuneplane.expire_prepare_deadlines()
-RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_attempt bigint;
-    v_count integer := 0;
-BEGIN
-    FOR v_attempt IN SELECT a.id FROM tuneplane.attempts a
-                      WHERE a.state = 'preparing' AND a.prepare_deadline < now() ORDER BY a.id LOOP
-        PERFORM 1 FROM tuneplane.jobs WHERE id = (SELECT job_id FROM tuneplane.attempts WHERE id = v_attempt)
-            FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        CONTINUE WHEN (SELECT state FROM tuneplane.attempts WHERE id = v_attempt) <> 'preparing';
-        IF tuneplane.decide_abort(v_attempt, format('prepare deadline passed; not prepared: rank %s',
-                (SELECT string_agg(rank::text, ', ' ORDER BY rank) FROM tuneplane.members
-                  WHERE attempt_id = v_attempt AND state <> 'prepared'))) THEN
-            v_count := v_count + 1;
-        END IF;
-    END LOOP;
-    RETURN v_count;
-END;
-$$;
-
 -- member_started (report kind `member_started`): starting → running. Records the session it was started
 -- in (reconcile never releases a member started in the session it reconciles). p_payload: {member_id, pid}
 CREATE OR REPLACE FUNCTION tuneplane.member_started(p_node_id bigint, p_epoch bigint, p_payload jsonb)
@@ -467,32 +534,6 @@ BEGIN
             format('attempt %s: all %s member(s) running', a.number, v_total));
     END IF;
     RETURN jsonb_build_object('running', v_running, 'of', v_total);
-END;
-$$;
-
--- stop_attempt: committed attempt → stopping; sends STOP to every member still live (members on a retired
--- node were already lost by the retire). Caller holds the job lock.
-CREATE OR REPLACE FUNCTION tuneplane.stop_attempt(p_attempt_id bigint, p_reason text)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    a tuneplane.attempts;
-    m tuneplane.members;
-    v_grace interval;
-BEGIN
-    a := tuneplane.lock_attempt(p_attempt_id);
-    SELECT stop_grace INTO v_grace FROM tuneplane.launch_settings;
-    IF a.state = 'running' THEN
-        PERFORM tuneplane.set_attempt_state(p_attempt_id, 'stopping', p_reason);
-    END IF;
-    FOR m IN SELECT * FROM tuneplane.members
-              WHERE attempt_id = p_attempt_id AND state IN ('starting', 'running', 'stopping')
-              ORDER BY id FOR UPDATE LOOP
-        IF m.state IN ('starting', 'running') THEN
-            PERFORM tuneplane.set_member_state(m.id, 'stopping', p_reason);
-        END IF;
-        PERFORM tuneplane.send_stop(m, p_reason);
-    END LOOP;
 END;
 $$;
 
@@ -560,86 +601,55 @@ BEGIN
 END;
 $$;
 
--- cancel_job: the owner or an admin cancels. queued → cancelled at once; before COMMIT the launch is
--- aborted (nothing started) and the job is cancelled; after COMMIT every member gets STOP and the job
--- is cancelled only when every node has confirmed its member stopped (resources are released then).
--- Members on a fenced or retired node were already lost (and released) by the fence or retire.
-CREATE OR REPLACE FUNCTION tuneplane.cancel_job(p_job_id bigint, p_actor_id bigint, p_reason text DEFAULT NULL)
-RETURNS tuneplane.jobs
+-- report_node_probe (report kind `probe`): the agent's probe port and, optionally, the address peers
+-- should use for it (default: the address the gateway saw). p_payload: {"port": 41234, "address": "10.0.0.5"}
+CREATE OR REPLACE FUNCTION tuneplane.report_node_probe(p_node_id bigint, p_epoch bigint, p_payload jsonb)
+RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-    j tuneplane.jobs;
-    a tuneplane.attempts;
-    actor tuneplane.users;
-    v_why text;
+    n tuneplane.nodes;
 BEGIN
-    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
-    SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id FOR UPDATE;
-    IF j.id IS NULL OR actor.id IS NULL OR (j.owner_id <> actor.id AND actor.role <> 'admin') THEN
-        RAISE EXCEPTION 'no job % of yours', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job';
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    IF jsonb_typeof(p_payload -> 'port') IS DISTINCT FROM 'number'
+       OR (p_payload ->> 'port')::integer NOT BETWEEN 1 AND 65535 THEN
+        RAISE EXCEPTION 'probe report needs a port between 1 and 65535' USING ERRCODE = 'TP400', COLUMN = 'port';
     END IF;
-    IF j.state IN ('succeeded', 'failed', 'cancelled') THEN
-        RAISE EXCEPTION 'job % already %', p_job_id, j.state USING ERRCODE = 'TP409', COLUMN = 'job';
-    END IF;
-    v_why := format('cancel requested by %s%s', actor.username,
-                    CASE WHEN coalesce(p_reason, '') = '' THEN '' ELSE ': ' || p_reason END);
-    SELECT * INTO a FROM tuneplane.attempts
-     WHERE job_id = j.id AND state IN ('reserved', 'preparing', 'running', 'stopping') FOR UPDATE;
-    IF a.id IS NULL THEN
-        PERFORM tuneplane.set_job_state(j.id, 'cancelled', v_why);
-    ELSE
-        UPDATE tuneplane.attempts SET cancel_requested_at = coalesce(cancel_requested_at, clock_timestamp())
-         WHERE id = a.id;
-        IF NOT tuneplane.decide_abort(a.id, v_why) THEN
-            PERFORM tuneplane.stop_attempt(a.id, v_why);
-            PERFORM tuneplane.set_job_state(j.id, j.state,
-                v_why || format('; waiting for %s member(s) to stop',
-                                (SELECT count(*) FROM tuneplane.members
-                                  WHERE attempt_id = a.id AND released_at IS NULL)));
-        END IF;
-        PERFORM tuneplane.finish_attempt_if_done(a.id);
-    END IF;
-    SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id;
-    RETURN j;
+    UPDATE tuneplane.nodes
+       SET probe_port = (p_payload ->> 'port')::integer,
+           address = coalesce(nullif(p_payload ->> 'address', ''), address)
+     WHERE id = p_node_id
+    RETURNING * INTO n;
+    RETURN jsonb_build_object('address', n.address, 'probe_port', n.probe_port);
 END;
 $$;
 
--- sweep_lost_nodes: members whose node lost contact get contact_lost_at (their state is kept: a lost
--- connection is not proof that a workload stopped) and their resources stay held. Driven from the nodes
--- that are lost and their held members (index members_node_held), so its cost does not grow with
--- history. Lock order: the job first (SKIP LOCKED), then the member. Returns how many were marked.
-CREATE OR REPLACE FUNCTION tuneplane.sweep_lost_nodes()
-RETURNS integer
+-- issue_member_telemetry_token (report kind `telemetry_token`): the agent made a token for one of its
+-- members (starting or running) and sends only its sha256; the token may write that member's telemetry
+-- only. p_payload: {"member_id": 1, "token_hash": "…64 hex…"}. Refuses another node's member (404), a
+-- member that is not starting/running (409) and a malformed hash (400, issue_telemetry_token).
+CREATE OR REPLACE FUNCTION tuneplane.issue_member_telemetry_token(p_node_id bigint, p_epoch bigint, p_payload jsonb)
+RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-    m record;
-    v_count integer := 0;
+    m tuneplane.members;
+    a tuneplane.attempts;
+    t tuneplane.telemetry_tokens;
 BEGIN
-    FOR m IN SELECT mm.id, mm.job_id, mm.rank, n.name AS node_name, n.last_heartbeat_at
-               FROM tuneplane.nodes n
-               JOIN tuneplane.members mm ON mm.node_id = n.id AND mm.released_at IS NULL
-              WHERE n.fenced_at IS NULL AND n.scheduling_state <> 'retired'
-                -- node_connectivity(…) = 'lost', with the threshold read once rather than per node
-                AND (n.last_heartbeat_at IS NULL
-                     OR n.last_heartbeat_at <= now() - (SELECT s.lost_after FROM tuneplane.node_settings s))
-                AND mm.contact_lost_at IS NULL
-                AND mm.state IN ('starting', 'running', 'stopping')
-              ORDER BY mm.job_id, mm.id LOOP
-        PERFORM 1 FROM tuneplane.jobs WHERE id = m.job_id FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        UPDATE tuneplane.members
-           SET contact_lost_at = clock_timestamp(),
-               reason = format('node %s lost contact (last heartbeat %s); resources held until it reconnects '
-                               'or an operator fences it', m.node_name,
-                               to_char(m.last_heartbeat_at, 'YYYY-MM-DD HH24:MI:SS TZ'))
-         WHERE id = m.id AND contact_lost_at IS NULL AND released_at IS NULL;
-        CONTINUE WHEN NOT FOUND;
-        PERFORM tuneplane.set_job_state(m.job_id, (SELECT state FROM tuneplane.jobs WHERE id = m.job_id),
-            format('contact lost with member rank %s (node %s); waiting for it to reconnect or be fenced',
-                   m.rank, m.node_name));
-        v_count := v_count + 1;
-    END LOOP;
-    RETURN v_count;
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    IF m.state NOT IN ('starting', 'running') THEN
+        RAISE EXCEPTION 'member % is %, not starting or running: no telemetry token', m.id, m.state
+            USING ERRCODE = 'TP409', COLUMN = 'member_id';
+    END IF;
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id;
+    SELECT * INTO t FROM tuneplane.telemetry_tokens WHERE token_hash = p_payload ->> 'token_hash';
+    IF t.id IS NULL THEN
+        t := tuneplane.issue_telemetry_token(m.job_id, a.number, m.rank, p_payload ->> 'token_hash');
+    ELSIF (t.job_id, t.attempt, t.member_rank) IS DISTINCT FROM (m.job_id, a.number, m.rank) THEN
+        RAISE EXCEPTION 'that token hash is already in use' USING ERRCODE = 'TP409', COLUMN = 'token_hash';
+    END IF;
+    RETURN jsonb_build_object('token_id', t.id, 'job_id', t.job_id, 'attempt', t.attempt,
+                              'member_rank', t.member_rank, 'expires_at', t.expires_at);
 END;
 $$;
 
@@ -736,6 +746,230 @@ BEGIN
 END;
 $$;
 
+-- launch_command_acked: what an acknowledgement means for the lifecycle (called by ack_node_command once,
+-- on the first ack of a command):
+--   START with an error → the node did not start the member: failed, released, the attempt stopped;
+--   STOP with an error  → escalate to KILL;
+--   KILL without error  → every listed member the node killed or does not run has ended: it is recorded
+--                         (failed, or cancelled when a cancel asked for its stop) and released.
+CREATE OR REPLACE FUNCTION tuneplane.launch_command_acked(p_cmd tuneplane.node_commands)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    v_id bigint;
+BEGIN
+    IF p_cmd.kind = 'start' AND p_cmd.error IS NOT NULL THEN
+        SELECT * INTO m FROM tuneplane.members
+         WHERE id = (p_cmd.payload ->> 'member_id')::bigint AND node_id = p_cmd.node_id;
+        IF m.id IS NOT NULL AND m.state = 'starting' AND m.started_at IS NULL THEN
+            PERFORM tuneplane.lock_attempt(m.attempt_id);
+            PERFORM tuneplane.record_member_exit(m, NULL, 'could not be started: ' || left(p_cmd.error, 500));
+        END IF;
+    ELSIF p_cmd.kind = 'stop' AND p_cmd.error IS NOT NULL THEN
+        SELECT * INTO m FROM tuneplane.members
+         WHERE id = (p_cmd.payload ->> 'member_id')::bigint AND node_id = p_cmd.node_id;
+        IF m.id IS NOT NULL AND m.released_at IS NULL THEN
+            PERFORM tuneplane.send_kill(p_cmd.node_id, ARRAY[m.id], 'STOP failed: ' || left(p_cmd.error, 500));
+        END IF;
+    ELSIF p_cmd.kind = 'kill' AND p_cmd.error IS NULL THEN
+        FOR v_id IN SELECT (e #>> '{}')::bigint FROM jsonb_array_elements(p_cmd.payload -> 'member_ids') e
+                     ORDER BY 1 LOOP
+            SELECT * INTO m FROM tuneplane.members WHERE id = v_id AND node_id = p_cmd.node_id;
+            CONTINUE WHEN m.id IS NULL OR m.released_at IS NOT NULL;
+            PERFORM tuneplane.lock_attempt(m.attempt_id);
+            PERFORM tuneplane.record_member_exit(m, -9,
+                'killed by the control plane: ' || coalesce(p_cmd.payload ->> 'reason', ''));
+        END LOOP;
+    END IF;
+END;
+$$;
+
+-- ---- ends and stops: an attempt finishes, stops, a job is cancelled ------------------------------------
+
+-- finish_attempt_if_done: once every member of an attempt has ended and been released, the attempt gets
+-- its outcome and the job its next state: succeeded, cancelled, back to queued for a retry (while
+-- attempts remain), or failed. An attempt of a node fleet aborted after PREPARE was sent (a member failed
+-- to prepare, the prepare deadline passed) started nothing: it is queued again without using up one of
+-- max_attempts, at most launch_settings.free_relaunches times per job (jobs.free_relaunches_used); the
+-- attempts that count are number - free_relaunches_used. Caller holds the job lock (lock_attempt).
+CREATE OR REPLACE FUNCTION tuneplane.finish_attempt_if_done(p_attempt_id bigint)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    a        tuneplane.attempts;
+    j        tuneplane.jobs;
+    d        tuneplane.launch_decisions;
+    v_bad    tuneplane.members;
+    v_state  text;
+    v_reason text;
+    v_free   integer;
+    v_counted integer;
+BEGIN
+    a := tuneplane.lock_attempt(p_attempt_id);
+    IF a.state IN ('succeeded', 'failed', 'aborted', 'cancelled') THEN
+        RETURN a.state;
+    END IF;
+    IF EXISTS (SELECT 1 FROM tuneplane.members m WHERE m.attempt_id = a.id
+                AND (tuneplane.member_is_live(m.state) OR m.released_at IS NULL)) THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO d FROM tuneplane.launch_decisions WHERE attempt_id = a.id;
+    SELECT * INTO v_bad FROM tuneplane.members m
+     WHERE m.attempt_id = a.id AND m.state <> 'exited' ORDER BY m.rank LIMIT 1;
+    IF a.cancel_requested_at IS NOT NULL THEN
+        v_state := 'cancelled'; v_reason := 'cancelled';
+    ELSIF d.decision = 'abort' THEN
+        v_state := 'aborted'; v_reason := 'launch aborted: ' || d.reason;
+    ELSIF v_bad.id IS NULL THEN
+        v_state := 'succeeded';
+        v_reason := format('all %s member(s) exited with status 0',
+                           (SELECT count(*) FROM tuneplane.members WHERE attempt_id = a.id));
+    ELSE
+        v_state := 'failed';
+        v_reason := format('member rank %s %s: %s', v_bad.rank, v_bad.state, v_bad.reason);
+    END IF;
+    PERFORM tuneplane.set_attempt_state(a.id, v_state, v_reason);
+
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
+    SELECT free_relaunches INTO v_free FROM tuneplane.launch_settings;
+    v_counted := a.number - j.free_relaunches_used;
+    IF v_state = 'succeeded' THEN
+        PERFORM tuneplane.set_job_state(j.id, 'succeeded', format('attempt %s: %s', a.number, v_reason));
+    ELSIF v_state = 'cancelled' THEN
+        PERFORM tuneplane.set_job_state(j.id, 'cancelled',
+            format('cancelled; every member of attempt %s stopped and its resources were released', a.number));
+    ELSIF v_state = 'aborted' AND j.free_relaunches_used < v_free AND a.capsule_digest IS NOT NULL
+          AND (SELECT f.backend FROM tuneplane.fleets f WHERE f.id = a.fleet_id) = 'node' THEN
+        -- Nothing was started (no COMMIT): the user's attempts are not spent on what the nodes met while
+        -- preparing. A capsule that could not be built (no digest: aborted before PREPARE) would fail the
+        -- same way again, so it counts.
+        UPDATE tuneplane.jobs SET free_relaunches_used = free_relaunches_used + 1 WHERE id = j.id;
+        PERFORM tuneplane.set_job_state(j.id, 'queued',
+            format('attempt %s: %s; nothing was started, so it does not count against max_attempts (%s): '
+                   'launching again as attempt %s (free re-launch %s of %s)', a.number, v_reason,
+                   j.max_attempts, a.number + 1, j.free_relaunches_used + 1, v_free));
+        PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
+    ELSIF v_counted < j.max_attempts THEN
+        PERFORM tuneplane.set_job_state(j.id, 'queued',
+            format('attempt %s of %s failed (%s); queued for attempt %s', v_counted, j.max_attempts, v_reason,
+                   v_counted + 1));
+        PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
+    ELSE
+        PERFORM tuneplane.set_job_state(j.id, 'failed',
+            format('attempt %s of %s failed: %s', v_counted, j.max_attempts, v_reason));
+    END IF;
+    RETURN v_state;
+END;
+$$;
+
+-- stop_attempt: committed attempt → stopping; sends STOP to every member still live (members on a retired
+-- node were already lost by the retire). Caller holds the job lock.
+CREATE OR REPLACE FUNCTION tuneplane.stop_attempt(p_attempt_id bigint, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.attempts;
+    m tuneplane.members;
+    v_grace interval;
+BEGIN
+    a := tuneplane.lock_attempt(p_attempt_id);
+    SELECT stop_grace INTO v_grace FROM tuneplane.launch_settings;
+    IF a.state = 'running' THEN
+        PERFORM tuneplane.set_attempt_state(p_attempt_id, 'stopping', p_reason);
+    END IF;
+    FOR m IN SELECT * FROM tuneplane.members
+              WHERE attempt_id = p_attempt_id AND state IN ('starting', 'running', 'stopping')
+              ORDER BY id FOR UPDATE LOOP
+        IF m.state IN ('starting', 'running') THEN
+            PERFORM tuneplane.set_member_state(m.id, 'stopping', p_reason);
+        END IF;
+        PERFORM tuneplane.send_stop(m, p_reason);
+    END LOOP;
+END;
+$$;
+
+-- cancel_job: the owner or an admin cancels. queued → cancelled at once; before COMMIT the launch is
+-- aborted (nothing started) and the job is cancelled; after COMMIT every member gets STOP and the job
+-- is cancelled only when every node has confirmed its member stopped (resources are released then).
+-- Members on a fenced or retired node were already lost (and released) by the fence or retire.
+CREATE OR REPLACE FUNCTION tuneplane.cancel_job(p_job_id bigint, p_actor_id bigint, p_reason text DEFAULT NULL)
+RETURNS tuneplane.jobs
+LANGUAGE plpgsql AS $$
+DECLARE
+    j tuneplane.jobs;
+    a tuneplane.attempts;
+    actor tuneplane.users;
+    v_why text;
+BEGIN
+    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id FOR UPDATE;
+    IF j.id IS NULL OR actor.id IS NULL OR (j.owner_id <> actor.id AND actor.role <> 'admin') THEN
+        RAISE EXCEPTION 'no job % of yours', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job';
+    END IF;
+    IF j.state IN ('succeeded', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION 'job % already %', p_job_id, j.state USING ERRCODE = 'TP409', COLUMN = 'job';
+    END IF;
+    v_why := format('cancel requested by %s%s', actor.username,
+                    CASE WHEN coalesce(p_reason, '') = '' THEN '' ELSE ': ' || p_reason END);
+    SELECT * INTO a FROM tuneplane.attempts
+     WHERE job_id = j.id AND state IN ('reserved', 'preparing', 'running', 'stopping') FOR UPDATE;
+    IF a.id IS NULL THEN
+        PERFORM tuneplane.set_job_state(j.id, 'cancelled', v_why);
+    ELSE
+        UPDATE tuneplane.attempts SET cancel_requested_at = coalesce(cancel_requested_at, clock_timestamp())
+         WHERE id = a.id;
+        IF NOT tuneplane.decide_abort(a.id, v_why) THEN
+            PERFORM tuneplane.stop_attempt(a.id, v_why);
+            PERFORM tuneplane.set_job_state(j.id, j.state,
+                v_why || format('; waiting for %s member(s) to stop',
+                                (SELECT count(*) FROM tuneplane.members
+                                  WHERE attempt_id = a.id AND released_at IS NULL)));
+        END IF;
+        PERFORM tuneplane.finish_attempt_if_done(a.id);
+    END IF;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id;
+    RETURN j;
+END;
+$$;
+
+-- ---- operators: fence, unfence (retire is nodes.sql), losing a node's members --------------------------
+
+-- lose_node_members: an operator declared a node dead (fence) or gone (retire). Every held member there
+-- becomes `lost` and is released, and gets KILL in the node's outbox (delivered if the agent comes back);
+-- the attempts they belonged to are aborted (before COMMIT) or stopped (after). Takes the placement lock
+-- of the node's fleet first, so a placement pass never reserves on a node being fenced. Returns how many
+-- members were lost.
+CREATE OR REPLACE FUNCTION tuneplane.lose_node_members(p_node_id bigint, p_why text)
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    m tuneplane.members;
+    v_lost bigint[] := '{}';
+    v_attempts bigint[] := '{}';
+    v_attempt bigint;
+BEGIN
+    PERFORM tuneplane.lock_jobs_of_node(p_node_id);
+    FOR m IN SELECT * FROM tuneplane.members WHERE node_id = p_node_id AND released_at IS NULL
+              ORDER BY id FOR UPDATE LOOP
+        IF tuneplane.member_is_live(m.state) THEN
+            PERFORM tuneplane.set_member_state(m.id, 'lost', p_why);
+        END IF;
+        PERFORM tuneplane.release_member(m.id);
+        v_lost := v_lost || m.id;
+        v_attempts := v_attempts || m.attempt_id;
+    END LOOP;
+    PERFORM tuneplane.send_kill(p_node_id, v_lost, p_why);
+    FOR v_attempt IN SELECT DISTINCT unnest(v_attempts) ORDER BY 1 LOOP
+        IF NOT tuneplane.decide_abort(v_attempt, p_why) THEN
+            PERFORM tuneplane.stop_attempt(v_attempt, p_why || '; stopping the other members');
+        END IF;
+        PERFORM tuneplane.finish_attempt_if_done(v_attempt);
+    END LOOP;
+    RETURN cardinality(v_lost);
+END;
+$$;
+
 -- fence_node: an operator declares a node dead. Its held members become `lost` with KILL queued for its
 -- agent, their resources are released, and their attempts aborted or stopped (lose_node_members); the node
 -- gets no new work and its reports start nothing until unfence_node, which needs the agent back.
@@ -800,46 +1034,107 @@ BEGIN
 END;
 $$;
 
-CREATE OR REPLACE VIEW tuneplane.v_uncertain AS
-SELECT m.job_id, a.number AS attempt, m.id AS member_id, m.rank, n.name AS node, m.state, m.reason,
-       n.last_heartbeat_at, tuneplane.node_connectivity(n.last_heartbeat_at) AS connectivity,
-       m.gpu_indices, m.updated_at, m.contact_lost_at
-  FROM tuneplane.members m
-  JOIN tuneplane.attempts a ON a.id = m.attempt_id
-  JOIN tuneplane.nodes n ON n.id = m.node_id
- WHERE m.contact_lost_at IS NOT NULL AND m.released_at IS NULL;
--- report_node_probe (report kind `probe`): the agent's probe port and, optionally, the address peers
--- should use for it (default: the address the gateway saw). p_payload: {"port": 41234, "address": "10.0.0.5"}
-CREATE OR REPLACE FUNCTION tuneplane.report_node_probe(p_node_id bigint, p_epoch bigint, p_payload jsonb)
-RETURNS jsonb
+-- ==== Sweeps (deadlines and lost contact; run periodically) =============================================
+
+-- expire_prepare_deadlines: ABORT every attempt whose members were not all prepared in time. Follows the
+-- lock order: the job first (SKIP LOCKED: a job busy with a report is taken on the next sweep).
+CREATE OR REPLACE FUNCTION tuneplane.expire_prepare_deadlines()
+RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    n tuneplane.nodes;
+    v_attempt bigint;
+    v_count integer := 0;
 BEGIN
-    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
-    IF jsonb_typeof(p_payload -> 'port') IS DISTINCT FROM 'number'
-       OR (p_payload ->> 'port')::integer NOT BETWEEN 1 AND 65535 THEN
-        RAISE EXCEPTION 'probe report needs a port between 1 and 65535' USING ERRCODE = 'TP400', COLUMN = 'port';
-    END IF;
-    UPDATE tuneplane.nodes
-       SET probe_port = (p_payload ->> 'port')::integer,
-           address = coalesce(nullif(p_payload ->> 'address', ''), address)
-     WHERE id = p_node_id
-    RETURNING * INTO n;
-    RETURN jsonb_build_object('address', n.address, 'probe_port', n.probe_port);
+    FOR v_attempt IN SELECT a.id FROM tuneplane.attempts a
+                      WHERE a.state = 'preparing' AND a.prepare_deadline < now() ORDER BY a.id LOOP
+        PERFORM 1 FROM tuneplane.jobs WHERE id = (SELECT job_id FROM tuneplane.attempts WHERE id = v_attempt)
+            FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        CONTINUE WHEN (SELECT state FROM tuneplane.attempts WHERE id = v_attempt) <> 'preparing';
+        IF tuneplane.decide_abort(v_attempt, format('prepare deadline passed; not prepared: rank %s',
+                (SELECT string_agg(rank::text, ', ' ORDER BY rank) FROM tuneplane.members
+                  WHERE attempt_id = v_attempt AND state <> 'prepared'))) THEN
+            v_count := v_count + 1;
+        END IF;
+    END LOOP;
+    RETURN v_count;
 END;
 $$;
 
--- abort_launch: the worker holding the launch lease (epoch) could not build the capsule: ABORT the
--- attempt with that reason (reserved → aborted, resources released; the job is retried or fails by
--- its max_attempts). Refuses a stale epoch (409). Returns false when a decision already existed.
-CREATE OR REPLACE FUNCTION tuneplane.abort_launch(p_attempt_id bigint, p_epoch bigint, p_reason text)
-RETURNS boolean
+-- expire_member_deadlines: bounds `starting` and `stopping`. A member whose START was delivered to the
+-- node's current, reconciled session more than start_timeout ago and never reported started, or that is
+-- still stopping stop_grace + stop_timeout after its STOP was delivered, gets KILL (once). Its resources
+-- stay held until the node acknowledges the KILL (launch_command_acked) or an operator fences it. Returns
+-- how many got KILL.
+CREATE OR REPLACE FUNCTION tuneplane.expire_member_deadlines()
+RETURNS integer
 LANGUAGE plpgsql AS $$
+DECLARE
+    s tuneplane.launch_settings;
+    r record;
+    v_count integer := 0;
 BEGIN
-    PERFORM tuneplane.require_launch_epoch(p_attempt_id, p_epoch);
-    RETURN tuneplane.decide_abort(p_attempt_id,
-        'the capsule could not be built: ' || coalesce(nullif(p_reason, ''), 'no reason given'));
+    SELECT * INTO s FROM tuneplane.launch_settings;
+    FOR r IN SELECT mm.id, mm.node_id, mm.job_id, mm.state, c.delivered_at
+               FROM tuneplane.members mm
+               JOIN tuneplane.nodes n ON n.id = mm.node_id
+               JOIN LATERAL (SELECT max(c.delivered_at) AS delivered_at FROM tuneplane.node_commands c
+                              WHERE c.node_id = mm.node_id AND c.kind = CASE mm.state WHEN 'starting' THEN 'start'
+                                                                                       ELSE 'stop' END
+                                AND (c.payload ->> 'member_id')::bigint = mm.id) c ON true
+              WHERE mm.released_at IS NULL AND mm.state IN ('starting', 'stopping')
+                AND mm.kill_requested_at IS NULL AND n.fenced_at IS NULL
+                AND n.session_reconciled_epoch = n.session_epoch AND n.session_closed_at IS NULL
+                AND c.delivered_at < now() - CASE mm.state WHEN 'starting' THEN s.start_timeout
+                                                          ELSE s.stop_grace + s.stop_timeout END
+              ORDER BY mm.job_id, mm.id LOOP
+        PERFORM 1 FROM tuneplane.jobs WHERE id = r.job_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        PERFORM tuneplane.send_kill(r.node_id, ARRAY[r.id],
+            CASE r.state WHEN 'starting' THEN format('not started within %s of START', s.start_timeout)
+                         ELSE format('still stopping %s after STOP', s.stop_grace + s.stop_timeout) END);
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
+END;
+$$;
+
+-- sweep_lost_nodes: members whose node lost contact get contact_lost_at (their state is kept: a lost
+-- connection is not proof that a workload stopped) and their resources stay held. Driven from the nodes
+-- that are lost and their held members (index members_node_held), so its cost does not grow with
+-- history. Lock order: the job first (SKIP LOCKED), then the member. Returns how many were marked.
+CREATE OR REPLACE FUNCTION tuneplane.sweep_lost_nodes()
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    m record;
+    v_count integer := 0;
+BEGIN
+    FOR m IN SELECT mm.id, mm.job_id, mm.rank, n.name AS node_name, n.last_heartbeat_at
+               FROM tuneplane.nodes n
+               JOIN tuneplane.members mm ON mm.node_id = n.id AND mm.released_at IS NULL
+              WHERE n.fenced_at IS NULL AND n.scheduling_state <> 'retired'
+                -- node_connectivity(…) = 'lost', with the threshold read once rather than per node
+                AND (n.last_heartbeat_at IS NULL
+                     OR n.last_heartbeat_at <= now() - (SELECT s.lost_after FROM tuneplane.node_settings s))
+                AND mm.contact_lost_at IS NULL
+                AND mm.state IN ('starting', 'running', 'stopping')
+              ORDER BY mm.job_id, mm.id LOOP
+        PERFORM 1 FROM tuneplane.jobs WHERE id = m.job_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        UPDATE tuneplane.members
+           SET contact_lost_at = clock_timestamp(),
+               reason = format('node %s lost contact (last heartbeat %s); resources held until it reconnects '
+                               'or an operator fences it', m.node_name,
+                               to_char(m.last_heartbeat_at, 'YYYY-MM-DD HH24:MI:SS TZ'))
+         WHERE id = m.id AND contact_lost_at IS NULL AND released_at IS NULL;
+        CONTINUE WHEN NOT FOUND;
+        PERFORM tuneplane.set_job_state(m.job_id, (SELECT state FROM tuneplane.jobs WHERE id = m.job_id),
+            format('contact lost with member rank %s (node %s); waiting for it to reconnect or be fenced',
+                   m.rank, m.node_name));
+        v_count := v_count + 1;
+    END LOOP;
+    RETURN v_count;
 END;
 $$;
 
@@ -865,6 +1160,8 @@ BEGIN
 END;
 $$;
 
+-- ==== Reads (gateway checks, scheduler passes, operators' views, a job's launch pages) ==================
+
 -- node_may_read_capsule: true when the node holds a member (resources not released) of an attempt whose
 -- capsule is p_digest. The gateway's `capsule` file provider serves nothing else.
 CREATE OR REPLACE FUNCTION tuneplane.node_may_read_capsule(p_node_id bigint, p_digest text)
@@ -872,36 +1169,6 @@ RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM tuneplane.members m JOIN tuneplane.attempts a ON a.id = m.attempt_id
                     WHERE m.node_id = p_node_id AND m.released_at IS NULL AND a.capsule_digest = p_digest);
-$$;
-
--- issue_member_telemetry_token (report kind `telemetry_token`): the agent made a token for one of its
--- members (starting or running) and sends only its sha256; the token may write that member's telemetry
--- only. p_payload: {"member_id": 1, "token_hash": "…64 hex…"}. Refuses another node's member (404), a
--- member that is not starting/running (409) and a malformed hash (400, issue_telemetry_token).
-CREATE OR REPLACE FUNCTION tuneplane.issue_member_telemetry_token(p_node_id bigint, p_epoch bigint, p_payload jsonb)
-RETURNS jsonb
-LANGUAGE plpgsql AS $$
-DECLARE
-    m tuneplane.members;
-    a tuneplane.attempts;
-    t tuneplane.telemetry_tokens;
-BEGIN
-    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
-    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
-    IF m.state NOT IN ('starting', 'running') THEN
-        RAISE EXCEPTION 'member % is %, not starting or running: no telemetry token', m.id, m.state
-            USING ERRCODE = 'TP409', COLUMN = 'member_id';
-    END IF;
-    SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id;
-    SELECT * INTO t FROM tuneplane.telemetry_tokens WHERE token_hash = p_payload ->> 'token_hash';
-    IF t.id IS NULL THEN
-        t := tuneplane.issue_telemetry_token(m.job_id, a.number, m.rank, p_payload ->> 'token_hash');
-    ELSIF (t.job_id, t.attempt, t.member_rank) IS DISTINCT FROM (m.job_id, a.number, m.rank) THEN
-        RAISE EXCEPTION 'that token hash is already in use' USING ERRCODE = 'TP409', COLUMN = 'token_hash';
-    END IF;
-    RETURN jsonb_build_object('token_id', t.id, 'job_id', t.job_id, 'attempt', t.attempt,
-                              'member_rank', t.member_rank, 'expires_at', t.expires_at);
-END;
 $$;
 
 -- placement_fleets: fleets of a backend with at least one queued job (what a scheduler pass visits).
@@ -914,6 +1181,15 @@ LANGUAGE sql STABLE AS $$
      GROUP BY j.fleet_id
      ORDER BY j.fleet_id;
 $$;
+
+CREATE OR REPLACE VIEW tuneplane.v_uncertain AS
+SELECT m.job_id, a.number AS attempt, m.id AS member_id, m.rank, n.name AS node, m.state, m.reason,
+       n.last_heartbeat_at, tuneplane.node_connectivity(n.last_heartbeat_at) AS connectivity,
+       m.gpu_indices, m.updated_at, m.contact_lost_at
+  FROM tuneplane.members m
+  JOIN tuneplane.attempts a ON a.id = m.attempt_id
+  JOIN tuneplane.nodes n ON n.id = m.node_id
+ WHERE m.contact_lost_at IS NOT NULL AND m.released_at IS NULL;
 
 -- v_launches: live attempts with their worker lease, capsule and decision (operators).
 CREATE OR REPLACE VIEW tuneplane.v_launches AS
@@ -980,260 +1256,5 @@ BEGIN
                q.waiting, q.state_reason
           FROM queue q
          WHERE q.job_id = p_job_id;
-END;
-$$;
-
--- guard_state_transition: BEFORE UPDATE OF state on jobs, attempts and members. Refuses a change that is
--- not a row of state_transitions, or that no function allowed to make it is making (the functions on the
--- call stack are read from PG_CONTEXT), naming the function that tried. An operator repairing data by hand
--- sets `SET LOCAL tuneplane.operator_repair = 'why'` (docs/runbook.md) and is let through.
-CREATE OR REPLACE FUNCTION tuneplane.guard_state_transition() RETURNS trigger
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_entity  text := CASE TG_TABLE_NAME WHEN 'jobs' THEN 'job' WHEN 'attempts' THEN 'attempt' ELSE 'member' END;
-    v_stack   text;
-    v_callers text[];
-    v_writers text[];
-BEGIN
-    IF OLD.state = NEW.state OR coalesce(current_setting('tuneplane.operator_repair', true), '') <> '' THEN
-        RETURN NEW;
-    END IF;
-    GET DIAGNOSTICS v_stack = PG_CONTEXT;
-    SELECT writers INTO v_writers FROM tuneplane.state_transitions
-     WHERE entity = v_entity AND from_state = OLD.state AND to_state = NEW.state;
-    -- The common case (a listed transition made by a listed writer) is decided by plain substring
-    -- searches of the call stack: this trigger runs on every state change, placement's included.
-    IF v_writers IS NOT NULL AND EXISTS (
-            SELECT 1 FROM unnest(v_writers) w
-             WHERE strpos(v_stack, ' ' || w || '(') > 0 OR strpos(v_stack, '.' || w || '(') > 0
-                OR strpos(v_stack, '"' || w || '"') > 0) THEN
-        RETURN NEW;
-    END IF;
-    SELECT coalesce(array_agg(coalesce(x[1], x[2]) ORDER BY ord DESC), '{}') INTO v_callers
-      FROM regexp_matches(v_stack, 'function (?:tuneplane\.)?(\w+)\(|SQL function "(\w+)"', 'g')
-           WITH ORDINALITY AS r(x, ord)
-     WHERE coalesce(x[1], x[2]) <> 'guard_state_transition';
-    IF v_writers IS NULL THEN
-        RAISE EXCEPTION '% %: % → % is not a transition of the % lifecycle (attempted by %)', v_entity, OLD.id,
-            OLD.state, NEW.state, v_entity, coalesce(v_callers[1], 'a direct UPDATE')
-            USING ERRCODE = 'TP409', COLUMN = 'state';
-    END IF;
-    RAISE EXCEPTION '% %: % → % may be made only by % (attempted by %)', v_entity, OLD.id, OLD.state,
-        NEW.state, array_to_string(v_writers, ', '), coalesce(v_callers[1], 'a direct UPDATE')
-        USING ERRCODE = 'TP409', COLUMN = 'state';
-    RETURN NEW;
-END;
-$$;
-
-CREATE OR REPLACE TRIGGER jobs_state_transition
-    BEFORE UPDATE OF state ON tuneplane.jobs
-    FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
-
-CREATE OR REPLACE TRIGGER attempts_state_transition
-    BEFORE UPDATE OF state ON tuneplane.attempts
-    FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
-
-CREATE OR REPLACE TRIGGER members_state_transition
-    BEFORE UPDATE OF state ON tuneplane.members
-    FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
-
--- node_takes_commands: whether a node has an outbox someone reads: a node of a `node`-backend fleet (its
--- agent) that is not retired. Slurm nodes are driven by their backend's worker (scancel), not commands.
-CREATE OR REPLACE FUNCTION tuneplane.node_takes_commands(p_node_id bigint)
-RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT n.scheduling_state <> 'retired' AND f.backend = 'node'
-      FROM tuneplane.nodes n JOIN tuneplane.fleets f ON f.id = n.fleet_id
-     WHERE n.id = p_node_id;
-$$;
-
--- set_attempt_state: the one writer of attempts.state.
-CREATE OR REPLACE FUNCTION tuneplane.set_attempt_state(p_attempt_id bigint, p_state text, p_reason text)
-RETURNS void
-LANGUAGE sql AS $$
-    UPDATE tuneplane.attempts
-       SET state = p_state, reason = coalesce(p_reason, reason),
-           ended_at = CASE WHEN p_state IN ('succeeded', 'failed', 'aborted', 'cancelled')
-                           THEN clock_timestamp() ELSE ended_at END,
-           committed_at = CASE WHEN p_state = 'running' THEN coalesce(committed_at, clock_timestamp())
-                               ELSE committed_at END
-     WHERE id = p_attempt_id;
-$$;
-
--- lock_attempt: the lock order's first steps for one attempt: its job, then the attempt (FOR UPDATE).
--- Every function that changes an attempt or its members starts here (or holds the job lock already).
-CREATE OR REPLACE FUNCTION tuneplane.lock_attempt(p_attempt_id bigint)
-RETURNS tuneplane.attempts
-LANGUAGE plpgsql AS $$
-DECLARE
-    a tuneplane.attempts;
-BEGIN
-    PERFORM 1 FROM tuneplane.jobs WHERE id = (SELECT job_id FROM tuneplane.attempts WHERE id = p_attempt_id)
-        FOR UPDATE;
-    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id FOR UPDATE;
-    RETURN a;
-END;
-$$;
-
--- send_stop: STOP (SIGTERM, the stop grace, then SIGKILL on the node) for one member, unless one is still
--- waiting in its node's outbox. Records when, so expire_member_deadlines can escalate to KILL.
-CREATE OR REPLACE FUNCTION tuneplane.send_stop(p_member tuneplane.members, p_reason text)
-RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF NOT tuneplane.node_takes_commands(p_member.node_id)
-       OR EXISTS (SELECT 1 FROM tuneplane.node_commands c
-                   WHERE c.node_id = p_member.node_id AND c.kind = 'stop' AND c.acked_at IS NULL
-                     AND (c.payload ->> 'member_id')::bigint = p_member.id) THEN
-        RETURN;
-    END IF;
-    PERFORM tuneplane.enqueue_node_command(p_member.node_id, 'stop', jsonb_build_object(
-        'member_id', p_member.id, 'attempt_id', p_member.attempt_id, 'reason', p_reason,
-        'grace_seconds', extract(epoch FROM (SELECT stop_grace FROM tuneplane.launch_settings))));
-END;
-$$;
-
--- send_kill: KILL for members of one node (the node kills whatever runs for them and acknowledges; the
--- acknowledgement is the proof launch_command_acked acts on). Marks kill_requested_at. A member whose KILL
--- still waits in the outbox is not sent another.
-CREATE OR REPLACE FUNCTION tuneplane.send_kill(p_node_id bigint, p_member_ids bigint[], p_reason text)
-RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    SELECT coalesce(array_agg(DISTINCT u.mid ORDER BY u.mid), '{}') INTO p_member_ids
-      FROM unnest(p_member_ids) u(mid)
-     WHERE NOT EXISTS (SELECT 1 FROM tuneplane.node_commands c
-                        WHERE c.node_id = p_node_id AND c.kind = 'kill' AND c.acked_at IS NULL
-                          AND c.payload -> 'member_ids' @> to_jsonb(u.mid));
-    IF coalesce(cardinality(p_member_ids), 0) = 0
-       OR NOT tuneplane.node_takes_commands(p_node_id) THEN
-        RETURN;
-    END IF;
-    UPDATE tuneplane.members SET kill_requested_at = clock_timestamp()
-     WHERE id = ANY (p_member_ids) AND node_id = p_node_id;
-    PERFORM tuneplane.enqueue_node_command(p_node_id, 'kill',
-        jsonb_build_object('member_ids', to_jsonb(p_member_ids), 'reason', p_reason));
-END;
-$$;
-
--- lock_jobs_of_node: the lock order for functions that touch members of many jobs on one node (reconcile,
--- fence, retire): every job with a held member there, in id order, before any attempt or member.
-CREATE OR REPLACE FUNCTION tuneplane.lock_jobs_of_node(p_node_id bigint)
-RETURNS void
-LANGUAGE sql AS $$
-    SELECT 1 FROM tuneplane.jobs
-     WHERE id IN (SELECT job_id FROM tuneplane.members WHERE node_id = p_node_id AND released_at IS NULL)
-     ORDER BY id FOR UPDATE;
-$$;
-
--- lose_node_members: an operator declared a node dead (fence) or gone (retire). Every held member there
--- becomes `lost` and is released, and gets KILL in the node's outbox (delivered if the agent comes back);
--- the attempts they belonged to are aborted (before COMMIT) or stopped (after). Takes the placement lock
--- of the node's fleet first, so a placement pass never reserves on a node being fenced. Returns how many
--- members were lost.
-CREATE OR REPLACE FUNCTION tuneplane.lose_node_members(p_node_id bigint, p_why text)
-RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    m tuneplane.members;
-    v_lost bigint[] := '{}';
-    v_attempts bigint[] := '{}';
-    v_attempt bigint;
-BEGIN
-    PERFORM tuneplane.lock_jobs_of_node(p_node_id);
-    FOR m IN SELECT * FROM tuneplane.members WHERE node_id = p_node_id AND released_at IS NULL
-              ORDER BY id FOR UPDATE LOOP
-        IF tuneplane.member_is_live(m.state) THEN
-            PERFORM tuneplane.set_member_state(m.id, 'lost', p_why);
-        END IF;
-        PERFORM tuneplane.release_member(m.id);
-        v_lost := v_lost || m.id;
-        v_attempts := v_attempts || m.attempt_id;
-    END LOOP;
-    PERFORM tuneplane.send_kill(p_node_id, v_lost, p_why);
-    FOR v_attempt IN SELECT DISTINCT unnest(v_attempts) ORDER BY 1 LOOP
-        IF NOT tuneplane.decide_abort(v_attempt, p_why) THEN
-            PERFORM tuneplane.stop_attempt(v_attempt, p_why || '; stopping the other members');
-        END IF;
-        PERFORM tuneplane.finish_attempt_if_done(v_attempt);
-    END LOOP;
-    RETURN cardinality(v_lost);
-END;
-$$;
-
--- launch_command_acked: what an acknowledgement means for the lifecycle (called by ack_node_command once,
--- on the first ack of a command):
---   START with an error → the node did not start the member: failed, released, the attempt stopped;
---   STOP with an error  → escalate to KILL;
---   KILL without error  → every listed member the node killed or does not run has ended: it is recorded
---                         (failed, or cancelled when a cancel asked for its stop) and released.
-CREATE OR REPLACE FUNCTION tuneplane.launch_command_acked(p_cmd tuneplane.node_commands)
-RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-    m tuneplane.members;
-    v_id bigint;
-BEGIN
-    IF p_cmd.kind = 'start' AND p_cmd.error IS NOT NULL THEN
-        SELECT * INTO m FROM tuneplane.members
-         WHERE id = (p_cmd.payload ->> 'member_id')::bigint AND node_id = p_cmd.node_id;
-        IF m.id IS NOT NULL AND m.state = 'starting' AND m.started_at IS NULL THEN
-            PERFORM tuneplane.lock_attempt(m.attempt_id);
-            PERFORM tuneplane.record_member_exit(m, NULL, 'could not be started: ' || left(p_cmd.error, 500));
-        END IF;
-    ELSIF p_cmd.kind = 'stop' AND p_cmd.error IS NOT NULL THEN
-        SELECT * INTO m FROM tuneplane.members
-         WHERE id = (p_cmd.payload ->> 'member_id')::bigint AND node_id = p_cmd.node_id;
-        IF m.id IS NOT NULL AND m.released_at IS NULL THEN
-            PERFORM tuneplane.send_kill(p_cmd.node_id, ARRAY[m.id], 'STOP failed: ' || left(p_cmd.error, 500));
-        END IF;
-    ELSIF p_cmd.kind = 'kill' AND p_cmd.error IS NULL THEN
-        FOR v_id IN SELECT (e #>> '{}')::bigint FROM jsonb_array_elements(p_cmd.payload -> 'member_ids') e
-                     ORDER BY 1 LOOP
-            SELECT * INTO m FROM tuneplane.members WHERE id = v_id AND node_id = p_cmd.node_id;
-            CONTINUE WHEN m.id IS NULL OR m.released_at IS NOT NULL;
-            PERFORM tuneplane.lock_attempt(m.attempt_id);
-            PERFORM tuneplane.record_member_exit(m, -9,
-                'killed by the control plane: ' || coalesce(p_cmd.payload ->> 'reason', ''));
-        END LOOP;
-    END IF;
-END;
-$$;
-
--- expire_member_deadlines: bounds `starting` and `stopping`. A member whose START was delivered to the
--- node's current, reconciled session more than start_timeout ago and never reported started, or that is
--- still stopping stop_grace + stop_timeout after its STOP was delivered, gets KILL (once). Its resources
--- stay held until the node acknowledges the KILL (launch_command_acked) or an operator fences it. Returns
--- how many got KILL.
-CREATE OR REPLACE FUNCTION tuneplane.expire_member_deadlines()
-RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    s tuneplane.launch_settings;
-    r record;
-    v_count integer := 0;
-BEGIN
-    SELECT * INTO s FROM tuneplane.launch_settings;
-    FOR r IN SELECT mm.id, mm.node_id, mm.job_id, mm.state, c.delivered_at
-               FROM tuneplane.members mm
-               JOIN tuneplane.nodes n ON n.id = mm.node_id
-               JOIN LATERAL (SELECT max(c.delivered_at) AS delivered_at FROM tuneplane.node_commands c
-                              WHERE c.node_id = mm.node_id AND c.kind = CASE mm.state WHEN 'starting' THEN 'start'
-                                                                                       ELSE 'stop' END
-                                AND (c.payload ->> 'member_id')::bigint = mm.id) c ON true
-              WHERE mm.released_at IS NULL AND mm.state IN ('starting', 'stopping')
-                AND mm.kill_requested_at IS NULL AND n.fenced_at IS NULL
-                AND n.session_reconciled_epoch = n.session_epoch AND n.session_closed_at IS NULL
-                AND c.delivered_at < now() - CASE mm.state WHEN 'starting' THEN s.start_timeout
-                                                          ELSE s.stop_grace + s.stop_timeout END
-              ORDER BY mm.job_id, mm.id LOOP
-        PERFORM 1 FROM tuneplane.jobs WHERE id = r.job_id FOR UPDATE SKIP LOCKED;
-        CONTINUE WHEN NOT FOUND;
-        PERFORM tuneplane.send_kill(r.node_id, ARRAY[r.id],
-            CASE r.state WHEN 'starting' THEN format('not started within %s of START', s.start_timeout)
-                         ELSE format('still stopping %s after STOP', s.stop_grace + s.stop_timeout) END);
-        v_count := v_count + 1;
-    END LOOP;
-    RETURN v_count;
 END;
 $$;
