@@ -134,17 +134,29 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _worker_index() -> tuple[int, int]:
+    """(this pytest-xdist worker's index, how many workers run); (0, 1) without xdist."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return (int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0), max(count, 1)
+
+
 def free_port(span: int = 1) -> int:
     """A port (the first of `span` consecutive ports) free now and below the kernel's ephemeral range.
 
     Not port 0's choice: that lies inside the ephemeral range, where any outgoing connection of the test
     (an agent reconnecting while its gateway restarts on the same port, an HTTP client) may take it
-    meanwhile; a member's prepare then failed with "cannot bind MASTER_PORT" in CI.
+    meanwhile; a member's prepare then failed with "cannot bind MASTER_PORT" in CI. Under pytest-xdist
+    each worker draws from its own slice of the range, so two workers never pick the same free port
+    between one's check and its server's bind.
     """
     low = min(_ephemeral_low(), 65000)
+    index, count = _worker_index()
+    width = (max(12001, low - span) - 12000) // count
+    first = 12000 + index * width
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(12000, max(12001, low - span))
+        base = rng.randrange(first, max(first + 1, first + width - span))
         try:
             for offset in range(span):
                 with socket.socket() as s:
@@ -198,3 +210,18 @@ def registry(tmp_path_factory: pytest.TempPathFactory):
         yield started
     finally:
         started.stop()
+
+
+# Session fixtures that stand for one shared thing on this machine run on one xdist worker only: the Slurm
+# test cluster (slurmctld, slurmd nodes, munge) and the image registry with podman's storage. Every test
+# that uses one is put in that fixture's group (`--dist loadgroup` in .ci/run), found by its fixtures, so
+# a new test cannot forget it; the rest spread over the workers.
+_ONE_WORKER_FIXTURES = {"slurm_cluster": "slurm", "registry": "containers"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture, group in _ONE_WORKER_FIXTURES.items():
+            if fixture in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
