@@ -84,7 +84,10 @@ def _load_schema(host: str, port: int, user: str, dbname: str, password: str | N
     )
 
 
-_postgresql_noproc = factories.postgresql_noproc(dbname="tuneplane_test", load=[_load_schema])
+# One template per xdist worker: with TUNEPLANE_TEST_DATABASE_URL the workers share one server.
+_postgresql_noproc = factories.postgresql_noproc(
+    dbname=f"tuneplane_test_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}", load=[_load_schema]
+)
 
 
 @pytest.fixture(scope="session")
