@@ -55,7 +55,7 @@ DROP FUNCTION IF EXISTS tuneplane.job_members_of(bigint, bigint);
 --   4. jobs, by id (lock_attempt, lock_jobs_of_node; sweeps take them SKIP LOCKED)
 --   5. attempts, by id (lock_attempt)
 --   6. members, by id
---   7. leaf rows: node_usage, gpu_allocations, node_commands, launch_decisions, events
+--   7. leaf rows: node_usage, gpu_allocations, node_commands, launch_decisions, events, usage_ledger
 -- A function that touches members of one attempt starts with lock_attempt (job, then attempt); one that
 -- touches members of many jobs on a node starts with lock_jobs_of_node. Taking a lock already held is free,
 -- so inner helpers repeat lock_attempt safely.

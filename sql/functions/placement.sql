@@ -143,6 +143,7 @@ DECLARE
     v_tries     integer;
     v_reason    text;
     v_short     integer;
+    v_reserved_at timestamptz;
     -- This pass's placements (index i), written set-based after the walk.
     p_job       bigint[] := '{}';
     p_number    integer[] := '{}';
@@ -309,6 +310,9 @@ BEGIN
     SELECT array_agg(added.id ORDER BY p.i) INTO v_attempts
       FROM added JOIN unnest(p_job) WITH ORDINALITY AS p (job_id, i) ON p.job_id = added.job_id;
 
+    -- The reservation instant of every member of this pass, taken after every lock the pass waited for: its
+    -- GPU allocations and usage ledger rows (usage.sql) start at it.
+    v_reserved_at := clock_timestamp();
     -- Members in rank order, each with the lowest free GPU indices of its node: members of this pass on
     -- one node take consecutive slices of that node's free indices, in placement order.
     WITH m AS (
@@ -338,13 +342,15 @@ BEGIN
          ORDER BY picks.i
         RETURNING id, node_id, gpu_indices
     ), allocated AS (
-        INSERT INTO tuneplane.gpu_allocations (member_id, node_id, gpu_index)
-        SELECT added.id, added.node_id, unnest(added.gpu_indices) FROM added
+        INSERT INTO tuneplane.gpu_allocations (member_id, node_id, gpu_index, allocated_at)
+        SELECT added.id, added.node_id, unnest(added.gpu_indices), v_reserved_at FROM added
     )
     SELECT short.n INTO v_short FROM short;  -- the INSERTs above run to completion either way
     IF v_short > 0 THEN
         RAISE EXCEPTION 'a node has fewer free GPUs than its usage row says' USING ERRCODE = 'TP500';
     END IF;
+    -- The usage ledger opens in the transaction that reserved the members (usage.sql).
+    PERFORM tuneplane.open_usage(v_attempts, v_reserved_at);
 
     -- The one writer of job state (each change is a job_events row with its detail).
     PERFORM tuneplane.set_job_state(r.job_id, 'reserved', r.reason, r.detail)
@@ -401,9 +407,11 @@ BEGIN
     IF m.id IS NULL THEN
         RETURN false;
     END IF;
-    UPDATE tuneplane.gpu_allocations SET released_at = clock_timestamp()
+    -- One instant for the member and its GPUs (the usage ledger closes at the same one).
+    UPDATE tuneplane.gpu_allocations SET released_at = m.released_at
      WHERE member_id = m.id AND released_at IS NULL;
     GET DIAGNOSTICS v_gpus = ROW_COUNT;
+    PERFORM tuneplane.close_usage(m);
     UPDATE tuneplane.node_usage
        SET used_gpus = used_gpus - v_gpus, used_cpus = used_cpus - m.cpus, used_memory = used_memory - m.memory_bytes
      WHERE node_id = m.node_id;

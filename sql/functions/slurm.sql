@@ -215,6 +215,8 @@ BEGIN
         SELECT a.id, a.job_id, (x.ord - 1)::integer, x.node_id, j.cpus_per_node, j.memory_per_node, 'preparing',
                'preparing inside the Slurm allocation'
           FROM unnest(v_ids) WITH ORDINALITY x(node_id, ord);
+        -- The usage ledger opens in the transaction that saw the allocation start (usage.sql).
+        PERFORM tuneplane.open_usage(ARRAY[a.id], clock_timestamp());
         UPDATE tuneplane.node_usage u
            SET used_cpus = used_cpus + j.cpus_per_node, used_memory = used_memory + j.memory_per_node
          WHERE u.node_id = ANY (v_ids);
