@@ -55,7 +55,10 @@ def make_job(
     memory_per_node: int = 0,
     priority: int = 0,
     max_attempts: int = 1,
+    team_id: int | None = None,
+    preemptible: bool = False,
 ) -> int:
+    """A queued job; team_id None: the owner's default team (the jobs_default_team trigger)."""
     resolved = {"nonce": str(uuid.uuid4()), "nodes": nodes, "gpus_per_node": gpus_per_node}
     canonical = json.dumps(resolved, sort_keys=True, separators=(",", ":"))
     with db.transaction() as conn:
@@ -72,8 +75,8 @@ def make_job(
         ).fetchone()["id"]
         return conn.execute(
             """INSERT INTO jobs (owner_id, preview_id, fleet_id, state_reason, priority, nodes, gpus_per_node,
-                                 cpus_per_node, memory_per_node, max_attempts, spec)
-               VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+                                 cpus_per_node, memory_per_node, max_attempts, spec, team_id, preemptible)
+               VALUES (%s, %s, %s, 'queued', %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
             (
                 owner_id,
                 preview,
@@ -85,6 +88,8 @@ def make_job(
                 memory_per_node,
                 max_attempts,
                 json.dumps(resolved),
+                team_id,
+                preemptible,
             ),
         ).fetchone()["id"]
 
@@ -148,3 +153,23 @@ def agent_returns(db: Database, node_id: int, running: list[int] | None = None) 
     for command in db.call("claim_node_commands", node_id, epoch, 1000):
         db.call("ack_node_command", node_id, epoch, command["id"], json.dumps({"done": True}), None)
     return epoch
+
+
+def make_team(db: Database, admin_id: int, name: str) -> int:
+    return db.call("create_team", admin_id, name)[0]["id"]
+
+
+def set_quota(
+    db: Database,
+    admin_id: int,
+    team_id: int,
+    fleet_id: int,
+    guaranteed: int = 0,
+    limit: int | None = None,
+    weight: float = 1.0,
+    overcommit: bool = False,
+    gpu_model: str = "",
+) -> dict:
+    return db.call(
+        "set_team_quota", admin_id, team_id, fleet_id, gpu_model, guaranteed, limit, weight, overcommit
+    )[0]

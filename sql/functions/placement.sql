@@ -94,6 +94,163 @@ BEGIN
 END;
 $$;
 
+-- ---------------------------------------------------------------------------------------------------
+-- Admission by team quotas (docs/teams.md, ADR 0170). A fleet with no row in team_quotas is unmanaged:
+-- every job is admitted in plain queue order (priority, then age), as before teams. Once a fleet has a
+-- quota, reserve_next admits in this order: jobs within their team's guarantee (priority, then age), then
+-- jobs that borrow idle GPUs above it, ordered by weighted fair share — never past limit_gpus, and (until
+-- preemption can take borrowed GPUs back) only preemptible jobs borrow. The helpers below hold every rule;
+-- reserve_next calls them.
+
+-- fleet_has_quotas: whether admission on this fleet goes by team quotas.
+CREATE OR REPLACE FUNCTION tuneplane.fleet_has_quotas(p_fleet_id bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM tuneplane.team_quotas q WHERE q.fleet_id = p_fleet_id);
+$$;
+
+-- decayed_gpus: a team's decayed average of GPUs held, brought from p_at to now while it held p_gpus:
+-- avg(now) = avg(at)·d + gpus·(1 − d), d = 2^(−elapsed/half-life); stored as GPU-seconds (avg × H / ln 2,
+-- the integral of the exponentially decayed allocation).
+CREATE OR REPLACE FUNCTION tuneplane.decayed_gpus(p_secs double precision, p_at timestamptz, p_gpus integer,
+                                                  p_half_life interval)
+RETURNS double precision
+LANGUAGE sql STABLE AS $$
+    WITH k AS (SELECT extract(epoch FROM p_half_life) AS h,
+                      power(2::double precision, -greatest(extract(epoch FROM now() - p_at), 0)
+                                                  / extract(epoch FROM p_half_life)) AS d)
+    SELECT (p_secs * ln(2) / k.h) * k.d + p_gpus * (1 - k.d) FROM k;
+$$;
+
+-- fleet_team_shares: every team with a quota on the fleet, GPUs held in it or a job queued in it, with its
+-- fleet-wide quota (gpu_model ''; no row: guarantee 0, no limit, weight 1) and GPUs held now (members not
+-- yet released). share_gpus is what fair share compares (÷ weight): the GPUs held now or, when the fleet
+-- has a usage_half_life, the team's decayed average of GPUs held (team_fleet_usage brought up to now).
+-- Read by reserve_next under the fleet's placement lock, and by the reasons and the team pages.
+CREATE OR REPLACE FUNCTION tuneplane.fleet_team_shares(p_fleet_id bigint)
+RETURNS TABLE (team_id bigint, team text, used_gpus integer, guaranteed_gpus integer, limit_gpus integer,
+               weight double precision, share_gpus double precision)
+LANGUAGE sql STABLE AS $$
+    WITH held AS (
+        SELECT j.team_id, sum(cardinality(m.gpu_indices))::integer AS gpus
+          FROM tuneplane.nodes n
+          JOIN tuneplane.members m ON m.node_id = n.id AND m.released_at IS NULL
+          JOIN tuneplane.jobs j ON j.id = m.job_id
+         WHERE n.fleet_id = p_fleet_id
+         GROUP BY j.team_id
+    ), teams AS (
+        SELECT q.team_id FROM tuneplane.team_quotas q WHERE q.fleet_id = p_fleet_id AND q.gpu_model = ''
+        UNION SELECT h.team_id FROM held h
+        UNION SELECT DISTINCT j.team_id FROM tuneplane.jobs j WHERE j.fleet_id = p_fleet_id AND j.state = 'queued'
+    )
+    SELECT t.team_id, tm.name, coalesce(h.gpus, 0), coalesce(q.guaranteed_gpus, 0), q.limit_gpus,
+           coalesce(q.weight, 1),
+           CASE WHEN f.usage_half_life IS NULL OR u.team_id IS NULL THEN coalesce(h.gpus, 0)::double precision
+                ELSE tuneplane.decayed_gpus(u.decayed_gpu_secs, u.decayed_at, coalesce(h.gpus, 0), f.usage_half_life)
+           END
+      FROM teams t
+      JOIN tuneplane.teams tm ON tm.id = t.team_id
+      JOIN tuneplane.fleets f ON f.id = p_fleet_id
+      LEFT JOIN held h ON h.team_id = t.team_id
+      LEFT JOIN tuneplane.team_quotas q ON q.team_id = t.team_id AND q.fleet_id = p_fleet_id AND q.gpu_model = ''
+      LEFT JOIN tuneplane.team_fleet_usage u ON u.team_id = t.team_id AND u.fleet_id = p_fleet_id;
+$$;
+
+-- record_team_usage: brings team_fleet_usage of the fleet's teams up to now (a fleet with a half-life
+-- only). Called by reserve_next under the fleet's placement lock, before it admits, so each team's decayed
+-- usage is integrated over the GPUs it held since the last pass.
+CREATE OR REPLACE FUNCTION tuneplane.record_team_usage(p_fleet_id bigint)
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO tuneplane.team_fleet_usage AS u (fleet_id, team_id, decayed_gpu_secs, decayed_at)
+    SELECT p_fleet_id, s.team_id, s.share_gpus * extract(epoch FROM f.usage_half_life) / ln(2), now()
+      FROM tuneplane.fleet_team_shares(p_fleet_id) s
+      JOIN tuneplane.fleets f ON f.id = p_fleet_id AND f.usage_half_life IS NOT NULL
+    ON CONFLICT (fleet_id, team_id) DO UPDATE
+       SET decayed_gpu_secs = EXCLUDED.decayed_gpu_secs, decayed_at = EXCLUDED.decayed_at;
+$$;
+
+-- admission_queue: the fleet's queued jobs in the order reserve_next considers them. Unmanaged fleet:
+-- priority, then age. With quotas: first the jobs within their team's guarantee (the team's GPUs held plus
+-- its queued jobs ahead of this one plus this one fit its guaranteed_gpus), by priority then age; then
+-- every other job by weighted fair share as it would stand when the job is admitted — (the team's share
+-- GPUs + its queued jobs' GPUs ahead of it) ÷ weight, lowest first (virtual-time fair queuing: a team with
+-- weight 3 gets three jobs' turns for one of a weight-1 team), then priority and age.
+CREATE OR REPLACE FUNCTION tuneplane.admission_queue(p_fleet_id bigint)
+RETURNS TABLE (job_id bigint, ord bigint)
+LANGUAGE sql STABLE AS $$
+    WITH q AS (
+        SELECT j.id, j.priority, j.created_at, j.team_id, j.nodes * j.gpus_per_node AS gpus,
+               sum(j.nodes * j.gpus_per_node) OVER (PARTITION BY j.team_id
+                                                    ORDER BY j.priority DESC, j.created_at, j.id)
+               - j.nodes * j.gpus_per_node AS ahead
+          FROM tuneplane.jobs j
+         WHERE j.fleet_id = p_fleet_id AND j.state = 'queued'
+    ), s AS (
+        SELECT * FROM tuneplane.fleet_team_shares(p_fleet_id) WHERE tuneplane.fleet_has_quotas(p_fleet_id)
+    )
+    SELECT q.id, row_number() OVER (ORDER BY
+               CASE WHEN s.team_id IS NULL OR q.gpus = 0
+                      OR s.used_gpus + q.ahead + q.gpus <= s.guaranteed_gpus THEN 0 ELSE 1 END,
+               CASE WHEN s.team_id IS NOT NULL AND q.gpus > 0
+                     AND s.used_gpus + q.ahead + q.gpus > s.guaranteed_gpus
+                    THEN (s.share_gpus + q.ahead) / s.weight END NULLS FIRST,
+               q.priority DESC, q.created_at, q.id)
+      FROM q LEFT JOIN s ON s.team_id = q.team_id;
+$$;
+
+-- team_standing: a team's numbers on a fleet, the words every quota reason uses.
+CREATE OR REPLACE FUNCTION tuneplane.team_standing(p_team text, p_fleet text, p_used integer, p_guaranteed integer,
+                                                   p_limit integer, p_weight double precision)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('team %s uses %s of its %s guaranteed GPU%s on fleet %s (limit %s, weight %s)',
+                  p_team, p_used, p_guaranteed, CASE WHEN p_guaranteed = 1 THEN '' ELSE 's' END, p_fleet,
+                  coalesce(p_limit::text, 'none'), p_weight);
+$$;
+
+-- admission_verdict: may this job be admitted now, given its team's numbers in this pass (GPUs held now,
+-- including what this pass placed), the fleet's free GPUs on schedulable nodes and the GPUs held back for
+-- teams whose within-guarantee jobs wait? borrowing: NULL = not now (reason says why, in numbers),
+-- false = within the guarantee, true = borrowing idle GPUs above it.
+--   * never past limit_gpus;
+--   * above the guarantee only a preemptible job (until preemption can take borrowed GPUs back);
+--   * a borrower never takes the GPUs a waiting within-guarantee job of another team is owed.
+CREATE OR REPLACE FUNCTION tuneplane.admission_verdict(p_job tuneplane.jobs, p_team text, p_fleet text,
+                                                       p_used integer, p_guaranteed integer, p_limit integer,
+                                                       p_weight double precision, p_free integer, p_held integer,
+                                                       OUT borrowing boolean, OUT reason text)
+LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    v_gpus integer := p_job.nodes * p_job.gpus_per_node;
+BEGIN
+    IF v_gpus = 0 OR p_used + v_gpus <= p_guaranteed THEN
+        borrowing := false;
+        RETURN;
+    END IF;
+    IF p_limit IS NOT NULL AND p_used + v_gpus > p_limit THEN
+        reason := format('team %s is at its limit of %s GPU%s on fleet %s (%s in use); this job asks %s',
+                         p_team, p_limit, CASE WHEN p_limit = 1 THEN '' ELSE 's' END, p_fleet, p_used, v_gpus);
+        RETURN;
+    END IF;
+    IF NOT p_job.preemptible THEN
+        reason := format('team %s uses %s of its %s guaranteed GPU%s on fleet %s; this job asks %s; '
+                         'it can borrow idle GPUs if it is preemptible',
+                         p_team, p_used, p_guaranteed, CASE WHEN p_guaranteed = 1 THEN '' ELSE 's' END, p_fleet,
+                         v_gpus);
+        RETURN;
+    END IF;
+    IF p_free - v_gpus < p_held THEN
+        reason := format('waiting for idle GPUs to borrow: %s; this job asks %s; %s of the fleet''s free GPUs '
+                         'are held for teams waiting within their guarantee',
+                         tuneplane.team_standing(p_team, p_fleet, p_used, p_guaranteed, p_limit, p_weight),
+                         v_gpus, least(p_held, p_free));
+        RETURN;
+    END IF;
+    borrowing := true;
+END;
+$$;
+
 -- reserve_next: one placement pass over a fleet's queue; returns the attempts it created.
 -- Serialized per fleet by a transaction-level advisory lock. Walks EVERY queued job of the fleet in queue
 -- order (no count cap: a job that fits behind thousands that do not is placed); p_max_jobs bounds how many
@@ -117,6 +274,10 @@ $$;
 --     the pgqueuer jobs (its NOTIFY trigger is per statement); per placement only the candidate search, the
 --     job lock, the port probe and the node_usage update (later searches must see it) run in the loop.
 --     Job state and reasons go through set_job_state, which writes (and makes an event) only on change.
+--   * Admission (team quotas): the walk follows admission_queue's order; on a fleet with quotas each job
+--     first gets admission_verdict (limit, guarantee, preemptible borrowing, GPUs owed to waiting
+--     within-guarantee jobs) with its team's numbers as this pass moves them; a job refused there claims
+--     nothing and its reason says the numbers. attempts.borrowing records an admission above the guarantee.
 -- Reasons of jobs it cannot place are stable words (needs, head or behind which job), never the figures of
 -- the moment, so a pass rewrites a reason only when the job's situation changes; the "best fit now" figures
 -- are computed when read (placement_fit_now).
@@ -161,18 +322,56 @@ DECLARE
     m_cpus      integer[] := '{}';
     m_memory    bigint[] := '{}';
     v_attempts  bigint[];
+    -- Team quotas (admission_queue, admission_verdict): each team's numbers in this pass, by slot.
+    v_managed   boolean;
+    v_fleet     text;
+    t_team      bigint[];
+    t_name      text[];
+    t_used      integer[];
+    t_guar      integer[];
+    t_limit     integer[];
+    t_weight    double precision[];
+    t_waiting   boolean[];
+    v_t         integer;
+    v_free      integer;
+    v_held      integer := 0;
+    v_borrow    boolean := false;
+    p_borrow    boolean[] := '{}';
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
     SELECT * INTO v_settings FROM tuneplane.launch_settings;
     -- Connected = heartbeat younger than stale_after (the same rule as node_connectivity()).
     SELECT now() - s.stale_after INTO v_fresh FROM tuneplane.node_settings s;
+    v_managed := tuneplane.fleet_has_quotas(p_fleet_id);
+    IF v_managed THEN
+        PERFORM tuneplane.record_team_usage(p_fleet_id);
+        SELECT f.name INTO v_fleet FROM tuneplane.fleets f WHERE f.id = p_fleet_id;
+        SELECT array_agg(s.team_id), array_agg(s.team), array_agg(s.used_gpus), array_agg(s.guaranteed_gpus),
+               array_agg(s.limit_gpus), array_agg(s.weight), array_agg(false)
+          INTO t_team, t_name, t_used, t_guar, t_limit, t_weight, t_waiting
+          FROM tuneplane.fleet_team_shares(p_fleet_id) s;
+        SELECT coalesce(sum(c.free_gpus), 0) INTO v_free FROM tuneplane.fleet_free_capacity(p_fleet_id) c;
+    END IF;
 
     FOR v_job IN
-        SELECT * FROM tuneplane.jobs j
-         WHERE j.fleet_id = p_fleet_id AND j.state = 'queued'
-         ORDER BY j.priority DESC, j.created_at, j.id
+        SELECT j.* FROM tuneplane.admission_queue(p_fleet_id) q
+          JOIN tuneplane.jobs j ON j.id = q.job_id
+         ORDER BY q.ord
     LOOP
         EXIT WHEN p_max_jobs IS NOT NULL AND cardinality(p_job) >= p_max_jobs;
+        IF v_managed THEN
+            v_t := array_position(t_team, v_job.team_id);
+            SELECT v.borrowing, v.reason INTO v_borrow, v_reason
+              FROM tuneplane.admission_verdict(v_job, t_name[v_t], v_fleet, t_used[v_t], t_guar[v_t], t_limit[v_t],
+                                               t_weight[v_t], v_free, v_held) v;
+            IF v_borrow IS NULL THEN
+                -- Not admitted now (quota); it claims nothing and stays queued with its numbers.
+                IF v_job.state_reason IS DISTINCT FROM v_reason THEN
+                    PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
+                END IF;
+                CONTINUE;
+            END IF;
+        END IF;
         v_shape := format('%s/%s/%s/%s', v_job.nodes, v_job.gpus_per_node, v_job.cpus_per_node,
                           v_job.memory_per_node);
         v_nodes := '{}';
@@ -241,6 +440,11 @@ BEGIN
                    used_cpus = used_cpus + v_job.cpus_per_node,
                    used_memory = used_memory + v_job.memory_per_node
              WHERE node_id = ANY (v_nodes);
+            IF v_managed THEN
+                t_used[v_t] := t_used[v_t] + v_job.nodes * v_job.gpus_per_node;
+                v_free := v_free - v_job.nodes * v_job.gpus_per_node;
+            END IF;
+            p_borrow := p_borrow || v_borrow;
             p_job := p_job || v_job.id;
             p_number := p_number || v_number;
             p_addr := p_addr || v_addr;
@@ -264,6 +468,11 @@ BEGIN
 
         v_failed := v_failed || v_shape;
         v_reason := format('waiting for resources: needs %s', tuneplane.describe_request(v_job));
+        IF v_managed AND NOT v_borrow AND NOT t_waiting[v_t] THEN
+            -- A within-guarantee job waits: what its team is still owed is held back from borrowers.
+            t_waiting[v_t] := true;
+            v_held := v_held + greatest(t_guar[v_t] - t_used[v_t], 0);
+        END IF;
         IF v_head_id IS NULL THEN
             v_head_id := v_job.id;
             v_head := v_job;
@@ -290,6 +499,11 @@ BEGIN
         ELSE
             v_reason := v_reason || format('; behind job %s at the head of the queue', v_head_id);
         END IF;
+        IF v_managed THEN
+            v_reason := v_reason || CASE WHEN v_borrow THEN '; to borrow idle GPUs: ' ELSE '; within its guarantee: ' END
+                        || tuneplane.team_standing(t_name[v_t], v_fleet, t_used[v_t], t_guar[v_t], t_limit[v_t],
+                                                   t_weight[v_t]);
+        END IF;
         -- Only a changed reason is written (the cursor's row is the job as this pass found it).
         IF v_job.state_reason IS DISTINCT FROM v_reason THEN
             PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
@@ -301,9 +515,10 @@ BEGIN
     END IF;
 
     WITH added AS (
-        INSERT INTO tuneplane.attempts (job_id, number, fleet_id, reason, master_addr, master_port)
-        SELECT p.job_id, p.number, p_fleet_id, 'reserved', p.addr, p.port
-          FROM unnest(p_job, p_number, p_addr, p_port) WITH ORDINALITY AS p (job_id, number, addr, port, i)
+        INSERT INTO tuneplane.attempts (job_id, number, fleet_id, reason, master_addr, master_port, borrowing)
+        SELECT p.job_id, p.number, p_fleet_id, 'reserved', p.addr, p.port, p.borrowing
+          FROM unnest(p_job, p_number, p_addr, p_port, p_borrow)
+               WITH ORDINALITY AS p (job_id, number, addr, port, borrowing, i)
          ORDER BY p.i
         RETURNING id, attempts.job_id
     )

@@ -52,3 +52,188 @@ $$;
 
 CREATE OR REPLACE TRIGGER jobs_default_team BEFORE INSERT ON tuneplane.jobs
     FOR EACH ROW EXECUTE FUNCTION tuneplane.jobs_default_team();
+
+-- team_role: the actor's role in a team (admin, member, viewer), or NULL; a disabled user has none.
+CREATE OR REPLACE FUNCTION tuneplane.team_role(p_user_id bigint, p_team_id bigint)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT tm.role FROM tuneplane.team_members tm JOIN tuneplane.users u ON u.id = tm.user_id
+     WHERE tm.user_id = p_user_id AND tm.team_id = p_team_id AND u.disabled_at IS NULL;
+$$;
+
+-- require_installation_admin: the actor, if an active installation admin; 403 otherwise.
+CREATE OR REPLACE FUNCTION tuneplane.require_installation_admin(p_actor_id bigint)
+RETURNS tuneplane.users
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    actor tuneplane.users;
+BEGIN
+    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
+    IF actor.id IS NULL THEN
+        RAISE EXCEPTION 'no such active user' USING ERRCODE = 'TP401', COLUMN = 'user';
+    END IF;
+    IF actor.role <> 'admin' THEN
+        RAISE EXCEPTION 'only an installation admin may do this' USING ERRCODE = 'TP403', COLUMN = 'user';
+    END IF;
+    RETURN actor;
+END;
+$$;
+
+-- team_by_name: the team named p_name; 404 naming the field otherwise.
+CREATE OR REPLACE FUNCTION tuneplane.team_by_name(p_name text, p_field text DEFAULT 'team')
+RETURNS tuneplane.teams
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    result tuneplane.teams;
+BEGIN
+    SELECT * INTO result FROM tuneplane.teams WHERE name = p_name;
+    IF result.id IS NULL THEN
+        RAISE EXCEPTION 'no team named %', left(p_name, 100) USING ERRCODE = 'TP404', COLUMN = p_field;
+    END IF;
+    RETURN result;
+END;
+$$;
+
+-- create_team: any active user makes a shared team and becomes its admin. Refuses a malformed or taken
+-- name (400, 409). Locks nothing but the new rows.
+CREATE OR REPLACE FUNCTION tuneplane.create_team(p_actor_id bigint, p_name text)
+RETURNS tuneplane.teams
+LANGUAGE plpgsql AS $$
+DECLARE
+    actor  tuneplane.users;
+    result tuneplane.teams;
+BEGIN
+    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
+    IF actor.id IS NULL THEN
+        RAISE EXCEPTION 'no such active user' USING ERRCODE = 'TP401', COLUMN = 'user';
+    END IF;
+    IF p_name IS NULL OR p_name !~ '^[a-z0-9][a-z0-9_.-]{1,62}$' THEN
+        RAISE EXCEPTION 'team name must be 2-63 characters of a-z, 0-9, _ . - starting with a letter or digit'
+            USING ERRCODE = 'TP400', COLUMN = 'name';
+    END IF;
+    INSERT INTO tuneplane.teams (name, created_by) VALUES (p_name, actor.id)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING * INTO result;
+    IF result.id IS NULL THEN
+        RAISE EXCEPTION 'team % already exists', p_name USING ERRCODE = 'TP409', COLUMN = 'name';
+    END IF;
+    INSERT INTO tuneplane.team_members (team_id, user_id, role, added_by) VALUES (result.id, actor.id, 'admin', actor.id);
+    RETURN result;
+END;
+$$;
+
+-- set_team_member: a team admin (or an installation admin) adds a user to the team or changes their role
+-- (p_role NULL removes them). Refuses an unknown role (400), a non-admin actor (404 for a team the actor
+-- cannot see, 403 for a viewer or member), and leaving a team without an admin (409). Locks the team row
+-- FOR NO KEY UPDATE so two admins changing roles at once cannot both remove the last admin.
+CREATE OR REPLACE FUNCTION tuneplane.set_team_member(p_actor_id bigint, p_team_id bigint, p_user_id bigint,
+                                                     p_role text)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    actor  tuneplane.users;
+    v_role text;
+BEGIN
+    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
+    v_role := tuneplane.team_role(p_actor_id, p_team_id);
+    IF actor.id IS NULL OR (v_role IS NULL AND actor.role <> 'admin') THEN
+        RAISE EXCEPTION 'no team % of yours', p_team_id USING ERRCODE = 'TP404', COLUMN = 'team';
+    END IF;
+    IF v_role IS DISTINCT FROM 'admin' AND actor.role <> 'admin' THEN
+        RAISE EXCEPTION 'only an admin of the team may change its members (you are %)', v_role
+            USING ERRCODE = 'TP403', COLUMN = 'team';
+    END IF;
+    IF p_role IS NOT NULL AND p_role NOT IN ('admin', 'member', 'viewer') THEN
+        RAISE EXCEPTION 'role must be admin, member or viewer' USING ERRCODE = 'TP400', COLUMN = 'role';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.users WHERE id = p_user_id) THEN
+        RAISE EXCEPTION 'no such user' USING ERRCODE = 'TP404', COLUMN = 'user';
+    END IF;
+    PERFORM 1 FROM tuneplane.teams WHERE id = p_team_id FOR NO KEY UPDATE;
+    IF p_role IS NULL THEN
+        DELETE FROM tuneplane.team_members WHERE team_id = p_team_id AND user_id = p_user_id;
+    ELSE
+        INSERT INTO tuneplane.team_members (team_id, user_id, role, added_by)
+        VALUES (p_team_id, p_user_id, p_role, actor.id)
+        ON CONFLICT (team_id, user_id) DO UPDATE SET role = EXCLUDED.role;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.team_members WHERE team_id = p_team_id AND role = 'admin') THEN
+        RAISE EXCEPTION 'a team keeps at least one admin' USING ERRCODE = 'TP409', COLUMN = 'role';
+    END IF;
+    RETURN p_role;
+END;
+$$;
+
+-- set_team_quota: an installation admin writes a team's quota on a fleet (GPU model '' = every model).
+-- Refuses (409, with the numbers) guarantees that would sum past the fleet's schedulable GPUs (of that
+-- model) unless p_overcommit, which is recorded and shown. p_guaranteed NULL deletes the quota. Locks the
+-- fleet row FOR NO KEY UPDATE (two writers cannot both pass the sum; job inserts' KEY SHARE still pass).
+CREATE OR REPLACE FUNCTION tuneplane.set_team_quota(p_actor_id bigint, p_team_id bigint, p_fleet_id bigint,
+                                                    p_gpu_model text, p_guaranteed integer, p_limit integer,
+                                                    p_weight double precision, p_overcommit boolean DEFAULT false)
+RETURNS tuneplane.team_quotas
+LANGUAGE plpgsql AS $$
+DECLARE
+    actor     tuneplane.users := tuneplane.require_installation_admin(p_actor_id);
+    v_fleet   tuneplane.fleets;
+    v_team    tuneplane.teams;
+    v_model   text := coalesce(p_gpu_model, '');
+    v_gpus    integer;
+    v_sum     integer;
+    v_listing text;
+    result    tuneplane.team_quotas;
+BEGIN
+    SELECT * INTO v_fleet FROM tuneplane.fleets WHERE id = p_fleet_id FOR NO KEY UPDATE;
+    IF v_fleet.id IS NULL THEN
+        RAISE EXCEPTION 'no such fleet' USING ERRCODE = 'TP404', COLUMN = 'fleet';
+    END IF;
+    SELECT * INTO v_team FROM tuneplane.teams WHERE id = p_team_id;
+    IF v_team.id IS NULL THEN
+        RAISE EXCEPTION 'no such team' USING ERRCODE = 'TP404', COLUMN = 'team';
+    END IF;
+    IF p_guaranteed IS NULL THEN
+        DELETE FROM tuneplane.team_quotas
+         WHERE team_id = p_team_id AND fleet_id = p_fleet_id AND gpu_model = v_model RETURNING * INTO result;
+        RETURN result;
+    END IF;
+    IF p_guaranteed < 0 THEN
+        RAISE EXCEPTION 'guaranteed_gpus must be 0 or more' USING ERRCODE = 'TP400', COLUMN = 'guaranteed_gpus';
+    END IF;
+    IF p_limit IS NOT NULL AND p_limit < p_guaranteed THEN
+        RAISE EXCEPTION 'limit_gpus (%) must be at least guaranteed_gpus (%)', p_limit, p_guaranteed
+            USING ERRCODE = 'TP400', COLUMN = 'limit_gpus';
+    END IF;
+    IF p_weight IS NULL OR NOT (p_weight > 0 AND p_weight <= 1000000) THEN
+        RAISE EXCEPTION 'weight must be above 0 and at most 1000000' USING ERRCODE = 'TP400', COLUMN = 'weight';
+    END IF;
+    -- Schedulable GPUs: on active, unfenced nodes of the fleet (of the model, for a per-model quota).
+    SELECT count(*) INTO v_gpus
+      FROM tuneplane.nodes n JOIN tuneplane.node_gpus g ON g.node_id = n.id
+     WHERE n.fleet_id = p_fleet_id AND n.scheduling_state = 'active' AND n.fenced_at IS NULL
+       AND (v_model = '' OR g.model = v_model);
+    SELECT sum(x.g), string_agg(format('%s %s', x.name, x.g), ', ' ORDER BY x.name)
+      INTO v_sum, v_listing
+      FROM (SELECT t.name, q.guaranteed_gpus AS g FROM tuneplane.team_quotas q JOIN tuneplane.teams t ON t.id = q.team_id
+             WHERE q.fleet_id = p_fleet_id AND q.gpu_model = v_model AND q.team_id <> p_team_id
+               AND q.guaranteed_gpus > 0
+            UNION ALL SELECT v_team.name, p_guaranteed WHERE p_guaranteed > 0) x;
+    IF coalesce(v_sum, 0) > v_gpus AND NOT coalesce(p_overcommit, false) THEN
+        RAISE EXCEPTION 'guarantees on fleet % would sum to % GPUs (%), but the fleet has % schedulable GPUs%; '
+                        'pass overcommit to accept',
+            v_fleet.name || CASE WHEN v_model = '' THEN '' ELSE ' (model ' || v_model || ')' END,
+            v_sum, v_listing, v_gpus, CASE WHEN v_model = '' THEN '' ELSE ' of that model' END
+            USING ERRCODE = 'TP409', COLUMN = 'guaranteed_gpus';
+    END IF;
+    INSERT INTO tuneplane.team_quotas AS q (team_id, fleet_id, gpu_model, guaranteed_gpus, limit_gpus, weight,
+                                            overcommit, updated_by)
+    VALUES (p_team_id, p_fleet_id, v_model, p_guaranteed, p_limit, p_weight,
+            coalesce(p_overcommit, false) AND coalesce(v_sum, 0) > v_gpus, actor.id)
+    ON CONFLICT (team_id, fleet_id, gpu_model) DO UPDATE
+       SET guaranteed_gpus = EXCLUDED.guaranteed_gpus, limit_gpus = EXCLUDED.limit_gpus, weight = EXCLUDED.weight,
+           overcommit = EXCLUDED.overcommit, updated_at = now(), updated_by = EXCLUDED.updated_by
+    RETURNING * INTO result;
+    -- Admission changed: wake the schedulers.
+    PERFORM pg_notify('tuneplane_placement', p_fleet_id::text);
+    RETURN result;
+END;
+$$;
