@@ -43,7 +43,9 @@ def test_weights_1_and_3_share_a_full_fleet_1_to_3_and_a_late_guarantee_is_serve
     admin, fleet = shared_fleet["admin"], shared_fleet["fleet"]
     rng = random.Random(20)
     users = {name: make_user(db, name) for name in ("ann", "bob", "cyd")}
-    teams = {name: make_team(db, users[u], name) for name, u in (("small", "ann"), ("big", "bob"), ("late", "cyd"))}
+    teams = {
+        name: make_team(db, users[u], name) for name, u in (("small", "ann"), ("big", "bob"), ("late", "cyd"))
+    }
     set_quota(db, admin, teams["small"], fleet, guaranteed=0, weight=1)
     set_quota(db, admin, teams["big"], fleet, guaranteed=0, weight=3)
     owner = {teams["small"]: users["ann"], teams["big"]: users["bob"], teams["late"]: users["cyd"]}
@@ -100,7 +102,9 @@ def test_weights_1_and_3_share_a_full_fleet_1_to_3_and_a_late_guarantee_is_serve
     )
 
 
-def test_a_team_never_goes_past_its_limit_and_the_reason_says_the_numbers(db: Database, shared_fleet: dict) -> None:
+def test_a_team_never_goes_past_its_limit_and_the_reason_says_the_numbers(
+    db: Database, shared_fleet: dict
+) -> None:
     admin, fleet = shared_fleet["admin"], shared_fleet["fleet"]
     user = make_user(db, "vera")
     vision = make_team(db, user, "vision")
@@ -110,7 +114,9 @@ def test_a_team_never_goes_past_its_limit_and_the_reason_says_the_numbers(db: Da
     assert job(db, jobs[2])["state_reason"] == (
         "team vision is at its limit of 5 GPUs on fleet gpu (4 in use); this job asks 2"
     )
-    borrowed = db.fetch_all("SELECT job_id, borrowing FROM attempts WHERE job_id = ANY(%s) ORDER BY job_id", (jobs,))
+    borrowed = db.fetch_all(
+        "SELECT job_id, borrowing FROM attempts WHERE job_id = ANY(%s) ORDER BY job_id", (jobs,)
+    )
     assert [b["borrowing"] for b in borrowed] == [False, True]
 
 
@@ -130,7 +136,9 @@ def test_a_non_preemptible_job_above_the_guarantee_waits_even_on_an_idle_fleet(
     )
 
 
-def test_a_fleet_without_quotas_admits_every_team_in_plain_queue_order(db: Database, shared_fleet: dict) -> None:
+def test_a_fleet_without_quotas_admits_every_team_in_plain_queue_order(
+    db: Database, shared_fleet: dict
+) -> None:
     fleet = shared_fleet["fleet"]
     user = make_user(db, "vera")
     jobs = [make_job(db, user, fleet, gpus_per_node=8) for _ in range(3)]
@@ -149,7 +157,9 @@ def test_guarantees_past_the_fleet_are_refused_with_the_numbers_unless_overcommi
     with pytest.raises(Refusal) as refused:
         set_quota(db, admin, b, fleet, guaranteed=8)
     assert refused.value.status == 409 and refused.value.field == "guaranteed_gpus"
-    assert "would sum to 18 GPUs (nlp 10, vision 8), but the fleet has 16 schedulable GPUs" in str(refused.value)
+    assert "would sum to 18 GPUs (nlp 10, vision 8), but the fleet has 16 schedulable GPUs" in str(
+        refused.value
+    )
     assert db.fetch_one("SELECT count(*) AS n FROM team_quotas WHERE team_id = %s", (b,))["n"] == 0
     row = set_quota(db, admin, b, fleet, guaranteed=8, overcommit=True)
     assert row["overcommit"] is True
@@ -159,7 +169,9 @@ def test_guarantees_past_the_fleet_are_refused_with_the_numbers_unless_overcommi
     assert refused.value.status == 403
 
 
-def test_a_borrower_never_takes_the_gpus_a_waiting_guarantee_is_owed(db: Database, shared_fleet: dict) -> None:
+def test_a_borrower_never_takes_the_gpus_a_waiting_guarantee_is_owed(
+    db: Database, shared_fleet: dict
+) -> None:
     admin, fleet = shared_fleet["admin"], shared_fleet["fleet"]
     user = make_user(db, "vera")
     owed = make_team(db, user, "owed")
@@ -174,4 +186,6 @@ def test_a_borrower_never_takes_the_gpus_a_waiting_guarantee_is_owed(db: Databas
     borrower = make_job(db, user, fleet, gpus_per_node=1, team_id=other, preemptible=True)
     assert _placed(db, fleet) == []
     assert "held for teams waiting within their guarantee" in job(db, borrower)["state_reason"]
-    assert "within its guarantee: team owed uses 0 of its 8 guaranteed GPUs" in job(db, waiting)["state_reason"]
+    assert (
+        "within its guarantee: team owed uses 0 of its 8 guaranteed GPUs" in job(db, waiting)["state_reason"]
+    )
