@@ -66,12 +66,8 @@ CREATE OR REPLACE FUNCTION tuneplane.require_installation_admin(p_actor_id bigin
 RETURNS tuneplane.users
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    actor tuneplane.users;
+    actor tuneplane.users := tuneplane.require_active_user(p_actor_id);
 BEGIN
-    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
-    IF actor.id IS NULL THEN
-        RAISE EXCEPTION 'no such active user' USING ERRCODE = 'TP401', COLUMN = 'user';
-    END IF;
     IF actor.role <> 'admin' THEN
         RAISE EXCEPTION 'only an installation admin may do this' USING ERRCODE = 'TP403', COLUMN = 'user';
     END IF;
@@ -100,13 +96,9 @@ CREATE OR REPLACE FUNCTION tuneplane.create_team(p_actor_id bigint, p_name text)
 RETURNS tuneplane.teams
 LANGUAGE plpgsql AS $$
 DECLARE
-    actor  tuneplane.users;
+    actor  tuneplane.users := tuneplane.require_active_user(p_actor_id);
     result tuneplane.teams;
 BEGIN
-    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
-    IF actor.id IS NULL THEN
-        RAISE EXCEPTION 'no such active user' USING ERRCODE = 'TP401', COLUMN = 'user';
-    END IF;
     IF p_name IS NULL OR p_name !~ '^[a-z0-9][a-z0-9_.-]{1,62}$' THEN
         RAISE EXCEPTION 'team name must be 2-63 characters of a-z, 0-9, _ . - starting with a letter or digit'
             USING ERRCODE = 'TP400', COLUMN = 'name';

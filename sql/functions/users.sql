@@ -34,6 +34,21 @@ BEGIN
 END;
 $$;
 
+-- require_active_user: the actor's row, if the user exists and is not disabled; 401 otherwise.
+CREATE OR REPLACE FUNCTION tuneplane.require_active_user(p_actor_id bigint)
+RETURNS tuneplane.users
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    actor tuneplane.users;
+BEGIN
+    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
+    IF actor.id IS NULL THEN
+        RAISE EXCEPTION 'no such active user' USING ERRCODE = 'TP401', COLUMN = 'user';
+    END IF;
+    RETURN actor;
+END;
+$$;
+
 -- create_first_admin: the admin `tuneplane up` makes on an empty installation; NULL when any admin exists.
 -- The advisory lock makes two concurrent `up`s create one admin, not two.
 CREATE OR REPLACE FUNCTION tuneplane.create_first_admin(p_username text, p_password_hash text)
