@@ -17,6 +17,8 @@ from tuneplane.app.errors import Refusal
 
 
 def _placed(db: Database, fleet: int) -> list[int]:
+    # The nodes' agents are simulated: they heartbeat before every pass (a slow run must not make them stale).
+    db.fetch_all("UPDATE nodes SET last_heartbeat_at = now() WHERE fleet_id = %s RETURNING id", (fleet,))
     return [r["job_id"] for r in db.call("reserve_next", fleet, 1000)]
 
 
