@@ -72,7 +72,7 @@ class GatewayThread:
         asyncio.set_event_loop(self._loop)
 
         async def start() -> None:
-            self._runner = web.AppRunner(create_app(self._database_url, pool_max=4, prune=False))
+            self._runner = web.AppRunner(create_app(self._database_url, pool_max=4))
             await self._runner.setup()
             await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
 

@@ -4,8 +4,8 @@ One asyncio event loop (aiohttp, see docs/adr/0004-node-gateway-websocket.md) ho
 WebSocket without a thread each. Per session: authenticate the credential (stored function), open a
 fenced session, deliver the node's outbox in order, dispatch reports to stored functions, rotate the
 credential on schedule. Background loops: heartbeats are written in batches (one statement per flush,
-never a NOTIFY); LISTEN on `tuneplane_node_commands` wakes delivery and a short poll backs it up;
-a sweep turns connectivity changes (computed from heartbeat age in SQL) into events.
+never a NOTIFY); LISTEN on `tuneplane_node_commands` wakes delivery and a short poll backs it up.
+(The connectivity events are written by a sweep of the worker, workers/sweeps.py.)
 """
 
 from __future__ import annotations
@@ -97,18 +97,16 @@ class Gateway:
         liveness_db: AsyncDatabase | None = None,
         name: str = "node-gateway",
         poll_interval: float = 2.0,
-        sweep_interval: float = 1.0,
         blob_dir: Path | None = None,
     ) -> None:
         self.db = db
-        # Heartbeat flushes and the connectivity sweep get their own small pool, so a burst of commands and
+        # Heartbeat flushes get their own small pool, so a burst of commands and
         # reports cannot starve liveness (GUIDE-postgres rule 10).
         self.liveness_db = liveness_db or db
         # The blob store (Settings.blob_dir) serves capsules and the artifact routes; None: neither.
         self.blob_dir = blob_dir
         self.name = name
         self.poll_interval = poll_interval
-        self.sweep_interval = sweep_interval
         self.sessions: dict[int, NodeSession] = {}
         self.pending_heartbeats: dict[int, dict] = {}
         self.settings: dict[str, float] = {
@@ -124,7 +122,6 @@ class Gateway:
             # The longest the event loop was late to wake a 0.1 s timer (ms): every session waits that long.
             "loop_lag_max_ms": 0.0,
             "flush_max_ms": 0.0,
-            "sweep_max_ms": 0.0,
             "gc_full_max_ms": 0.0,
         }
         self._gc_started = 0.0
@@ -164,7 +161,6 @@ class Gateway:
             self._listen_loop,
             self._poll_loop,
             self._flush_loop,
-            self._sweep_loop,
             self._settings_loop,
             self._lag_loop,
             self._gc_loop,
@@ -574,21 +570,6 @@ class Gateway:
                 self.stats["flush_max_ms"] = max(self.stats["flush_max_ms"], round(took, 1))
             except (psycopg.Error, OSError) as exc:
                 log.warning("heartbeat flush failed: %s", exc)
-
-    def sweep_every(self) -> float:
-        """A tenth of stale_after (3 s by default), at least sweep_interval: events follow within that."""
-        return max(self.sweep_interval, min(5.0, self.settings["stale_after"] / 10))
-
-    async def _sweep_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.sweep_every())
-            started = time.monotonic()
-            try:
-                await self.liveness_db.call("note_connectivity_changes")
-                took = (time.monotonic() - started) * 1000
-                self.stats["sweep_max_ms"] = max(self.stats["sweep_max_ms"], round(took, 1))
-            except (psycopg.Error, OSError) as exc:
-                log.warning("connectivity sweep failed: %s", exc)
 
     def _gc_timer(self, phase: str, info: dict) -> None:
         if info.get("generation") != 2:

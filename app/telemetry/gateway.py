@@ -7,8 +7,6 @@ answers with the reason; an unreachable database becomes 503 so that senders bac
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -31,7 +29,6 @@ from tuneplane.app.telemetry.ingest import batch_digest, store_batch
 log = logging.getLogger(__name__)
 
 POOL_KEY = web.AppKey("pool", AsyncConnectionPool)
-PRUNE_EVERY_S = 3600.0
 
 
 class SdkPoint(BaseModel):
@@ -180,20 +177,7 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-async def _prune_forever(pool: AsyncConnectionPool) -> None:
-    while True:
-        try:
-            async with pool.connection() as conn:
-                cur = await conn.execute("SELECT * FROM tuneplane.telemetry_prune()")
-                row = await cur.fetchone()
-                if row and row["series"]:
-                    log.info("retention removed %s series (%s points)", row["series"], row["points"])
-        except Exception as exc:  # the next round tries again
-            log.warning("retention pass failed: %s", exc)
-        await asyncio.sleep(PRUNE_EVERY_S)
-
-
-def create_app(database_url: str, *, pool_max: int = 8, prune: bool = True) -> web.Application:
+def create_app(database_url: str, *, pool_max: int = 8) -> web.Application:
     # The input-limits layer (app/gateway_limits.py) in front: query, route, JSON depth and the batch's
     # own fields; each point's values are judged here, point by point.
     limits = input_limits_middleware(["/v1/telemetry/points"], depth_only=["points"])
@@ -218,12 +202,7 @@ def create_app(database_url: str, *, pool_max: int = 8, prune: bool = True) -> w
         )
         await pool.open(wait=False)
         app[POOL_KEY] = pool
-        pruner = asyncio.create_task(_prune_forever(pool)) if prune else None
         yield
-        if pruner is not None:
-            pruner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pruner
         await pool.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -30,9 +30,7 @@ from tuneplane.workers.agent.session import ControlSession, Refused, enroll
 
 @asynccontextmanager
 async def running_gateway(db_url: str) -> AsyncIterator[tuple[Gateway, str]]:
-    gateway = Gateway(
-        AsyncDatabase(db_url, max_size=4), name="test-gw", poll_interval=0.5, sweep_interval=0.2
-    )
+    gateway = Gateway(AsyncDatabase(db_url, max_size=4), name="test-gw", poll_interval=0.5)
     server = TestServer(gateway.make_app(), host="127.0.0.1")
     await server.start_server()
     try:

@@ -1,4 +1,5 @@
-"""Real processes for the node tests: `tuneplane node-gateway` and `tuneplane node` agents."""
+"""Real processes for the node tests: `tuneplane node-gateway`, `tuneplane node` agents and the worker
+(which runs the sweeps: the connectivity events among them)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,15 @@ def start_gateway(db_url: str, port: int, *extra: str) -> Proc:
         ["node-gateway", "--database-url", db_url, "--port", str(port), "--poll-interval", "0.5", *extra]
     )
     proc.wait_line("node gateway listening on")
+    return proc
+
+
+def start_worker(db_url: str, data_dir: Path) -> Proc:
+    proc = Proc(
+        ["worker", "--backend", "node", "--database-url", db_url, "--data-dir", str(data_dir),
+         "--poll-interval", "0.3"]
+    )  # fmt: skip
+    proc.wait_line("consuming `launch`")
     return proc
 
 

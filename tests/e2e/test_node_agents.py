@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from tests.e2e.node_processes import start_agent, start_gateway
+from tests.e2e.node_processes import start_agent, start_gateway, start_worker
 from tests.helpers import wait_for
 from tests.node_helpers import enroll, events, fast_thresholds, make_fleet, make_token
 from tuneplane.app.db import Database
@@ -41,6 +41,7 @@ def test_two_agents_connect_and_a_killed_one_goes_stale_then_lost_and_returns_wi
     fast_thresholds(db, heartbeat=HEARTBEAT, stale=STALE, lost=LOST)
     make_fleet(db)
     gateway = start_gateway(db_url, port)
+    worker = start_worker(db_url, tmp_path / "data")  # its sweep writes the connectivity events
     url = f"http://127.0.0.1:{port}"
     agents = {}
     try:
@@ -113,6 +114,7 @@ def test_two_agents_connect_and_a_killed_one_goes_stale_then_lost_and_returns_wi
     finally:
         for agent in agents.values():
             agent.stop()
+        worker.stop()
         gateway.stop()
 
 

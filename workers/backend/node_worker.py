@@ -8,8 +8,10 @@ older than --heartbeat-timeout, and that worker's claim fences the dead one off.
 
 Placement loop (in the same process): LISTEN on `tuneplane_placement` (capacity came free) and
 `tuneplane_job_queued` (a confirmation), with a bounded poll as the fallback (GUIDE-postgres rule 1).
-Each pass runs reserve_next for the node-backend fleets with queued jobs, then the sweeps:
-expire_prepare_deadlines, sweep_lost_nodes, expire_member_deadlines and requeue_stalled_launches.
+Each pass runs reserve_next for the node-backend fleets with queued jobs.
+
+Sweeps (in the same process, on their own thread and connection): every sweep of TunePlane, scheduled by
+workers.sweeps.Sweeper.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import contextlib
 import json
 import logging
 import signal
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +35,7 @@ from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
 from tuneplane.workers.backend.capsule_build import build_capsule
 from tuneplane.workers.capsule import CapsuleError
+from tuneplane.workers.sweeps import Sweeper
 
 log = logging.getLogger("tuneplane.worker")
 
@@ -53,7 +55,8 @@ class WorkerOptions:
     batch_size: int = 4
     # Tests only: wait this long between building the capsule and begin_prepare (a window to kill -9 in).
     hold_before_prepare: float = 0.0
-    # Blob garbage collection (app/artifacts/gc.py): how often, and how old an unreferenced blob must be.
+    # Blob garbage collection (app/artifacts/gc.py, one of workers.sweeps): how often, and how old an
+    # unreferenced blob must be.
     blob_gc_interval: float = 6 * 3600.0
     blob_gc_min_age: float = 3600.0
 
@@ -71,6 +74,14 @@ class NodeWorker:
         # queued `launch` job for the same attempt share it, so the capsule is built once.
         self.launching: dict[int, asyncio.Task] = {}
         self.direct_launches: set[asyncio.Task] = set()
+        self.sweeper = Sweeper(
+            options.database_url,
+            options.blob_dir,
+            poll_interval=options.poll_interval,
+            every={"blob_gc": options.blob_gc_interval},
+            blob_gc_min_age=options.blob_gc_min_age,
+            say=say,
+        )
 
     # ---- launch -------------------------------------------------------------------------------------
 
@@ -169,18 +180,6 @@ class NodeWorker:
                 "direct launch of attempt %s failed (%s); the queued launch job will retry", attempt_id, exc
             )
 
-    async def sweeps(self) -> None:
-        expired = (await self.db.call_one("expire_prepare_deadlines"))["expire_prepare_deadlines"]
-        lost = (await self.db.call_one("sweep_lost_nodes"))["sweep_lost_nodes"]
-        killed = (await self.db.call_one("expire_member_deadlines"))["expire_member_deadlines"]
-        requeued = (await self.db.call_one("requeue_stalled_launches"))["requeue_stalled_launches"]
-        if expired or lost or killed or requeued:
-            self.say(
-                f"sweep: {expired} launch(es) past their prepare deadline aborted, {lost} member(s) lost "
-                f"contact, {killed} member(s) past their start/stop deadline sent KILL, {requeued} stalled "
-                "launch(es) re-enqueued"
-            )
-
     async def _listen(self) -> None:
         delay = 0.5
         while not self.stop.is_set():
@@ -201,16 +200,12 @@ class NodeWorker:
                 delay = min(delay * 2, 10.0)
 
     async def _schedule(self) -> None:
-        last_sweep = 0.0
         while not self.stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), self.options.poll_interval)
             self.wake.clear()
             try:
                 await self.placement_pass()
-                if time.monotonic() - last_sweep >= self.options.poll_interval:
-                    await self.sweeps()
-                    last_sweep = time.monotonic()
                 self.stats["passes"] += 1
             except (psycopg.Error, OSError) as exc:
                 log.warning("placement pass failed: %s", exc)
@@ -242,35 +237,14 @@ class NodeWorker:
         await self.stop.wait()
         qm.shutdown.set()
 
-    async def _blob_gc(self) -> None:
-        """The schedule of blob garbage collection: every blob_gc_interval seconds (the first one after one
-        interval), never letting a failure end the worker."""
-        from tuneplane.app.artifacts.gc import run_collection
-
-        while not self.stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.stop.wait(), self.options.blob_gc_interval)
-            if self.stop.is_set():
-                return
-            try:
-                report = await asyncio.to_thread(
-                    run_collection, self.options.database_url, self.options.blob_dir,
-                    self.options.blob_gc_min_age,
-                )  # fmt: skip
-            except Exception as exc:  # the next round tries again
-                log.warning("blob garbage collection failed: %s", exc)
-                continue
-            if report.removed:
-                self.say(f"blob gc: removed {len(report.removed)} blob(s), {report.removed_bytes} bytes")
-
     async def run(self) -> None:
         await self.db.open()
         tasks = [
             asyncio.create_task(self._listen(), name="listen"),
             asyncio.create_task(self._schedule(), name="schedule"),
             asyncio.create_task(self._consume(), name="consume"),
-            asyncio.create_task(self._blob_gc(), name="blob-gc"),
         ]
+        self.sweeper.start()
         self.say(
             f"worker {self.options.name} (backend {BACKEND}) consuming `launch`; placement loop every "
             f"{self.options.poll_interval}s or on NOTIFY"
@@ -290,6 +264,7 @@ class NodeWorker:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.to_thread(self.sweeper.close)
             await self.db.close()
 
 

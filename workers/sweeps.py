@@ -1,0 +1,204 @@
+"""Every background sweep of TunePlane, one function each, and the one schedule that runs them.
+
+A sweep is housekeeping nobody asks for: deadlines that passed, nodes that went silent, rows and blobs
+nobody needs any more. Each is one stored function (the rule lives in SQL) or, for blobs, one collection
+(app/artifacts/gc.py); each function below calls it once and says in a line what it changed (None when
+nothing). SCHEDULE says how often each runs. Like River's internal/maintenance/, they are all here and
+started from one place: `Sweeper`, run by every `tuneplane worker --backend node` (`tuneplane up` starts
+one) on its own thread and connection, so a slow sweep never holds a placement pass or a launch.
+
+Several workers may run: every sweep is safe to run from two at once (row locks with SKIP LOCKED, or an
+idempotent DELETE/UPDATE; blob GC holds the store's exclusive gc lock). A sweep that fails is logged and
+runs again at its next turn; it never ends the worker. docs/architecture.md lists them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+
+log = logging.getLogger("tuneplane.sweeps")
+
+
+@dataclass(frozen=True)
+class SweepContext:
+    db: Database
+    blob_dir: Path
+    # Blob GC keeps an unreferenced blob younger than this (a writer may be about to record it).
+    blob_gc_min_age: float = 3600.0
+
+
+def _count(ctx: SweepContext, function: str, *args: object) -> int:
+    return int(ctx.db.call(function, *args)[0][function] or 0)
+
+
+# ---- launch deadlines and lost contact (sql/functions/launch.sql) ----------------------------------------
+
+
+def expire_prepare_deadlines(ctx: SweepContext) -> str | None:
+    n = _count(ctx, "expire_prepare_deadlines")
+    return f"{n} launch(es) past their prepare deadline aborted" if n else None
+
+
+def sweep_lost_nodes(ctx: SweepContext) -> str | None:
+    n = _count(ctx, "sweep_lost_nodes")
+    return f"{n} member(s) lost contact" if n else None
+
+
+def expire_member_deadlines(ctx: SweepContext) -> str | None:
+    n = _count(ctx, "expire_member_deadlines")
+    return f"{n} member(s) past their start/stop deadline sent KILL" if n else None
+
+
+def requeue_stalled_launches(ctx: SweepContext) -> str | None:
+    n = _count(ctx, "requeue_stalled_launches")
+    return f"{n} stalled launch(es) re-enqueued" if n else None
+
+
+# ---- nodes (sql/functions/nodes.sql) ----------------------------------------------------------------------
+
+
+def note_connectivity_changes(ctx: SweepContext) -> str | None:
+    n = _count(ctx, "note_connectivity_changes")
+    return f"{n} node(s) changed connectivity" if n else None
+
+
+def prune_node_commands(ctx: SweepContext) -> str | None:
+    """Acknowledged node commands older than a week (the default of the function)."""
+    n = _count(ctx, "prune_node_commands")
+    return f"{n} acknowledged node command(s) older than 7 days deleted" if n else None
+
+
+# ---- retention of telemetry and blobs ---------------------------------------------------------------------
+
+
+def telemetry_prune(ctx: SweepContext) -> str | None:
+    row = ctx.db.call("telemetry_prune")[0]
+    if not row["series"]:
+        return None
+    return f"telemetry retention removed {row['series']} series ({row['points']} points)"
+
+
+def blob_gc(ctx: SweepContext) -> str | None:
+    from tuneplane.app.artifacts.gc import collect
+
+    report = collect(ctx.db, ctx.blob_dir, min_age=ctx.blob_gc_min_age)
+    if not report.removed:
+        return None
+    return f"blob gc: removed {len(report.removed)} blob(s), {report.removed_bytes} bytes"
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    run: Callable[[SweepContext], str | None]
+    # Seconds between two runs; None: the worker's poll interval (--poll-interval, 1 s by default).
+    every: float | None = None
+    # Whether the first run waits one interval (the long, costly sweeps: not at every worker start).
+    first_after_interval: bool = False
+
+
+# The one schedule.
+SCHEDULE: tuple[Sweep, ...] = (
+    # Launch deadlines and contact: their effects (a KILL, a retry, freed capacity) are due within seconds.
+    Sweep("expire_prepare_deadlines", expire_prepare_deadlines),
+    Sweep("sweep_lost_nodes", sweep_lost_nodes),
+    Sweep("expire_member_deadlines", expire_member_deadlines),
+    Sweep("requeue_stalled_launches", requeue_stalled_launches),
+    # The Fleet page's connected -> stale -> lost events (the state itself is computed from heartbeat age).
+    Sweep("note_connectivity_changes", note_connectivity_changes),
+    Sweep("prune_node_commands", prune_node_commands, every=3600.0),
+    Sweep("telemetry_prune", telemetry_prune, every=3600.0),
+    Sweep("blob_gc", blob_gc, every=6 * 3600.0, first_after_interval=True),
+)
+
+
+class Sweeper:
+    """Runs SCHEDULE: each sweep when its interval has passed, one at a time, on one connection."""
+
+    def __init__(
+        self,
+        database_url: str,
+        blob_dir: Path,
+        *,
+        poll_interval: float = 1.0,
+        every: dict[str, float] | None = None,
+        blob_gc_min_age: float = 3600.0,
+        say: Callable[[str], None] = print,
+        schedule: tuple[Sweep, ...] = SCHEDULE,
+    ) -> None:
+        self.database_url = database_url
+        self.blob_dir = Path(blob_dir)
+        self.blob_gc_min_age = blob_gc_min_age
+        self.say = say
+        overrides = every or {}
+        unknown = set(overrides) - {s.name for s in schedule}
+        if unknown:
+            raise ValueError(f"no sweep named {', '.join(sorted(unknown))}")
+        # Each sweep with its interval in seconds: an override, else its own, else the poll interval.
+        self.every = {s.name: float(overrides.get(s.name) or s.every or poll_interval) for s in schedule}
+        self.schedule = schedule
+        self.stop = threading.Event()
+        self.runs: dict[str, int] = {s.name: 0 for s in self.schedule}
+        self._thread: threading.Thread | None = None
+
+    def run_due(self, ctx: SweepContext, next_at: dict[str, float]) -> None:
+        for sweep in self.schedule:
+            if self.stop.is_set():
+                return
+            now = time.monotonic()
+            if now < next_at[sweep.name]:
+                continue
+            next_at[sweep.name] = now + self.every[sweep.name]
+            try:
+                said = sweep.run(ctx)
+            except (psycopg.Error, OSError, Refusal) as exc:
+                log.warning(
+                    "sweep %s failed (it runs again in %.1f s): %s", sweep.name, self.every[sweep.name], exc
+                )
+                continue
+            self.runs[sweep.name] += 1
+            if said:
+                self.say(f"sweep {sweep.name}: {said}")
+
+    def run(self) -> None:
+        """The loop (on the calling thread) until stop is set."""
+        db = Database(self.database_url, min_size=1, max_size=1, name="tuneplane-sweeps")
+        try:
+            ctx = SweepContext(db, self.blob_dir, self.blob_gc_min_age)
+            start = time.monotonic()
+            next_at = {
+                s.name: start + (self.every[s.name] if s.first_after_interval else 0.0) for s in self.schedule
+            }
+            while not self.stop.is_set():
+                self.run_due(ctx, next_at)
+                self.stop.wait(max(0.05, min(next_at.values()) - time.monotonic()))
+        finally:
+            db.close()
+
+    def start(self) -> threading.Thread:
+        self._thread = threading.Thread(target=self._run_logged, name="sweeps", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def _run_logged(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.run()
+            except Exception as exc:  # the pool could not open (database down): start again shortly
+                log.warning("sweeps stopped (%s); starting again in 1 s", exc)
+                self.stop.wait(1.0)
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
