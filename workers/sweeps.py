@@ -37,45 +37,41 @@ class SweepContext:
     blob_gc_min_age: float = 3600.0
 
 
-def _count(ctx: SweepContext, function: str, *args: object) -> int:
-    return int(ctx.db.call(function, *args)[0][function] or 0)
+def _counted(ctx: SweepContext, function: str, what: str) -> str | None:
+    """Call a sweep's stored function (it returns how many rows it changed); the line to log, if any."""
+    n = int(ctx.db.call(function)[0][function] or 0)
+    return f"{n} {what}" if n else None
 
 
 # ---- launch deadlines and lost contact (sql/functions/launch.sql) ----------------------------------------
 
 
 def expire_prepare_deadlines(ctx: SweepContext) -> str | None:
-    n = _count(ctx, "expire_prepare_deadlines")
-    return f"{n} launch(es) past their prepare deadline aborted" if n else None
+    return _counted(ctx, "expire_prepare_deadlines", "launch(es) past their prepare deadline aborted")
 
 
 def sweep_lost_nodes(ctx: SweepContext) -> str | None:
-    n = _count(ctx, "sweep_lost_nodes")
-    return f"{n} member(s) lost contact" if n else None
+    return _counted(ctx, "sweep_lost_nodes", "member(s) lost contact")
 
 
 def expire_member_deadlines(ctx: SweepContext) -> str | None:
-    n = _count(ctx, "expire_member_deadlines")
-    return f"{n} member(s) past their start/stop deadline sent KILL" if n else None
+    return _counted(ctx, "expire_member_deadlines", "member(s) past their start/stop deadline sent KILL")
 
 
 def requeue_stalled_launches(ctx: SweepContext) -> str | None:
-    n = _count(ctx, "requeue_stalled_launches")
-    return f"{n} stalled launch(es) re-enqueued" if n else None
+    return _counted(ctx, "requeue_stalled_launches", "stalled launch(es) re-enqueued")
 
 
 # ---- nodes (sql/functions/nodes.sql) ----------------------------------------------------------------------
 
 
 def note_connectivity_changes(ctx: SweepContext) -> str | None:
-    n = _count(ctx, "note_connectivity_changes")
-    return f"{n} node(s) changed connectivity" if n else None
+    return _counted(ctx, "note_connectivity_changes", "node(s) changed connectivity")
 
 
 def prune_node_commands(ctx: SweepContext) -> str | None:
     """Acknowledged node commands older than a week (the default of the function)."""
-    n = _count(ctx, "prune_node_commands")
-    return f"{n} acknowledged node command(s) older than 7 days deleted" if n else None
+    return _counted(ctx, "prune_node_commands", "acknowledged node command(s) older than 7 days deleted")
 
 
 # ---- retention of telemetry and blobs ---------------------------------------------------------------------
