@@ -10,7 +10,8 @@ flushed at interpreter exit (best effort, bounded by `exit_timeout`).
 Checkpoints while the workload runs: `sdk.checkpoint(path, name="checkpoint")` asks the node agent to
 publish a finished checkpoint directory as artifact `<name>.<n>` (plain files under
 $TUNEPLANE_OUTPUT_DIR/.tuneplane/, docs/artifacts.md); `sdk.checkpoint_requested()` says a user asked for
-one (`tuneplane artifacts checkpoint JOB`); `sdk.wait_for_checkpoints()` waits for the results.
+one (`tuneplane artifacts checkpoint JOB`); `sdk.wait_for_checkpoints()` waits for the results;
+`sdk.resume_dir()` is the verified checkpoint a later attempt resumes from (docs/preemption.md).
 """
 
 from __future__ import annotations
@@ -256,3 +257,20 @@ def checkpoint_requested() -> bool:
             _seen_requests = count
             return True
     return False
+
+
+# -- resume -------------------------------------------------------------------------------------------
+# A later attempt (after a preemption, a time limit, a lost node or a failure with attempts left) starts
+# with the job's newest verified checkpoint materialized in $TUNEPLANE_RESUME_DIR (docs/preemption.md).
+
+ENV_RESUME_DIR = "TUNEPLANE_RESUME_DIR"
+
+
+def resume_dir() -> Path | None:
+    """The directory of the verified checkpoint this attempt resumes from (the files of artifact
+    $TUNEPLANE_RESUME_FROM, as published), or None when it starts from scratch. A Hugging Face Trainer
+    takes it as `trainer.train(resume_from_checkpoint=sdk.resume_dir())`."""
+    raw = os.environ.get(ENV_RESUME_DIR)
+    if not raw or not Path(raw).is_dir():
+        return None
+    return Path(raw)

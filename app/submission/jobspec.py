@@ -241,6 +241,9 @@ class JobSpec(StrictModel):
     inputs: list[InputRef] = Field(default_factory=list, max_length=64)
     outputs: list[OutputSpec] = Field(default_factory=list, max_length=64)
     environment: EnvironmentSpec | None = None
+    # Where every later attempt starts (docs/preemption.md): "latest" (the job's newest verified
+    # checkpoint), "none" (from scratch), or a checkpoint reference pinned at preview (JOB/NAME, sha256:…).
+    resume: str = Field("latest", min_length=1, max_length=256)
 
     @field_validator("outputs")
     @classmethod

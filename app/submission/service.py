@@ -143,6 +143,17 @@ def describe_runtime(runtime: dict) -> str:
     return f"python {runtime.get('python')}" + (f" with {packages}" if packages else "")
 
 
+def describe_resume(resume: dict) -> str:
+    if resume.get("mode") == "none":
+        return "never: every attempt starts from scratch"
+    if resume.get("mode") == "pinned":
+        return (
+            f"every attempt from {resume.get('artifact_name')} of job {resume.get('job_id')}"
+            f" (manifest sha256:{resume.get('manifest_digest')})"
+        )
+    return "a later attempt resumes from the job's newest verified checkpoint"
+
+
 def summary(resolved: dict) -> dict:
     """The lines a person reads before confirming (CLI and console show the same)."""
     res = resolved.get("resources", {})
@@ -163,6 +174,7 @@ def summary(resolved: dict) -> dict:
         "integration": f"{integration.get('name')} sha256:{integration.get('sha256', '')[:16]}…",
         "max_attempts": resolved.get("max_attempts"),
         "priority": resolved.get("priority"),
+        "resume": describe_resume(resolved.get("resume") or {}),
         "warnings": list(resolved.get("warnings", [])),
         "inputs": [
             f"{i.get('name')}: {i.get('artifact_name')} of job {i.get('job_id')}"

@@ -500,8 +500,9 @@ END;
 $$;
 
 -- prune_checkpoints: retention. Keeps the newest artifact_settings.keep_checkpoints complete checkpoints of
--- the job (by completion) and moves older ones complete → pruned, except one pinned as an input by a job
--- that has not ended (its bytes are still needed). Returns how many it pruned. Called when a checkpoint
+-- the job (by completion) and moves older ones complete → pruned, except one pinned as an input or as
+-- the resume checkpoint by a job that has not ended, or one a live attempt resumes from (its bytes are
+-- still needed). Returns how many it pruned. Called when a checkpoint
 -- completes; an operator may call it after lowering the setting.
 CREATE OR REPLACE FUNCTION tuneplane.prune_checkpoints(p_job_id bigint)
 RETURNS integer
@@ -523,8 +524,12 @@ BEGIN
      WHERE a.id = r.id AND r.n > v_keep
        AND NOT EXISTS (SELECT 1 FROM tuneplane.jobs j
                         WHERE j.state NOT IN ('succeeded', 'failed', 'cancelled')
-                          AND j.spec -> 'inputs' @> jsonb_build_array(
-                                  jsonb_build_object('manifest_digest', a.manifest_digest)));
+                          AND (j.spec -> 'inputs' @> jsonb_build_array(
+                                   jsonb_build_object('manifest_digest', a.manifest_digest))
+                               OR (j.spec -> 'resume' ->> 'artifact_id')::bigint = a.id))
+       AND NOT EXISTS (SELECT 1 FROM tuneplane.attempts t
+                        WHERE t.resume_artifact_id = a.id
+                          AND t.state IN ('reserved', 'preparing', 'running', 'stopping'));
     GET DIAGNOSTICS pruned = ROW_COUNT;
     RETURN pruned;
 END;
@@ -899,7 +904,8 @@ SELECT a.id, a.job_id, at.number AS attempt, a.rank, a.name, a.kind, a.state, a.
   FROM tuneplane.artifacts a JOIN tuneplane.attempts at ON at.id = a.attempt_id;
 
 -- artifact_input_for_node: a complete artifact the node behind the credential may read because a job
--- with a member on that node (resources still held) pinned it as an input by manifest digest. Refuses
+-- with a member on that node (resources still held) pinned it as an input by manifest digest, or that
+-- member's attempt resumes from it (attempts.resume_artifact_id). Refuses
 -- anything else as unknown (404), so a node cannot read other jobs' outputs.
 CREATE OR REPLACE FUNCTION tuneplane.artifact_input_for_node(p_credential_hash text, p_artifact_id bigint)
 RETURNS tuneplane.artifacts
@@ -912,9 +918,11 @@ BEGIN
     SELECT ar.* INTO a FROM tuneplane.artifacts ar
      WHERE ar.id = p_artifact_id AND ar.state = 'complete'
        AND EXISTS (SELECT 1 FROM tuneplane.members m JOIN tuneplane.jobs j ON j.id = m.job_id
+                    JOIN tuneplane.attempts t ON t.id = m.attempt_id
                     WHERE m.node_id = v_node AND m.released_at IS NULL
-                      AND j.spec -> 'inputs' @> jsonb_build_array(
-                              jsonb_build_object('manifest_digest', ar.manifest_digest)));
+                      AND (t.resume_artifact_id = ar.id
+                           OR j.spec -> 'inputs' @> jsonb_build_array(
+                                  jsonb_build_object('manifest_digest', ar.manifest_digest))));
     IF a.id IS NULL THEN
         RAISE EXCEPTION 'no input artifact % for this node', p_artifact_id USING ERRCODE = 'TP404',
             COLUMN = 'artifact_id';

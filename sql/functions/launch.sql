@@ -331,7 +331,8 @@ $$;
 -- begin_prepare: reserved → preparing. Records the capsule digest, sets the prepare deadline and sends
 -- PREPARE to every member's node, all in one transaction. A second call (a worker re-running after a
 -- crash) changes nothing and sends nothing. Each peer in PREPARE carries its node's address and probe port
--- (the agents' peer-network check). Refuses a stale epoch.
+-- (the agents' peer-network check), and `resume`: the checkpoint the member materializes as
+-- $TUNEPLANE_RESUME_DIR (attempts.resume_artifact_id, chosen here). Refuses a stale epoch.
 CREATE OR REPLACE FUNCTION tuneplane.begin_prepare(p_attempt_id bigint, p_epoch bigint, p_capsule_digest text)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -348,7 +349,9 @@ BEGIN
     END IF;
     SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
     SELECT prepare_timeout INTO v_timeout FROM tuneplane.launch_settings;
-    UPDATE tuneplane.attempts SET capsule_digest = p_capsule_digest, prepare_deadline = now() + v_timeout
+    -- The checkpoint this attempt resumes from is chosen now, as late as possible (preemption.sql).
+    UPDATE tuneplane.attempts SET capsule_digest = p_capsule_digest, prepare_deadline = now() + v_timeout,
+                                  resume_artifact_id = (tuneplane.resume_checkpoint_of(a.job_id)).id
      WHERE id = a.id;
     PERFORM tuneplane.set_attempt_state(a.id, 'preparing', 'preparing');
     SELECT jsonb_agg(jsonb_build_object('rank', mm.rank, 'node_id', mm.node_id, 'node', n.name,
@@ -363,12 +366,13 @@ BEGIN
             'world_size', j.nodes, 'gpu_indices', to_jsonb(m.gpu_indices), 'cpus', m.cpus,
             'memory_bytes', m.memory_bytes, 'capsule_digest', p_capsule_digest,
             'master_addr', a.master_addr, 'master_port', a.master_port, 'peers', v_peers,
-            'deadline', extract(epoch FROM now() + v_timeout),
+            'deadline', extract(epoch FROM now() + v_timeout), 'resume', tuneplane.resume_pin(a.id),
             'shared_path', (SELECT f.capabilities ->> 'shared_path' FROM tuneplane.fleets f WHERE f.id = a.fleet_id)));
     END LOOP;
     PERFORM tuneplane.set_job_state(j.id, 'preparing',
-        format('attempt %s: preparing %s member(s); commit once every member is prepared (deadline %s)',
-               a.number, j.nodes, to_char(now() + v_timeout, 'YYYY-MM-DD HH24:MI:SS TZ')));
+        format('attempt %s: preparing %s member(s); commit once every member is prepared (deadline %s)%s',
+               a.number, j.nodes, to_char(now() + v_timeout, 'YYYY-MM-DD HH24:MI:SS TZ'),
+               tuneplane.resume_words(a.id)));
     RETURN 'preparing';
 END;
 $$;

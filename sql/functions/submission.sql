@@ -272,6 +272,40 @@ BEGIN
 END;
 $$;
 
+-- resolve_resume: the JobSpec's `resume` as the preview pins it:
+--   absent or "latest" → {"mode": "latest"}: every later attempt starts from the job's newest verified checkpoint;
+--   "none"             → {"mode": "none"}: every attempt starts from scratch;
+--   a reference        → {"mode": "pinned", …}: every attempt starts from that complete artifact (the forms
+--                        of an input: JOB/NAME, JOB/NAME@RANK, sha256:DIGEST), pinned by id and digest.
+-- Refuses (field `resume`) a value that is not a string, and an artifact that is not complete (422) or
+-- not the owner's (404, from resolve_artifact_ref).
+CREATE OR REPLACE FUNCTION tuneplane.resolve_resume(p_owner_id bigint, p_resume jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    a tuneplane.artifacts;
+BEGIN
+    IF p_resume IS NULL OR p_resume = 'null'::jsonb OR p_resume = '"latest"'::jsonb THEN
+        RETURN jsonb_build_object('mode', 'latest');
+    END IF;
+    IF jsonb_typeof(p_resume) <> 'string' OR p_resume ->> 0 = '' THEN
+        RAISE EXCEPTION 'resume must be "latest", "none" or a checkpoint reference such as 12/checkpoint.3'
+            USING ERRCODE = 'TP422', COLUMN = 'resume';
+    END IF;
+    IF p_resume = '"none"'::jsonb THEN
+        RETURN jsonb_build_object('mode', 'none');
+    END IF;
+    a := tuneplane.resolve_artifact_ref(p_owner_id, p_resume ->> 0, 'resume');
+    IF a.state <> 'complete' THEN
+        RAISE EXCEPTION 'resume: artifact % of job % is %, not complete; only a verified checkpoint can be resumed from',
+                        a.name, a.job_id, a.state USING ERRCODE = 'TP422', COLUMN = 'resume';
+    END IF;
+    RETURN jsonb_build_object('mode', 'pinned', 'artifact', p_resume ->> 0, 'artifact_id', a.id,
+                              'job_id', a.job_id, 'artifact_name', a.name,
+                              'manifest_digest', a.manifest_digest);
+END;
+$$;
+
 -- resolve_inputs: each input pinned to a complete artifact by manifest digest, in spec order:
 -- {name, path, artifact (the reference as written), artifact_id, job_id, artifact_name, rank, attempt,
 --  manifest_digest, file_count, total_bytes, delivery}. Refuses (422, naming inputs.N.artifact) an
@@ -550,6 +584,7 @@ BEGIN
         'priority', coalesce((p_spec ->> 'priority')::integer, 0),
         'inputs', v_inputs,
         'outputs', coalesce(p_spec -> 'outputs', '[]'::jsonb),
+        'resume', tuneplane.resolve_resume(owner.id, p_spec -> 'resume'),
         'policy', jsonb_build_object('max_gpus_per_job', v_limits.max_gpus_per_job,
                                      'max_nodes_per_job', v_limits.max_nodes_per_job),
         'warnings', v_warnings);

@@ -41,6 +41,7 @@ MEMBER_FIELDS = (
     "master_addr",
     "master_port",
     "shared_path",
+    "resume",
 )
 
 
@@ -164,14 +165,23 @@ def unpack_source(spec: dict, directory: Path) -> None:
     os.replace(partial, src)
 
 
-def materialize(access: NodeAccess, inputs: list[dict], root: Path) -> None:
+def materialize(access: NodeAccess, inputs: list[dict], root: Path, resume: dict | None = None) -> None:
+    """The job's pinned inputs under `root` (input/) and the checkpoint this attempt resumes from in
+    `<member dir>/resume` (PREPARE's `resume`, docs/preemption.md), each verified against its manifest."""
     from tuneplane.workers.artifacts.deliver import node_http
-    from tuneplane.workers.artifacts.materialize import MaterializeError, materialize_inputs
+    from tuneplane.workers.artifacts.materialize import (
+        MaterializeError,
+        materialize_input,
+        materialize_inputs,
+    )
 
     root.mkdir(parents=True, exist_ok=True)
     try:
         with node_http(access.server, access.credential(), ca_bundle=access.ca_bundle) as http:
             materialize_inputs(http, inputs, root)
+            if resume:
+                pinned = {**resume, "name": f"resume ({resume['name']})"}
+                materialize_input(http, pinned, root.parent / "resume")
     except MaterializeError as exc:
         raise PrepareFailed(str(exc)) from exc
 
@@ -201,8 +211,10 @@ async def prepare_member_dir(
         await asyncio.to_thread(unpack_capsule, tar_path, digest, capsule_dir)
     spec = json.loads((capsule_dir / "spec.json").read_text())
     await asyncio.to_thread(unpack_source, spec, directory)
-    if spec.get("inputs"):
-        await asyncio.to_thread(materialize, access, spec["inputs"], directory / "input")
+    if spec.get("inputs") or payload.get("resume"):
+        await asyncio.to_thread(
+            materialize, access, spec.get("inputs") or [], directory / "input", payload.get("resume")
+        )
     pin = spec.get("runtime") or {}
     runtime = await asyncio.to_thread(check_runtime, pin)
     if runtime is not None and pin.get("image"):

@@ -11,6 +11,11 @@ checkpoint JOB`) and publishes each while it trains (artifacts checkpoint.1, che
 at the end until every one is complete. The output directory defaults to ./output. With
 `init_from` (a path, relative to $TUNEPLANE_INPUT_DIR when not absolute) training starts from saved
 weights instead of random ones: that is how a fine-tune job consumes an earlier job's checkpoint.
+A later attempt of the job (after a preemption, a time limit, a lost node or a failure) finds the job's
+newest verified checkpoint in $TUNEPLANE_RESUME_DIR (tuneplane.sdk.resume_dir()) and continues from its
+step with its weights and optimizer state (state.json says the step), so the run ends after exactly
+`steps` steps whatever happened on the way. When TunePlane asks it to stop (tuneplane.sdk.preempting(),
+docs/preemption.md) it saves and publishes a checkpoint of the step it reached and exits.
 
 Parameters come from $TUNEPLANE_PARAMS (a JSON object, as the runner passes a recipe's params) and
 command-line flags, flags winning:  python -m tuneplane.workers.integrations.demo --steps 50
@@ -112,6 +117,17 @@ class MLP:
                 self.params[name] = saved[name].copy()
         print(f"initialized from {path} ({sum(v.size for v in self.params.values())} parameters)", flush=True)
 
+    def resume(self, directory: Path) -> int:
+        """Weights, momentum and step of a checkpoint this recipe saved; returns the step."""
+        self.load(directory / "model.npz")
+        with np.load(directory / "model.npz") as saved:
+            for name in self.velocity:
+                if f"velocity_{name}" in saved:
+                    self.velocity[name] = saved[f"velocity_{name}"].copy()
+        state_file = directory / "state.json"
+        state = json.loads(state_file.read_text()) if state_file.is_file() else {}
+        return int(state.get("step", 0))
+
     def loss_and_grads(self, x: np.ndarray, y: np.ndarray) -> tuple[float, dict[str, np.ndarray]]:
         p = self.params
         h = np.tanh(x @ p["w1"] + p["b1"])
@@ -138,11 +154,13 @@ def resolve_input(raw: str) -> Path:
     return path
 
 
-def save_checkpoint(model: MLP, directory: Path) -> None:
+def save_checkpoint(model: MLP, directory: Path, step: int | None = None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / "model.tmp.npz"
-    np.savez(tmp, **model.params)
+    np.savez(tmp, **model.params, **{f"velocity_{k}": v for k, v in model.velocity.items()})
     tmp.replace(directory / "model.npz")
+    if step is not None:
+        (directory / "state.json").write_text(json.dumps({"step": step}))
 
 
 def publish_checkpoint(model: MLP, out: Path, step: int) -> None:
@@ -153,7 +171,9 @@ def publish_checkpoint(model: MLP, out: Path, step: int) -> None:
     except ImportError:  # run outside TunePlane's runtime: nothing to publish to
         return
     directory = out / "checkpoints" / f"step-{step:07d}"
-    save_checkpoint(model, directory)
+    if directory.exists():  # published already (asked twice at one step)
+        return
+    save_checkpoint(model, directory, step)
     if sdk.checkpoint(directory, name="checkpoint") is not None:
         print(f"checkpoint of step {step} requested ({directory})", flush=True)
 
@@ -178,6 +198,24 @@ def checkpoint_asked() -> bool:
     return sdk.checkpoint_requested()
 
 
+def stop_asked() -> bool:
+    """TunePlane asked this member to checkpoint and stop (a preemption or the time limit)."""
+    try:
+        from tuneplane import sdk
+    except ImportError:
+        return False
+    return bool(getattr(sdk, "preempting", lambda: False)())
+
+
+def resume_from() -> Path | None:
+    try:
+        from tuneplane import sdk
+    except ImportError:
+        return None
+    directory = sdk.resume_dir()
+    return directory if directory is not None and (directory / "model.npz").is_file() else None
+
+
 def train(args: argparse.Namespace) -> float:
     from tensorboardX import SummaryWriter
 
@@ -186,13 +224,24 @@ def train(args: argparse.Namespace) -> float:
     rank = int(os.environ.get("RANK", "0"))
     rng = np.random.default_rng(args.seed + rank)
     model = MLP(args.hidden, rng)
-    if args.init_from:
+    first = 1
+    resumed = resume_from()
+    if resumed is not None:
+        first = model.resume(resumed) + 1
+        # The data stream continues from the resumed step, the same on every attempt that reaches it.
+        rng = np.random.default_rng([args.seed, rank, first])
+        name = os.environ.get("TUNEPLANE_RESUME_FROM") or resumed
+        print(f"resumed from {name} at step {first - 1}", flush=True)
+    elif args.init_from:
         model.load(resolve_input(args.init_from))
     writer = SummaryWriter(logdir=str(out / "tensorboard"), flush_secs=2)
     loss = float("nan")
+    if first > args.steps:  # resumed from the last step's checkpoint: nothing left but to say the loss
+        x = rng.uniform(-2.0, 2.0, (args.batch_size, 2))
+        loss = model.loss_and_grads(x, target(x))[0]
     started = time.monotonic()
     with open(out / "metrics.jsonl", "a", encoding="utf-8") as metrics:
-        for step in range(1, args.steps + 1):
+        for step in range(first, args.steps + 1):
             x = rng.uniform(-2.0, 2.0, (args.batch_size, 2))
             loss, grads = model.loss_and_grads(x, target(x))
             lr = learning_rate(step, args.steps, args.lr)
@@ -206,6 +255,12 @@ def train(args: argparse.Namespace) -> float:
                 print(f"step {step}/{args.steps} loss {loss:.5f} lr {lr:.5f}", flush=True)
             if (args.checkpoint_every and step % args.checkpoint_every == 0) or checkpoint_asked():
                 publish_checkpoint(model, out, step)
+            if step < args.steps and stop_asked():
+                publish_checkpoint(model, out, step)
+                wait_for_checkpoints()
+                print(f"stopping at step {step}/{args.steps}: asked to checkpoint and stop", flush=True)
+                writer.close()
+                return loss
             if args.step_seconds:
                 time.sleep(args.step_seconds)
     writer.close()
@@ -213,7 +268,11 @@ def train(args: argparse.Namespace) -> float:
     # Every checkpoint asked for is complete (or refused, with the reason) before the member ends.
     wait_for_checkpoints()
     elapsed = time.monotonic() - started
-    print(f"done: {args.steps} steps in {elapsed:.2f}s, final loss {loss:.5f}, output in {out}", flush=True)
+    print(
+        f"done: {args.steps} steps ({args.steps - first + 1} in this attempt) in {elapsed:.2f}s, "
+        f"final loss {loss:.5f}, output in {out}",
+        flush=True,
+    )
     return loss
 
 

@@ -56,6 +56,10 @@ class MemberPaths:
         return self.root / "input"
 
     @property
+    def resume(self) -> Path:
+        return self.root / "resume"
+
+    @property
     def output(self) -> Path:
         return self.root / "output"
 
@@ -94,6 +98,10 @@ def member_variables(member: dict, spec: dict, paths: MemberPaths) -> dict[str, 
         "TUNEPLANE_GPUS_PER_NODE": str(resources.get("gpus_per_node", len(member.get("gpu_indices") or []))),
         "PYTHONUNBUFFERED": "1",
     }
+    if member.get("resume"):
+        # The verified checkpoint this attempt resumes from (docs/preemption.md); unset: start fresh.
+        values["TUNEPLANE_RESUME_DIR"] = str(paths.resume)
+        values["TUNEPLANE_RESUME_FROM"] = str(member["resume"].get("name") or "")
     gpus = member.get("gpu_indices") or []
     if gpus and not member.get("simulated_gpus"):
         values["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
@@ -161,6 +169,8 @@ def container_launch(
         "TUNEPLANE_OUTPUT_DIR": str(inside / "output"),
         "TUNEPLANE_INPUT_DIR": str(inside / "input"),
     }
+    if member.get("resume"):
+        moved["TUNEPLANE_RESUME_DIR"] = str(inside / "resume")
     container_env = {**member_variables(member, spec, paths), **moved}
     for key in ("TUNEPLANE_TELEMETRY_URL", "TUNEPLANE_TELEMETRY_TOKEN"):
         if env.get(key):
