@@ -71,7 +71,7 @@ def test_the_retry_on_another_node_resumes_from_the_last_verified_checkpoint(
         (job_id, first["attempt_id"], job_id),
     )
     assert [r["name"] for r in verified_before] == [attempt["resume_name"]]
-    retry = [m for m in cluster.members(job_id) if m["attempt_id"] == attempt["id"]][0]
+    retry = next(m for m in cluster.members(job_id) if m["attempt_id"] == attempt["id"])
     assert retry["node"] == "b"
     member_dir = cluster.member_dir("b", retry["id"])
     resumed = json.loads((member_dir / "resume" / "state.json").read_text())["step"]
