@@ -84,6 +84,11 @@ def telemetry_prune(ctx: SweepContext) -> str | None:
     return f"telemetry retention removed {row['series']} series ({row['points']} points)"
 
 
+def prune_team_event_deliveries(ctx: SweepContext) -> str | None:
+    """Team webhook deliveries delivered or given up longer ago than webhook_settings.keep_for."""
+    return _counted(ctx, "prune_team_event_deliveries", "team webhook deliveries past their keep_for deleted")
+
+
 def blob_gc(ctx: SweepContext) -> str | None:
     from tuneplane.app.artifacts.gc import collect
 
@@ -114,6 +119,7 @@ SCHEDULE: tuple[Sweep, ...] = (
     Sweep("note_connectivity_changes", note_connectivity_changes),
     Sweep("prune_node_commands", prune_node_commands, every=3600.0),
     Sweep("telemetry_prune", telemetry_prune, every=3600.0),
+    Sweep("prune_team_event_deliveries", prune_team_event_deliveries, every=3600.0),
     Sweep("blob_gc", blob_gc, every=6 * 3600.0, first_after_interval=True),
 )
 

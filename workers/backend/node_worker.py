@@ -12,6 +12,9 @@ Each pass runs reserve_next for the node-backend fleets with queued jobs.
 
 Sweeps (in the same process, on their own thread and connection): every sweep of TunePlane, scheduled by
 workers.sweeps.Sweeper.
+
+Team webhooks (workers/backend/webhook_delivery.py) are sent by a loop of their own in the same process,
+woken by `tuneplane_team_events` on the same LISTEN connection.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from pgqueuer.queries import Queries
 from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
+from tuneplane.workers.backend import webhook_delivery
 from tuneplane.workers.backend.capsule_build import build_capsule
 from tuneplane.workers.capsule import CapsuleError
 from tuneplane.workers.sweeps import Sweeper
@@ -81,6 +85,9 @@ class NodeWorker:
             every={"blob_gc": options.blob_gc_interval},
             blob_gc_min_age=options.blob_gc_min_age,
             say=say,
+        )
+        self.webhooks = webhook_delivery.WebhookDeliverer(
+            self.db, options.name, poll_interval=options.poll_interval, say=say
         )
 
     # ---- launch -------------------------------------------------------------------------------------
@@ -186,12 +193,16 @@ class NodeWorker:
             try:
                 conn = await self.db.listen_connection()
                 async with conn:
-                    for channel in CHANNELS:
+                    for channel in (*CHANNELS, webhook_delivery.CHANNEL):
                         await conn.execute(f"LISTEN {channel}")
                     delay = 0.5
                     self.wake.set()  # whatever happened while we were not listening
-                    async for _notify in conn.notifies():
-                        self.wake.set()
+                    self.webhooks.wake.set()
+                    async for notify in conn.notifies():
+                        if notify.channel == webhook_delivery.CHANNEL:
+                            self.webhooks.wake.set()
+                        else:
+                            self.wake.set()
             except asyncio.CancelledError:
                 raise
             except (psycopg.Error, OSError) as exc:
@@ -243,6 +254,7 @@ class NodeWorker:
             asyncio.create_task(self._listen(), name="listen"),
             asyncio.create_task(self._schedule(), name="schedule"),
             asyncio.create_task(self._consume(), name="consume"),
+            asyncio.create_task(self.webhooks.run(self.stop), name="webhooks"),
         ]
         self.sweeper.start()
         self.say(
