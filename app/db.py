@@ -10,6 +10,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import psycopg
@@ -20,6 +21,11 @@ from psycopg_pool import ConnectionPool
 from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, refusal_from_db, rolled_back
 
 SEARCH_PATH_OPTION = "-c search_path=tuneplane,public"
+
+# The API token the current request acts under (None: a console session, a worker, a command). Every
+# transaction opened while it is set carries it as `tuneplane.token_id`, so the stored functions narrow the
+# user's roles by the token's scope themselves (teams.sql: token_allows). Set per request by app/web/auth.
+request_token_id: ContextVar[int | None] = ContextVar("request_token_id", default=None)
 
 
 def connect(url: str, *, autocommit: bool = False, application_name: str = "tuneplane") -> psycopg.Connection:
@@ -66,6 +72,9 @@ class Database:
         with self.pool.connection() as conn:
             try:
                 with conn.transaction():
+                    token_id = request_token_id.get()
+                    if token_id is not None:
+                        conn.execute("SELECT set_config('tuneplane.token_id', %s, true)", (str(token_id),))
                     yield conn
             except psycopg.Error as exc:
                 refusal = refusal_from_db(exc)

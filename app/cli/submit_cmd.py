@@ -58,6 +58,12 @@ def spec_options(func: Callable) -> Callable:
         click.option("--cpus", type=int, help="CPUs per node."),
         click.option("--memory", help="Memory per node, e.g. 16G."),
         click.option("--fleet", help="Fleet name (default: the one fleet that can satisfy the request)."),
+        click.option("--team", help="The team the job belongs to (default: your default team)."),
+        click.option(
+            "--preemptible/--not-preemptible",
+            default=None,
+            help="May be preempted; only preemptible jobs borrow idle GPUs above the team's guarantee.",
+        ),
         click.option("--max-attempts", type=int, help="Attempts before the job fails."),
         click.option("--priority", type=int, help="Queue priority (higher first)."),
         click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable (repeatable)."),
@@ -199,7 +205,7 @@ def build_spec(client: ApiClient, opts: dict[str, Any]) -> dict:
             resources[field] = opts[flag]
     if resources:
         spec["resources"] = resources
-    for field in ("fleet", "max_attempts", "priority"):
+    for field in ("fleet", "team", "preemptible", "max_attempts", "priority"):
         if opts.get(field) is not None:
             spec[field] = opts[field]
     if opts.get("env"):
@@ -259,6 +265,8 @@ SPEC_KEYS = (
     "cpus",
     "memory",
     "fleet",
+    "team",
+    "preemptible",
     "max_attempts",
     "priority",
     "env",
@@ -275,6 +283,7 @@ def echo_preview(preview: dict, err: bool = False) -> None:
     out(f"Preview {preview['id']} (expires {humanize.ago(preview['expires_at'])})")
     for label, value in (
         ("input", s["input"]),
+        ("team", s["team"]),
         ("fleet", s["fleet"]),
         ("backend", s["backend"]),
         ("GPU request", s["gpu_request"]),

@@ -233,6 +233,10 @@ class JobSpec(StrictModel):
     image: ImageInput | None = None
     resources: Resources = Field(default_factory=Resources)
     fleet: str | None = None
+    # The team the job belongs to (docs/teams.md); None: the user's default team.
+    team: str | None = None
+    # May be preempted; only preemptible jobs borrow idle GPUs above their team's guarantee.
+    preemptible: bool = False
     env: dict[str, Annotated[str, Field(max_length=32768)]] = Field(
         default_factory=dict, max_length=MAX_ENV_VARS
     )
@@ -261,6 +265,15 @@ class JobSpec(StrictModel):
             return None
         if not re.match(r"^[a-z0-9][a-z0-9-]{0,62}$", value):
             raise ValueError("must be a fleet name (lowercase letters, digits, -)")
+        return value
+
+    @field_validator("team")
+    @classmethod
+    def _team(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        if not re.match(r"^[a-z0-9][a-z0-9_.-]{1,62}$", value):
+            raise ValueError("must be a team name (2-63 of a-z, 0-9, _ . -)")
         return value
 
     @field_validator("env")

@@ -164,6 +164,12 @@ def summary(resolved: dict) -> dict:
     memory = format_bytes(res.get("memory_per_node", 0))
     return {
         "input": describe_input(resolved.get("input", {})),
+        "team": (resolved.get("team") or {}).get("name", "(the owner's)")
+        + (
+            "; preemptible: may borrow idle GPUs above the team's guarantee"
+            if resolved.get("preemptible")
+            else ""
+        ),
         "fleet": f"{fleet.get('name')} ({chosen})",
         "backend": fleet.get("backend"),
         "nodes": res.get("nodes"),

@@ -11,6 +11,7 @@ from typing import Any
 
 from flask import current_app, g, redirect, request, session, url_for
 
+from tuneplane.app.db import request_token_id
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import token_hash
 from tuneplane.app.web.negotiate import wants_json
@@ -31,11 +32,15 @@ class CurrentUser:
 
 def load_current_user() -> None:
     g.user = None
+    # A worker thread serves many requests: the previous request's token must never carry over.
+    request_token_id.set(None)
     header = request.headers.get("Authorization", "")
     if header.startswith("Bearer "):
         rows = get_db().call("authenticate_api_token", token_hash(header[7:].strip()), "api")
         row = rows[0]
         g.user = CurrentUser(row["user_id"], row["username"], row["role"], "token")
+        # Every database call of this request now acts under the token's scope (app/db.py).
+        request_token_id.set(row["token_id"])
         return
     user_id = session.get("user_id")
     if user_id is not None:

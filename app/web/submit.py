@@ -116,6 +116,10 @@ def spec_from_form(form: MultiDict, files: MultiDict | None = None) -> dict[str,
         spec["resources"] = resources
     if value("fleet"):
         spec["fleet"] = value("fleet")
+    if value("team"):
+        spec["team"] = value("team")
+    if value("preemptible"):
+        spec["preemptible"] = True
     for name in ("max_attempts", "priority"):
         if value(name):
             spec[name] = _form_int(value(name), name)
@@ -159,6 +163,7 @@ def _dialog_context(form: MultiDict | None = None, **extra: Any) -> dict[str, An
         "recipes": sorted(recipes(), key=lambda r: r.name),
         "launchers": LAUNCHERS,
         "fleets": fleets,
+        "teams": get_db().call("teams_of", current_user().id),
         "artifacts": get_db().call("complete_artifacts_of", current_user().id, 200),
         "input_rows": range(INPUT_ROWS),
         "values": values,

@@ -441,12 +441,16 @@ DECLARE
     v_warnings   jsonb := coalesce(p_pins -> 'warnings', '[]'::jsonb);
     v_resolved   jsonb;
     v_canonical  text;
+    v_team       tuneplane.teams;
     result       tuneplane.previews;
 BEGIN
     SELECT * INTO owner FROM tuneplane.users WHERE id = p_owner_id AND disabled_at IS NULL;
     IF owner.id IS NULL THEN
         RAISE EXCEPTION 'no such active user' USING ERRCODE = 'TP401', COLUMN = 'user';
     END IF;
+    -- The team the job will belong to (teams.sql): the named one or the user's default; a role that may
+    -- submit and a token that reaches it.
+    v_team := tuneplane.require_team_submit(owner, nullif(p_spec ->> 'team', ''));
     IF v_kind IS NULL OR v_kind NOT IN ('recipe', 'source', 'image') THEN
         RAISE EXCEPTION 'input must be exactly one of recipe, source or image' USING ERRCODE = 'TP422', COLUMN = 'input';
     END IF;
@@ -557,6 +561,7 @@ BEGIN
             'no fleet named: chose %s (backend %s), the only fleet that can satisfy this request',
             v_fleet.fleet, v_fleet.backend));
     END IF;
+    PERFORM tuneplane.require_fleet_for_team(v_fleet.fleet_id, v_team);
     IF v_fleet.backend = 'slurm' THEN
         -- What Slurm would accept and leave pending forever (slurm.sql).
         PERFORM tuneplane.slurm_preview_check(v_fleet.fleet_id, v_nodes, (res ->> 'time_limit_minutes')::integer);
@@ -569,6 +574,8 @@ BEGIN
     v_resolved := jsonb_build_object(
         'schema', 'tuneplane.preview/v1',
         'owner', owner.username,
+        'team', jsonb_build_object('id', v_team.id, 'name', v_team.name),
+        'preemptible', coalesce((p_spec ->> 'preemptible')::boolean, false),
         'input', v_input,
         'integration', p_pins -> 'integration',
         'runtime', p_pins -> 'runtime',
@@ -590,13 +597,14 @@ BEGIN
         'warnings', v_warnings);
     v_canonical := tuneplane.canonical_json(v_resolved);
 
-    INSERT INTO tuneplane.previews (owner_id, fleet_id, spec, resolved, canonical, digest, observed, expires_at)
+    INSERT INTO tuneplane.previews (owner_id, fleet_id, spec, resolved, canonical, digest, observed, expires_at,
+                                    team_id)
     VALUES (owner.id, v_fleet.fleet_id, p_spec, v_resolved, v_canonical,
             encode(sha256(convert_to(v_canonical, 'UTF8')), 'hex'),
             jsonb_build_object('capable_nodes', v_fleet.capable_nodes,
                                'non_retired_nodes', v_fleet.non_retired_nodes,
                                'capable_but_unschedulable', v_fleet.capable_but_unschedulable),
-            now() + make_interval(secs => tuneplane.submission_setting('preview_ttl_seconds')))
+            now() + make_interval(secs => tuneplane.submission_setting('preview_ttl_seconds')), v_team.id)
     RETURNING * INTO result;
     RETURN result;
 END;
@@ -713,6 +721,10 @@ BEGIN
         RAISE EXCEPTION 'digest does not match preview %: what you confirm is not what was previewed', p_preview_id
             USING ERRCODE = 'TP409', COLUMN = 'digest';
     END IF;
+    -- The team is checked again (teams.sql): the user may have lost their role since the preview, and a
+    -- read-only token, or one that does not reach the team, confirms nothing (not even a replay).
+    PERFORM tuneplane.require_team_submit(tuneplane.require_active_user(p_actor_id),
+                                          (SELECT t.name FROM tuneplane.teams t WHERE t.id = v_preview.team_id));
 
     SELECT c.* INTO v_conf FROM tuneplane.confirmations c
      WHERE c.owner_id = p_actor_id AND c.retry_key = p_retry_key;
@@ -729,7 +741,8 @@ BEGIN
         IF FOUND THEN
             v_res := v_preview.resolved -> 'resources';
             INSERT INTO tuneplane.jobs (id, owner_id, preview_id, fleet_id, state, state_reason, priority,
-                                        nodes, gpus_per_node, cpus_per_node, memory_per_node, max_attempts, spec)
+                                        nodes, gpus_per_node, cpus_per_node, memory_per_node, max_attempts, spec,
+                                        team_id, preemptible)
             VALUES (v_job_id, p_actor_id, p_preview_id, v_preview.fleet_id, 'queued',
                     format('waiting for resources: %s × (%s GPU, %s CPU, %s) on fleet %s',
                            (v_res ->> 'nodes')::integer, (v_res ->> 'gpus_per_node')::integer,
@@ -739,7 +752,8 @@ BEGIN
                     (v_preview.resolved ->> 'priority')::integer,
                     (v_res ->> 'nodes')::integer, (v_res ->> 'gpus_per_node')::integer,
                     (v_res ->> 'cpus_per_node')::integer, (v_res ->> 'memory_per_node')::bigint,
-                    (v_preview.resolved ->> 'max_attempts')::integer, v_preview.resolved)
+                    (v_preview.resolved ->> 'max_attempts')::integer, v_preview.resolved,
+                    v_preview.team_id, coalesce((v_preview.resolved ->> 'preemptible')::boolean, false))
             ON CONFLICT (preview_id) DO NOTHING;
             IF NOT FOUND THEN
                 SELECT j.id, c.retry_key INTO v_other

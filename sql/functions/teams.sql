@@ -229,3 +229,100 @@ BEGIN
     RETURN result;
 END;
 $$;
+
+-- request_token: the API token this transaction acts under (the server sets `tuneplane.token_id` for the
+-- transactions of a request authenticated by a token; app/db.py), or NULL for a console session, a
+-- worker or psql. Its scope narrows what the user's roles allow.
+CREATE OR REPLACE FUNCTION tuneplane.request_token()
+RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT nullif(current_setting('tuneplane.token_id', true), '')::bigint;
+$$;
+
+-- token_allows: whether the request's token (if any) reaches team p_team_id for p_action ('read' or
+-- 'act'): a read-only token never acts; a token with api_token_teams rows reaches only those teams.
+CREATE OR REPLACE FUNCTION tuneplane.token_allows(p_team_id bigint, p_action text)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT tuneplane.request_token() IS NULL
+        OR EXISTS (SELECT 1 FROM tuneplane.api_tokens t
+                    WHERE t.id = tuneplane.request_token()
+                      AND (p_action = 'read' OR NOT t.read_only)
+                      AND (NOT EXISTS (SELECT 1 FROM tuneplane.api_token_teams s WHERE s.token_id = t.id)
+                           OR EXISTS (SELECT 1 FROM tuneplane.api_token_teams s
+                                       WHERE s.token_id = t.id AND s.team_id = p_team_id)));
+$$;
+
+-- team_access_allowed: the rule for a team's jobs, as a boolean: an enabled user who is an installation
+-- admin or has a role in the team — any role may 'read', admin and member may 'act' (submit into the
+-- team, cancel its jobs) — and whose request token (if any) reaches the team for that action.
+-- p_role is the user's role in the team (team_role), passed in so list filters can join it.
+CREATE OR REPLACE FUNCTION tuneplane.team_access_allowed(p_user tuneplane.users, p_role text, p_team_id bigint,
+                                                         p_action text)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(p_action IN ('read', 'act')
+                    AND (p_user).id IS NOT NULL AND (p_user).disabled_at IS NULL
+                    AND ((p_user).role = 'admin'
+                         OR p_role IN ('admin', 'member')
+                         OR (p_role = 'viewer' AND p_action = 'read'))
+                    AND tuneplane.token_allows(p_team_id, p_action), false);
+$$;
+
+-- require_team_submit: the team a preview of p_actor_id goes to: p_team (a name) or the user's default
+-- team. Refuses a team the user has no role in (404, as if it did not exist), a viewer (403), and a token
+-- that is read-only or does not reach the team (403).
+CREATE OR REPLACE FUNCTION tuneplane.require_team_submit(p_actor tuneplane.users, p_team text)
+RETURNS tuneplane.teams
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_team tuneplane.teams;
+    v_role text;
+BEGIN
+    SELECT * INTO v_team FROM tuneplane.teams
+     WHERE CASE WHEN p_team IS NULL THEN id = p_actor.default_team_id ELSE name = p_team END;
+    v_role := tuneplane.team_role(p_actor.id, v_team.id);
+    IF v_team.id IS NULL OR (v_role IS NULL AND p_actor.role <> 'admin') THEN
+        RAISE EXCEPTION '%', CASE WHEN p_team IS NULL THEN 'you have no default team; name one with team'
+                                  ELSE format('no team %s of yours', left(p_team, 100)) END
+            USING ERRCODE = 'TP404', COLUMN = 'team';
+    END IF;
+    IF NOT tuneplane.team_access_allowed(p_actor, v_role, v_team.id, 'act') THEN
+        RAISE EXCEPTION '%', CASE WHEN NOT tuneplane.token_allows(v_team.id, 'act')
+                                  THEN format('this API token may not submit to team %s (read-only or scoped to '
+                                              'other teams)', v_team.name)
+                                  ELSE format('you are a viewer of team %s: viewers cannot submit', v_team.name) END
+            USING ERRCODE = 'TP403', COLUMN = 'team';
+    END IF;
+    RETURN v_team;
+END;
+$$;
+
+-- require_fleet_for_team: refuses (403) a fleet open only to listed teams when p_team is not listed.
+CREATE OR REPLACE FUNCTION tuneplane.require_fleet_for_team(p_fleet_id bigint, p_team tuneplane.teams)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_fleet tuneplane.fleets;
+BEGIN
+    SELECT * INTO v_fleet FROM tuneplane.fleets WHERE id = p_fleet_id;
+    IF v_fleet.team_access = 'listed'
+       AND NOT EXISTS (SELECT 1 FROM tuneplane.fleet_team_access a
+                        WHERE a.fleet_id = p_fleet_id AND a.team_id = p_team.id) THEN
+        RAISE EXCEPTION 'team % may not use fleet % (an installation admin grants it: tuneplane teams grant)',
+            p_team.name, v_fleet.name USING ERRCODE = 'TP403', COLUMN = 'fleet';
+    END IF;
+END;
+$$;
+
+-- teams_of: the teams the user has a role in, with the role (the submit dialog, `tuneplane teams`).
+CREATE OR REPLACE FUNCTION tuneplane.teams_of(p_actor_id bigint)
+RETURNS TABLE (team_id bigint, team text, role text, personal boolean, is_default boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT t.id, t.name, tm.role, t.personal_of IS NOT NULL, t.id = u.default_team_id
+      FROM tuneplane.team_members tm
+      JOIN tuneplane.teams t ON t.id = tm.team_id
+      JOIN tuneplane.users u ON u.id = tm.user_id AND u.disabled_at IS NULL
+     WHERE tm.user_id = p_actor_id
+     ORDER BY t.id = u.default_team_id DESC, t.name;
+$$;
