@@ -37,6 +37,14 @@ def duration(seconds: float | None) -> str:
     return f"{days} d {hours} h" if hours else f"{days} d"
 
 
+def utc_minute(when: dt.datetime | str | None) -> str:
+    """A moment to the minute in UTC, as the idle-GPU deadline is said everywhere: 2026-12-03 15:10 UTC."""
+    if when is None:
+        return "-"
+    moment = dt.datetime.fromisoformat(when) if isinstance(when, str) else when
+    return f"{moment.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC"
+
+
 def ago(when: dt.datetime | str | None, now: dt.datetime | None = None) -> str:
     """A moment relative to now (`5 min ago`, `in 2 h`); past a week, the date and time (UTC)."""
     if when is None:

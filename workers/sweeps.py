@@ -74,6 +74,21 @@ def prune_node_commands(ctx: SweepContext) -> str | None:
     return _counted(ctx, "prune_node_commands", "acknowledged node command(s) older than 7 days deleted")
 
 
+# ---- idle GPUs (sql/functions/idle.sql, docs/idle.md) ----------------------------------------------------
+
+
+def sweep_idle_jobs(ctx: SweepContext) -> str | None:
+    """Running jobs judged from their stored GPU samples: warned, reclaimed at their deadline, or busy again.
+    Each job is evaluated at most once per idle_settings.check_every; one call evaluates at most 200."""
+    row = ctx.db.call("sweep_idle_jobs")[0]
+    if not (row["warned"] or row["reclaimed"] or row["busy_again"]):
+        return None
+    return (
+        f"idle GPUs: {row['warned']} job(s) warned, {row['reclaimed']} reclaimed, "
+        f"{row['busy_again']} busy again"
+    )
+
+
 # ---- retention of telemetry and blobs ---------------------------------------------------------------------
 
 
@@ -117,6 +132,8 @@ SCHEDULE: tuple[Sweep, ...] = (
     Sweep("requeue_stalled_launches", requeue_stalled_launches),
     # The Fleet page's connected -> stale -> lost events (the state itself is computed from heartbeat age).
     Sweep("note_connectivity_changes", note_connectivity_changes),
+    # Idle GPUs: the function itself evaluates each job at most once per check_every (1 min).
+    Sweep("sweep_idle_jobs", sweep_idle_jobs, every=5.0),
     Sweep("prune_node_commands", prune_node_commands, every=3600.0),
     Sweep("telemetry_prune", telemetry_prune, every=3600.0),
     Sweep("prune_team_event_deliveries", prune_team_event_deliveries, every=3600.0),

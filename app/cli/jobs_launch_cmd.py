@@ -20,6 +20,25 @@ def echo_waiting(job: dict) -> None:
         click.echo(f"  {'why it waits':<16} {waiting['text']}")
 
 
+def echo_idle(job: dict) -> None:
+    """The idle-GPU lines of `jobs show`: the warning and its deadline, an exemption, idle GPU-seconds."""
+    idle = job.get("idle")
+    if not idle:
+        return
+    if idle.get("warned_at") and job.get("state") not in ("succeeded", "failed", "cancelled"):
+        click.echo(f"  {'idle warning':<16} {idle['warning']}")
+        deadline = "none (the fleet's idle policy only warns)"
+        if idle.get("deadline"):
+            deadline = (
+                f"{humanize.utc_minute(str(idle['deadline']))} (stopped then unless its GPUs become busy)"
+            )
+        click.echo(f"  {'idle deadline':<16} {deadline}")
+    if idle.get("exempt_at"):
+        click.echo(f"  {'idle exempt':<16} by {idle['exempt_by']}: {idle['exempt_reason']}")
+    if idle.get("idle_gpu_seconds"):
+        click.echo(f"  {'idle GPU-s':<16} {round(idle['idle_gpu_seconds']):,} GPU-seconds found idle")
+
+
 def echo_launch(job: dict) -> None:
     """Attempts and members of `jobs show` (before the events)."""
     attempts = job.get("attempts") or []
@@ -71,6 +90,21 @@ def jobs_cancel(job_id: str, reason: str | None, as_json: bool, server, token, c
         print_json(job)
         return
     click.echo(f"job {job['id']} {job['state']}: {job['state_reason']}")
+
+
+@jobs_group.command("exempt-idle")
+@click.argument("job_id")
+@click.option("--reason", required=True, help="Why the job may keep idle GPUs (recorded on its timeline).")
+@json_option
+@client_options
+def jobs_exempt_idle(job_id: str, reason: str, as_json: bool, server, token, ca_bundle) -> None:
+    """Exempt a job from the idle-GPU policy (installation admins): it is never warned or reclaimed again."""
+    with api_client(server, token, ca_bundle) as client:
+        row = client.post(f"/jobs/{job_id}/exempt-idle", json={"reason": reason})["idle"]
+    if as_json:
+        print_json(row)
+        return
+    click.echo(f"job {job_id} is exempt from the idle policy ({row['exempt_reason']})")
 
 
 @jobs_group.command("logs")

@@ -436,10 +436,11 @@ def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
         print_json(job)
         return
     # Launch (issue 5): why it waits, attempts and members come from app.cli.jobs_launch_cmd.
-    from tuneplane.app.cli.jobs_launch_cmd import echo_launch, echo_waiting
+    from tuneplane.app.cli.jobs_launch_cmd import echo_idle, echo_launch, echo_waiting
 
     click.echo(f"job {job['id']} {job['state']}: {job['state_reason']}")
     echo_waiting(job)
+    echo_idle(job)
     shown = {
         **job,
         "memory_per_node": humanize.size(job["memory_per_node"]),

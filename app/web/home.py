@@ -35,6 +35,13 @@ def index():
         return respond("home.html", {"title": "TunePlane", "jobs": None, "fleets": None})
     from tuneplane.app.web.jobs import job_json
 
-    rows = get_db().call("list_jobs", user.id, None, RECENT_JOBS, None, user.username, None)
-    data = {"title": "TunePlane", "jobs": [job_json(r) for r in rows], "fleets": _fleets()}
+    db = get_db()
+    rows = db.call("list_jobs", user.id, None, RECENT_JOBS, None, user.username, None)
+    data = {
+        "title": "TunePlane",
+        "jobs": [job_json(r) for r in rows],
+        "fleets": _fleets(),
+        # Running jobs of the user warned for idle GPUs, with their deadlines (sql/functions/idle.sql).
+        "idle_warnings": db.call("idle_warnings_of", user.id),
+    }
     return respond("home.html", data)

@@ -82,7 +82,14 @@ def launch_details(db: Database, user_id: int, job_id: int, state: str) -> dict:
         "members": members,
         "latest_attempt": latest,
         "waiting": waiting,
+        "idle": idle_details(db, user_id, job_id),
     }
+
+
+def idle_details(db: Database, user_id: int, job_id: int) -> dict | None:
+    """What the idle-GPU policy says of the job (sql/functions/idle.sql): None until it was evaluated."""
+    rows = db.call("job_idle_of", user_id, job_id)
+    return rows[0] if rows else None
 
 
 def render_part(part: str, job: dict, events: list[dict]):
@@ -141,6 +148,22 @@ def logs(job_id: str):
     if is_htmx():
         return render_template("jobs/_log_chunk.html", log=data, first=request.args.get("tail") is not None)
     return render_template("jobs/log.html", title=f"Job {jid} rank {rank} {stream}", log=data)
+
+
+@bp.post("/jobs/<job_id>/exempt-idle")
+@login_required
+def exempt_idle(job_id: str):
+    """An installation admin exempts a job from the idle-GPU policy (exempt_job_idle: admin only, a reason
+    required, recorded on the job's timeline)."""
+    jid = service.parse_job_id(job_id)
+    reason = body_dict().get("reason")
+    if not isinstance(reason, str):
+        raise Refusal("reason is required (text)", status=400, field="reason")
+    row = get_db().call_retrying("exempt_job_idle", current_user().id, jid, reason)[0]
+    if wants_json():
+        return json_response({"idle": row})
+    flash(f"Job {jid} is exempt from the idle policy", "ok")
+    return redirect(url_for("jobs.job_page", job_id=jid), 303)
 
 
 @bp.post("/jobs/<job_id>/cancel")

@@ -42,7 +42,14 @@ class NvmlStandIn:
         return SimpleNamespace(used=(handle + 1) * 2**30, total=80 * 2**30)
 
     def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        if handle == 2:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")  # a board that does not report power
         return 250_500 + handle  # milliwatts
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: int) -> int:
+        if handle == 2:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return 700_000  # milliwatts
 
 
 @pytest.fixture
@@ -57,7 +64,7 @@ def busy_member():
 
 def test_cpu_and_rss_of_the_members_processes_and_gpus_through_nvml(busy_member: str) -> None:
     nvml = NvmlStandIn()
-    sampler = SystemSampler(busy_member, [0, 1, 7], nvml)
+    sampler = SystemSampler(busy_member, [0, 1, 2, 7], nvml)
     (pid,) = tagged(busy_member)
     before, at = _ticks(pid), time.monotonic()
     first = sampler.sample()
@@ -72,6 +79,9 @@ def test_cpu_and_rss_of_the_members_processes_and_gpus_through_nvml(busy_member:
     assert second["system/gpu.0.utilization"] == 40 and second["system/gpu.1.utilization"] == 41
     assert second["system/gpu.1.memory_used"] == 2 * 2**30
     assert second["system/gpu.0.power_watts"] == pytest.approx(250.5)
+    assert second["system/gpu.1.power_limit_watts"] == 700.0  # the idle policy's power fraction needs it
+    # A board without power readings still reports utilisation and memory.
+    assert second["system/gpu.2.utilization"] == 42 and "system/gpu.2.power_watts" not in second
     assert not any(name.startswith("system/gpu.7") for name in second)  # a lost GPU is skipped, not fatal
 
 

@@ -4,12 +4,14 @@
   (TUNEPLANE_MEMBER_TAG, as the agent starts them); CPU is the change of their user+system time between
   two samples over the wall time between them (100 = one core), RSS the sum of their resident sets.
 - GPUs, when NVML is present (`nvidia-ml-py`, imported as `pynvml`): utilisation (%), memory used (bytes)
-  and power (W) of each GPU the member was given. On a machine without GPUs or without the NVIDIA driver
-  only CPU and RSS appear.
+  and power (W) of each GPU the member was given, and the board's enforced power limit (W), which the
+  idle-GPU policy needs to judge power as a fraction (sql/functions/idle.sql). Each reading is taken on its
+  own: a board that does not report power (NVML_ERROR_NOT_SUPPORTED) still reports utilisation and memory.
+  On a machine without GPUs or without the NVIDIA driver only CPU and RSS appear.
 
 Names (canonical in parentheses): system/cpu_percent (cpu_utilization), system/rss_bytes (memory_rss),
 system/gpu.<i>.utilization (gpu_utilization), system/gpu.<i>.memory_used (gpu_memory),
-system/gpu.<i>.power_watts (gpu_power). The step of a sample is its time in milliseconds since the epoch,
+system/gpu.<i>.power_watts and system/gpu.<i>.power_limit_watts (gpu_power). The step of a sample is its time in milliseconds since the epoch,
 so a restarted collector never writes two different values at one step.
 """
 
@@ -63,6 +65,7 @@ class SystemSampler:
         self.nvml = nvml
         self._last: tuple[float, dict[int, int]] | None = None
         self._handles: dict[int, Any] = {}
+        self._said: set[tuple[int, str]] = set()  # (GPU, reading) failures already logged
 
     def sample(self) -> dict[str, float]:
         """One sample: name → value (CPU needs a previous sample, so the first has none)."""
@@ -87,14 +90,29 @@ class SystemSampler:
     def _gpus(self) -> dict[str, float]:
         nvml = self.nvml
         out: dict[str, float] = {}
+        readings = (
+            ("utilization", lambda h: float(nvml.nvmlDeviceGetUtilizationRates(h).gpu)),
+            ("memory_used", lambda h: float(nvml.nvmlDeviceGetMemoryInfo(h).used)),
+            ("power_watts", lambda h: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+            ("power_limit_watts", lambda h: nvml.nvmlDeviceGetEnforcedPowerLimit(h) / 1000.0),
+        )
         for index in self.gpu_indices:
             try:
                 handle = self._handles.get(index)
                 if handle is None:
                     handle = self._handles[index] = nvml.nvmlDeviceGetHandleByIndex(index)
-                out[f"system/gpu.{index}.utilization"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-                out[f"system/gpu.{index}.memory_used"] = float(nvml.nvmlDeviceGetMemoryInfo(handle).used)
-                out[f"system/gpu.{index}.power_watts"] = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
             except Exception as exc:  # one GPU's failure must not stop the others or the collector
-                log.warning("GPU %s: %s", index, exc)
+                self._say(index, "handle", exc)
+                continue
+            for name, read in readings:
+                try:
+                    out[f"system/gpu.{index}.{name}"] = read(handle)
+                except Exception as exc:  # a reading this board does not offer: the others still count
+                    self._say(index, name, exc)
         return out
+
+    def _say(self, index: int, what: str, exc: Exception) -> None:
+        """A GPU reading that failed, logged once per (GPU, reading) rather than at every sample."""
+        if (index, what) not in self._said:
+            self._said.add((index, what))
+            log.warning("GPU %s: %s: %s", index, what, exc)

@@ -1,0 +1,418 @@
+-- sql/functions/idle.sql — the current definition of every idle-GPU function (issue 22, docs/idle.md).
+-- Idle GPUs: the policy per fleet and team, the evaluation of a running job from its stored GPU samples,
+-- the sweep that warns, gives grace and reclaims, an admin's exemption, and the reads.
+--
+-- Repeatable file (ADR 0012): `tuneplane db migrate` re-applies every file of sql/functions/ (in the order
+-- of order.txt, one transaction) whenever one changes. Edit definitions here, never in a migration.
+-- Tables, columns and data changes go in a new numbered migration. A changed signature or a view whose
+-- columns change: add its DROP below (it runs before the new definition is created).
+--
+-- Drops (signature changes):
+--
+-- ==== The contract ======================================================================================
+-- A running job is watched while it holds GPUs. Its GPUs are judged from the samples the collector stored
+-- as telemetry (source `system`, names system/gpu.<i>.utilization, .power_watts, .power_limit_watts; the
+-- step is the sample's time in milliseconds), over the window (now − idle_after, now]:
+--   GPU idle     its samples cover the window (none missing longer than idle_settings.max_sample_gap,
+--                at either end included) and every utilization sample is below utilization_below, or
+--                every power sample is below power_below × the board's power limit (ADR 0200);
+--   GPU busy     a sample shows utilization at or above the threshold and power (where known) at or above
+--                its fraction;
+--   GPU unknown  anything else (no samples, a gap): never idle.
+--   job          idle when every GPU of every member is idle; busy when any GPU is busy; else unknown.
+-- job_idle moves:  (none) → watched;  idle → warned (reason and timeline say the numbers and the deadline)
+--   → reclaimed when still idle at the deadline (action reclaim);  warned → busy again (warning withdrawn,
+--   timeline says so);  exempt (admin, recorded) → never warned or reclaimed.  Refuses nothing: a sweep.
+--
+-- ==== Lock order (launch.sql's, of which this is a part) ================================================
+--   4. jobs, by id (the sweep takes them FOR UPDATE SKIP LOCKED; exempt_job_idle FOR UPDATE)
+--   5. attempts (lock_attempt, only to reclaim)
+--   7. leaf rows: job_idle, events
+-- No function here locks a node, a member or a telemetry row; reading samples takes no lock.
+
+-- idle_policy_of: the effective policy for a team's jobs on a fleet: the team's override, else the fleet's
+-- row, else the defaults (written here once).
+CREATE OR REPLACE FUNCTION tuneplane.idle_policy_of(p_fleet_id bigint, p_team_id bigint DEFAULT NULL)
+RETURNS TABLE (idle_after interval, utilization_below double precision, power_below double precision,
+               action text, idle_grace interval)
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(t.idle_after, f.idle_after, interval '30 minutes'),
+           coalesce(t.utilization_below, f.utilization_below, 5),
+           coalesce(t.power_below, f.power_below, 0.2),
+           coalesce(t.action, f.action, 'warn'),
+           coalesce(t.idle_grace, f.idle_grace, interval '30 minutes')
+      FROM (SELECT 1) one
+      LEFT JOIN tuneplane.idle_policies f ON f.fleet_id = p_fleet_id AND f.team_id IS NULL
+      LEFT JOIN tuneplane.idle_policies t ON t.fleet_id = p_fleet_id AND t.team_id = p_team_id;
+$$;
+
+-- set_idle_policy: an installation admin sets the fleet's policy (p_team_id NULL) or one team's override.
+-- A NULL argument leaves that field as it was (inherited when never set). Refuses a non-admin (403), an
+-- unknown fleet (404) and values out of range (400, naming the field). Locks only its policy row.
+CREATE OR REPLACE FUNCTION tuneplane.set_idle_policy(
+    p_actor_id bigint, p_fleet text, p_team_id bigint DEFAULT NULL, p_idle_after interval DEFAULT NULL,
+    p_utilization_below double precision DEFAULT NULL, p_power_below double precision DEFAULT NULL,
+    p_action text DEFAULT NULL, p_idle_grace interval DEFAULT NULL)
+RETURNS TABLE (fleet text, team_id bigint, idle_after interval, utilization_below double precision,
+               power_below double precision, action text, idle_grace interval)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_fleet tuneplane.fleets;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.users WHERE id = p_actor_id AND role = 'admin' AND disabled_at IS NULL) THEN
+        RAISE EXCEPTION 'changing an idle policy needs the admin role' USING ERRCODE = 'TP403', COLUMN = 'actor';
+    END IF;
+    SELECT * INTO v_fleet FROM tuneplane.fleets f WHERE f.name = p_fleet OR f.id::text = p_fleet
+     ORDER BY f.name = p_fleet DESC LIMIT 1;
+    IF v_fleet.id IS NULL THEN
+        RAISE EXCEPTION 'no fleet %', p_fleet USING ERRCODE = 'TP404', COLUMN = 'fleet';
+    END IF;
+    IF p_idle_after IS NOT NULL AND p_idle_after <= interval '0' THEN
+        RAISE EXCEPTION 'idle_after must be positive' USING ERRCODE = 'TP400', COLUMN = 'idle_after';
+    END IF;
+    IF p_utilization_below IS NOT NULL AND NOT (p_utilization_below > 0 AND p_utilization_below <= 100) THEN
+        RAISE EXCEPTION 'utilization_below must be a percentage above 0 and at most 100'
+            USING ERRCODE = 'TP400', COLUMN = 'utilization_below';
+    END IF;
+    IF p_power_below IS NOT NULL AND NOT (p_power_below >= 0 AND p_power_below <= 1) THEN
+        RAISE EXCEPTION 'power_below must be a fraction of the power limit between 0 and 1'
+            USING ERRCODE = 'TP400', COLUMN = 'power_below';
+    END IF;
+    IF p_action IS NOT NULL AND p_action NOT IN ('off', 'warn', 'reclaim') THEN
+        RAISE EXCEPTION 'action must be off, warn or reclaim' USING ERRCODE = 'TP400', COLUMN = 'action';
+    END IF;
+    IF p_idle_grace IS NOT NULL AND p_idle_grace < interval '0' THEN
+        RAISE EXCEPTION 'idle_grace must not be negative' USING ERRCODE = 'TP400', COLUMN = 'idle_grace';
+    END IF;
+    INSERT INTO tuneplane.idle_policies AS p (fleet_id, team_id, idle_after, utilization_below, power_below,
+                                               action, idle_grace, updated_by)
+    VALUES (v_fleet.id, p_team_id, p_idle_after, p_utilization_below, p_power_below, p_action, p_idle_grace,
+            p_actor_id)
+    ON CONFLICT (fleet_id, coalesce(team_id, 0)) DO UPDATE
+       SET idle_after = coalesce(EXCLUDED.idle_after, p.idle_after),
+           utilization_below = coalesce(EXCLUDED.utilization_below, p.utilization_below),
+           power_below = coalesce(EXCLUDED.power_below, p.power_below),
+           action = coalesce(EXCLUDED.action, p.action),
+           idle_grace = coalesce(EXCLUDED.idle_grace, p.idle_grace),
+           updated_at = now(), updated_by = p_actor_id;
+    RETURN QUERY SELECT v_fleet.name, p_team_id, e.idle_after, e.utilization_below, e.power_below, e.action,
+                        e.idle_grace
+                   FROM tuneplane.idle_policy_of(v_fleet.id, p_team_id) e;
+END;
+$$;
+
+-- job_gpu_idleness: the verdict on each GPU of one attempt over (p_from, p_to], from its stored samples.
+-- Bounded: per GPU, three series looked up by their unique key and the window's points read by the
+-- (series_id, step) index (window ÷ sample interval rows: 180 for 30 min at 10 s); nothing else is read,
+-- so its cost does not grow with the number of jobs or with the job's history.
+CREATE OR REPLACE FUNCTION tuneplane.job_gpu_idleness(p_attempt_id bigint, p_from timestamptz, p_to timestamptz,
+                                                      p_utilization_below double precision,
+                                                      p_power_below double precision, p_max_gap interval)
+RETURNS TABLE (member_rank integer, node_id bigint, gpu_index integer, verdict text, samples bigint,
+               max_utilization double precision, max_power_fraction double precision)
+LANGUAGE sql STABLE AS $$
+    WITH b AS (
+        SELECT (extract(epoch FROM p_from) * 1000)::bigint AS lo, (extract(epoch FROM p_to) * 1000)::bigint AS hi,
+               (extract(epoch FROM p_max_gap) * 1000)::bigint AS gap),
+    g AS (
+        SELECT m.rank, m.node_id, gi.gpu, a.job_id, a.number
+          FROM tuneplane.attempts a
+          JOIN tuneplane.members m ON m.attempt_id = a.id
+         CROSS JOIN LATERAL unnest(m.gpu_indices) AS gi(gpu)
+         WHERE a.id = p_attempt_id),
+    s AS (
+        SELECT g.rank, g.node_id, g.gpu,
+               (SELECT x.id FROM tuneplane.telemetry_series x
+                 WHERE x.job_id = g.job_id AND x.attempt = g.number AND x.member_rank = g.rank
+                   AND x.source = 'system' AND x.name = format('system/gpu.%s.utilization', g.gpu)) AS util_id,
+               (SELECT x.id FROM tuneplane.telemetry_series x
+                 WHERE x.job_id = g.job_id AND x.attempt = g.number AND x.member_rank = g.rank
+                   AND x.source = 'system' AND x.name = format('system/gpu.%s.power_watts', g.gpu)) AS power_id,
+               (SELECT nullif(x.last_value, 'NaN') FROM tuneplane.telemetry_series x
+                 WHERE x.job_id = g.job_id AND x.attempt = g.number AND x.member_rank = g.rank
+                   AND x.source = 'system' AND x.name = format('system/gpu.%s.power_limit_watts', g.gpu))
+                   AS power_limit
+          FROM g),
+    st AS (
+        SELECT s.rank, s.node_id, s.gpu, s.power_limit, b.lo, b.hi, b.gap,
+               u.n AS u_n, u.first_step AS u_first, u.last_step AS u_last, u.top AS u_top, u.widest AS u_gap,
+               p.n AS p_n, p.first_step AS p_first, p.last_step AS p_last, p.top AS p_top, p.widest AS p_gap
+          FROM s CROSS JOIN b
+         CROSS JOIN LATERAL (
+               SELECT count(*) AS n, min(q.step) AS first_step, max(q.step) AS last_step, max(q.value) AS top,
+                      max(q.step_gap) AS widest
+                 FROM (SELECT t.step, t.value, t.step - lag(t.step) OVER (ORDER BY t.step) AS step_gap
+                         FROM tuneplane.telemetry_points t
+                        WHERE t.series_id = s.util_id AND t.step > b.lo AND t.step <= b.hi) q) u
+         CROSS JOIN LATERAL (
+               SELECT count(*) AS n, min(q.step) AS first_step, max(q.step) AS last_step, max(q.value) AS top,
+                      max(q.step_gap) AS widest
+                 FROM (SELECT t.step, t.value, t.step - lag(t.step) OVER (ORDER BY t.step) AS step_gap
+                         FROM tuneplane.telemetry_points t
+                        WHERE t.series_id = s.power_id AND t.step > b.lo AND t.step <= b.hi) q) p),
+    judged AS (
+        SELECT st.*,
+               (st.u_n > 0 AND st.u_first <= st.lo + st.gap AND st.u_last >= st.hi - st.gap
+                AND coalesce(st.u_gap, 0) <= st.gap) AS u_covered,
+               (st.p_n > 0 AND st.power_limit > 0 AND st.p_first <= st.lo + st.gap
+                AND st.p_last >= st.hi - st.gap AND coalesce(st.p_gap, 0) <= st.gap) AS p_covered
+          FROM st)
+    SELECT j.rank, j.node_id, j.gpu,
+           CASE WHEN (j.u_covered AND j.u_top < p_utilization_below)
+                  OR (j.p_covered AND j.p_top < p_power_below * j.power_limit) THEN 'idle'
+                WHEN j.u_n > 0 AND j.u_top >= p_utilization_below
+                 AND (j.p_n = 0 OR j.power_limit IS NULL OR j.p_top >= p_power_below * j.power_limit) THEN 'busy'
+                ELSE 'unknown' END,
+           j.u_n, j.u_top, CASE WHEN j.power_limit > 0 THEN j.p_top / j.power_limit END
+      FROM judged j
+     ORDER BY j.rank, j.gpu;
+$$;
+
+-- idle_percent: a threshold as the timeline writes it ("5 %", "2.5 %").
+CREATE OR REPLACE FUNCTION tuneplane.idle_percent(p_value double precision)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT trim_scale(round(p_value::numeric, 1))::text || ' %';
+$$;
+
+-- idle_minutes: a duration as the timeline writes it ("34 min").
+CREATE OR REPLACE FUNCTION tuneplane.idle_minutes(p_span interval)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT round(extract(epoch FROM p_span) / 60)::bigint::text || ' min';
+$$;
+
+-- idle_reclaim: stop a warned job whose GPUs are still idle at its deadline. Caller holds the job lock.
+-- Until the preemption protocol (issue 21) lands this stops the attempt as a cancel does, with the reason.
+CREATE OR REPLACE FUNCTION tuneplane.idle_reclaim(p_job tuneplane.jobs, p_attempt_id bigint, p_reason text)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM tuneplane.lock_attempt(p_attempt_id);
+    UPDATE tuneplane.attempts SET cancel_requested_at = coalesce(cancel_requested_at, clock_timestamp())
+     WHERE id = p_attempt_id;
+    PERFORM tuneplane.stop_attempt(p_attempt_id, p_reason);
+    PERFORM tuneplane.set_job_state(p_job.id, p_job.state, p_reason, jsonb_build_object('kind', 'idle_reclaim'));
+    PERFORM tuneplane.finish_attempt_if_done(p_attempt_id);
+END;
+$$;
+
+-- watch_idle_job: one evaluation of one running job (the sweep's body). Caller holds the job's row lock.
+-- Moves its job_idle row as the contract above says and returns what happened: 'warned', 'reclaimed',
+-- 'busy_again' or NULL. Writes the job's reason (an event) only on a warning, a withdrawal or a reclaim.
+CREATE OR REPLACE FUNCTION tuneplane.watch_idle_job(p_job tuneplane.jobs, p_now timestamptz DEFAULT now())
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    -- jobs.team_id arrives with issue 20; read through the row's JSON so this works before and after.
+    v_team     bigint := (to_jsonb(p_job) ->> 'team_id')::bigint;
+    pol        record;
+    cfg        tuneplane.idle_settings;
+    a          tuneplane.attempts;
+    w          tuneplane.job_idle;
+    v_from     timestamptz;
+    v_status   text;
+    v_gpus     integer;
+    v_idle     integer;
+    v_busy     integer;
+    v_top_u    double precision;
+    v_top_p    double precision;
+    v_eval     jsonb;
+    v_since    timestamptz;
+    v_add      double precision := 0;
+    v_msg      text;
+    v_result   text;
+BEGIN
+    SELECT * INTO a FROM tuneplane.attempts WHERE job_id = p_job.id AND state = 'running';
+    IF a.id IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO cfg FROM tuneplane.idle_settings;
+    SELECT * INTO pol FROM tuneplane.idle_policy_of(p_job.fleet_id, v_team);
+    v_from := p_now - pol.idle_after;
+
+    SELECT count(*), count(*) FILTER (WHERE g.verdict = 'idle'), count(*) FILTER (WHERE g.verdict = 'busy'),
+           max(g.max_utilization), max(g.max_power_fraction)
+      INTO v_gpus, v_idle, v_busy, v_top_u, v_top_p
+      FROM tuneplane.job_gpu_idleness(a.id, v_from, p_now, pol.utilization_below, pol.power_below,
+                                      cfg.max_sample_gap) g;
+    v_status := CASE WHEN v_gpus > 0 AND v_idle = v_gpus THEN 'idle' WHEN v_busy > 0 THEN 'busy' ELSE 'unknown' END;
+    v_eval := jsonb_build_object('gpus', v_gpus, 'idle', v_idle, 'busy', v_busy, 'unknown', v_gpus - v_idle - v_busy,
+                                 'max_utilization', v_top_u, 'max_power_fraction', v_top_p,
+                                 'window_from', v_from, 'window_to', p_now,
+                                 'idle_after_s', extract(epoch FROM pol.idle_after),
+                                 'utilization_below', pol.utilization_below, 'power_below', pol.power_below,
+                                 'action', pol.action);
+
+    INSERT INTO tuneplane.job_idle (job_id, attempt_id) VALUES (p_job.id, a.id) ON CONFLICT (job_id) DO NOTHING;
+    SELECT * INTO w FROM tuneplane.job_idle WHERE job_id = p_job.id FOR UPDATE;
+    IF w.attempt_id IS DISTINCT FROM a.id THEN
+        -- A new attempt starts a new watch; the exemption and the GPU-seconds counted so far stay.
+        w.attempt_id := a.id; w.status := 'unknown'; w.idle_since := NULL; w.warned_at := NULL; w.warning := NULL;
+        w.deadline := NULL; w.reclaimed_at := NULL; w.checked_at := NULL;
+    END IF;
+
+    IF v_status = 'idle' THEN
+        -- First found idle: the whole window was idle; since then, the time since the last check.
+        v_since := coalesce(CASE WHEN w.status = 'idle' THEN w.idle_since END, v_from);
+        v_add := v_gpus * extract(epoch FROM p_now - CASE WHEN w.status = 'idle' AND w.checked_at IS NOT NULL
+                                                          THEN greatest(w.checked_at, v_from) ELSE v_from END);
+    ELSE
+        v_since := NULL;
+    END IF;
+
+    IF v_status = 'idle' AND w.exempt_at IS NULL AND pol.action <> 'off' AND w.warned_at IS NULL THEN
+        w.warned_at := p_now;
+        w.deadline := CASE WHEN pol.action = 'reclaim' THEN p_now + pol.idle_grace END;
+        v_msg := format('GPUs idle for %s (utilization < %s, power < %s on all %s GPUs); %s',
+                        tuneplane.idle_minutes(p_now - v_since), tuneplane.idle_percent(pol.utilization_below),
+                        tuneplane.idle_percent(pol.power_below * 100), v_gpus,
+                        CASE WHEN pol.action = 'reclaim'
+                             THEN format('it will be stopped at %s UTC unless they become busy',
+                                         to_char(w.deadline AT TIME ZONE 'UTC', 'HH24:MI'))
+                             ELSE 'this fleet''s idle policy only warns: nothing will be stopped' END);
+        w.warning := v_msg;
+        PERFORM tuneplane.set_job_state(p_job.id, p_job.state, v_msg,
+            jsonb_build_object('kind', 'idle_warning', 'deadline', w.deadline) || v_eval);
+        v_result := 'warned';
+    ELSIF v_status = 'idle' AND w.exempt_at IS NULL AND pol.action = 'reclaim' AND w.deadline IS NOT NULL
+          AND w.deadline <= p_now AND w.reclaimed_at IS NULL THEN
+        w.reclaimed_at := p_now;
+        v_msg := format('reclaimed (idle): GPUs idle for %s (utilization < %s, power < %s on all %s GPUs); '
+                        'warned at %s UTC, still idle at the end of the %s grace',
+                        tuneplane.idle_minutes(p_now - v_since), tuneplane.idle_percent(pol.utilization_below),
+                        tuneplane.idle_percent(pol.power_below * 100), v_gpus,
+                        to_char(w.warned_at AT TIME ZONE 'UTC', 'HH24:MI'), tuneplane.idle_minutes(pol.idle_grace));
+        PERFORM tuneplane.idle_reclaim(p_job, a.id, v_msg);
+        v_result := 'reclaimed';
+    ELSIF v_status = 'busy' AND w.warned_at IS NOT NULL AND w.reclaimed_at IS NULL THEN
+        v_msg := format('GPUs busy again (utilization up to %s); the idle warning of %s UTC is withdrawn',
+                        tuneplane.idle_percent(coalesce(v_top_u, 0)),
+                        to_char(w.warned_at AT TIME ZONE 'UTC', 'HH24:MI'));
+        w.warned_at := NULL; w.deadline := NULL; w.warning := NULL;
+        PERFORM tuneplane.set_job_state(p_job.id, p_job.state, v_msg,
+            jsonb_build_object('kind', 'idle_withdrawn') || v_eval);
+        v_result := 'busy_again';
+    END IF;
+
+    UPDATE tuneplane.job_idle
+       SET attempt_id = w.attempt_id, status = v_status, idle_since = v_since, warned_at = w.warned_at,
+           warning = w.warning,
+           deadline = w.deadline, reclaimed_at = w.reclaimed_at, checked_at = p_now, evaluation = v_eval,
+           idle_gpu_seconds = idle_gpu_seconds + greatest(v_add, 0)
+     WHERE job_id = p_job.id;
+    RETURN v_result;
+END;
+$$;
+
+-- sweep_idle_jobs: evaluates the running jobs that hold GPUs and were not evaluated within
+-- idle_settings.check_every, least recently evaluated first, at most p_limit of them (a call stays short;
+-- the scheduler calls again at its next tick). Jobs are taken FOR UPDATE SKIP LOCKED (a job being changed
+-- right now is evaluated next time). Returns how many were checked, warned, reclaimed and busy again.
+CREATE OR REPLACE FUNCTION tuneplane.sweep_idle_jobs(p_limit integer DEFAULT 200, p_now timestamptz DEFAULT now())
+RETURNS TABLE (checked integer, warned integer, reclaimed integer, busy_again integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    j        tuneplane.jobs;
+    v_every  interval := (SELECT check_every FROM tuneplane.idle_settings);
+    v_what   text;
+BEGIN
+    checked := 0; warned := 0; reclaimed := 0; busy_again := 0;
+    FOR j IN SELECT jb.* FROM tuneplane.jobs jb
+               LEFT JOIN tuneplane.job_idle w ON w.job_id = jb.id
+              WHERE jb.state = 'running' AND jb.gpus_per_node > 0
+                AND (w.checked_at IS NULL OR w.checked_at <= p_now - v_every)
+              ORDER BY w.checked_at NULLS FIRST, jb.id
+              LIMIT p_limit
+              FOR UPDATE OF jb SKIP LOCKED LOOP
+        v_what := tuneplane.watch_idle_job(j, p_now);
+        checked := checked + 1;
+        warned := warned + (v_what IS NOT DISTINCT FROM 'warned')::integer;
+        reclaimed := reclaimed + (v_what IS NOT DISTINCT FROM 'reclaimed')::integer;
+        busy_again := busy_again + (v_what IS NOT DISTINCT FROM 'busy_again')::integer;
+    END LOOP;
+    RETURN NEXT;
+END;
+$$;
+
+-- exempt_job_idle: an installation admin exempts a job from the idle policy (never warned or reclaimed
+-- again; a pending deadline is dropped), with a reason. Recorded on the job_idle row and as the job's
+-- reason (an event). Refuses a non-admin (403), an empty or over-long reason (400), an unknown job (404)
+-- and a finished one (409). Locks the job, then its job_idle row.
+CREATE OR REPLACE FUNCTION tuneplane.exempt_job_idle(p_actor_id bigint, p_job_id bigint, p_reason text)
+RETURNS tuneplane.job_idle
+LANGUAGE plpgsql AS $$
+DECLARE
+    actor  tuneplane.users;
+    j      tuneplane.jobs;
+    result tuneplane.job_idle;
+BEGIN
+    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
+    IF actor.id IS NULL OR actor.role <> 'admin' THEN
+        RAISE EXCEPTION 'exempting a job from the idle policy needs the admin role'
+            USING ERRCODE = 'TP403', COLUMN = 'actor';
+    END IF;
+    IF p_reason IS NULL OR length(btrim(p_reason)) = 0 OR length(p_reason) > 500 THEN
+        RAISE EXCEPTION 'a reason of 1 to 500 characters is required' USING ERRCODE = 'TP400', COLUMN = 'reason';
+    END IF;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id FOR UPDATE;
+    IF j.id IS NULL THEN
+        RAISE EXCEPTION 'no job %', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job';
+    END IF;
+    IF j.state IN ('succeeded', 'failed', 'cancelled') THEN
+        RAISE EXCEPTION 'job % already %', p_job_id, j.state USING ERRCODE = 'TP409', COLUMN = 'job';
+    END IF;
+    INSERT INTO tuneplane.job_idle AS w (job_id, exempt_at, exempt_by, exempt_reason)
+    VALUES (j.id, now(), actor.id, btrim(p_reason))
+    ON CONFLICT (job_id) DO UPDATE
+       SET exempt_at = now(), exempt_by = actor.id, exempt_reason = btrim(p_reason), warned_at = NULL,
+           deadline = NULL, warning = NULL
+    RETURNING * INTO result;
+    PERFORM tuneplane.set_job_state(j.id, j.state,
+        format('exempt from the idle policy by %s: %s', actor.username, btrim(p_reason)),
+        jsonb_build_object('kind', 'idle_exempt', 'by', actor.username));
+    RETURN result;
+END;
+$$;
+
+-- job_idle_of: what the idle policy says of a visible job now (the job page, the dashboard and
+-- `tuneplane jobs show`): status, warning, deadline, exemption, idle GPU-seconds. No row: not watched yet.
+CREATE OR REPLACE FUNCTION tuneplane.job_idle_of(p_actor_id bigint, p_job_id bigint)
+RETURNS TABLE (status text, idle_since timestamptz, warned_at timestamptz, deadline timestamptz,
+               reclaimed_at timestamptz, checked_at timestamptz, exempt_at timestamptz, exempt_by text,
+               exempt_reason text, idle_gpu_seconds double precision, evaluation jsonb, warning text)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    RETURN QUERY
+        SELECT w.status, w.idle_since, w.warned_at, w.deadline, w.reclaimed_at, w.checked_at, w.exempt_at,
+               u.username, w.exempt_reason, w.idle_gpu_seconds, w.evaluation, w.warning
+          FROM tuneplane.job_idle w
+          LEFT JOIN tuneplane.users u ON u.id = w.exempt_by
+         WHERE w.job_id = p_job_id;
+END;
+$$;
+
+-- idle_warnings_of: the actor's running jobs whose idle warning stands, newest deadline last (the
+-- dashboard). Reads the warnings that stand through their partial index.
+CREATE OR REPLACE FUNCTION tuneplane.idle_warnings_of(p_actor_id bigint)
+RETURNS TABLE (job_id bigint, warning text, warned_at timestamptz, deadline timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT w.job_id, w.warning, w.warned_at, w.deadline
+      FROM tuneplane.job_idle w
+      JOIN tuneplane.jobs j ON j.id = w.job_id
+     WHERE w.warned_at IS NOT NULL AND w.reclaimed_at IS NULL AND j.owner_id = p_actor_id
+       AND j.state = 'running'
+     ORDER BY w.deadline NULLS LAST, w.job_id;
+$$;
+
+-- v_idle_jobs: for operators (docs/runbook.md): every watched job that is not finished, with its verdict,
+-- warning and deadline.
+CREATE OR REPLACE VIEW tuneplane.v_idle_jobs AS
+SELECT w.job_id, j.state, f.name AS fleet, w.status, w.idle_since, w.warned_at, w.warning, w.deadline, w.reclaimed_at,
+       w.exempt_reason, round(w.idle_gpu_seconds) AS idle_gpu_seconds, w.checked_at, w.evaluation
+  FROM tuneplane.job_idle w
+  JOIN tuneplane.jobs j ON j.id = w.job_id
+  JOIN tuneplane.fleets f ON f.id = j.fleet_id
+ WHERE j.state NOT IN ('succeeded', 'failed', 'cancelled');

@@ -1,0 +1,130 @@
+"""`tuneplane jobs show` and `tuneplane jobs exempt-idle`, and the job page, for the idle-GPU policy: a
+real HTTP server on loopback, the real sweep, simulated GPUs (NVML-shaped samples through the real
+telemetry gateway, tests/simulated_gpus.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner, Result
+from werkzeug.serving import make_server
+
+from tests.launch_fixtures import run_to_running
+from tests.simulated_gpus import IDLE, post_samples
+from tests.submission_setup import add_user, one_local_fleet
+from tests.telemetry_support import member_token, running_gateway
+from tuneplane.app.cli import main
+from tuneplane.app.db import Database
+from tuneplane.app.security import new_token
+from tuneplane.app.web import create_app
+
+
+@pytest.fixture
+def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
+    info: dict = {"fleet": one_local_fleet(db, gpus=2), "url": f"http://127.0.0.1:{port}"}
+    for name, role in (("alice", "user"), ("root", "admin")):
+        user = add_user(db, name, role)
+        plaintext, digest = new_token("tpu")
+        db.call("issue_api_token", user, "test", digest, None)
+        info[name] = plaintext
+        info[f"{name}_id"] = user
+    app = create_app(db_url, config={"TP_DATA_DIR": str(tmp_path / "data"), "SECRET_KEY": "test"})
+    httpd = make_server("127.0.0.1", port, app, threaded=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield info
+    httpd.shutdown()
+    thread.join(10)
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict):
+    monkeypatch.setenv("TUNEPLANE_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.setenv("TUNEPLANE_SERVER", server["url"])
+    monkeypatch.delenv("TUNEPLANE_TOKEN", raising=False)
+    runner = CliRunner()
+
+    def run(*args: str, user: str = "alice") -> Result:
+        return runner.invoke(main, [*args, "--token", server[user]], catch_exceptions=False)
+
+    return run
+
+
+def idle_running_job(cli, db: Database, db_url: str, server: dict) -> int:
+    """A 2-GPU job, running, whose simulated GPUs were idle for 31 minutes, warned by the real sweep."""
+    db.call(
+        "set_idle_policy",
+        server["root_id"],
+        "local",
+        None,
+        None,
+        None,
+        None,
+        "reclaim",
+        dt.timedelta(minutes=15),
+    )
+    result = cli("submit", "--recipe", "demo", "--gpus-per-node", "2", "--yes", "--json")
+    assert result.exit_code == 0, result.output
+    job_id = json.loads(result.stdout)["job_id"]
+    db.call("reserve_next", server["fleet"], 1000)
+    (member,) = run_to_running(db, job_id)
+    now = db.fetch_one("SELECT now() AS t")["t"]
+    with running_gateway(db_url) as gateway:
+        token = member_token(db, job_id, 1, 0)
+        post_samples(
+            gateway.url,
+            token,
+            {g: IDLE for g in member["gpu_indices"]},
+            now.timestamp() - 31 * 60,
+            now.timestamp(),
+        )
+    assert db.call("sweep_idle_jobs", 100, now)[0]["warned"] == 1
+    return job_id
+
+
+def test_show_says_the_idle_warning_and_its_deadline(cli, db: Database, db_url: str, server: dict) -> None:
+    job_id = idle_running_job(cli, db, db_url, server)
+    shown = cli("jobs", "show", str(job_id)).output
+    warning = "GPUs idle for 30 min (utilization < 5 %, power < 20 % on all 2 GPUs); it will be stopped at"
+    assert f"job {job_id} running: {warning}" in shown
+    assert f"idle warning     {warning}" in shown
+    deadline = db.fetch_one("SELECT deadline FROM job_idle WHERE job_id = %s", (job_id,))["deadline"]
+    assert f"idle deadline    {deadline.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC" in shown
+    assert "idle GPU-s       3,600 GPU-seconds found idle" in shown
+    page = httpx.get(f"{server['url']}/jobs/{job_id}", headers={"Authorization": f"Bearer {server['alice']}"})
+    assert page.status_code == 200
+    assert 'id="job-idle-warning"' in page.text and html.escape(warning, quote=False) in page.text
+    assert (
+        f'Deadline: <time datetime="{deadline.isoformat()}">{deadline.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC'
+        in page.text
+    )
+    home = httpx.get(f"{server['url']}/", headers={"Authorization": f"Bearer {server['alice']}"})
+    assert 'id="dashboard-idle"' in home.text and f"Job {job_id}</a>: " in home.text
+    assert html.escape(warning, quote=False) in home.text
+
+
+def test_exempt_idle_is_for_admins_needs_a_reason_and_is_on_the_timeline(
+    cli, db: Database, db_url: str, server: dict
+) -> None:
+    job_id = idle_running_job(cli, db, db_url, server)
+    refused = cli("jobs", "exempt-idle", str(job_id), "--reason", "mine")
+    assert refused.exit_code == 1 and "needs the admin role" in refused.output
+    empty = cli("jobs", "exempt-idle", str(job_id), "--reason", " ", user="root")
+    assert empty.exit_code == 1 and "reason" in empty.output
+    done = cli("jobs", "exempt-idle", str(job_id), "--reason", "profiling run", user="root")
+    assert (
+        done.exit_code == 0 and f"job {job_id} is exempt from the idle policy (profiling run)" in done.output
+    )
+    shown = cli("jobs", "show", str(job_id)).output
+    assert "idle exempt      by root: profiling run" in shown and "idle deadline" not in shown
+    events = json.loads(cli("jobs", "show", str(job_id), "--json").stdout)["events"]
+    assert events[-1]["reason"] == "exempt from the idle policy by root: profiling run"
+    missing = cli("jobs", "exempt-idle", "999999", "--reason", "x", user="root")
+    assert missing.exit_code == 1 and "no job 999999" in missing.output

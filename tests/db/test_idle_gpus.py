@@ -1,0 +1,289 @@
+"""The idle-GPU policy over the real sweep (sql/functions/idle.sql), fed by simulated GPUs: NVML-shaped
+samples written as telemetry through the real telemetry gateway (tests/simulated_gpus.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+
+import pytest
+
+from tests.launch_fixtures import make_fleet, make_job, make_node, make_user, members_of, run_to_running
+from tests.simulated_gpus import BUSY, IDLE, Reading, post_samples
+from tests.telemetry_support import GatewayThread, member_token, running_gateway
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+
+MIN = 60.0
+
+
+@pytest.fixture
+def gateway(db_url: str) -> Iterator[GatewayThread]:
+    with running_gateway(db_url) as g:
+        yield g
+
+
+@pytest.fixture
+def admin(db: Database) -> int:
+    return make_user(db, "root", "admin")
+
+
+def two_member_job(db: Database, admin: int, action: str = "reclaim", grace: str = "10 minutes") -> dict:
+    """A running job of 2 members × 2 GPUs on two nodes of a fleet whose policy is `action`."""
+    fleet = make_fleet(db)
+    make_node(db, fleet, "n1", gpus=2)
+    make_node(db, fleet, "n2", gpus=2)
+    db.call(
+        "set_idle_policy",
+        admin,
+        "gpu",
+        None,
+        dt.timedelta(minutes=30),
+        5.0,
+        0.2,
+        action,
+        dt.timedelta(minutes=10) if grace == "10 minutes" else grace,
+    )
+    owner = make_user(db, "alice")
+    job_id = make_job(db, owner, fleet, nodes=2, gpus_per_node=2)
+    db.call("reserve_next", fleet)
+    members = run_to_running(db, job_id)
+    return {"id": job_id, "members": members, "owner": owner}
+
+
+def feed(
+    db: Database,
+    gateway: GatewayThread,
+    job: dict,
+    readings: dict[tuple[int, int], Reading],
+    start: float,
+    end: float,
+) -> None:
+    """Samples of every (rank, gpu) named in `readings` from start to end (epoch seconds)."""
+    for member in job["members"]:
+        mine = {gpu: r for (rank, gpu), r in readings.items() if rank == member["rank"]}
+        if mine:
+            token = member_token(db, job["id"], 1, member["rank"])
+            post_samples(gateway.url, token, mine, start, end)
+
+
+def all_gpus(job: dict, reading: Reading) -> dict[tuple[int, int], Reading]:
+    return {(m["rank"], g): reading for m in job["members"] for g in m["gpu_indices"]}
+
+
+def sweep(db: Database, at: dt.datetime) -> dict:
+    return db.call("sweep_idle_jobs", 100, at)[0]
+
+
+def watch(db: Database, job_id: int) -> dict:
+    return db.fetch_one("SELECT * FROM job_idle WHERE job_id = %s", (job_id,))
+
+
+def reasons(db: Database, job_id: int) -> list[str]:
+    return [
+        r["reason"]
+        for r in db.fetch_all("SELECT reason FROM job_events WHERE job_id = %s ORDER BY id", (job_id,))
+    ]
+
+
+def now_db(db: Database) -> dt.datetime:
+    return db.fetch_one("SELECT now() AS t")["t"]
+
+
+def test_two_member_job_whose_four_gpus_are_idle_is_warned_then_reclaimed_after_the_grace(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin)
+    t0 = now_db(db)
+    feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() - 31 * MIN, t0.timestamp())
+
+    assert sweep(db, t0)["warned"] == 1
+    deadline = t0 + dt.timedelta(minutes=10)
+    reason = db.fetch_one("SELECT state, state_reason FROM jobs WHERE id = %s", (job["id"],))
+    assert reason["state"] == "running"
+    assert reason["state_reason"] == (
+        "GPUs idle for 30 min (utilization < 5 %, power < 20 % on all 4 GPUs); it will be stopped at "
+        f"{deadline.astimezone(dt.UTC):%H:%M} UTC unless they become busy"
+    )
+    w = watch(db, job["id"])
+    assert (w["status"], w["deadline"], w["evaluation"]["idle"]) == ("idle", deadline, 4)
+    assert w["idle_gpu_seconds"] == pytest.approx(4 * 30 * MIN)
+
+    # Still idle within the grace: nothing more happens.
+    feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() + 10, t0.timestamp() + 11 * MIN)
+    assert sweep(db, t0 + dt.timedelta(minutes=5))["reclaimed"] == 0
+    # Still idle at the deadline: reclaimed; every member is asked to stop.
+    assert sweep(db, t0 + dt.timedelta(minutes=11))["reclaimed"] == 1
+    assert {m["state"] for m in members_of(db, job["id"])} == {"stopping"}
+    assert db.fetch_one("SELECT state FROM attempts WHERE job_id = %s", (job["id"],))["state"] == "stopping"
+    assert reasons(db, job["id"])[-1].startswith(
+        "reclaimed (idle): GPUs idle for 41 min (utilization < 5 %, power < 20 % on all 4 GPUs); warned at "
+    )
+    assert watch(db, job["id"])["idle_gpu_seconds"] == pytest.approx(4 * 41 * MIN)
+
+
+def test_one_busy_gpu_anywhere_in_the_job_keeps_it_unwarned(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin)
+    t0 = now_db(db)
+    readings = all_gpus(job, IDLE)
+    rank1 = next(m for m in job["members"] if m["rank"] == 1)
+    readings[(1, rank1["gpu_indices"][-1])] = BUSY  # the last GPU of the second member works
+    feed(db, gateway, job, readings, t0.timestamp() - 31 * MIN, t0.timestamp())
+
+    assert sweep(db, t0) == {"checked": 1, "warned": 0, "reclaimed": 0, "busy_again": 0}
+    w = watch(db, job["id"])
+    assert (w["status"], w["warned_at"], w["evaluation"]["busy"], w["evaluation"]["idle"]) == (
+        "busy",
+        None,
+        1,
+        3,
+    )
+    assert w["idle_gpu_seconds"] == 0
+
+
+def test_samples_missing_for_part_of_the_window_never_make_a_job_idle(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin)
+    t0 = now_db(db).timestamp()
+    readings = all_gpus(job, IDLE)
+    # Every GPU idle, but the samples of one GPU stop for 10 minutes in the middle of the window ...
+    first = next(iter(readings))
+    feed(db, gateway, job, {k: v for k, v in readings.items() if k != first}, t0 - 31 * MIN, t0)
+    feed(db, gateway, job, {first: IDLE}, t0 - 31 * MIN, t0 - 20 * MIN)
+    feed(db, gateway, job, {first: IDLE}, t0 - 10 * MIN, t0)
+    assert sweep(db, dt.datetime.fromtimestamp(t0, dt.UTC))["warned"] == 0
+    assert watch(db, job["id"])["status"] == "unknown"
+
+
+def test_samples_that_began_within_the_window_leave_the_job_unknown(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin)
+    t0 = now_db(db).timestamp()
+    feed(db, gateway, job, all_gpus(job, IDLE), t0 - 20 * MIN, t0)  # 20 of the 30 minutes
+    assert sweep(db, dt.datetime.fromtimestamp(t0, dt.UTC))["warned"] == 0
+    w = watch(db, job["id"])
+    assert (w["status"], w["evaluation"]["unknown"]) == ("unknown", 4)
+
+
+def test_a_job_with_no_gpu_samples_is_unknown_never_idle(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin)
+    t0 = now_db(db)
+    assert sweep(db, t0 + dt.timedelta(hours=2))["warned"] == 0
+    assert watch(db, job["id"])["status"] == "unknown"
+
+
+def test_a_warned_job_that_becomes_busy_is_unwarned_and_its_timeline_says_so(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin)
+    t0 = now_db(db)
+    feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() - 31 * MIN, t0.timestamp())
+    assert sweep(db, t0)["warned"] == 1
+    # One GPU gets to work two minutes later: the clock resets.
+    rank0 = next(m for m in job["members"] if m["rank"] == 0)
+    feed(
+        db, gateway, job, {(0, rank0["gpu_indices"][0]): BUSY}, t0.timestamp() + 60, t0.timestamp() + 2 * MIN
+    )
+    assert sweep(db, t0 + dt.timedelta(minutes=2))["busy_again"] == 1
+    w = watch(db, job["id"])
+    assert (w["status"], w["warned_at"], w["deadline"], w["idle_since"]) == ("busy", None, None, None)
+    assert reasons(db, job["id"])[-1] == (
+        f"GPUs busy again (utilization up to 97 %); the idle warning of {t0.astimezone(dt.UTC):%H:%M} UTC is "
+        "withdrawn"
+    )
+    # Past the old deadline nothing is reclaimed.
+    assert sweep(db, t0 + dt.timedelta(minutes=12))["reclaimed"] == 0
+    assert db.fetch_one("SELECT state FROM attempts WHERE job_id = %s", (job["id"],))["state"] == "running"
+
+
+def test_an_exempt_job_is_never_reclaimed_and_the_exemption_is_recorded(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin)
+    t0 = now_db(db)
+    feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() - 31 * MIN, t0.timestamp() + 20 * MIN)
+    assert sweep(db, t0)["warned"] == 1
+
+    with pytest.raises(Refusal, match="needs the admin role") as refused:
+        db.call("exempt_job_idle", job["owner"], job["id"], "mine")
+    assert (refused.value.status, refused.value.field) == (403, "actor")
+    with pytest.raises(Refusal, match="a reason") as refused:
+        db.call("exempt_job_idle", admin, job["id"], "  ")
+    assert (refused.value.status, refused.value.field) == (400, "reason")
+    db.call("exempt_job_idle", admin, job["id"], "interactive debugging session, approved by ops")
+    assert reasons(db, job["id"])[-1] == (
+        "exempt from the idle policy by root: interactive debugging session, approved by ops"
+    )
+    assert sweep(db, t0 + dt.timedelta(minutes=19)) == {
+        "checked": 1,
+        "warned": 0,
+        "reclaimed": 0,
+        "busy_again": 0,
+    }
+    w = watch(db, job["id"])
+    assert (w["status"], w["deadline"], w["exempt_by"]) == ("idle", None, admin)
+    assert db.fetch_one("SELECT state FROM attempts WHERE job_id = %s", (job["id"],))["state"] == "running"
+
+
+def test_a_busy_looping_kernel_at_full_utilization_and_low_power_is_idle(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin, action="warn")
+    t0 = now_db(db)
+    spin = Reading(utilization=100.0, power_watts=90.0)  # NCCL waiting on a lost rank: 13 % of the limit
+    feed(db, gateway, job, all_gpus(job, spin), t0.timestamp() - 31 * MIN, t0.timestamp())
+    assert sweep(db, t0)["warned"] == 1
+    assert db.fetch_one("SELECT state_reason FROM jobs WHERE id = %s", (job["id"],))["state_reason"].endswith(
+        "on all 4 GPUs); this fleet's idle policy only warns: nothing will be stopped"
+    )
+    assert watch(db, job["id"])["deadline"] is None
+
+
+def test_a_team_override_wins_over_the_fleet_policy_and_bad_values_are_refused(
+    db: Database, admin: int
+) -> None:
+    make_fleet(db)
+    db.call("set_idle_policy", admin, "gpu", None, dt.timedelta(minutes=20), None, None, "reclaim", None)
+    db.call("set_idle_policy", admin, "gpu", 7, None, 2.0, None, "warn", None)
+    fleet = db.fetch_one("SELECT id FROM fleets WHERE name = 'gpu'")["id"]
+    team = db.call("idle_policy_of", fleet, 7)[0]
+    other = db.call("idle_policy_of", fleet, 8)[0]
+    assert (team["idle_after"], team["utilization_below"], team["action"]) == (
+        dt.timedelta(minutes=20),
+        2.0,
+        "warn",
+    )
+    assert (other["utilization_below"], other["power_below"], other["action"]) == (5.0, 0.2, "reclaim")
+    assert other["idle_grace"] == dt.timedelta(minutes=30)
+    before = db.fetch_all("SELECT * FROM idle_policies ORDER BY id")
+    for args, field, status in [
+        ((None, None, None, 1.5, None, None), "power_below", 400),
+        ((None, None, None, None, "kill", None), "action", 400),
+        ((None, None, 0.0, None, None, None), "utilization_below", 400),
+        ((None, dt.timedelta(0), None, None, None, None), "idle_after", 400),
+    ]:
+        with pytest.raises(Refusal) as refused:
+            db.call("set_idle_policy", admin, "gpu", *args)
+        assert (refused.value.field, refused.value.status) == (field, status)
+    with pytest.raises(Refusal, match="no fleet"):
+        db.call("set_idle_policy", admin, "nope", None, None, None, None, "warn", None)
+    with pytest.raises(Refusal, match="admin role"):
+        db.call("set_idle_policy", make_user(db, "bob"), "gpu", None, None, None, None, "off", None)
+    assert db.fetch_all("SELECT * FROM idle_policies ORDER BY id") == before
+
+
+def test_a_job_is_evaluated_at_most_once_per_check_interval(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin)
+    t0 = now_db(db)
+    assert sweep(db, t0)["checked"] == 1
+    assert sweep(db, t0 + dt.timedelta(seconds=30))["checked"] == 0
+    assert sweep(db, t0 + dt.timedelta(minutes=1))["checked"] == 1
+    assert watch(db, job["id"])["checked_at"] == t0 + dt.timedelta(minutes=1)
