@@ -27,7 +27,7 @@
 -- ==== Lock order (launch.sql's, of which this is a part) ================================================
 --   4. jobs, by id (the sweep takes them FOR UPDATE SKIP LOCKED; exempt_job_idle FOR UPDATE)
 --   5. attempts (lock_attempt, only to reclaim)
---   7. leaf rows: job_idle, events
+--   7. leaf rows: job_idle, usage_ledger (its idle_gpu_seconds), events
 -- No function here locks a node, a member or a telemetry row; reading samples takes no lock.
 
 -- idle_policy_of: the effective policy for a team's jobs on a fleet: the team's override, else the fleet's
@@ -205,8 +205,6 @@ CREATE OR REPLACE FUNCTION tuneplane.watch_idle_job(p_job tuneplane.jobs, p_now 
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    -- jobs.team_id arrives with issue 20; read through the row's JSON so this works before and after.
-    v_team     bigint := (to_jsonb(p_job) ->> 'team_id')::bigint;
     pol        record;
     cfg        tuneplane.idle_settings;
     a          tuneplane.attempts;
@@ -229,7 +227,7 @@ BEGIN
         RETURN NULL;
     END IF;
     SELECT * INTO cfg FROM tuneplane.idle_settings;
-    SELECT * INTO pol FROM tuneplane.idle_policy_of(p_job.fleet_id, v_team);
+    SELECT * INTO pol FROM tuneplane.idle_policy_of(p_job.fleet_id, p_job.team_id);
     v_from := p_now - pol.idle_after;
 
     SELECT count(*), count(*) FILTER (WHERE g.verdict = 'idle'), count(*) FILTER (WHERE g.verdict = 'busy'),
@@ -294,6 +292,15 @@ BEGIN
         PERFORM tuneplane.set_job_state(p_job.id, p_job.state, v_msg,
             jsonb_build_object('kind', 'idle_withdrawn') || v_eval);
         v_result := 'busy_again';
+    END IF;
+
+    IF v_add > 0 THEN
+        -- The usage ledger's idle GPU-seconds (issue 20's ledger; this column is ours): each member of the
+        -- attempt its GPUs × the idle time just counted.
+        UPDATE tuneplane.usage_ledger l
+           SET idle_gpu_seconds = l.idle_gpu_seconds + cardinality(m.gpu_indices) * (v_add / v_gpus)::numeric
+          FROM tuneplane.members m
+         WHERE m.attempt_id = a.id AND l.member_id = m.id AND cardinality(m.gpu_indices) > 0;
     END IF;
 
     UPDATE tuneplane.job_idle

@@ -7,8 +7,7 @@
 CREATE TABLE tuneplane.idle_policies (
     id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     fleet_id          bigint      NOT NULL REFERENCES tuneplane.fleets (id) ON DELETE CASCADE,
-    -- Teams arrive with issue 20; the foreign key is added by the migration that follows its table.
-    team_id           bigint,
+    team_id           bigint REFERENCES tuneplane.teams (id) ON DELETE CASCADE,
     -- How long every GPU of the job must have been idle before the job is warned.
     idle_after        interval CHECK (idle_after > interval '0'),
     -- A GPU is idle over the window when all its utilization samples are below this (percent) ...

@@ -8,7 +8,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.launch_fixtures import make_fleet, make_job, make_node, make_user, members_of, run_to_running
+from tests.launch_fixtures import (
+    make_fleet,
+    make_job,
+    make_node,
+    make_team,
+    make_user,
+    members_of,
+    run_to_running,
+)
 from tests.simulated_gpus import BUSY, IDLE, Reading, post_samples
 from tests.telemetry_support import GatewayThread, member_token, running_gateway
 from tuneplane.app.db import Database
@@ -28,8 +36,11 @@ def admin(db: Database) -> int:
     return make_user(db, "root", "admin")
 
 
-def two_member_job(db: Database, admin: int, action: str = "reclaim", grace: str = "10 minutes") -> dict:
-    """A running job of 2 members × 2 GPUs on two nodes of a fleet whose policy is `action`."""
+def two_member_job(
+    db: Database, admin: int, action: str = "reclaim", grace: str = "10 minutes", team: str | None = None
+) -> dict:
+    """A running job of 2 members × 2 GPUs on two nodes of a fleet whose policy is `action` (of `team`,
+    when given: a team whose override turns the policy off)."""
     fleet = make_fleet(db)
     make_node(db, fleet, "n1", gpus=2)
     make_node(db, fleet, "n2", gpus=2)
@@ -45,7 +56,12 @@ def two_member_job(db: Database, admin: int, action: str = "reclaim", grace: str
         dt.timedelta(minutes=10) if grace == "10 minutes" else grace,
     )
     owner = make_user(db, "alice")
-    job_id = make_job(db, owner, fleet, nodes=2, gpus_per_node=2)
+    team_id = None
+    if team:
+        team_id = make_team(db, admin, team)
+        db.call("set_team_member", admin, team_id, owner, "member")
+        db.call("set_idle_policy", admin, "gpu", team_id, None, None, None, "off", None)
+    job_id = make_job(db, owner, fleet, nodes=2, gpus_per_node=2, team_id=team_id)
     db.call("reserve_next", fleet)
     members = run_to_running(db, job_id)
     return {"id": job_id, "members": members, "owner": owner}
@@ -108,6 +124,11 @@ def test_two_member_job_whose_four_gpus_are_idle_is_warned_then_reclaimed_after_
     w = watch(db, job["id"])
     assert (w["status"], w["deadline"], w["evaluation"]["idle"]) == ("idle", deadline, 4)
     assert w["idle_gpu_seconds"] == pytest.approx(4 * 30 * MIN)
+    # The usage ledger carries the same seconds, per member (its 2 GPUs × 30 min).
+    ledger = db.fetch_all(
+        "SELECT idle_gpu_seconds FROM usage_ledger WHERE job_id = %s ORDER BY rank", (job["id"],)
+    )
+    assert [float(r["idle_gpu_seconds"]) for r in ledger] == pytest.approx([2 * 30 * MIN, 2 * 30 * MIN])
 
     # Still idle within the grace: nothing more happens.
     feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() + 10, t0.timestamp() + 11 * MIN)
@@ -249,11 +270,12 @@ def test_a_team_override_wins_over_the_fleet_policy_and_bad_values_are_refused(
     db: Database, admin: int
 ) -> None:
     make_fleet(db)
+    vision, nlp = make_team(db, admin, "vision"), make_team(db, admin, "nlp")
     db.call("set_idle_policy", admin, "gpu", None, dt.timedelta(minutes=20), None, None, "reclaim", None)
-    db.call("set_idle_policy", admin, "gpu", 7, None, 2.0, None, "warn", None)
+    db.call("set_idle_policy", admin, "gpu", vision, None, 2.0, None, "warn", None)
     fleet = db.fetch_one("SELECT id FROM fleets WHERE name = 'gpu'")["id"]
-    team = db.call("idle_policy_of", fleet, 7)[0]
-    other = db.call("idle_policy_of", fleet, 8)[0]
+    team = db.call("idle_policy_of", fleet, vision)[0]
+    other = db.call("idle_policy_of", fleet, nlp)[0]
     assert (team["idle_after"], team["utilization_below"], team["action"]) == (
         dt.timedelta(minutes=20),
         2.0,
@@ -276,6 +298,18 @@ def test_a_team_override_wins_over_the_fleet_policy_and_bad_values_are_refused(
     with pytest.raises(Refusal, match="admin role"):
         db.call("set_idle_policy", make_user(db, "bob"), "gpu", None, None, None, None, "off", None)
     assert db.fetch_all("SELECT * FROM idle_policies ORDER BY id") == before
+
+
+def test_a_team_whose_override_turns_the_policy_off_is_measured_but_never_warned(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin, team="vision")
+    t0 = now_db(db)
+    feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() - 31 * MIN, t0.timestamp())
+    assert sweep(db, t0)["warned"] == 0
+    w = watch(db, job["id"])
+    assert (w["status"], w["warned_at"], w["evaluation"]["action"]) == ("idle", None, "off")
+    assert w["idle_gpu_seconds"] == pytest.approx(4 * 30 * MIN)
 
 
 def test_a_job_is_evaluated_at_most_once_per_check_interval(

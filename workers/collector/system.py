@@ -11,8 +11,9 @@
 
 Names (canonical in parentheses): system/cpu_percent (cpu_utilization), system/rss_bytes (memory_rss),
 system/gpu.<i>.utilization (gpu_utilization), system/gpu.<i>.memory_used (gpu_memory),
-system/gpu.<i>.power_watts and system/gpu.<i>.power_limit_watts (gpu_power). The step of a sample is its time in milliseconds since the epoch,
-so a restarted collector never writes two different values at one step.
+system/gpu.<i>.power_watts and system/gpu.<i>.power_limit_watts (gpu_power). The step of a sample is its
+time in milliseconds since the epoch, so a restarted collector never writes two different values at one
+step.
 """
 
 from __future__ import annotations
