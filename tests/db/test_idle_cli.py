@@ -7,54 +7,34 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from click.testing import CliRunner, Result
-from werkzeug.serving import make_server
 
+from tests.console_server import api_token, cli_invoker, serving_console
 from tests.launch_fixtures import run_to_running
 from tests.simulated_gpus import IDLE, post_samples
 from tests.submission_setup import add_user, one_local_fleet
 from tests.telemetry_support import member_token, running_gateway
-from tuneplane.app.cli import main
 from tuneplane.app.db import Database
-from tuneplane.app.security import new_token
-from tuneplane.app.web import create_app
 
 
 @pytest.fixture
 def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
-    info: dict = {"fleet": one_local_fleet(db, gpus=2), "url": f"http://127.0.0.1:{port}"}
+    info: dict = {"fleet": one_local_fleet(db, gpus=2)}
     for name, role in (("alice", "user"), ("root", "admin")):
-        user = add_user(db, name, role)
-        plaintext, digest = new_token("tpu")
-        db.call("issue_api_token", user, "test", digest, None)
-        info[name] = plaintext
-        info[f"{name}_id"] = user
-    app = create_app(db_url, config={"TP_DATA_DIR": str(tmp_path / "data"), "SECRET_KEY": "test"})
-    httpd = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield info
-    httpd.shutdown()
-    thread.join(10)
+        info[f"{name}_id"] = add_user(db, name, role)
+        info[name] = api_token(db, info[f"{name}_id"])
+    with serving_console(db_url, tmp_path, port) as url:
+        info["url"] = url
+        yield info
 
 
 @pytest.fixture
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict):
-    monkeypatch.setenv("TUNEPLANE_CONFIG", str(tmp_path / "config.toml"))
-    monkeypatch.setenv("TUNEPLANE_SERVER", server["url"])
-    monkeypatch.delenv("TUNEPLANE_TOKEN", raising=False)
-    runner = CliRunner()
-
-    def run(*args: str, user: str = "alice") -> Result:
-        return runner.invoke(main, [*args, "--token", server[user]], catch_exceptions=False)
-
-    return run
+    return cli_invoker(monkeypatch, tmp_path, server["url"], server)
 
 
 def idle_running_job(cli, db: Database, db_url: str, server: dict) -> int:

@@ -106,14 +106,22 @@ def now_db(db: Database) -> dt.datetime:
     return db.fetch_one("SELECT now() AS t")["t"]
 
 
+def idle_then_swept(
+    db: Database, gateway: GatewayThread, job: dict, reading: Reading = IDLE, after: float = 0.0
+) -> tuple[dt.datetime, dict]:
+    """Every GPU of the job reads `reading` from 31 minutes ago until `after` seconds from now; one sweep
+    now. Returns (now, the sweep's counts)."""
+    t0 = now_db(db)
+    feed(db, gateway, job, all_gpus(job, reading), t0.timestamp() - 31 * MIN, t0.timestamp() + after)
+    return t0, sweep(db, t0)
+
+
 def test_two_member_job_whose_four_gpus_are_idle_is_warned_then_reclaimed_after_the_grace(
     db: Database, gateway: GatewayThread, admin: int
 ) -> None:
     job = two_member_job(db, admin)
-    t0 = now_db(db)
-    feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() - 31 * MIN, t0.timestamp())
-
-    assert sweep(db, t0)["warned"] == 1
+    t0, swept = idle_then_swept(db, gateway, job)
+    assert swept["warned"] == 1
     deadline = t0 + dt.timedelta(minutes=10)
     reason = db.fetch_one("SELECT state, state_reason FROM jobs WHERE id = %s", (job["id"],))
     assert reason["state"] == "running"
@@ -203,9 +211,8 @@ def test_a_warned_job_that_becomes_busy_is_unwarned_and_its_timeline_says_so(
     db: Database, gateway: GatewayThread, admin: int
 ) -> None:
     job = two_member_job(db, admin)
-    t0 = now_db(db)
-    feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() - 31 * MIN, t0.timestamp())
-    assert sweep(db, t0)["warned"] == 1
+    t0, swept = idle_then_swept(db, gateway, job)
+    assert swept["warned"] == 1
     # One GPU gets to work two minutes later: the clock resets.
     rank0 = next(m for m in job["members"] if m["rank"] == 0)
     feed(
@@ -227,9 +234,8 @@ def test_an_exempt_job_is_never_reclaimed_and_the_exemption_is_recorded(
     db: Database, gateway: GatewayThread, admin: int
 ) -> None:
     job = two_member_job(db, admin)
-    t0 = now_db(db)
-    feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() - 31 * MIN, t0.timestamp() + 20 * MIN)
-    assert sweep(db, t0)["warned"] == 1
+    t0, swept = idle_then_swept(db, gateway, job, after=20 * MIN)
+    assert swept["warned"] == 1
 
     with pytest.raises(Refusal, match="needs the admin role") as refused:
         db.call("exempt_job_idle", job["owner"], job["id"], "mine")
@@ -256,10 +262,8 @@ def test_a_busy_looping_kernel_at_full_utilization_and_low_power_is_idle(
     db: Database, gateway: GatewayThread, admin: int
 ) -> None:
     job = two_member_job(db, admin, action="warn")
-    t0 = now_db(db)
     spin = Reading(utilization=100.0, power_watts=90.0)  # NCCL waiting on a lost rank: 13 % of the limit
-    feed(db, gateway, job, all_gpus(job, spin), t0.timestamp() - 31 * MIN, t0.timestamp())
-    assert sweep(db, t0)["warned"] == 1
+    assert idle_then_swept(db, gateway, job, spin)[1]["warned"] == 1
     assert db.fetch_one("SELECT state_reason FROM jobs WHERE id = %s", (job["id"],))["state_reason"].endswith(
         "on all 4 GPUs); this fleet's idle policy only warns: nothing will be stopped"
     )
@@ -304,9 +308,7 @@ def test_a_team_whose_override_turns_the_policy_off_is_measured_but_never_warned
     db: Database, gateway: GatewayThread, admin: int
 ) -> None:
     job = two_member_job(db, admin, team="vision")
-    t0 = now_db(db)
-    feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() - 31 * MIN, t0.timestamp())
-    assert sweep(db, t0)["warned"] == 0
+    assert idle_then_swept(db, gateway, job)[1]["warned"] == 0
     w = watch(db, job["id"])
     assert (w["status"], w["warned_at"], w["evaluation"]["action"]) == ("idle", None, "off")
     assert w["idle_gpu_seconds"] == pytest.approx(4 * 30 * MIN)

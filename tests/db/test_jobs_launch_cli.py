@@ -7,53 +7,33 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
-from werkzeug.serving import make_server
 
+from tests.console_server import api_token, cli_invoker, serving_console
 from tests.helpers import OutputWatcher
 from tests.launch_fixtures import report, run_to_running
 from tests.submission_setup import add_node, add_user, one_local_fleet
-from tuneplane.app.cli import main
 from tuneplane.app.db import Database
-from tuneplane.app.security import new_token
-from tuneplane.app.web import create_app
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
-    info: dict = {"fleet": one_local_fleet(db), "url": f"http://127.0.0.1:{port}"}
+    info: dict = {"fleet": one_local_fleet(db)}
     for name in ("alice", "bob"):
-        user = add_user(db, name)
-        plaintext, digest = new_token("tpu")
-        db.call("issue_api_token", user, "test", digest, None)
-        info[name] = plaintext
-    app = create_app(db_url, config={"TP_DATA_DIR": str(tmp_path / "data"), "SECRET_KEY": "test"})
-    httpd = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield info
-    httpd.shutdown()
-    thread.join(10)
+        info[name] = api_token(db, add_user(db, name))
+    with serving_console(db_url, tmp_path, port) as url:
+        info["url"] = url
+        yield info
 
 
 @pytest.fixture
 def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict):
-    monkeypatch.setenv("TUNEPLANE_CONFIG", str(tmp_path / "config.toml"))
-    monkeypatch.setenv("TUNEPLANE_SERVER", server["url"])
-    monkeypatch.delenv("TUNEPLANE_TOKEN", raising=False)
-    runner = CliRunner()
-
-    def run(*args: str, user: str = "alice") -> Result:
-        return runner.invoke(main, [*args, "--token", server[user]], catch_exceptions=False)
-
-    return run
+    return cli_invoker(monkeypatch, tmp_path, server["url"], server)
 
 
 def submit(cli) -> int:
