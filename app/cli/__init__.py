@@ -38,6 +38,7 @@ COMMANDS_BY_NAME: dict[str, tuple[str, ...]] = {
     "node": ("tuneplane.app.cli.node_cmd",),
     "node-gateway": ("tuneplane.app.cli.node_cmd",),
     "fleet": ("tuneplane.app.cli.fleet_cmd",),
+    "token": ("tuneplane.app.cli.teams_cmd",),
     "worker": ("tuneplane.app.cli.launch_cmd",),
     "runner": ("tuneplane.app.cli.launch_cmd",),
 }
@@ -55,6 +56,7 @@ COMMAND_MODULES = [
     "tuneplane.app.cli.blobs_cmd",
     "tuneplane.app.cli.node_cmd",
     "tuneplane.app.cli.fleet_cmd",
+    "tuneplane.app.cli.teams_cmd",
     "tuneplane.app.cli.launch_cmd",
 ]
 

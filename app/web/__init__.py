@@ -24,6 +24,7 @@ BLUEPRINTS = [
     "tuneplane.app.web.fleet",
     "tuneplane.app.web.artifacts",
     "tuneplane.app.web.login",
+    "tuneplane.app.web.tokens",
     "tuneplane.app.web.submit",
     "tuneplane.app.web.jobs",
     "tuneplane.app.web.jobs_launch",

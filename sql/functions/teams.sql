@@ -230,15 +230,6 @@ BEGIN
 END;
 $$;
 
--- request_token: the API token this transaction acts under (the server sets `tuneplane.token_id` for the
--- transactions of a request authenticated by a token; app/db.py), or NULL for a console session, a
--- worker or psql. Its scope narrows what the user's roles allow.
-CREATE OR REPLACE FUNCTION tuneplane.request_token()
-RETURNS bigint
-LANGUAGE sql STABLE AS $$
-    SELECT nullif(current_setting('tuneplane.token_id', true), '')::bigint;
-$$;
-
 -- token_allows: whether the request's token (if any) reaches team p_team_id for p_action ('read' or
 -- 'act'): a read-only token never acts; a token with api_token_teams rows reaches only those teams.
 CREATE OR REPLACE FUNCTION tuneplane.token_allows(p_team_id bigint, p_action text)
@@ -325,4 +316,64 @@ LANGUAGE sql STABLE AS $$
       JOIN tuneplane.users u ON u.id = tm.user_id AND u.disabled_at IS NULL
      WHERE tm.user_id = p_actor_id
      ORDER BY t.id = u.default_team_id DESC, t.name;
+$$;
+
+-- issue_scoped_api_token: a user makes an API token for themselves (shown once; only its hash is stored),
+-- optionally narrowed to some of their teams (p_teams, names) and to read-only. A token may only make a
+-- token no wider than itself: under a read-only request token nothing is made (403); under a token
+-- scoped to teams, the new one must name teams within that scope (403). A team the user has no role in is
+-- a 404 naming `teams`. Locks nothing but the new rows.
+CREATE OR REPLACE FUNCTION tuneplane.issue_scoped_api_token(p_actor_id bigint, p_name text, p_token_hash text,
+                                                            p_ttl interval, p_teams text[], p_read_only boolean)
+RETURNS tuneplane.api_tokens
+LANGUAGE plpgsql AS $$
+DECLARE
+    actor    tuneplane.users := tuneplane.require_active_user(p_actor_id);
+    v_ids    bigint[];
+    v_bad    text;
+    v_parent tuneplane.api_tokens;
+    result   tuneplane.api_tokens;
+BEGIN
+    SELECT array_agg(t.id), string_agg(n.name, ', ') FILTER (WHERE t.id IS NULL OR tm.role IS NULL)
+      INTO v_ids, v_bad
+      FROM unnest(coalesce(p_teams, '{}')) AS n (name)
+      LEFT JOIN tuneplane.teams t ON t.name = n.name
+      LEFT JOIN tuneplane.team_members tm ON tm.team_id = t.id AND tm.user_id = actor.id;
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'no team % of yours', left(v_bad, 200) USING ERRCODE = 'TP404', COLUMN = 'teams';
+    END IF;
+    SELECT * INTO v_parent FROM tuneplane.api_tokens WHERE id = tuneplane.request_token();
+    IF v_parent.id IS NOT NULL THEN
+        IF v_parent.read_only THEN
+            RAISE EXCEPTION 'a read-only token cannot make tokens' USING ERRCODE = 'TP403', COLUMN = 'token';
+        END IF;
+        IF EXISTS (SELECT 1 FROM tuneplane.api_token_teams s WHERE s.token_id = v_parent.id)
+           AND (cardinality(coalesce(v_ids, '{}')) = 0
+                OR EXISTS (SELECT 1 FROM unnest(v_ids) i
+                            WHERE NOT EXISTS (SELECT 1 FROM tuneplane.api_token_teams s
+                                               WHERE s.token_id = v_parent.id AND s.team_id = i))) THEN
+            RAISE EXCEPTION 'this token is scoped to some teams: a token it makes must name teams within them'
+                USING ERRCODE = 'TP403', COLUMN = 'teams';
+        END IF;
+    END IF;
+    result := tuneplane.issue_api_token(actor.id, p_name, p_token_hash, p_ttl);
+    UPDATE tuneplane.api_tokens SET read_only = coalesce(p_read_only, false) WHERE id = result.id
+    RETURNING * INTO result;
+    INSERT INTO tuneplane.api_token_teams (token_id, team_id) SELECT DISTINCT result.id, i FROM unnest(v_ids) i;
+    RETURN result;
+END;
+$$;
+
+-- tokens_of: the actor's API tokens (never their hashes) with scope, last use and state, newest first.
+CREATE OR REPLACE FUNCTION tuneplane.tokens_of(p_actor_id bigint)
+RETURNS TABLE (id bigint, name text, created_at timestamptz, expires_at timestamptz, revoked_at timestamptz,
+               last_used_at timestamptz, read_only boolean, teams text[], current boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT t.id, t.name, t.created_at, t.expires_at, t.revoked_at, t.last_used_at, t.read_only,
+           coalesce((SELECT array_agg(tm.name ORDER BY tm.name) FROM tuneplane.api_token_teams s
+                       JOIN tuneplane.teams tm ON tm.id = s.team_id WHERE s.token_id = t.id), '{}'),
+           t.id IS NOT DISTINCT FROM tuneplane.request_token()
+      FROM tuneplane.api_tokens t
+     WHERE t.user_id = p_actor_id
+     ORDER BY t.id DESC;
 $$;

@@ -111,6 +111,15 @@ BEGIN
 END;
 $$;
 
+-- request_token: the API token this transaction acts under (the server sets `tuneplane.token_id` for the
+-- transactions of a request authenticated by a token; app/db.py), or NULL for a console session, a
+-- worker or psql. Its scope narrows what the user's roles allow.
+CREATE OR REPLACE FUNCTION tuneplane.request_token()
+RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT nullif(current_setting('tuneplane.token_id', true), '')::bigint;
+$$;
+
 -- revoke_api_token: the owner or an admin revokes; revoking twice is harmless.
 CREATE OR REPLACE FUNCTION tuneplane.revoke_api_token(p_actor_id bigint, p_token_id bigint)
 RETURNS boolean
@@ -119,6 +128,10 @@ DECLARE
     actor tuneplane.users;
 BEGIN
     SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id;
+    -- A read-only request token changes nothing, not even a revocation (teams.sql).
+    IF EXISTS (SELECT 1 FROM tuneplane.api_tokens r WHERE r.id = tuneplane.request_token() AND r.read_only) THEN
+        RAISE EXCEPTION 'a read-only token cannot revoke tokens' USING ERRCODE = 'TP403', COLUMN = 'token';
+    END IF;
     UPDATE tuneplane.api_tokens t SET revoked_at = coalesce(t.revoked_at, now())
      WHERE t.id = p_token_id AND (t.user_id = p_actor_id OR actor.role = 'admin');
     IF NOT FOUND THEN
