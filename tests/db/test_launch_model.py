@@ -7,7 +7,11 @@ checks the guarantees TunePlane promises:
 - no member is released while its node may still run it (unless an operator fenced or retired the node);
 - every decision is written once and never changes;
 - every member is started at most once;
-- every non-terminal job has a current reason; the resources of ended jobs are released.
+- every non-terminal job has a current reason; the resources of ended jobs are released;
+- teams and quotas (two teams share the fleet: one with a guarantee and a limit, one that only borrows):
+  no team ever holds more GPUs than its limit_gpus; after a placement pass the first job within its
+  team's guarantee waits only when no free GPUs fit it; every job a pass leaves waiting has a reason that
+  names its team's numbers.
 
 The agents are simulated (named so: SimAgent), the database and its functions are the real ones. Each
 example works in a fleet of its own, so examples share one database without resetting it.
@@ -30,7 +34,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tests.launch_fixtures import make_job, make_node, make_user
+from tests.launch_fixtures import make_job, make_node, make_team, make_user, set_quota
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
 
@@ -83,6 +87,11 @@ class LaunchModel(RuleBasedStateMachine):
             self._open_session(self.agents[node_id], reconcile=True)
         self.decisions: dict[int, str] = {}
         self.steps = 0
+        # Two teams share the 6 GPUs: one is guaranteed 2 (limit 4), the other only borrows (weight 2).
+        self.teams = [make_team(self.db, self.user, f"ta{n}"), make_team(self.db, self.user, f"tb{n}")]
+        self.limits = {self.teams[0]: 4, self.teams[1]: None}
+        set_quota(self.db, self.admin, self.teams[0], self.fleet, guaranteed=2, limit=4, weight=1)
+        set_quota(self.db, self.admin, self.teams[1], self.fleet, guaranteed=0, weight=2)
 
     # ---- helpers -------------------------------------------------------------------------------------
 
@@ -183,12 +192,61 @@ class LaunchModel(RuleBasedStateMachine):
 
     # ---- rules: users and workers --------------------------------------------------------------------
 
-    @rule(nodes=st.integers(1, 2), gpus=st.integers(1, 2), attempts=st.integers(1, 2))
-    def confirm(self, nodes: int, gpus: int, attempts: int) -> None:
-        make_job(self.db, self.user, self.fleet, nodes=nodes, gpus_per_node=gpus, max_attempts=attempts)
+    @rule(
+        nodes=st.integers(1, 2),
+        gpus=st.integers(1, 2),
+        attempts=st.integers(1, 2),
+        team=st.sampled_from([0, 0, 1]),
+        preemptible=st.booleans(),
+    )
+    def confirm(self, nodes: int, gpus: int, attempts: int, team: int, preemptible: bool) -> None:
+        make_job(
+            self.db,
+            self.user,
+            self.fleet,
+            nodes=nodes,
+            gpus_per_node=gpus,
+            max_attempts=attempts,
+            team_id=self.teams[team],
+            preemptible=preemptible,
+        )
 
     def placement_pass(self) -> None:
         self._call("reserve_next", self.fleet, 1000)
+        self._after_pass_waiting_jobs_are_explained()
+
+    def _team_gpus(self) -> dict[int, int]:
+        rows = self.db.fetch_all(
+            """SELECT j.team_id, sum(cardinality(m.gpu_indices))::int AS gpus FROM members m
+                 JOIN jobs j ON j.id = m.job_id WHERE j.fleet_id = %s AND m.released_at IS NULL
+                GROUP BY j.team_id""",
+            (self.fleet,),
+        )
+        return {r["team_id"]: r["gpus"] for r in rows}
+
+    def _after_pass_waiting_jobs_are_explained(self) -> None:
+        """Checked right after every pass (later steps re-queue retries with their own words)."""
+        queued = self.db.fetch_all(
+            """SELECT j.id, j.team_id, j.nodes * j.gpus_per_node AS gpus, j.state_reason, t.name,
+                      q.guaranteed_gpus, tuneplane.placement_fit_now(j.id) AS fit
+                 FROM jobs j JOIN teams t ON t.id = j.team_id
+                 JOIN team_quotas q ON q.team_id = j.team_id AND q.fleet_id = j.fleet_id
+                WHERE j.fleet_id = %s AND j.state = 'queued' ORDER BY j.priority DESC, j.created_at, j.id""",
+            (self.fleet,),
+        )
+        held = self._team_gpus()
+        first_within = next(
+            (j for j in queued if held.get(j["team_id"], 0) + j["gpus"] <= j["guaranteed_gpus"]), None
+        )
+        for j in queued:
+            assert f"team {j['name']} " in j["state_reason"], j
+        if first_within is not None:
+            # "best fit now: N nodes can take a member": within the guarantee it waits only if not fitting.
+            fit = int(first_within["fit"].split()[3])
+            assert (
+                fit
+                < self.db.fetch_one("SELECT nodes FROM jobs WHERE id = %s", (first_within["id"],))["nodes"]
+            ), first_within
 
     def launch(self, crash: bool) -> None:
         for row in self.db.fetch_all(
@@ -438,6 +496,12 @@ class LaunchModel(RuleBasedStateMachine):
             assert self.decisions.setdefault(row["attempt_id"], row["decision"]) == row["decision"]
         for agent in self.agents.values():
             assert all(n == 1 for n in agent.ever_started.values()), agent.ever_started
+
+    @invariant()
+    def no_team_past_its_limit(self) -> None:
+        for team, gpus in self._team_gpus().items():
+            limit = self.limits.get(team)
+            assert limit is None or gpus <= limit, (team, gpus, limit)
 
     @invariant()
     def reasons_current_and_ended_jobs_released(self) -> None:
