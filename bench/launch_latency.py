@@ -13,6 +13,7 @@ The latency is measured in the database, with the database's clock on both ends:
   committed (worker claim + capsule + PREPARE + agents prepared), committed → running (START + runner).
 
 Run: .venv/bin/python bench/launch_latency.py [--runs 30] [--warmup 2] [--timeout 120] [--keep]
+     [--backend slurm] (bench/launch_slurm.py: against raw Slurm, in interleaved pairs)
 """
 
 from __future__ import annotations
@@ -103,7 +104,8 @@ class Installation:
         self.up = subprocess.Popen(
             [
                 sys.executable,
-                "-P", "-m",
+                "-P",
+                "-m",
                 "tuneplane",
                 "up",
                 "--database-url",
@@ -192,7 +194,17 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=120.0, help="Seconds one run may take to start.")
     parser.add_argument("--keep", action="store_true", help="Keep the temporary directory (logs).")
+    parser.add_argument(
+        "--backend",
+        choices=("node", "slurm"),
+        default="node",
+        help="slurm: TunePlane against raw sbatch … srun on a private 2-node Slurm cluster, in pairs.",
+    )
     args = parser.parse_args()
+    if args.backend == "slurm":
+        from launch_slurm import main as slurm_main
+
+        return slurm_main(args)
 
     root = Path(tempfile.mkdtemp(prefix="tp-launch-bench-"))
     print(f"installation in {root}", flush=True)

@@ -139,9 +139,20 @@ class SlurmCli:
         out = self.run("sbatch", "--parsable", stdin=script).strip()
         return int(out.split(";")[0])
 
-    def queue(self) -> dict[int, QueuedJob]:
-        """Every job Slurm still lists (all partitions, all users)."""
-        out = self.run("squeue", "-h", "-a", "-o", "%i|%T|%r|%N|%P|%Q|%j")
+    def queue(self, only: list[int] | None = None) -> dict[int, QueuedJob]:
+        """Every job Slurm still lists (all partitions, all users), or only the jobs `only` names (a job
+        Slurm no longer knows is simply absent: this read never concludes that a job ended)."""
+        argv = ["squeue", "-h", "-a", "-o", "%i|%T|%r|%N|%P|%Q|%j"]
+        if only is not None:
+            argv += ["-j", ",".join(str(i) for i in only)]
+            try:
+                out = self.run(*argv)
+            except SlurmError as exc:
+                if isinstance(exc, ControllerUnreachable):
+                    raise
+                return {}  # "Invalid job id specified": gone from the controller
+        else:
+            out = self.run(*argv)
         jobs: dict[int, QueuedJob] = {}
         for line in out.splitlines():
             if not line.strip():

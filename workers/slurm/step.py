@@ -1,11 +1,15 @@
-"""The Slurm job steps (`python -m tuneplane.workers.slurm.step prepare|run ATTEMPT_DIR`), one task per node.
+"""The Slurm job step (`python -m tuneplane.workers.slurm.step launch ATTEMPT_DIR`), one task per node.
 
-They hold no credential and decide nothing (ADR 0013): `prepare` verifies and unpacks the capsule the worker
-put on the shared path, prepares the member directory and reports PREPARED (or the reason it failed) as a
-file under ATTEMPT_DIR/reports; `run` starts `tuneplane runner` for its member, reports it started, and
-records whether a signal it did not get from TunePlane reached it (preemption, time limit). The worker turns
-each report into one stored-function call. The member is the task's SLURM_NODEID (rank = node index of the
-allocation, the same order the worker gave slurm_allocation_started).
+It holds no credential and decides nothing (ADR 0110): it verifies and unpacks the capsule the worker put on
+the shared path as soon as the allocation starts (before the worker has even recorded it), then waits for
+`plan.json` (the members the database recorded), prepares the member directory and reports PREPARED (or
+the reason it failed) as a file under ATTEMPT_DIR/reports; it then waits for the `decision` file, which the
+worker writes only after the database holds the decision, and only on `commit` starts `tuneplane runner`
+for its member, reports it started, and records whether a signal it did not get from TunePlane reached it
+(preemption, time limit). The worker turns each report into one stored-function call. The member is the
+task's SLURM_NODEID (rank = node index of the allocation, the same order the worker gave
+slurm_allocation_started). One step for prepare and run (ADR 0165): one srun and one interpreter per node
+instead of two. `prepare` and `run` stay as modes for batch scripts written before it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from pathlib import Path
 
 # Tests only: the prepare step of the member on this node fails (one prepare failure on one node).
 FAIL_PREPARE_ENV = "TUNEPLANE_SLURM_TEST_FAIL_PREPARE_ON"
+# Tests only: "NODE:SECONDS": the member on NODE starts its runner SECONDS after the decision (a slow node).
+DELAY_START_ENV = "TUNEPLANE_SLURM_TEST_DELAY_START_ON"
 
 
 def report(attempt_dir: Path, rank: int, kind: str, body: dict) -> None:
@@ -32,26 +38,51 @@ def report(attempt_dir: Path, rank: int, kind: str, body: dict) -> None:
     os.replace(tmp, reports / f"{rank}.{kind}")
 
 
+# How often a step looks for a file the worker writes (plan.json, decision): every 20 ms for the first
+# 2 s (the worker answers a report within milliseconds), then every 0.2 s (a worker that is away).
+FAST_LOOKS = 100
+FAST_LOOK_S = 0.02
+SLOW_LOOK_S = 0.2
+
+
+def wait_for_file(path: Path) -> str:
+    """The file's text once the worker wrote it (it renames a finished file into place). No bound: the
+    job's time limit and scancel end a step whose worker never answers."""
+    looks = 0
+    while True:
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            time.sleep(FAST_LOOK_S if looks < FAST_LOOKS else SLOW_LOOK_S)
+            looks += 1
+
+
 def prepare(attempt_dir: Path, rank: int) -> int:
     from tuneplane.workers.agent.prepare import MEMBER_FIELDS, PrepareFailed, unpack_source
     from tuneplane.workers.capsule import CapsuleError, unpack_capsule
     from tuneplane.workers.runner.runtime import RuntimeRefused, check_runtime
 
-    plan = json.loads((attempt_dir / "plan.json").read_text())
-    member = plan["members"][rank]
     directory = attempt_dir / "members" / str(rank)
     node = os.environ.get("SLURMD_NODENAME", "")
     try:
         if os.environ.get(FAIL_PREPARE_ENV) == node:
             raise PrepareFailed(f"test hook {FAIL_PREPARE_ENV} names this node")
         directory.mkdir(parents=True, exist_ok=True)
+        # The capsule is known before the allocation is recorded (capsule_digest, written before sbatch):
+        # its verification and unpacking overlap the worker's handling of the allocation.
+        digest = (attempt_dir / "capsule_digest").read_text().strip()
         if not (directory / "capsule" / "manifest.json").is_file():
-            unpack_capsule(Path(plan["capsule_tar"]), plan["capsule_digest"], directory / "capsule")
+            tar = attempt_dir.parent.parent / "capsules" / f"{digest}.tar"
+            unpack_capsule(tar, digest, directory / "capsule")
         spec = json.loads((directory / "capsule" / "spec.json").read_text())
         unpack_source(spec, directory)
         if spec.get("inputs"):
             raise PrepareFailed("inputs are not delivered on Slurm fleets yet (docs/slurm.md)")
         check_runtime(spec.get("runtime") or {})
+        plan = json.loads(wait_for_file(attempt_dir / "plan.json"))
+        if plan["capsule_digest"] != digest:
+            raise PrepareFailed(f"plan.json names capsule {plan['capsule_digest']}, not {digest}")
+        member = plan["members"][rank]
         config = {key: member.get(key, plan.get(key)) for key in MEMBER_FIELDS}
         config.update(local_rank=0, node_rank=rank, simulated_gpus=False, node=node)
         (directory / "output").mkdir(exist_ok=True)
@@ -59,11 +90,22 @@ def prepare(attempt_dir: Path, rank: int) -> int:
         tmp = directory / "member.json.tmp"
         tmp.write_text(json.dumps(config, indent=2))
         os.replace(tmp, directory / "member.json")
-    except (PrepareFailed, CapsuleError, RuntimeRefused, OSError, ValueError, KeyError) as exc:
+    except (PrepareFailed, CapsuleError, RuntimeRefused, OSError, ValueError, KeyError, IndexError) as exc:
         report(attempt_dir, rank, "prepare_failed", {"node": node, "reason": str(exc)})
         return 1
     report(attempt_dir, rank, "prepared", {"node": node})
     return 0
+
+
+def launch(attempt_dir: Path, rank: int) -> int:
+    """Prepare, then run the member only after the worker wrote the recorded decision `commit`."""
+    if prepare(attempt_dir, rank) != 0:
+        return 1
+    decision = wait_for_file(attempt_dir / "decision")
+    if decision != "commit":
+        print(f"tuneplane: launch aborted (decision {decision!r})", flush=True)
+        return 1
+    return run(attempt_dir, rank)
 
 
 def run(attempt_dir: Path, rank: int) -> int:
@@ -74,6 +116,9 @@ def run(attempt_dir: Path, rank: int) -> int:
     directory = attempt_dir / "members" / str(rank)
     env = dict(os.environ)
     env[TAG_VARIABLE] = f"m{member['member_id']}.slurm{plan['attempt_id']}"
+    node, _, delay = os.environ.get(DELAY_START_ENV, "").partition(":")
+    if node and node == os.environ.get("SLURMD_NODENAME"):
+        time.sleep(float(delay))
     collector = start_collector(plan, member, directory, env)
     runner = subprocess.Popen(
         [sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(directory)],
@@ -100,6 +145,9 @@ def run(attempt_dir: Path, rank: int) -> int:
             break
         except InterruptedError:
             continue
+    # Wakes the worker (ADR 0165): the keeper has written exit_status.json, which the worker records at
+    # once; the collector's drain below does not hold the member's end.
+    report(attempt_dir, rank, "exited", {"exit_code": code})
     if collector is not None:
         drain_collector(*collector)
     return code
@@ -178,6 +226,8 @@ def main(argv: list[str]) -> int:
         return prepare(attempt_dir, rank)
     if mode == "run":
         return run(attempt_dir, rank)
+    if mode == "launch":
+        return launch(attempt_dir, rank)
     raise SystemExit(f"unknown step {mode!r}")
 
 

@@ -12,6 +12,11 @@ Slurm fleet:
      that left squeue → its end state (scontrol) → slurm_member_exited for runners that wrote their exit
      status, then slurm_job_ended;
   4. slurm_scancel_due → scancel (SIGTERM to every step, the launch settings' stop grace, then scancel).
+Between passes the launch path does not wait for one (ADR 0165): the batch script and the job steps write
+their reports by renaming a file into the attempt's `reports/`, inotify wakes this process, and it handles
+only the attempts whose reports moved (a targeted `squeue -j` for an allocation, then the reports). The
+pass stays the fallback for what no event announces (a shared filesystem that raises none, a job that left
+squeue, a pending reason).
 Every decision is a stored function (sql/functions/slurm.sql); this process only reads Slurm and files.
 """
 
@@ -44,6 +49,7 @@ from tuneplane.workers.slurm.cli import (
     SlurmError,
     UnsupportedSlurm,
 )
+from tuneplane.workers.slurm.watch import ReportWatch
 
 log = logging.getLogger("tuneplane.worker.slurm")
 BACKEND = "slurm"
@@ -107,6 +113,12 @@ class SlurmWorker:
         self.blobs = FilesystemBlobStore(options.blob_dir)
         self.stop = threading.Event()
         self.wake = threading.Event()
+        # Set by NOTIFY (a confirmation, capacity came free): the next loop runs a whole pass at once.
+        self.notified = threading.Event()
+        # (fleet id, attempt id) whose reports directory changed since the last look (inotify).
+        self.touched: set[tuple[int, int]] = set()
+        self.touched_lock = threading.Lock()
+        self.watch = ReportWatch(self.touch)
         self.fleets: dict[int, FleetState] = {}
         self.credentials: dict[int, str] = {}  # node id → credential hash (deliver_outputs)
 
@@ -146,6 +158,55 @@ class SlurmWorker:
     def call(self, function: str, *args):
         return self.db.call(function, *args)
 
+    # ---- events -------------------------------------------------------------------------------------
+
+    def touch(self, key: tuple[int, int]) -> None:
+        """A report was renamed into an attempt's reports/ (the watch's thread)."""
+        with self.touched_lock:
+            self.touched.add(key)
+        self.wake.set()
+
+    def take_touched(self) -> set[tuple[int, int]]:
+        with self.touched_lock:
+            touched, self.touched = self.touched, set()
+        return touched
+
+    def watch_attempt(self, fleet: FleetState, attempt_id: int) -> None:
+        reports = self.attempt_dir(fleet, attempt_id) / "reports"
+        if reports.is_dir():
+            self.watch.add(reports, (fleet.fleet_id, attempt_id))
+
+    def run_touched(self, touched: set[tuple[int, int]]) -> None:
+        """Only the attempts whose reports moved: an allocation (read from Slurm for that job alone), then
+        their reports. Nothing here concludes that a job ended: that stays the pass's (squeue, scontrol)."""
+        for fleet_id in {fleet_id for fleet_id, _ in touched}:
+            fleet = self.fleets.get(fleet_id)
+            if fleet is None:
+                continue
+            wanted = {attempt_id for f, attempt_id in touched if f == fleet_id}
+            rows = [r for r in self.call("slurm_followed", fleet_id) if r["attempt_id"] in wanted]
+            allocating = [
+                r["slurm_job_id"] for r in rows if r["attempt_state"] == "reserved" and r["slurm_job_id"]
+            ]
+            try:
+                queue = fleet.cli.queue(only=allocating) if allocating else {}
+            except ControllerUnreachable:
+                continue  # the pass marks it
+            for row in rows:
+                if row["slurm_job_id"] is None:
+                    continue
+                directory = self.attempt_dir(fleet, row["attempt_id"])
+                queued = queue.get(row["slurm_job_id"])
+                if (
+                    queued is not None
+                    and row["attempt_state"] == "reserved"
+                    and queued.state != "PENDING"
+                    and queued.node_list
+                ):
+                    self.allocation_started(fleet, row, queued, directory)
+                    row = {**row, "attempt_state": "preparing"}
+                self.read_reports(fleet, row, directory, final_state=None)
+
     # ---- one pass -----------------------------------------------------------------------------------
 
     def run_pass(self) -> None:
@@ -160,6 +221,10 @@ class SlurmWorker:
                 )
 
     def fleet_pass(self, fleet: FleetState) -> None:
+        # Confirmed jobs go to sbatch first: the cluster's description below changes nothing for them (the
+        # preview already checked them against it) and a confirmation's NOTIFY should not wait for it.
+        for due in self.call("slurm_submissions_due", fleet.fleet_id):
+            self.submit(fleet, due)
         limits = fleet.cli.partition_limits(fleet.partition)
         nodes = fleet.cli.nodes(fleet.partition)
         status = {
@@ -168,8 +233,6 @@ class SlurmWorker:
             "nodes": [node.__dict__ for node in nodes],
         }
         self.call("slurm_sync_fleet", fleet.fleet_id, json.dumps(status))
-        for due in self.call("slurm_submissions_due", fleet.fleet_id):
-            self.submit(fleet, due)
         queue = fleet.cli.queue()
         for row in self.call("slurm_followed", fleet.fleet_id):
             self.follow(fleet, row, queue)
@@ -218,6 +281,8 @@ class SlurmWorker:
             self.call("decide_abort", attempt_id, f"the capsule could not be built: {exc}")
             return
         (directory / "capsule_digest").write_text(digest)
+        (directory / "reports").mkdir(exist_ok=True)
+        self.watch_attempt(fleet, attempt_id)
         script = batch_script(fleet, due, directory, self.options.batch_env)
         (directory / "batch.sh").write_text(script)
         try:
@@ -240,6 +305,7 @@ class SlurmWorker:
             self.recover_submission(fleet, row, queue)
             return
         directory = self.attempt_dir(fleet, attempt_id)
+        self.watch_attempt(fleet, attempt_id)  # a restarted worker watches what it follows
         queued = queue.get(slurm_job_id)
         if queued is not None and queued.state == "PENDING":
             ahead = sum(
@@ -260,6 +326,7 @@ class SlurmWorker:
             self.read_reports(fleet, row, directory, final_state=state)
             result = self.call("slurm_job_ended", attempt_id, state, detail)[0]["slurm_job_ended"]
             fleet.terminating.pop(attempt_id, None)
+            self.watch.remove(directory / "reports")
             self.say(f"attempt {attempt_id}: Slurm job {slurm_job_id} ended {state}; attempt {result}")
 
     def recover_submission(self, fleet: FleetState, row: dict, queue: dict[int, QueuedJob]) -> None:
@@ -487,31 +554,47 @@ class SlurmWorker:
                         conn.execute(f"LISTEN {channel}")
                     while not self.stop.is_set():
                         for _ in conn.notifies(timeout=1.0):
+                            self.notified.set()
                             self.wake.set()
             except psycopg.Error as exc:
                 log.warning("LISTEN connection lost (%s)", exc)
                 self.stop.wait(1.0)
 
+    def guarded(self, work, *args) -> None:
+        try:
+            work(*args)
+        except (psycopg.Error, OSError, SlurmError) as exc:
+            if isinstance(exc, UnsupportedSlurm):
+                raise
+            log.warning("slurm pass failed: %s", exc)
+            self.say(f"pass failed: {exc}")
+        except Refusal as refusal:
+            self.say(f"pass refused: {refusal.message}")
+
     def run(self) -> None:
         threading.Thread(target=self.listen, name="listen", daemon=True).start()
+        self.watch.start()
+        events = "NOTIFY and report files" if self.watch.available else "NOTIFY"
         self.say(
-            f"worker {self.options.name} (backend {BACKEND}) every {self.options.poll_interval}s or on NOTIFY"
+            f"worker {self.options.name} (backend {BACKEND}) every {self.options.poll_interval}s or on "
+            + events
         )
+        next_pass = 0.0
         try:
             while not self.stop.is_set():
-                try:
-                    self.run_pass()
-                except (psycopg.Error, OSError, SlurmError) as exc:
-                    if isinstance(exc, UnsupportedSlurm):
-                        raise
-                    log.warning("slurm pass failed: %s", exc)
-                    self.say(f"pass failed: {exc}")
-                except Refusal as refusal:
-                    self.say(f"pass refused: {refusal.message}")
-                self.wake.wait(self.options.poll_interval)
+                # Cleared before looking, so an event that arrives while we work wakes the wait below.
                 self.wake.clear()
+                touched = self.take_touched()
+                if self.notified.is_set() or time.monotonic() >= next_pass:
+                    self.notified.clear()
+                    self.guarded(self.run_pass)  # the pass reads every attempt, touched ones included
+                    next_pass = time.monotonic() + self.options.poll_interval
+                elif touched:
+                    self.guarded(self.run_touched, touched)
+                self.wake.wait(max(0.0, next_pass - time.monotonic()))
         finally:
             self.stop.set()
+            self.watch.close()
             self.db.close()
 
 
@@ -548,12 +631,13 @@ def batch_script(fleet: FleetState, due: dict, directory: Path, extra_env: dict)
         f"D={d}",
         f"PY={shell_quote(python)}",
         'echo "tuneplane: allocation $SLURM_JOB_ID on $SLURM_JOB_NODELIST"',
-        # The worker writes plan.json once the database recorded the allocation (members and ranks).
-        'while [ ! -f "$D/plan.json" ]; do sleep 0.2; done',
-        f'{step} "$PY" -P -m tuneplane.workers.slurm.step prepare "$D"',
-        'while [ ! -f "$D/decision" ]; do sleep 0.2; done',
-        'if [ "$(cat "$D/decision")" != commit ]; then echo "tuneplane: launch aborted"; exit 1; fi',
-        f'{step} "$PY" -P -m tuneplane.workers.slurm.step run "$D"',
+        # Wakes the worker at once (ADR 0165): it reads the allocation from Slurm (squeue -j) and records it.
+        'mkdir -p "$D/reports"',
+        'echo "$SLURM_JOB_NODELIST" > "$D/reports/.allocated.tmp" && mv "$D/reports/.allocated.tmp" '
+        '"$D/reports/allocated"',
+        # One step per node: prepare (the capsule at once; the member once plan.json is written), wait for
+        # the decision the worker writes after the database recorded it, run the member only on commit.
+        f'{step} "$PY" -P -m tuneplane.workers.slurm.step launch "$D"',
     ]
     return "\n".join(lines) + "\n"
 
