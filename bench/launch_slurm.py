@@ -139,7 +139,7 @@ def main(args) -> int:
                 pg.url,
                 "--data-dir",
                 str(data),
-            ],  # fmt: skip
+            ],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -206,7 +206,7 @@ def main(args) -> int:
 
         def q(values, fraction):
             ordered = sorted(values)
-            return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+            return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
         print(f"\n2-member gang job, {len(pairs)} interleaved pairs on the private 2-node Slurm cluster:")
         print(

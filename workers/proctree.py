@@ -119,3 +119,9 @@ def signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def block_stop_signals() -> None:
+    """For a child's preexec_fn (between fork and exec): the signal mask survives exec, so SIGTERM and SIGINT
+    stay pending until the child (a collector) has installed its handler and unblocks them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})

@@ -180,6 +180,12 @@ def collector_cmd(
     )
     status = collector.run()
     click.echo(f"collector stopped; {collector.spool.pending_count()} batches left in the spool", err=True)
+    from tuneplane.workers.collector.markers import HOLD_EXIT_ENV
+
+    if os.environ.get(HOLD_EXIT_ENV):  # tests only: a collector that lingers after its drain
+        import time
+
+        time.sleep(float(os.environ[HOLD_EXIT_ENV]))
     if status:
         raise SystemExit(status)
 

@@ -136,6 +136,7 @@ def test_short_members_have_every_point_stored_and_metrics_complete_ten_times(
             collectors.store.save(record)
             # … and the member is gone long before the collector has even finished starting up.
             assert await collectors.drain(record, member_dir)
+            await collectors.retiring[run]  # the drained collector exits (bounded) and its spool goes
             assert not collectors.spool_dir(run).exists()  # all acknowledged: nothing left on the node
             return job, out
 
@@ -383,3 +384,40 @@ def test_sigterm_before_the_collector_finished_starting_is_a_drain_not_a_death(
     assert (spool / "final-sent").exists()
     assert _metrics_state(db, job)["state"] == "complete"
     assert sum(_stored(db_url, job).values()) == 1
+
+
+def test_a_collector_that_lingers_after_its_drain_is_killed_within_its_bound_and_holds_no_end_back(
+    db: Database, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The drain ends at final-sent (the member's end is reported then), and a collector still alive
+    EXIT_GRACE seconds later is killed; its spool goes once it is gone."""
+    from tuneplane.workers.collector.markers import EXIT_GRACE, HOLD_EXIT_ENV
+
+    monkeypatch.setenv(HOLD_EXIT_ENV, "600")  # the collector would stay 10 minutes after its final batch
+    job, token, member_dir = _job_and_member_dir(db, tmp_path)
+    (member_dir / "output" / "metrics.jsonl").write_text(
+        '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.4}\n'
+    )
+    with running_gateway(db_url) as gateway:
+        collectors = _lifecycle(tmp_path, gateway.url)
+        record = MemberRecord(member_id=7, attempt_id=7, job_id=job, attempt=1, rank=0, state="running")
+        collectors.store.save(record)
+
+        async def member_ends() -> tuple[int | None, float, bool]:
+            collectors.start(record, member_dir, token)
+            process = collectors.processes[7]
+            record.state = "ended"
+            collectors.store.save(record)
+            assert await collectors.drain(record, member_dir)
+            drained = time.monotonic()
+            alive_at_drain = process.poll() is None
+            await collectors.retiring[7]
+            return process.returncode, time.monotonic() - drained, alive_at_drain
+
+        code, retired_after, alive_at_drain = asyncio.run(member_ends())
+    assert alive_at_drain  # the drain did not wait for the lingering collector's exit …
+    assert code == -signal.SIGKILL  # … which the bound ended, not the collector itself
+    assert retired_after < EXIT_GRACE + 10  # the bound, with room for a loaded machine's reaping
+    assert not collectors.spool_dir(7).exists()
+    assert _metrics_state(db, job)["state"] == "complete"
+    assert sum(_stored(db_url, job).values()) == 2

@@ -1,16 +1,19 @@
 """The agent's side of each member's metrics collector: start it with the member, keep it alive while the
 member runs, and after the member exits let it drain every file to its end, within a bounded time.
 
-- start: the collector starts before the member (its spool and token are under the agent's private state
-  directory, `<state-dir>/spool/<member id>/`, so a collector can be restarted after kill -9 or after an
-  agent restart). It is spawned with SIGTERM blocked; the collector installs its handler and then unblocks
-  it, so a stop that comes before its start-up finished waits instead of killing it.
+- start: the collector starts right after the member's runner (its spool and token are under the agent's
+  private state directory, `<state-dir>/spool/<member id>/`, so a collector can be restarted after kill -9
+  or after an agent restart). It is spawned with SIGTERM blocked; the collector installs its handler and
+  then unblocks it, so a stop that comes before its start-up finished waits instead of killing it.
 - watch: a collector that died while its member runs (kill -9, a crash) is restarted, with a delay that
   doubles per death in a row; it resumes from its spool (every point exactly once).
 - drain: when the member has exited the agent writes the `member-exited` marker into the spool and sends
   SIGTERM. The collector reads every file to its end, ships, and sends its final batch (which makes the
   member's metrics `complete`), then writes `final-sent`. A collector that dies before that is started
   again (the marker tells it to drain at once); the agent waits at most `drain_timeout` seconds.
+- retire: the drain ends at `final-sent`, not at the collector's exit (the member's end is reported
+  without waiting for an interpreter to wind down); a collector still alive EXIT_GRACE seconds after
+  `final-sent` is killed, and its spool is removed once it is gone (ADR 0165).
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from pathlib import Path
 
 from tuneplane.workers.agent.directories import AgentPaths
 from tuneplane.workers.agent.member_records import MemberRecord, MemberStore, member_tag
-from tuneplane.workers.collector.collector import FINAL_SENT, MEMBER_EXITED
-from tuneplane.workers.proctree import alive, start_time
+from tuneplane.workers.collector.markers import EXIT_GRACE, FINAL_SENT, MEMBER_EXITED
+from tuneplane.workers.proctree import alive, block_stop_signals, start_time
 
 log = logging.getLogger("tuneplane.agent.collectors")
 
@@ -48,12 +51,6 @@ def _gpu_indices(member_dir: Path) -> list[int]:
         return [int(g) for g in json.loads((member_dir / "member.json").read_text()).get("gpu_indices") or []]
     except (OSError, ValueError, TypeError):
         return []
-
-
-def _block_stop_signals() -> None:
-    """Runs in the child between fork and exec: the signal mask survives exec, so SIGTERM stays pending
-    until the collector has its handler."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
 
 
 class MemberCollectors:
@@ -75,6 +72,8 @@ class MemberCollectors:
         self.env_drop = env_drop
         self.processes: dict[int, subprocess.Popen] = {}
         self.watchers: dict[int, asyncio.Task] = {}
+        # member id → the task that waits for a drained collector to exit (bounded) and removes its spool
+        self.retiring: dict[int, asyncio.Task] = {}
         self.restarts: dict[int, int] = {}
 
     def spool_dir(self, member_id: int) -> Path:
@@ -83,7 +82,7 @@ class MemberCollectors:
     # ---- start ----------------------------------------------------------------------------------------
 
     def start(self, record: MemberRecord, member_dir: Path, token: str) -> None:
-        """Start the member's collector (before the member) and keep it alive while the member runs."""
+        """Start the member's collector (just after its runner) and keep it alive while the member runs."""
         spool = self.spool_dir(record.member_id)
         spool.mkdir(parents=True, exist_ok=True, mode=0o700)
         token_path = spool / TOKEN_FILE
@@ -142,7 +141,7 @@ class MemberCollectors:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=_block_stop_signals,
+                    preexec_fn=block_stop_signals,
                 )
         except OSError as exc:
             self.say(f"member {record.member_id}: collector not started ({exc})")
@@ -252,14 +251,32 @@ class MemberCollectors:
                 self._signal(record, signal.SIGTERM)
                 signalled = True
             await asyncio.sleep(0.05)
-        await asyncio.to_thread(self._reap, record)
-        # Its work is done and the token revoked with the final batch: no copy of it stays on disk, and
-        # neither does the spool (every batch is acknowledged), unless it holds batches the gateway
-        # refused: those stay, with their reasons, for the operator.
+        # Its work is done and the token revoked with the final batch: no copy of it stays on disk.
         (spool / TOKEN_FILE).unlink(missing_ok=True)
-        if not any((spool / "rejected").glob("*")):
-            await asyncio.to_thread(shutil.rmtree, spool, True)
+        self.retiring[record.member_id] = asyncio.get_running_loop().create_task(
+            self._retire(record, spool), name=f"collector-retire-{record.member_id}"
+        )
         return True
+
+    async def _retire(self, record: MemberRecord, spool: Path) -> None:
+        """A drained collector: at most EXIT_GRACE seconds to exit, then SIGKILL; then its spool goes (every
+        batch is acknowledged), unless it holds batches the gateway refused: those stay, with their
+        reasons, for the operator."""
+        try:
+            deadline = time.monotonic() + EXIT_GRACE
+            while self.running(record) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if self.running(record):
+                self.say(
+                    f"member {record.member_id}: collector still running {EXIT_GRACE:g}s after its drain; "
+                    "killed"
+                )
+                self._signal(record, signal.SIGKILL)
+            await asyncio.to_thread(self._reap, record)
+            if not any((spool / "rejected").glob("*")):
+                await asyncio.to_thread(shutil.rmtree, spool, True)
+        finally:
+            self.retiring.pop(record.member_id, None)
 
     def _signal(self, record: MemberRecord, signum: int) -> None:
         if record.collector_pid and alive(record.collector_pid, record.collector_started):

@@ -111,7 +111,8 @@ class LaunchAgent:
         # Log shippers (workers.agent.logship), one per running member, with the event that ends them.
         self.shippers: dict[int, tuple[asyncio.Task, asyncio.Event]] = {}
         self.runners: dict[int, subprocess.Popen] = {}
-        # Each member's metrics collector: started before it, kept alive, drained after it (collectors.py).
+        # Each member's metrics collector: started just after its runner, kept alive, drained after it
+        # (collectors.py).
         self.collectors = MemberCollectors(
             self.paths, self.store, ctx.extra, lambda line: _say(ctx, line), RUNNER_ENV_DROP, lambda: ctx.node
         )
@@ -298,8 +299,6 @@ class LaunchAgent:
         env = self._runner_env(member_id, token)
         logs = directory / "logs"
         logs.mkdir(exist_ok=True)
-        if token:
-            self.collectors.start(record, directory, token)
         with open(logs / "runner.log", "ab") as out:
             runner = subprocess.Popen(
                 [sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(directory)],
@@ -313,6 +312,10 @@ class LaunchAgent:
         # Tracked at once, so the child is waited for even if this START never completes (its session
         # ended meanwhile: the redelivered START adopts the run, and the reaper still reaps the runner).
         self.runners[member_id] = runner
+        if token:
+            # After the runner, not before: the member's start does not wait behind the collector's (ADR
+            # 0165). It reads every file from its start, so nothing the workload writes first is missed.
+            self.collectors.start(record, directory, token)
         hold = float(self.ctx.extra.get("hold_after_spawn") or 0)
         if hold > 0:
             _say(self.ctx, f"member {member_id}: holding {hold:g}s between spawn and record (test option)")
@@ -463,9 +466,32 @@ class LaunchAgent:
                 return
             if not await asyncio.to_thread(self.running_now, record):
                 break
-            await asyncio.sleep(WATCH_INTERVAL)
+            await self._runner_exit(member_id, WATCH_INTERVAL)
         if self.record_end(record):
             await self.finish_end(record)
+
+    async def _runner_exit(self, member_id: int, timeout: float) -> None:
+        """Returns when the runner this agent spawned exits (its pidfd turns readable), or after `timeout`:
+        the end is seen at once rather than at the next look (ADR 0165). An adopted runner (not our
+        child) or a system without pidfd: the timeout alone."""
+        runner = self.runners.get(member_id)
+        fd = -1
+        if runner is not None and runner.returncode is None and hasattr(os, "pidfd_open"):
+            with contextlib.suppress(OSError):
+                fd = os.pidfd_open(runner.pid)
+        if fd < 0:
+            await asyncio.sleep(timeout)
+            return
+        loop = asyncio.get_running_loop()
+        exited = loop.create_future()
+        loop.add_reader(fd, lambda: exited.done() or exited.set_result(None))
+        try:
+            await asyncio.wait_for(exited, timeout)
+        except TimeoutError:
+            pass
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
 
     def exit_of(self, record: MemberRecord) -> tuple[int | None, str]:
         status = read_exit_status(member_dir(self.paths, record.member_id))
@@ -527,10 +553,6 @@ class LaunchAgent:
         that has to retry does not hold the exit back. The end is reported after the logs are drained:
         whoever sees it ended can read every line (a reconcile meanwhile reports it from the record)."""
         delivery = self.deliveries.get(record.member_id)
-        if delivery is not None:
-            await delivery.first_pass.wait()
-        # Every metric file is read to its end and shipped (bounded) before the end is reported.
-        await self.collectors.drain(record, member_dir(self.paths, record.member_id))
         shipper = self.shippers.pop(record.member_id, None)
         if shipper is None:  # ended while the agent was away: a shipper that only drains what is left
             stop = asyncio.Event()
@@ -540,8 +562,23 @@ class LaunchAgent:
                 stop,
             )
         shipper[1].set()
-        with contextlib.suppress(Exception):
-            await shipper[0]
+
+        async def first_delivery() -> None:
+            if delivery is not None:
+                await delivery.first_pass.wait()
+
+        async def logs_drained() -> None:
+            with contextlib.suppress(Exception):
+                await shipper[0]
+
+        # The three waits side by side, not one after the other (ADR 0165): the outputs' first pass, every
+        # metric file read to its end and shipped (bounded), every log line stored; the end is reported
+        # after all three.
+        await asyncio.gather(
+            first_delivery(),
+            self.collectors.drain(record, member_dir(self.paths, record.member_id)),
+            logs_drained(),
+        )
         _say(self.ctx, f"member {record.member_id}: {record.reason}")
         hold = float(self.ctx.extra.get("hold_exit_report") or 0)
         if hold > 0:

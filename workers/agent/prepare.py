@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,29 +22,8 @@ from tuneplane.workers.agent.environments import EnvironmentBuildFailed, Progres
 from tuneplane.workers.agent.images import ImagePrepareFailed, prepare_image
 from tuneplane.workers.agent.probe import peer_check, storage_check
 from tuneplane.workers.capsule import file_digest, unpack_capsule
+from tuneplane.workers.member_setup import MEMBER_FIELDS, PrepareFailed, unpack_source
 from tuneplane.workers.runner.runtime import check_runtime
-
-# What member.json carries over from PREPARE's payload (the rest of the runner's input is the capsule).
-MEMBER_FIELDS = (
-    "member_id",
-    "attempt_id",
-    "attempt",
-    "job_id",
-    "rank",
-    "world_size",
-    "gpu_indices",
-    "cpus",
-    "memory_bytes",
-    "capsule_digest",
-    "master_addr",
-    "master_port",
-    "shared_path",
-    "resume",
-)
-
-
-class PrepareFailed(Exception):
-    """A prepare step failed; the message is the reason reported with member_prepare_failed."""
 
 
 @dataclass(frozen=True)
@@ -141,28 +118,6 @@ async def _fetch_rest(access: NodeAccess, url: str, partial: Path, digest: str) 
                     handle.write(block)
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
         raise _FetchInterrupted(f"{type(exc).__name__}: {exc}") from exc
-
-
-def unpack_source(spec: dict, directory: Path) -> None:
-    """The source archive into <member>/src (once); tarfile's data filter refuses what leaves the tree."""
-    if (spec.get("input") or {}).get("kind") != "source":
-        return
-    src = directory / "src"
-    if (src / ".tuneplane-unpacked").is_file():
-        return
-    if src.exists():
-        shutil.rmtree(src)
-    partial = directory / "src.partial"
-    if partial.exists():
-        shutil.rmtree(partial)
-    partial.mkdir()
-    try:
-        with tarfile.open(directory / "capsule" / "source" / "archive.tar.gz", "r:gz") as tar:
-            tar.extractall(partial, filter="data")
-    except (tarfile.TarError, OSError) as exc:
-        raise PrepareFailed(f"cannot unpack the source archive: {exc}") from exc
-    (partial / ".tuneplane-unpacked").write_text("")
-    os.replace(partial, src)
 
 
 def materialize(access: NodeAccess, inputs: list[dict], root: Path, resume: dict | None = None) -> None:

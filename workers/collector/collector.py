@@ -26,6 +26,7 @@ import numpy as np
 
 from tuneplane.app.telemetry import wire
 from tuneplane.workers.collector.fs_check import check_local
+from tuneplane.workers.collector.markers import FINAL_SENT, MEMBER_EXITED
 from tuneplane.workers.collector.shipper import Shipper
 from tuneplane.workers.collector.sources import Chunk, FileState, OutputTracker
 from tuneplane.workers.collector.spool import Spool
@@ -35,8 +36,6 @@ from tuneplane.workers.proctree import tagged
 
 log = logging.getLogger(__name__)
 
-MEMBER_EXITED = "member-exited"  # marker the agent writes into the spool directory when the member ended
-FINAL_SENT = "final-sent"  # written by the collector once its final batch was acknowledged
 EXIT_UNDRAINED = 3  # batches are left in the spool (the gateway could not be reached in time)
 WRITE_RETRY = 1.0  # seconds between tries to write a batch the spool's disk refused (full)
 

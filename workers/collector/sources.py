@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from tuneplane.app.telemetry import wire
-from tuneplane.workers.collector import jsonl, tb_events, tfrecord
+from tuneplane.workers.collector import jsonl, tfrecord
 from tuneplane.workers.collector.columns import Parsed, PointColumns, Series
 from tuneplane.workers.collector.file_identity import FileIdentity, identify, still_same
 from tuneplane.workers.collector.points import Point
@@ -424,6 +424,10 @@ class OutputTracker:
     def _read_tensorboard(
         self, state: FileState, data: bytes, max_points: int, final: bool, more: bool
     ) -> Iterator[Chunk]:
+        # The protobuf parsers load with the first event file: a member that writes none (JSONL, or nothing)
+        # starts its collector without them (ADR 0165).
+        from tuneplane.workers.collector import tb_events
+
         found = tfrecord.scan(data, state.offset, final=final, more_to_read=more)
         columns = PointColumns()
         run_dir = Path(state.path).parent.name

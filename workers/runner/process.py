@@ -79,10 +79,16 @@ def read_runner_pids(member_dir: Path) -> dict:
         return {}
 
 
-def write_exit_status(paths: MemberPaths, exit_code: int, reason: str) -> None:
+def write_exit_status(
+    paths: MemberPaths, exit_code: int, reason: str, started_at: float | None = None
+) -> None:
+    """`started_at`: when the workload's process was started (the launch bench's START → workload started)."""
     tmp = paths.exit_status.with_name(paths.exit_status.name + ".tmp")
+    status = {"exit_code": exit_code, "reason": reason, "ended_at": time.time()}
+    if started_at is not None:
+        status["started_at"] = started_at
     with open(tmp, "w") as handle:
-        json.dump({"exit_code": exit_code, "reason": reason, "ended_at": time.time()}, handle)
+        json.dump(status, handle)
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, paths.exit_status)
@@ -209,6 +215,7 @@ def _keep(paths: MemberPaths, member: dict, launch, stdout_log, stderr_log) -> i
             stdout=stdout_log,
             stderr=stderr_log,
         )
+        started_at = time.time()
     except OSError as exc:
         stderr_log.write(f"tuneplane runner: cannot start {launch.argv[0]}: {exc}\n".encode())
         stderr_log.flush()
@@ -222,7 +229,7 @@ def _keep(paths: MemberPaths, member: dict, launch, stdout_log, stderr_log) -> i
         with contextlib.suppress(OSError, subprocess.SubprocessError):
             subprocess.run(launch.cleanup, env=launch.env, capture_output=True, timeout=60, check=False)
     reason = describe_exit(code, bool(stop_requested["signal"]))
-    write_exit_status(paths, code, reason)
+    write_exit_status(paths, code, reason, started_at)
     print(f"member {member['member_id']} {reason}", flush=True)
     return 0
 

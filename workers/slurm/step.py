@@ -58,8 +58,8 @@ def wait_for_file(path: Path) -> str:
 
 
 def prepare(attempt_dir: Path, rank: int) -> int:
-    from tuneplane.workers.agent.prepare import MEMBER_FIELDS, PrepareFailed, unpack_source
     from tuneplane.workers.capsule import CapsuleError, unpack_capsule
+    from tuneplane.workers.member_setup import MEMBER_FIELDS, PrepareFailed, unpack_source
     from tuneplane.workers.runner.runtime import RuntimeRefused, check_runtime
 
     directory = attempt_dir / "members" / str(rank)
@@ -164,8 +164,7 @@ def spool_dir(plan: dict, member: dict) -> Path:
 def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tuple | None:
     """The member's collector beside it, shipping to the telemetry gateway with the member-scoped token the
     worker issued at COMMIT (telemetry.token in the member directory, 0600). None without one."""
-    from tuneplane.workers.agent.collectors import _block_stop_signals
-    from tuneplane.workers.proctree import TAG_VARIABLE
+    from tuneplane.workers.proctree import TAG_VARIABLE, block_stop_signals
 
     url = plan.get("telemetry_url")
     token_file = directory / "telemetry.token"
@@ -191,7 +190,7 @@ def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tup
         stdout=open(directory / "logs" / "collector.log", "ab"),  # noqa: SIM115 - the child's
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=_block_stop_signals,
+        preexec_fn=block_stop_signals,
     )
     return process, spool
 
@@ -199,7 +198,7 @@ def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tup
 def drain_collector(process: subprocess.Popen, spool: Path, timeout: float = 60.0) -> bool:
     """The member ended: the collector reads every file to its end and sends its final batch (the member's
     metrics become complete), bounded; as the node agent does (workers/agent/collectors.py)."""
-    from tuneplane.workers.collector.collector import FINAL_SENT, MEMBER_EXITED
+    from tuneplane.workers.collector.markers import FINAL_SENT, MEMBER_EXITED
 
     (spool / MEMBER_EXITED).write_text(f"{time.time()}\n")
     try:
