@@ -103,6 +103,9 @@ class FleetState:
     log_offsets: dict = field(default_factory=dict)
     # attempt_id → monotonic time of the SIGTERM scancel (the final scancel follows after the grace)
     terminating: dict = field(default_factory=dict)
+    # The last pass found the controller unreachable: nothing is decided for this fleet until one reaches it
+    # (reports wait in their files; the pass reads them all then).
+    unreachable: bool = False
 
 
 class SlurmWorker:
@@ -181,7 +184,7 @@ class SlurmWorker:
         their reports. Nothing here concludes that a job ended: that stays the pass's (squeue, scontrol)."""
         for fleet_id in {fleet_id for fleet_id, _ in touched}:
             fleet = self.fleets.get(fleet_id)
-            if fleet is None:
+            if fleet is None or fleet.unreachable:
                 continue
             wanted = {attempt_id for f, attempt_id in touched if f == fleet_id}
             rows = [r for r in self.call("slurm_followed", fleet_id) if r["attempt_id"] in wanted]
@@ -213,7 +216,9 @@ class SlurmWorker:
         for fleet in self.load_fleets():
             try:
                 self.fleet_pass(fleet)
+                fleet.unreachable = False
             except ControllerUnreachable as exc:
+                fleet.unreachable = True
                 marked = self.call("slurm_controller_unreachable", fleet.fleet_id, str(exc))[0]
                 count = marked["slurm_controller_unreachable"]
                 self.say(
