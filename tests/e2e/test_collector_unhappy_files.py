@@ -23,7 +23,7 @@ from tests.helpers import wait_for
 from tests.small_fs import fill_up, small_tmpfs
 from tests.telemetry_support import GatewayThread, make_job, make_user, member_token, running_gateway
 from tuneplane.app.db import Database
-from tuneplane.workers.collector.collector import FINAL_SENT, MEMBER_EXITED
+from tuneplane.workers.collector.markers import FINAL_SENT, MEMBER_EXITED
 
 pytestmark = pytest.mark.e2e
 
