@@ -223,7 +223,8 @@ async def run(args: argparse.Namespace, url: str) -> dict:
     gateway = subprocess.Popen(
         [
             sys.executable,
-            "-P", "-m",
+            "-P",
+            "-m",
             "tuneplane",
             "node-gateway",
             "--database-url",

@@ -15,20 +15,20 @@ Stages of the TunePlane run: confirm → sbatch (slurm_jobs.submitted_at) → al
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+from launch_latency import percentile, poll
+
 REPO = Path(__file__).resolve().parents[1]
-MAIN = b"import sys\nsys.exit(0)\n"
+MAIN = "import sys\nsys.exit(0)\n"
 STAGES = [
     ("sbatch", "created_at", "submitted_at"),
     ("allocation", "submitted_at", "allocated_at"),
@@ -46,26 +46,6 @@ SELECT j.state, j.state_reason, j.created_at, s.submitted_at, s.started_at AS al
 """
 
 
-def _archive(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def _wait(check, timeout: float, interval: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    return None
-
-
 def raw_run(cluster, work: Path, index: int, timeout: float) -> float:
     """Seconds from the sbatch call to both tasks started."""
     out = work / f"raw{index}"
@@ -81,13 +61,14 @@ def raw_run(cluster, work: Path, index: int, timeout: float) -> float:
     def started() -> bool:
         return all(f.is_file() and f.read_text().strip() for f in files)
 
-    if not _wait(started, timeout):
+    if not poll(started, timeout):
         raise SystemExit(f"raw Slurm job {index} did not start in {timeout:.0f}s; see {out}")
     return max(float(f.read_text()) for f in files) - began
 
 
 def main(args) -> int:
     sys.path.insert(0, str(REPO))
+    from tests.e2e.launch_cluster import source_archive
     from tests.slurm_cluster import missing_binaries, started_cluster
     from tests.submission_setup import add_user
     from tuneplane.app import embedded_pg
@@ -116,7 +97,7 @@ def main(args) -> int:
         )
         data = root / "data"
         blobs = FilesystemBlobStore(data / "blobs")
-        archive = _archive({"main.py": MAIN})
+        archive = source_archive({"main.py": MAIN})
         sha = hashlib.sha256(archive).hexdigest()
         with blobs.stage() as (staged, handle):
             handle.write(archive)
@@ -144,7 +125,7 @@ def main(args) -> int:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        if not _wait(lambda: db.fetch_one("SELECT count(*) AS n FROM tuneplane.nodes")["n"] == 2, 60, 0.2):
+        if not poll(lambda: db.fetch_one("SELECT count(*) AS n FROM tuneplane.nodes")["n"] == 2, 60, 0.2):
             raise SystemExit(f"the Slurm worker never synced the nodes; see {root / 'worker.log'}")
         spec = {
             "source": {"archive": f"sha256:{sha}", "entrypoint": "python main.py"},
@@ -166,12 +147,12 @@ def main(args) -> int:
                 current = row()
                 return current["running_at"] is not None or current["state"] in ("failed", "cancelled")
 
-            if not _wait(started_or_ended, args.timeout):
+            if not poll(started_or_ended, args.timeout):
                 raise SystemExit(f"TunePlane job {job_id} did not run in {args.timeout:.0f}s; see {root}")
             current = row()
             if current["running_at"] is None:
                 raise SystemExit(f"TunePlane job {job_id} {current['state']}: {current['state_reason']}")
-            _wait(lambda: row()["state"] in ("succeeded", "failed", "cancelled"), args.timeout, 0.05)
+            poll(lambda: row()["state"] in ("succeeded", "failed", "cancelled"), args.timeout, 0.05)
             result = {"latency": (current["running_at"] - current["created_at"]).total_seconds()}
             for label, start, stop in STAGES:
                 result[label] = (current[stop] - current[start]).total_seconds()
@@ -183,7 +164,7 @@ def main(args) -> int:
             order = ("raw", "tp") if i % 2 == 0 else ("tp", "raw")
             pair: dict = {}
             for kind in order:
-                if not _wait(idle, 60, 0.05):
+                if not poll(idle, 60, 0.05):
                     raise SystemExit("the cluster did not become idle between runs")
                 if kind == "raw":
                     pair["raw"] = raw_run(cluster, root, i, args.timeout)
@@ -204,24 +185,20 @@ def main(args) -> int:
         tp = [p["tp"]["latency"] for p in pairs]
         diff = [p["tp"]["latency"] - p["raw"] for p in pairs]
 
-        def q(values, fraction):
-            ordered = sorted(values)
-            return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
-
         print(f"\n2-member gang job, {len(pairs)} interleaved pairs on the private 2-node Slurm cluster:")
         print(
             f"  raw sbatch … srun → both tasks started: median {statistics.median(raw):.3f} s, "
-            f"p90 {q(raw, 0.9):.3f} s"
+            f"p90 {percentile(raw, 0.9):.3f} s"
         )
         print(
             f"  TunePlane confirm → all members running: median {statistics.median(tp):.3f} s, "
-            f"p90 {q(tp, 0.9):.3f} s"
+            f"p90 {percentile(tp, 0.9):.3f} s"
         )
         for name, _a, _b in STAGES:
             print(f"    {name:<10} median {statistics.median(p['tp'][name] for p in pairs) * 1000:7.0f} ms")
         print(
             f"  per-pair difference TunePlane − raw: median {statistics.median(diff):+.3f} s, "
-            f"p90 {q(diff, 0.9):+.3f} s (target ≤ +0.5 s); ratio of medians "
+            f"p90 {percentile(diff, 0.9):+.3f} s (target ≤ +0.5 s); ratio of medians "
             f"{statistics.median(tp) / statistics.median(raw):.2f}×"
         )
         print(f"  load average at the end: {Path('/proc/loadavg').read_text().split()[:3]}")

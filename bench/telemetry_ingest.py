@@ -125,7 +125,8 @@ def end_to_end(url: str, out: Path, total: int, tmp: Path) -> tuple[float, float
         collector = subprocess.Popen(
             [
                 sys.executable,
-                "-P", "-m",
+                "-P",
+                "-m",
                 "tuneplane",
                 "collector",
                 "--output-dir",
