@@ -269,6 +269,37 @@ LANGUAGE sql AS $$
      WHERE id = p_attempt_id;
 $$;
 
+-- member_now_running: starting → running for one member whose runner was started (pid), on every backend
+-- (member_started for node agents, slurm_member_started for Slurm steps). The one rule of "running": the
+-- attempt is running (attempts.running_at, the job's event "all N member(s) running") once EVERY member
+-- has started — the last one's start sets it, never the first's (ADR 0165). A member that already ended
+-- counts as started (it ran). Caller holds the attempt's lock (lock_attempt) and the member's row; refuses
+-- nothing (the callers check the member is `starting`). Returns {running, started, of}.
+CREATE OR REPLACE FUNCTION tuneplane.member_now_running(p_member_id bigint, p_pid integer, p_reason text)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.attempts;
+    v_total integer;
+    v_started integer;
+    v_running integer;
+BEGIN
+    UPDATE tuneplane.members SET pid = p_pid, started_at = clock_timestamp() WHERE id = p_member_id;
+    PERFORM tuneplane.set_member_state(p_member_id, 'running', p_reason);
+    SELECT a2.* INTO a FROM tuneplane.attempts a2 JOIN tuneplane.members m ON m.attempt_id = a2.id
+     WHERE m.id = p_member_id;
+    SELECT count(*), count(*) FILTER (WHERE started_at IS NOT NULL), count(*) FILTER (WHERE state = 'running')
+      INTO v_total, v_started, v_running
+      FROM tuneplane.members WHERE attempt_id = a.id;
+    IF v_total = v_started AND a.state = 'running' AND a.running_at IS NULL THEN
+        UPDATE tuneplane.attempts SET running_at = clock_timestamp() WHERE id = a.id;
+        PERFORM tuneplane.set_job_state(a.job_id, 'running',
+            format('attempt %s: all %s member(s) running', a.number, v_total));
+    END IF;
+    RETURN jsonb_build_object('running', v_running, 'started', v_started, 'of', v_total);
+END;
+$$;
+
 -- send_stop: STOP (SIGTERM, the stop grace, then SIGKILL on the node) for one member, unless one is still
 -- waiting in its node's outbox. Records when, so expire_member_deadlines can escalate to KILL.
 CREATE OR REPLACE FUNCTION tuneplane.send_stop(p_member tuneplane.members, p_reason text)
@@ -505,17 +536,16 @@ BEGIN
 END;
 $$;
 
--- member_started (report kind `member_started`): starting → running. Records the session it was started
--- in (reconcile never releases a member started in the session it reconciles). p_payload: {member_id, pid}
+-- member_started (report kind `member_started`): starting → running (member_now_running: the attempt is
+-- running once every member started). Records the session it was started in (reconcile never releases a
+-- member started in the session it reconciles). p_payload: {member_id, pid}
 CREATE OR REPLACE FUNCTION tuneplane.member_started(p_node_id bigint, p_epoch bigint, p_payload jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
     n tuneplane.nodes;
     m tuneplane.members;
-    a tuneplane.attempts;
-    v_total integer;
-    v_running integer;
+    v_result jsonb;
 BEGIN
     n := tuneplane.require_node_session(p_node_id, p_epoch);
     m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
@@ -525,19 +555,9 @@ BEGIN
         END IF;
         RETURN jsonb_build_object('ignored', true, 'state', m.state);
     END IF;
-    UPDATE tuneplane.members SET pid = (p_payload ->> 'pid')::integer, started_at = clock_timestamp(),
-                                 started_epoch = p_epoch, contact_lost_at = NULL
-     WHERE id = m.id;
-    PERFORM tuneplane.set_member_state(m.id, 'running', 'running');
-    SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id;
-    SELECT count(*), count(*) FILTER (WHERE state = 'running') INTO v_total, v_running
-      FROM tuneplane.members WHERE attempt_id = a.id;
-    IF v_total = v_running AND a.state = 'running' THEN
-        UPDATE tuneplane.attempts SET running_at = coalesce(running_at, clock_timestamp()) WHERE id = a.id;
-        PERFORM tuneplane.set_job_state(a.job_id, 'running',
-            format('attempt %s: all %s member(s) running', a.number, v_total));
-    END IF;
-    RETURN jsonb_build_object('running', v_running, 'of', v_total);
+    UPDATE tuneplane.members SET started_epoch = p_epoch, contact_lost_at = NULL WHERE id = m.id;
+    v_result := tuneplane.member_now_running(m.id, (p_payload ->> 'pid')::integer, 'running');
+    RETURN v_result - 'started';
 END;
 $$;
 

@@ -306,7 +306,8 @@ BEGIN
 END;
 $$;
 
--- slurm_member_started: the workload step started rank p_rank's runner (starting → running).
+-- slurm_member_started: the workload step started rank p_rank's runner (starting → running). The attempt is
+-- running once every member started (member_now_running, launch.sql: the Node backend's rule).
 CREATE OR REPLACE FUNCTION tuneplane.slurm_member_started(p_attempt_id bigint, p_rank integer, p_pid integer)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -315,9 +316,7 @@ DECLARE
 BEGIN
     m := tuneplane.slurm_member(p_attempt_id, p_rank);
     IF m.state = 'starting' THEN
-        UPDATE tuneplane.members SET pid = p_pid, started_at = clock_timestamp() WHERE id = m.id;
-        PERFORM tuneplane.set_member_state(m.id, 'running', 'running in its Slurm step');
-        UPDATE tuneplane.attempts SET running_at = coalesce(running_at, clock_timestamp()) WHERE id = p_attempt_id;
+        PERFORM tuneplane.member_now_running(m.id, p_pid, 'running in its Slurm step');
     END IF;
     RETURN (SELECT state FROM tuneplane.members WHERE id = m.id);
 END;

@@ -580,6 +580,46 @@ def test_a_preempted_job_is_recorded_as_preempted_not_succeeded(harness: Harness
     harness.wait(lambda: urgent not in cluster.squeue_ids(), "the urgent job done")
 
 
+def test_a_member_that_starts_2s_after_the_other_makes_the_attempt_running_only_then(
+    db: Database, db_url: str, slurm_cluster, tmp_path: Path
+) -> None:
+    """`running` means every member started (member_now_running, the Node backend's rule too): with rank 1's
+    runner started 2 s after rank 0's, no moment shows the attempt running with one member started."""
+    from tuneplane.workers.slurm.step import DELAY_START_ENV
+
+    h = Harness(db, db_url, slurm_cluster, tmp_path, batch_env={DELAY_START_ENV: "tpn2:2"})
+    h.start()
+    try:
+        job_id = h.submit(env={"SLEEP": "3"})
+        seen: list[tuple[int, bool]] = []
+
+        def both_started() -> bool:
+            row = db.fetch_one(
+                "SELECT a.running_at IS NOT NULL AS running, (SELECT count(*) FROM members m"
+                "        WHERE m.attempt_id = a.id AND m.started_at IS NOT NULL) AS started"
+                "  FROM attempts a WHERE a.job_id = %s",
+                (job_id,),
+            )
+            if row:
+                seen.append((row["started"], row["running"]))
+            return bool(row) and row["started"] == 2
+
+        h.wait(both_started, "both members started", 90)
+        assert (1, False) in seen  # the window was observed: one started, the attempt not running
+        assert (1, True) not in seen and (0, True) not in seen
+        job = h.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=90)
+        assert job["state"] == "succeeded", job["state_reason"]
+        members = h.members(job_id)
+        first, last = sorted(m["started_at"] for m in members)
+        assert (last - first).total_seconds() >= 1.5  # the 2 s hook held rank 1 back
+        attempt = db.fetch_one("SELECT running_at FROM attempts WHERE job_id = %s", (job_id,))
+        assert attempt["running_at"] >= last
+        assert "attempt 1: all 2 member(s) running" in h.events(job_id)
+    finally:
+        h.stop()
+        slurm_cluster.run("scancel", "--full", "-u", "root", check=False)
+
+
 def test_controller_stopped_during_a_run_marks_members_contact_lost_and_the_job_completes(
     harness: Harness,
 ) -> None:
