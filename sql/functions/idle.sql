@@ -23,6 +23,8 @@
 -- job_idle moves:  (none) → watched;  idle → warned (reason and timeline say the numbers and the deadline)
 --   → reclaimed when still idle at the deadline (action reclaim);  warned → busy again (warning withdrawn,
 --   timeline says so);  exempt (admin, recorded) → never warned or reclaimed.  Refuses nothing: a sweep.
+-- Enqueues (team webhooks, enqueue_team_event in team_events.sql, in the same transaction):
+--   job.idle_warning, job.idle_withdrawn, job.idle_reclaimed — each once per warning, withdrawal, reclaim.
 --
 -- ==== Lock order (launch.sql's, of which this is a part) ================================================
 --   4. jobs, by id (the sweep takes them FOR UPDATE SKIP LOCKED; exempt_job_idle FOR UPDATE)
@@ -273,6 +275,8 @@ BEGIN
         w.warning := v_msg;
         PERFORM tuneplane.set_job_state(p_job.id, p_job.state, v_msg,
             jsonb_build_object('kind', 'idle_warning', 'deadline', w.deadline) || v_eval);
+        PERFORM tuneplane.enqueue_team_event(p_job.id, 'job.idle_warning',
+            jsonb_build_object('message', v_msg, 'deadline', w.deadline) || v_eval);
         v_result := 'warned';
     ELSIF v_status = 'idle' AND w.exempt_at IS NULL AND pol.action = 'reclaim' AND w.deadline IS NOT NULL
           AND w.deadline <= p_now AND w.reclaimed_at IS NULL THEN
@@ -283,6 +287,8 @@ BEGIN
                         tuneplane.idle_percent(pol.power_below * 100), v_gpus,
                         to_char(w.warned_at AT TIME ZONE 'UTC', 'HH24:MI'), tuneplane.idle_minutes(pol.idle_grace));
         PERFORM tuneplane.idle_reclaim(p_job, a.id, v_msg);
+        PERFORM tuneplane.enqueue_team_event(p_job.id, 'job.idle_reclaimed',
+            jsonb_build_object('message', v_msg, 'warned_at', w.warned_at) || v_eval);
         v_result := 'reclaimed';
     ELSIF v_status = 'busy' AND w.warned_at IS NOT NULL AND w.reclaimed_at IS NULL THEN
         v_msg := format('GPUs busy again (utilization up to %s); the idle warning of %s UTC is withdrawn',
@@ -291,6 +297,8 @@ BEGIN
         w.warned_at := NULL; w.deadline := NULL; w.warning := NULL;
         PERFORM tuneplane.set_job_state(p_job.id, p_job.state, v_msg,
             jsonb_build_object('kind', 'idle_withdrawn') || v_eval);
+        PERFORM tuneplane.enqueue_team_event(p_job.id, 'job.idle_withdrawn',
+            jsonb_build_object('message', v_msg) || v_eval);
         v_result := 'busy_again';
     END IF;
 

@@ -323,3 +323,37 @@ def test_a_job_is_evaluated_at_most_once_per_check_interval(
     assert sweep(db, t0 + dt.timedelta(seconds=30))["checked"] == 0
     assert sweep(db, t0 + dt.timedelta(minutes=1))["checked"] == 1
     assert watch(db, job["id"])["checked_at"] == t0 + dt.timedelta(minutes=1)
+
+
+def test_the_warning_the_withdrawal_and_the_reclaim_each_queue_one_team_event(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin)
+    db.call("create_team_webhook", job["owner"], "alice", "http://127.0.0.1:9/hook", "s" * 32, None)
+
+    def kinds() -> list[str]:
+        rows = db.fetch_all(
+            "SELECT kind FROM team_event_deliveries WHERE job_id = %s ORDER BY id", (job["id"],)
+        )
+        return [r["kind"] for r in rows if r["kind"].startswith("job.idle")]
+
+    t0, _ = idle_then_swept(db, gateway, job)
+    rank0 = next(m for m in job["members"] if m["rank"] == 0)
+    feed(
+        db, gateway, job, {(0, rank0["gpu_indices"][0]): BUSY}, t0.timestamp() + 60, t0.timestamp() + 2 * MIN
+    )
+    sweep(db, t0 + dt.timedelta(minutes=1))  # still idle over its window: no second warning
+    sweep(db, t0 + dt.timedelta(minutes=2))
+    assert kinds() == ["job.idle_warning", "job.idle_withdrawn"]
+    # Idle again for a whole window, warned again, reclaimed at the deadline.
+    feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() + 2 * MIN + 10, t0.timestamp() + 45 * MIN)
+    sweep(db, t0 + dt.timedelta(minutes=33))
+    sweep(db, t0 + dt.timedelta(minutes=44))
+    assert kinds() == ["job.idle_warning", "job.idle_withdrawn", "job.idle_warning", "job.idle_reclaimed"]
+    warning = db.fetch_one(
+        "SELECT body FROM team_event_deliveries WHERE job_id = %s AND kind = 'job.idle_warning'"
+        " ORDER BY id LIMIT 1",
+        (job["id"],),
+    )["body"]
+    assert warning["data"]["message"].startswith("GPUs idle for 30 min (utilization < 5 %")
+    assert warning["data"]["idle"] == 4 and warning["data"]["deadline"]
