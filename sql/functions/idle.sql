@@ -27,7 +27,8 @@
 --   job.idle_warning, job.idle_withdrawn, job.idle_reclaimed — each once per warning, withdrawal, reclaim.
 --
 -- ==== Lock order (launch.sql's, of which this is a part) ================================================
---   4. jobs, by id (the sweep takes them FOR UPDATE SKIP LOCKED; exempt_job_idle FOR UPDATE)
+--   4. jobs, by id (the sweep takes them FOR UPDATE SKIP LOCKED; exempt_job_idle FOR UPDATE; the trigger
+--      jobs_idle_watch runs under the lock of whoever changes the job's state)
 --   5. attempts (lock_attempt, only to reclaim)
 --   7. leaf rows: job_idle, usage_ledger (its idle_gpu_seconds), events
 -- No function here locks a node, a member or a telemetry row; reading samples takes no lock.
@@ -105,9 +106,13 @@ END;
 $$;
 
 -- job_gpu_idleness: the verdict on each GPU of one attempt over (p_from, p_to], from its stored samples.
--- Bounded: per GPU, three series looked up by their unique key and the window's points read by the
--- (series_id, step) index (window ÷ sample interval rows: 180 for 30 min at 10 s); nothing else is read,
--- so its cost does not grow with the number of jobs or with the job's history.
+-- Bounded: per GPU, three series looked up by their unique key and the window's rollup cells of width
+-- 32,768 steps (≈ 33 s of a series whose step is in ms: 57 rows for 30 min, where the raw points at one per
+-- 10 s would be 180) read by the rollups' primary key; nothing else is read, so its cost does not grow with
+-- the number of jobs or with the job's history. Cells are whole: the window's edges may take in up to 33 s
+-- of samples beyond it (only ever making a GPU look busy, never idle); a gap longer than max_sample_gap
+-- (≥ a cell) always shows between two cells' first and last steps. Non-finite samples count in no cell
+-- aggregate (telemetry.sql): a GPU whose samples are all NaN has none, so it is unknown.
 CREATE OR REPLACE FUNCTION tuneplane.job_gpu_idleness(p_attempt_id bigint, p_from timestamptz, p_to timestamptz,
                                                       p_utilization_below double precision,
                                                       p_power_below double precision, p_max_gap interval)
@@ -116,7 +121,8 @@ RETURNS TABLE (member_rank integer, node_id bigint, gpu_index integer, verdict t
 LANGUAGE sql STABLE AS $$
     WITH b AS (
         SELECT (extract(epoch FROM p_from) * 1000)::bigint AS lo, (extract(epoch FROM p_to) * 1000)::bigint AS hi,
-               (extract(epoch FROM p_max_gap) * 1000)::bigint AS gap),
+               -- A gap shorter than a cell cannot be seen in cells: the gap allowed is at least one cell.
+               greatest((extract(epoch FROM p_max_gap) * 1000)::bigint, 32768) AS gap),
     g AS (
         SELECT m.rank, m.node_id, gi.gpu, a.job_id, a.number
           FROM tuneplane.attempts a
@@ -142,17 +148,21 @@ LANGUAGE sql STABLE AS $$
                p.n AS p_n, p.first_step AS p_first, p.last_step AS p_last, p.top AS p_top, p.widest AS p_gap
           FROM s CROSS JOIN b
          CROSS JOIN LATERAL (
-               SELECT count(*) AS n, min(q.step) AS first_step, max(q.step) AS last_step, max(q.value) AS top,
-                      max(q.step_gap) AS widest
-                 FROM (SELECT t.step, t.value, t.step - lag(t.step) OVER (ORDER BY t.step) AS step_gap
-                         FROM tuneplane.telemetry_points t
-                        WHERE t.series_id = s.util_id AND t.step > b.lo AND t.step <= b.hi) q) u
+               SELECT sum(q.n) AS n, min(q.first_step) AS first_step, max(q.last_step) AS last_step,
+                      max(q.max) AS top, max(q.step_gap) AS widest
+                 FROM (SELECT r.n, r.first_step, r.last_step, r.max,
+                              r.first_step - lag(r.last_step) OVER (ORDER BY r.bucket) AS step_gap
+                         FROM tuneplane.telemetry_rollups r
+                        WHERE r.series_id = s.util_id AND r.width = 32768
+                          AND r.bucket BETWEEN b.lo / 32768 AND b.hi / 32768) q) u
          CROSS JOIN LATERAL (
-               SELECT count(*) AS n, min(q.step) AS first_step, max(q.step) AS last_step, max(q.value) AS top,
-                      max(q.step_gap) AS widest
-                 FROM (SELECT t.step, t.value, t.step - lag(t.step) OVER (ORDER BY t.step) AS step_gap
-                         FROM tuneplane.telemetry_points t
-                        WHERE t.series_id = s.power_id AND t.step > b.lo AND t.step <= b.hi) q) p),
+               SELECT sum(q.n) AS n, min(q.first_step) AS first_step, max(q.last_step) AS last_step,
+                      max(q.max) AS top, max(q.step_gap) AS widest
+                 FROM (SELECT r.n, r.first_step, r.last_step, r.max,
+                              r.first_step - lag(r.last_step) OVER (ORDER BY r.bucket) AS step_gap
+                         FROM tuneplane.telemetry_rollups r
+                        WHERE r.series_id = s.power_id AND r.width = 32768
+                          AND r.bucket BETWEEN b.lo / 32768 AND b.hi / 32768) q) p),
     judged AS (
         SELECT st.*,
                (st.u_n > 0 AND st.u_first <= st.lo + st.gap AND st.u_last >= st.hi - st.gap
@@ -226,6 +236,8 @@ DECLARE
 BEGIN
     SELECT * INTO a FROM tuneplane.attempts WHERE job_id = p_job.id AND state = 'running';
     IF a.id IS NULL THEN
+        -- Its attempt is stopping: nothing to judge; checked, so the next due job comes first.
+        UPDATE tuneplane.job_idle SET checked_at = p_now WHERE job_id = p_job.id;
         RETURN NULL;
     END IF;
     SELECT * INTO cfg FROM tuneplane.idle_settings;
@@ -321,10 +333,31 @@ BEGIN
 END;
 $$;
 
--- sweep_idle_jobs: evaluates the running jobs that hold GPUs and were not evaluated within
+-- jobs_idle_watch (trigger on jobs.state): a job that becomes running with GPUs is watched (its job_idle
+-- row, made here if new, is due at once); one that leaves running is not. In the transaction of the state
+-- change, under the job lock its writer holds; job_idle is a leaf row.
+CREATE OR REPLACE FUNCTION tuneplane.jobs_idle_watch() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state = 'running' AND NEW.gpus_per_node > 0 THEN
+        INSERT INTO tuneplane.job_idle AS w (job_id, watching) VALUES (NEW.id, true)
+        ON CONFLICT (job_id) DO UPDATE SET watching = true;
+    ELSIF OLD.state = 'running' THEN
+        UPDATE tuneplane.job_idle SET watching = false WHERE job_id = NEW.id AND watching;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER jobs_idle_watch AFTER UPDATE OF state ON tuneplane.jobs
+    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state AND (OLD.state = 'running' OR NEW.state = 'running'))
+    EXECUTE FUNCTION tuneplane.jobs_idle_watch();
+
+-- sweep_idle_jobs: evaluates the watched jobs (running, with GPUs) not evaluated within
 -- idle_settings.check_every, least recently evaluated first, at most p_limit of them (a call stays short;
--- the scheduler calls again at its next tick). Jobs are taken FOR UPDATE SKIP LOCKED (a job being changed
--- right now is evaluated next time). Returns how many were checked, warned, reclaimed and busy again.
+-- the scheduler calls again at its next tick). The candidates come from the partial index job_idle_due, so
+-- a call reads only what it evaluates. Jobs are locked FOR UPDATE SKIP LOCKED (a job being changed right
+-- now is evaluated next time). Returns how many were checked, warned, reclaimed and busy again.
 CREATE OR REPLACE FUNCTION tuneplane.sweep_idle_jobs(p_limit integer DEFAULT 200, p_now timestamptz DEFAULT now())
 RETURNS TABLE (checked integer, warned integer, reclaimed integer, busy_again integer)
 LANGUAGE plpgsql AS $$
@@ -335,12 +368,13 @@ DECLARE
 BEGIN
     checked := 0; warned := 0; reclaimed := 0; busy_again := 0;
     FOR j IN SELECT jb.* FROM tuneplane.jobs jb
-               LEFT JOIN tuneplane.job_idle w ON w.job_id = jb.id
-              WHERE jb.state = 'running' AND jb.gpus_per_node > 0
-                AND (w.checked_at IS NULL OR w.checked_at <= p_now - v_every)
-              ORDER BY w.checked_at NULLS FIRST, jb.id
-              LIMIT p_limit
-              FOR UPDATE OF jb SKIP LOCKED LOOP
+              WHERE jb.id IN (SELECT w.job_id FROM tuneplane.job_idle w
+                               WHERE w.watching AND (w.checked_at IS NULL OR w.checked_at <= p_now - v_every)
+                               ORDER BY w.checked_at NULLS FIRST, w.job_id
+                               LIMIT p_limit)
+                AND jb.state = 'running'
+              ORDER BY jb.id
+              FOR UPDATE SKIP LOCKED LOOP
         v_what := tuneplane.watch_idle_job(j, p_now);
         checked := checked + 1;
         warned := warned + (v_what IS NOT DISTINCT FROM 'warned')::integer;

@@ -15,6 +15,7 @@ from tests.launch_fixtures import (
     make_team,
     make_user,
     members_of,
+    report,
     run_to_running,
 )
 from tests.simulated_gpus import BUSY, IDLE, Reading, post_samples
@@ -149,6 +150,12 @@ def test_two_member_job_whose_four_gpus_are_idle_is_warned_then_reclaimed_after_
         "reclaimed (idle): GPUs idle for 41 min (utilization < 5 %, power < 20 % on all 4 GPUs); warned at "
     )
     assert watch(db, job["id"])["idle_gpu_seconds"] == pytest.approx(4 * 41 * MIN)
+    # The members stop; the job has ended and is no longer watched.
+    for member in job["members"]:
+        report(db, "member_exited", member, exit_code=143)
+    assert db.fetch_one("SELECT state FROM jobs WHERE id = %s", (job["id"],))["state"] == "cancelled"
+    assert watch(db, job["id"])["watching"] is False
+    assert sweep(db, t0 + dt.timedelta(minutes=20))["checked"] == 0
 
 
 def test_one_busy_gpu_anywhere_in_the_job_keeps_it_unwarned(
