@@ -157,6 +157,8 @@ def test_the_workload_environment_has_the_member_variables_and_no_credentials(tm
         "MASTER_PORT": "29501", "TUNEPLANE_JOB_ID": "3", "TUNEPLANE_ATTEMPT": "2"}  # fmt: skip
     assert env["TUNEPLANE_OUTPUT_DIR"] == str(tmp_path / "output")
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and env["MY_VAR"] == "x"
+    # CUDA numbers the GPUs as NVML (the agent, the collector) does, not fastest-first.
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
     assert env["TUNEPLANE_TELEMETRY_TOKEN"] == "tpt_ok"
     for secret in ("TUNEPLANE_DATABASE_URL", "TUNEPLANE_NODE_CREDENTIAL", "TUNEPLANE_ENROLL_TOKEN",
                    "TUNEPLANE_TOKEN", "PGPASSWORD"):  # fmt: skip

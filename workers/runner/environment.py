@@ -105,6 +105,10 @@ def member_variables(member: dict, spec: dict, paths: MemberPaths) -> dict[str, 
     gpus = member.get("gpu_indices") or []
     if gpus and not member.get("simulated_gpus"):
         values["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        # The indices are NVML's (the agent's inventory and the collector's samples), which follow the PCI
+        # bus order; CUDA's default order is fastest-first, which on a machine of mixed boards names other
+        # GPUs by the same numbers. PCI_BUS_ID makes CUDA count as NVML does.
+        values["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     input_doc = spec.get("input") or {}
     if input_doc.get("kind") == "recipe":
         values["TUNEPLANE_PARAMS"] = json.dumps(input_doc.get("params") or {}, sort_keys=True)
