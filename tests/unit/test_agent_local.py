@@ -32,6 +32,24 @@ def test_nvidia_smi_rows_become_gpus_even_with_commas_in_the_model() -> None:
     assert not any(g["simulated"] for g in gpus)
 
 
+def test_an_agent_told_which_gpus_offers_only_those_and_says_a_bad_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_binary(tmp_path, "nvidia-smi", f"printf '{NVIDIA_SMI_OUTPUT}'")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv(capacity.NODE_GPUS_VARIABLE, "0, 2")
+    gpus, problem = capacity.detect_gpus()
+    assert problem is None and [(g["index"], g["model"]) for g in gpus] == [
+        (0, "NVIDIA H200"),
+        (2, "Tesla T4, Rev. B"),
+    ]
+    monkeypatch.setenv(capacity.NODE_GPUS_VARIABLE, "1,5")
+    gpus, problem = capacity.detect_gpus()
+    assert gpus == [] and "names GPU(s) [5] this machine does not have" in problem
+    monkeypatch.setenv(capacity.NODE_GPUS_VARIABLE, "one")
+    assert "must be GPU indices" in capacity.detect_gpus()[1]
+
+
 def test_gpus_are_detected_through_nvidia_smi_on_path(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

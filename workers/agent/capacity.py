@@ -113,13 +113,38 @@ def _gpus_from_nvidia_smi() -> tuple[list[dict] | None, str | None]:
         return None, f"could not parse nvidia-smi output: {exc}"
 
 
+# The NVIDIA GPUs (by NVML index, comma separated) this agent offers, when it must not offer all of the
+# machine's: two agents that split one machine (bench/gpu_check.sh runs a 2-member job on one host so).
+NODE_GPUS_VARIABLE = "TUNEPLANE_NODE_GPUS"
+
+
+def offered(gpus: list[dict], setting: str | None) -> list[dict]:
+    """The GPUs named by the setting (all when it is unset or empty); an index the machine lacks is an
+    error, said rather than ignored."""
+    if not setting or not setting.strip():
+        return gpus
+    try:
+        wanted = {int(part) for part in setting.split(",") if part.strip()}
+    except ValueError as exc:
+        raise ValueError(
+            f"{NODE_GPUS_VARIABLE} must be GPU indices separated by commas, not {setting!r}"
+        ) from exc
+    missing = wanted - {g["index"] for g in gpus}
+    if missing:
+        raise ValueError(f"{NODE_GPUS_VARIABLE} names GPU(s) {sorted(missing)} this machine does not have")
+    return [g for g in gpus if g["index"] in wanted]
+
+
 def detect_gpus() -> tuple[list[dict], str | None]:
     """(GPUs, a problem worth reporting or None). No NVIDIA driver at all is not a problem: zero GPUs."""
     gpus = _gpus_from_nvml()
-    if gpus is not None:
-        return gpus, None
-    gpus, problem = _gpus_from_nvidia_smi()
-    return gpus or [], problem
+    problem = None
+    if gpus is None:
+        gpus, problem = _gpus_from_nvidia_smi()
+    try:
+        return offered(gpus or [], os.environ.get(NODE_GPUS_VARIABLE)), problem
+    except ValueError as exc:
+        return [], str(exc)
 
 
 def simulated_gpus(count: int) -> list[dict]:
