@@ -17,6 +17,8 @@
     return String(+v.toPrecision(4));
   }
   const yAxis = { values: (u, vals) => vals.map(tick), size: 60 };
+  // Shared with the other charts of the console (usage.js).
+  window.TunePlaneCharts = { palette, tick, yAxis, align };
 
   function controls() {
     const log = document.getElementById("tp-log");

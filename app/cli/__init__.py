@@ -41,6 +41,7 @@ COMMANDS_BY_NAME: dict[str, tuple[str, ...]] = {
     "token": ("tuneplane.app.cli.teams_cmd",),
     "worker": ("tuneplane.app.cli.launch_cmd",),
     "runner": ("tuneplane.app.cli.launch_cmd",),
+    "usage": ("tuneplane.app.cli.usage_cmd",),
 }
 
 COMMAND_MODULES = [
@@ -58,6 +59,7 @@ COMMAND_MODULES = [
     "tuneplane.app.cli.fleet_cmd",
     "tuneplane.app.cli.teams_cmd",
     "tuneplane.app.cli.launch_cmd",
+    "tuneplane.app.cli.usage_cmd",
 ]
 
 

@@ -29,6 +29,7 @@ BLUEPRINTS = [
     "tuneplane.app.web.jobs",
     "tuneplane.app.web.jobs_launch",
     "tuneplane.app.web.telemetry_charts",
+    "tuneplane.app.web.usage",
 ]
 
 # Top navigation: (endpoint, label); entries whose blueprint is not registered are left out.
@@ -36,6 +37,7 @@ NAV = [
     ("jobs.jobs_list", "Jobs"),
     ("submit.dialog", "Submit"),
     ("fleet.fleet_page", "Fleet"),
+    ("usage.usage_page", "Usage"),
 ]
 
 

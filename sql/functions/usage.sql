@@ -115,6 +115,19 @@ LANGUAGE sql STABLE AS $$
       FROM tuneplane.users u WHERE u.id = p_actor_id AND u.disabled_at IS NULL;
 $$;
 
+-- usage_teams_of: the teams whose usage the actor may read, by name (the Usage page's team filter).
+CREATE OR REPLACE FUNCTION tuneplane.usage_teams_of(p_actor_id bigint)
+RETURNS TABLE (id bigint, name text)
+LANGUAGE sql STABLE AS $$
+    SELECT t.id, t.name
+      FROM tuneplane.users u
+      JOIN tuneplane.teams t ON u.role = 'admin'
+                            OR EXISTS (SELECT 1 FROM tuneplane.team_members tm
+                                        WHERE tm.team_id = t.id AND tm.user_id = u.id)
+     WHERE u.id = p_actor_id AND u.disabled_at IS NULL
+     ORDER BY t.name;
+$$;
+
 -- usage_report: GPU-seconds, CPU-seconds, lost and idle GPU-seconds and cost over [p_since, p_until), grouped
 -- by p_by: 'team' (team), 'user' (team, user), 'job' (team, user, job), 'day' (UTC day, team). A member still
 -- holding its resources counts up to now. A member that spans a day boundary is split at midnight UTC, so

@@ -1,0 +1,68 @@
+"""The Usage page and its API: who used which GPUs, from the usage ledger (sql/functions/usage.sql).
+
+GET /usage[?team=T&since=30d&until=…&by=team|user|job|day]   the page (chart, table) or JSON
+GET /usage.csv[?same]                                           exactly the table the page shows, as CSV
+
+What a user may see is decided by usage_report (their teams; an installation admin every team).
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, request
+
+from tuneplane.app import usage_report
+from tuneplane.app.errors import Refusal
+from tuneplane.app.web.auth import current_user, login_required
+from tuneplane.app.web.negotiate import respond
+from tuneplane.app.web.state import get_db
+
+bp = Blueprint("usage", __name__)
+
+
+def _question() -> dict:
+    by = (request.args.get("by") or "team").strip()
+    if by not in usage_report.GROUPINGS:
+        raise Refusal("by must be team, user, job or day", status=400, field="by")
+    team = (request.args.get("team") or "").strip() or None
+    if team is not None and len(team) > 63:
+        raise Refusal("team is at most 63 characters", status=400, field="team")
+    return {
+        "by": by,
+        "team": team,
+        "since": usage_report.parse_when(request.args.get("since"), "since", usage_report.DEFAULT_SINCE),
+        "until": usage_report.parse_when(request.args.get("until"), "until", None),
+    }
+
+
+def _shown(q: dict) -> dict:
+    rows = get_db().call("usage_report", current_user().id, q["by"], q["team"], q["since"], q["until"])
+    return usage_report.table(rows, q["by"])
+
+
+@bp.get("/usage")
+@login_required
+def usage_page():
+    q = _question()
+    shown = _shown(q)
+    day_rows = get_db().call("usage_report", current_user().id, "day", q["team"], q["since"], q["until"])
+    data = {
+        "by": q["by"],
+        "team": q["team"],
+        "since": q["since"],
+        "until": q["until"],
+        "table": shown,
+        "chart": usage_report.chart(day_rows),
+        "teams": [r["name"] for r in get_db().call("usage_teams_of", current_user().id)],
+        "args": {k: v for k, v in request.args.items() if k in ("team", "since", "until", "by")},
+    }
+    return respond("usage.html", data)
+
+
+@bp.get("/usage.csv")
+@login_required
+def usage_csv():
+    q = _question()
+    body = usage_report.to_csv(_shown(q))
+    name = f"usage-by-{q['by']}-{q['since']:%Y%m%d}.csv"
+    disposition = f'attachment; filename="{name}"'
+    return Response(body, mimetype="text/csv", headers={"Content-Disposition": disposition})

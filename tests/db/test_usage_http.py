@@ -1,0 +1,110 @@
+"""The Usage page, its CSV export and its JSON (app/web/usage.py): the CSV is exactly the table shown."""
+
+from __future__ import annotations
+
+import csv
+import io
+from html.parser import HTMLParser
+
+import pytest
+
+from tests.launch_fixtures import make_fleet, make_job, make_node, report, run_to_running
+from tuneplane.app.db import Database
+from tuneplane.app.security import hash_password, new_token
+from tuneplane.app.web import create_app
+
+
+class _Table(HTMLParser):
+    """The cells of the page's #usage-table, as the browser shows them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self._inside = False
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag == "table" and ("id", "usage-table") in attrs:
+            self._inside = True
+        elif self._inside and tag == "tr":
+            self.rows.append([])
+        elif self._inside and tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._inside = False
+        elif self._inside and tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _user(db: Database, name: str, role: str = "user") -> tuple[int, dict]:
+    user = db.call("create_user", name, hash_password("pw"), role)[0]
+    plaintext, digest = new_token("tpu")
+    db.call("issue_api_token", user["id"], "test", digest, None)
+    return user["id"], {"Authorization": f"Bearer {plaintext}", "Accept": "application/json"}
+
+
+def _used(db: Database, users: list[int]) -> None:
+    """Each user runs one job to its end (alice 2 GPUs, bob 1), so the ledger has a row per team."""
+    fleet = make_fleet(db)
+    make_node(db, fleet, "n0", gpus=4)
+    jobs = [make_job(db, u, fleet, gpus_per_node=g) for u, g in zip(users, (2, 1), strict=False)]
+    db.call("reserve_next", fleet, 10)
+    for job_id in jobs:
+        for m in run_to_running(db, job_id):
+            report(db, "member_exited", m, exit_code=0)
+
+
+@pytest.mark.parametrize("by", ["team", "user", "job", "day"])
+def test_csv_export_equals_the_table_the_page_shows(db_url: str, db: Database, by: str) -> None:
+    admin, _ = _user(db, "root", "admin")
+    alice, _ = _user(db, "alice")
+    bob, _ = _user(db, "bob")
+    _used(db, [alice, bob])
+    db.call("set_usage_price", admin, "gpu", None, 2, "EUR")
+    client = create_app(db_url).test_client()
+    with client.session_transaction() as session:
+        session["user_id"] = admin
+    page = client.get(f"/usage?by={by}&since=1d")
+    assert page.status_code == 200
+    parsed = _Table()
+    parsed.feed(page.get_data(as_text=True))
+    exported = client.get(f"/usage.csv?by={by}&since=1d")
+    assert exported.status_code == 200 and exported.mimetype == "text/csv"
+    rows = list(csv.reader(io.StringIO(exported.get_data(as_text=True))))
+    assert rows == parsed.rows
+    assert len(rows) == 3  # the header and one line per team
+    teams = [r[rows[0].index("team")] for r in rows[1:]]
+    assert sorted(teams) == ["alice", "bob"]
+    assert all(r[-1].endswith(" EUR") for r in rows[1:])
+
+
+def test_a_user_sees_only_their_teams_usage_and_json_says_the_same(db_url: str, db: Database) -> None:
+    alice, alice_headers = _user(db, "alice")
+    bob, _ = _user(db, "bob")
+    _used(db, [alice, bob])
+    client = create_app(db_url).test_client()
+    shown = client.get("/usage?by=user&since=1d", headers=alice_headers).get_json()
+    assert [r[:2] for r in shown["table"]["rows"]] == [["alice", "alice"]]
+    assert [t["team"] for t in shown["chart"]["teams"]] == ["alice"]
+    refused = client.get("/usage?team=bob", headers=alice_headers)
+    assert refused.status_code == 404 and "team" in refused.get_json()["fields"]
+
+
+@pytest.mark.parametrize(
+    ("query", "field"), [("by=week", "by"), ("since=yesterday", "since"), ("until=2026-13-01", "until"),
+                         ("since=2999-01-01", "since")]
+)  # fmt: skip
+def test_bad_questions_are_400_naming_the_field(db_url: str, db: Database, query: str, field: str) -> None:
+    _alice, headers = _user(db, "alice")
+    client = create_app(db_url).test_client()
+    for path in ("/usage", "/usage.csv"):
+        answer = client.get(f"{path}?{query}", headers=headers)
+        assert answer.status_code == 400, (path, query)
+        assert field in answer.get_json()["fields"]
