@@ -18,10 +18,12 @@
 -- the claim takes due rows FOR UPDATE SKIP LOCKED; a result locks its one delivery row.
 --
 -- Repeatable file (ADR 0012). Drops (signature changes):
+DROP FUNCTION IF EXISTS tuneplane.team_admin_of(bigint, text);
 
--- team_admin_of: the team named p_team if the actor administers it (or is an installation admin); 404 for a
--- team the actor is not in, 403 for a member or viewer.
-CREATE OR REPLACE FUNCTION tuneplane.team_admin_of(p_actor_id bigint, p_team text)
+-- team_admin_of: the team named p_team if the actor administers it (or is an installation admin) and the
+-- request's API token (if any) reaches it for p_action ('read' or 'act'); 404 for a team the actor is not
+-- in, 403 for a member or viewer, or a token that does not reach it.
+CREATE OR REPLACE FUNCTION tuneplane.team_admin_of(p_actor_id bigint, p_team text, p_action text)
 RETURNS tuneplane.teams
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -38,6 +40,10 @@ BEGIN
     IF v_role IS DISTINCT FROM 'admin' AND actor.role <> 'admin' THEN
         RAISE EXCEPTION 'only an admin of team % manages its webhooks (you are %)', t.name, v_role
             USING ERRCODE = 'TP403', COLUMN = 'team';
+    END IF;
+    IF NOT tuneplane.token_allows(t.id, p_action) THEN
+        RAISE EXCEPTION 'this API token may not % the webhooks of team % (read-only or scoped to other teams)',
+            CASE p_action WHEN 'act' THEN 'change' ELSE 'read' END, t.name USING ERRCODE = 'TP403', COLUMN = 'team';
     END IF;
     RETURN t;
 END;
@@ -113,7 +119,7 @@ CREATE OR REPLACE FUNCTION tuneplane.create_team_webhook(p_actor_id bigint, p_te
 RETURNS tuneplane.team_webhooks
 LANGUAGE plpgsql AS $$
 DECLARE
-    t      tuneplane.teams := tuneplane.team_admin_of(p_actor_id, p_team);
+    t      tuneplane.teams := tuneplane.team_admin_of(p_actor_id, p_team, 'act');
     result tuneplane.team_webhooks;
 BEGIN
     IF p_url IS NULL OR length(p_url) > 2000 OR NOT (
@@ -144,7 +150,7 @@ CREATE OR REPLACE FUNCTION tuneplane.remove_team_webhook(p_actor_id bigint, p_te
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
-    t tuneplane.teams := tuneplane.team_admin_of(p_actor_id, p_team);
+    t tuneplane.teams := tuneplane.team_admin_of(p_actor_id, p_team, 'act');
 BEGIN
     UPDATE tuneplane.team_webhooks SET removed_at = clock_timestamp()
      WHERE id = p_webhook_id AND team_id = t.id AND removed_at IS NULL;
@@ -254,7 +260,7 @@ LANGUAGE sql STABLE AS $$
              WHERE x.webhook_id = w.id AND x.last_error IS NOT NULL ORDER BY x.id DESC LIMIT 1)
       FROM tuneplane.team_webhooks w
       LEFT JOIN tuneplane.team_event_deliveries d ON d.webhook_id = w.id
-     WHERE w.team_id = (tuneplane.team_admin_of(p_actor_id, p_team)).id AND w.removed_at IS NULL
+     WHERE w.team_id = (tuneplane.team_admin_of(p_actor_id, p_team, 'read')).id AND w.removed_at IS NULL
      GROUP BY w.id
      ORDER BY w.id;
 $$;
@@ -272,7 +278,7 @@ LANGUAGE sql STABLE AS $$
                                       ORDER BY x.attempt)
                        FROM tuneplane.team_event_attempts x WHERE x.delivery_id = d.id), '[]'::jsonb)
       FROM tuneplane.team_event_deliveries d
-     WHERE d.team_id = (tuneplane.team_admin_of(p_actor_id, p_team)).id
+     WHERE d.team_id = (tuneplane.team_admin_of(p_actor_id, p_team, 'read')).id
      ORDER BY d.id DESC
      LIMIT least(greatest(coalesce(p_limit, 50), 1), 500);
 $$;

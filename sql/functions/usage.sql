@@ -104,27 +104,23 @@ BEGIN
 END;
 $$;
 
--- usage_visible_teams: the teams whose usage an actor may read (every role of a team reads its usage);
--- NULL means every team (an installation admin).
+-- usage_visible_teams: the teams whose usage an actor may read: the teams the actor has any role in (an
+-- installation admin: every team), narrowed by the request's API token (team_access_allowed, teams.sql).
 CREATE OR REPLACE FUNCTION tuneplane.usage_visible_teams(p_actor_id bigint)
 RETURNS bigint[]
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN u.role = 'admin' THEN NULL
-                ELSE ARRAY(SELECT tm.team_id FROM tuneplane.team_members tm WHERE tm.user_id = u.id
-                            ORDER BY tm.team_id) END
-      FROM tuneplane.users u WHERE u.id = p_actor_id AND u.disabled_at IS NULL;
+    SELECT coalesce(array_agg(t.id ORDER BY t.id), '{}')
+      FROM tuneplane.users u CROSS JOIN tuneplane.teams t
+     WHERE u.id = p_actor_id
+       AND tuneplane.team_access_allowed(u, tuneplane.team_role(u.id, t.id), t.id, 'read');
 $$;
 
 -- usage_teams_of: the teams whose usage the actor may read, by name (the Usage page's team filter).
 CREATE OR REPLACE FUNCTION tuneplane.usage_teams_of(p_actor_id bigint)
 RETURNS TABLE (id bigint, name text)
 LANGUAGE sql STABLE AS $$
-    SELECT t.id, t.name
-      FROM tuneplane.users u
-      JOIN tuneplane.teams t ON u.role = 'admin'
-                            OR EXISTS (SELECT 1 FROM tuneplane.team_members tm
-                                        WHERE tm.team_id = t.id AND tm.user_id = u.id)
-     WHERE u.id = p_actor_id AND u.disabled_at IS NULL
+    SELECT t.id, t.name FROM tuneplane.teams t
+     WHERE t.id = ANY (tuneplane.usage_visible_teams(p_actor_id))
      ORDER BY t.name;
 $$;
 
@@ -159,7 +155,7 @@ BEGIN
     v_teams := tuneplane.usage_visible_teams(p_actor_id);
     IF coalesce(p_team, '') <> '' THEN
         SELECT id INTO v_team_id FROM tuneplane.teams WHERE name = p_team;
-        IF v_team_id IS NULL OR NOT (v_teams IS NULL OR v_team_id = ANY (v_teams)) THEN
+        IF v_team_id IS NULL OR NOT v_team_id = ANY (v_teams) THEN
             RAISE EXCEPTION 'no team % of yours', p_team USING ERRCODE = 'TP404', COLUMN = 'team';
         END IF;
     END IF;
@@ -168,7 +164,7 @@ BEGIN
         SELECT l.*, greatest(l.started_at, p_since) AS s, least(coalesce(l.ended_at, now()), v_until) AS e
           FROM tuneplane.usage_ledger l
          WHERE l.started_at < v_until AND (l.ended_at IS NULL OR l.ended_at > p_since)
-           AND (v_teams IS NULL OR l.team_id = ANY (v_teams))
+           AND l.team_id = ANY (v_teams)
            AND (v_team_id IS NULL OR l.team_id = v_team_id)
     ), pieces AS (
         -- Day pieces only when grouping by day; otherwise the whole clipped interval.

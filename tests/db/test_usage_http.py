@@ -108,3 +108,22 @@ def test_bad_questions_are_400_naming_the_field(db_url: str, db: Database, query
         answer = client.get(f"{path}?{query}", headers=headers)
         assert answer.status_code == 400, (path, query)
         assert field in answer.get_json()["fields"]
+
+
+def test_a_token_scoped_to_one_team_reads_only_that_teams_usage(db_url: str, db: Database) -> None:
+    admin, headers = _user(db, "root", "admin")
+    alice, _ = _user(db, "alice")
+    bob, _ = _user(db, "bob")
+    _used(db, [alice, bob])
+    client = create_app(db_url).test_client()
+    everyone = client.get("/usage?since=1d", headers=headers).get_json()
+    assert sorted(r[0] for r in everyone["table"]["rows"]) == ["alice", "bob"]
+    db.fetch_all(  # test setup: narrow the admin's token to team alice (as `tuneplane token create --team`)
+        """INSERT INTO api_token_teams (token_id, team_id)
+           SELECT t.id, (SELECT id FROM teams WHERE name = 'alice') FROM api_tokens t WHERE t.user_id = %s
+           RETURNING 1""",
+        (admin,),
+    )
+    narrowed = client.get("/usage?since=1d", headers=headers).get_json()
+    assert [r[0] for r in narrowed["table"]["rows"]] == ["alice"]
+    assert client.get("/usage?team=bob", headers=headers).status_code == 404

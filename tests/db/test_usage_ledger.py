@@ -173,7 +173,8 @@ def test_ledger_gpu_seconds_equal_the_gpus_held_exactly_over_200_jobs(db: Databa
     since = datetime.now(UTC) - timedelta(days=1)
     for by in ("team", "user", "job", "day"):
         rows = db.call("usage_report", admin, by, None, since, None)
-        assert sum(r["gpu_seconds"] for r in rows) == ledger["s"], by
+        total = sum(r["gpu_seconds"] for r in rows)
+        assert total == ledger["s"], (by, total, ledger["s"])
 
 
 def test_a_member_still_holding_counts_up_to_now_and_closes_once(db: Database) -> None:
