@@ -105,6 +105,20 @@ BEGIN
 END;
 $$;
 
+-- idle_series_window: one series' samples over the cells of width 32,768 steps that hold steps lo..hi:
+-- how many, the first and last step, the highest finite value, and the widest gap between two cells'
+-- samples (a gap within a cell is under 33 s). Reads the rollups' primary key only.
+CREATE OR REPLACE FUNCTION tuneplane.idle_series_window(p_series_id bigint, p_lo bigint, p_hi bigint)
+RETURNS TABLE (n bigint, first_step bigint, last_step bigint, top double precision, widest bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(q.n), 0)::bigint, min(q.first_step), max(q.last_step), max(q.max), max(q.step_gap)
+      FROM (SELECT r.n, r.first_step, r.last_step, r.max,
+                   r.first_step - lag(r.last_step) OVER (ORDER BY r.bucket) AS step_gap
+              FROM tuneplane.telemetry_rollups r
+             WHERE r.series_id = p_series_id AND r.width = 32768
+               AND r.bucket BETWEEN p_lo / 32768 AND p_hi / 32768) q;
+$$;
+
 -- job_gpu_idleness: the verdict on each GPU of one attempt over (p_from, p_to], from its stored samples.
 -- Bounded: per GPU, three series looked up by their unique key and the window's rollup cells of width
 -- 32,768 steps (≈ 33 s of a series whose step is in ms: 57 rows for 30 min, where the raw points at one per
@@ -147,22 +161,8 @@ LANGUAGE sql STABLE AS $$
                u.n AS u_n, u.first_step AS u_first, u.last_step AS u_last, u.top AS u_top, u.widest AS u_gap,
                p.n AS p_n, p.first_step AS p_first, p.last_step AS p_last, p.top AS p_top, p.widest AS p_gap
           FROM s CROSS JOIN b
-         CROSS JOIN LATERAL (
-               SELECT sum(q.n) AS n, min(q.first_step) AS first_step, max(q.last_step) AS last_step,
-                      max(q.max) AS top, max(q.step_gap) AS widest
-                 FROM (SELECT r.n, r.first_step, r.last_step, r.max,
-                              r.first_step - lag(r.last_step) OVER (ORDER BY r.bucket) AS step_gap
-                         FROM tuneplane.telemetry_rollups r
-                        WHERE r.series_id = s.util_id AND r.width = 32768
-                          AND r.bucket BETWEEN b.lo / 32768 AND b.hi / 32768) q) u
-         CROSS JOIN LATERAL (
-               SELECT sum(q.n) AS n, min(q.first_step) AS first_step, max(q.last_step) AS last_step,
-                      max(q.max) AS top, max(q.step_gap) AS widest
-                 FROM (SELECT r.n, r.first_step, r.last_step, r.max,
-                              r.first_step - lag(r.last_step) OVER (ORDER BY r.bucket) AS step_gap
-                         FROM tuneplane.telemetry_rollups r
-                        WHERE r.series_id = s.power_id AND r.width = 32768
-                          AND r.bucket BETWEEN b.lo / 32768 AND b.hi / 32768) q) p),
+         CROSS JOIN LATERAL tuneplane.idle_series_window(s.util_id, b.lo, b.hi) u
+         CROSS JOIN LATERAL tuneplane.idle_series_window(s.power_id, b.lo, b.hi) p),
     judged AS (
         SELECT st.*,
                (st.u_n > 0 AND st.u_first <= st.lo + st.gap AND st.u_last >= st.hi - st.gap
