@@ -17,7 +17,8 @@ if TYPE_CHECKING:
     import psycopg
 
 # A refusal echoes at most this much of anything it quotes (a name, a value, a parser's message), so a
-# client cannot make an error answer or a log line as large as its input.
+# client cannot make an error answer or a log line as large as its input. Every error answer of the
+# console and both gateways is built from a Refusal, so this is the one place that bounds them.
 MAX_MESSAGE_CHARS = 600
 MAX_FIELD_CHARS = 200
 

@@ -9,6 +9,8 @@ The telemetry gateway's `points` get the depth check only: it refuses a bad poin
 (app/telemetry), not the batch. Refusals answer the gateways' JSON error shape `{"error", "status",
 "fields"}`; a value PostgreSQL still refuses (a data exception, class 22) is the client's 400, not a
 500, and so is a body shorter than its Content-Length. The body size is aiohttp's client_max_size (413).
+`gateway_app` builds either gateway's application with this layer in front and a `Server` header that
+names no version (aiohttp would announce `Python/3.11 aiohttp/3.x` to anyone probing for known holes).
 """
 
 from __future__ import annotations
@@ -87,6 +89,27 @@ def input_limits_middleware(json_paths: Iterable[str] = (), *, depth_only: Itera
             return refusal_response(Refusal("the body ended before its Content-Length", 400, "body"))
 
     return middleware
+
+
+SERVER_HEADER = "TunePlane"
+
+
+async def _server_without_version(_request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = SERVER_HEADER  # set before aiohttp's own setdefault of its version
+
+
+def gateway_app(
+    json_paths: Iterable[str] = (),
+    *,
+    depth_only: Iterable[str] = (),
+    client_max_size: int,
+    middlewares: Iterable[Any] = (),
+) -> web.Application:
+    """A gateway's aiohttp application: the input-limits layer first, then `middlewares`."""
+    limits = input_limits_middleware(json_paths, depth_only=depth_only)
+    app = web.Application(client_max_size=client_max_size, middlewares=[limits, *middlewares])
+    app.on_response_prepare.append(_server_without_version)
+    return app
 
 
 async def request_json(request: web.Request, field: str = "body") -> Any:

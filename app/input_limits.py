@@ -6,7 +6,9 @@ sends reaches PostgreSQL or a recursive parser in a shape that fails as a 500:
     recurse), no NaN/Infinity, integers within PostgreSQL's bigint, strings without NUL or lone surrogates
     (PostgreSQL text refuses NUL; UTF-8 cannot encode a lone surrogate);
   - query parameters and form fields: the same string rules, at most MAX_TEXT_CHARS each, and the
-    integer parameters the endpoints document (INT_PARAMS) are integers within their SQL type.
+    integer parameters the endpoints document (INT_PARAMS) are integers. Their range is the endpoint's
+    to state (`parse_int` with the range it accepts, or the stored function's check): one parameter
+    gets one range in its refusal, worded the same everywhere (`out_of_range`).
 Every refusal is a Refusal (4xx) naming the field; the endpoint's own rules (a JobSpec's ranges, a job
 the user may see) come after and stay where they are.
 """
@@ -23,29 +25,20 @@ from tuneplane.app.errors import Refusal, clip
 MAX_JSON_DEPTH = 32
 MAX_JSON_BYTES = 8 * 1024 * 1024
 MAX_TEXT_CHARS = 1024 * 1024
-_INTEGER = re.compile(r"[+-]?[0-9]{1,20}\Z")
+_INTEGER = re.compile(r"([+-]?)0*([0-9]+)\Z")
 INT4 = (-(2**31), 2**31 - 1)
 INT8 = (-(2**63), 2**63 - 1)
 
-# Query parameters that are integers on every endpoint that takes them, with their SQL type's range.
-# The endpoint narrows further (a limit of 1–1000, a rank of 0 or more); this only keeps a value that
-# cannot be an SQL integer at all from reaching a statement.
-INT_PARAMS: dict[str, tuple[int, int]] = {
-    "limit": INT4,
-    "member": INT4,
-    "attempt": INT4,
-    "rank": INT4,
-    "max_points": INT4,
-    "skip": INT4,
-    "page": INT4,
-    "before": INT8,
-    "after": INT8,
-    "tail": INT8,
-    "step_from": INT8,
-    "step_to": INT8,
-    "series": INT8,
-    "job": INT8,
-}
+# Query parameters that are integers on every endpoint that takes them (the endpoint checks the range).
+INT_PARAMS = frozenset(
+    ("limit", "member", "attempt", "rank", "max_points", "skip", "page", "before", "after", "tail",
+     "step_from", "step_to", "series", "job")
+)  # fmt: skip
+
+
+def out_of_range(field: str, low: int, high: int, unit: str = "", status: int = 400) -> Refusal:
+    """The one wording of a range refusal (stored functions raise the same sentence)."""
+    return Refusal(f"{field} must be between {low} and {high}{' ' + unit if unit else ''}", status, field)
 
 
 def check_text(value: str, field: str, max_chars: int = MAX_TEXT_CHARS) -> str:
@@ -61,17 +54,21 @@ def check_text(value: str, field: str, max_chars: int = MAX_TEXT_CHARS) -> str:
     return value
 
 
-def parse_int(raw: str, field: str, low: int, high: int) -> int:
-    """An integer query parameter or route segment within [low, high], or a 400 naming `field`."""
-    text = raw.strip()
-    # int() accepts 4,300 digits, underscores and non-ASCII digits (¹ passes isdigit() but not int());
-    # an SQL integer is at most 19 ASCII digits.
-    if not _INTEGER.match(text):
+def parse_int(raw: str, field: str, low: int, high: int, *, clamp: bool = False) -> int:
+    """An integer query parameter or route segment within [low, high], or a 400 naming `field`;
+    `clamp`: a value beyond [low, high] is that bound instead (see app.web.limits.query_int)."""
+    match = _INTEGER.match(raw.strip())
+    # int() accepts underscores and non-ASCII digits (¹ passes isdigit() but not int()) and refuses more
+    # than 4,300 digits; an SQL integer is at most 19 ASCII digits, so a longer one is out of any range.
+    if not match:
         raise Refusal(f"{field} must be an integer", status=400, field=field)
-    value = int(text)
-    if not low <= value <= high:
-        raise Refusal(f"{field} must be between {low} and {high}", status=400, field=field)
-    return value
+    sign, digits = match.groups()
+    value = int(sign + digits) if len(digits) <= 19 else (low - 1 if sign == "-" else high + 1)
+    if low <= value <= high:
+        return value
+    if clamp:
+        return low if value < low else high
+    raise out_of_range(field, low, high)
 
 
 def check_route_value(name: str, value: object) -> None:
@@ -93,8 +90,8 @@ def check_query(args: Any) -> None:
     for key, value in args.items():
         check_text(key, "query parameter name", 200)
         check_text(value, key, 64 * 1024)
-        if key in INT_PARAMS and value != "":
-            parse_int(value, key, *INT_PARAMS[key])
+        if key in INT_PARAMS and value != "" and not _INTEGER.match(value.strip()):
+            raise Refusal(f"{key} must be an integer", status=400, field=key)
 
 
 def _refuse_constant(name: str) -> Any:

@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from tuneplane.app import __version__
 from tuneplane.app.errors import Refusal, describe_db_error
-from tuneplane.app.gateway_limits import input_limits_middleware, request_json
+from tuneplane.app.gateway_limits import gateway_app, request_json
 from tuneplane.app.input_limits import load_json
 from tuneplane.app.node_gateway import files, launch, protocol
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase, jsonb
@@ -139,8 +139,7 @@ class Gateway:
             "/api/artifacts",
             "/api/artifacts/{artifact_id}/fail",
         ]
-        limits = input_limits_middleware(json_routes)
-        app = web.Application(client_max_size=16 * 1024 * 1024, middlewares=[limits])
+        app = gateway_app(json_routes, client_max_size=16 * 1024 * 1024)
         app.router.add_post(protocol.ENROLL_PATH, self.enroll)
         app.router.add_get(protocol.CONTROL_PATH, self.control)
         app.router.add_post(protocol.REPORTS_PATH, self.http_report)

@@ -142,7 +142,19 @@ class _BoundedTarInfo(tarfile.TarInfo):
                 f"an extended header (PAX or long name) declares {self.size} bytes; "
                 f"at most {MAX_EXTENDED_HEADER} are allowed"
             )
-        return super()._proc_member(tarfile_)  # type: ignore[misc]
+        try:
+            return super()._proc_member(tarfile_)  # type: ignore[misc]
+        except tarfile.HeaderError as exc:  # raised by the header an extended header announces
+            raise _refuse(
+                f"member {clip(self.name, 200)!r} is an extended header (tar type {_type_name(self.type)}) "
+                f"that no valid member header follows ({exc})"
+            ) from None
+
+
+def _type_name(kind: bytes) -> str:
+    """A tar type flag as a reader can tell it apart (`'Z'`, `0x01`)."""
+    char = kind.decode("latin-1") if kind else ""
+    return repr(char) if char.isprintable() and char else f"0x{kind.hex() or '00'}"
 
 
 def _too_big(limits: ArchiveLimits) -> ArchiveRefused:
@@ -188,7 +200,10 @@ def _check_member(member: tarfile.TarInfo, links: dict[str, str]) -> None:
     elif member.issparse():
         raise _refuse(f"member {member.name!r} is a sparse file")
     elif not (member.isreg() or member.isdir()):
-        raise _refuse(f"member {member.name!r} has an unsupported type")
+        raise _refuse(
+            f"member {clip(member.name, 200)!r} has tar type {_type_name(member.type)}, which is not a "
+            "regular file, directory, symlink or hard link"
+        )
 
 
 def _resolve(path: str, links: dict[str, str]) -> str | None:
@@ -262,7 +277,9 @@ def validate_archive(path: str, limits: ArchiveLimits) -> tuple[int, int]:
         _check_link_chains(links, names)
     except ArchiveRefused:
         raise
-    except (tarfile.TarError, gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
+    except tarfile.TarError as exc:  # gzip was fine: what it holds is not a tar archive
+        raise _refuse(f"the gzip stream does not hold a valid tar archive ({exc})") from exc
+    except (gzip.BadGzipFile, zlib.error, EOFError, OSError) as exc:
         raise _refuse(f"not a gzip-compressed tar archive ({exc})") from exc
     if members == 0:
         raise _refuse("it has no members")

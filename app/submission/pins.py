@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuneplane.app.errors import Refusal
+from tuneplane.app.input_limits import out_of_range
 from tuneplane.app.plugins import Plugin, load_plugins
 from tuneplane.app.submission.canonical import digest_of
 from tuneplane.app.submission.environments import NODE_PROVIDED, normalise_name, resolve_environment
@@ -142,7 +143,7 @@ def _coerce_param(name: str, value: Any, meta: dict) -> Any:
             raise Refusal(f"{field} must be a finite number", status=422, field=field)
         low, high = meta.get("min"), meta.get("max")
         if (low is not None and coerced < low) or (high is not None and coerced > high):
-            raise Refusal(f"{field} must be between {low} and {high}", status=422, field=field)
+            raise out_of_range(field, low, high, status=422)
     return coerced
 
 

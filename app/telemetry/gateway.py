@@ -7,7 +7,6 @@ answers with the reason; an unreachable database becomes 503 so that senders bac
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -21,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuneplane.app.db import SEARCH_PATH_OPTION
 from tuneplane.app.errors import Refusal, refusal_from_db
-from tuneplane.app.gateway_limits import input_limits_middleware
+from tuneplane.app.gateway_limits import gateway_app, refusal_response, request_json
 from tuneplane.app.security import token_hash
 from tuneplane.app.telemetry import limits, wire
 from tuneplane.app.telemetry.ingest import batch_digest, store_batch
@@ -50,7 +49,8 @@ class SdkBatch(BaseModel):
 
 
 def _error(status: int, message: str, fields: dict | None = None) -> web.Response:
-    return web.json_response({"error": message, "status": status, "fields": fields or {}}, status=status)
+    # Through Refusal, which bounds every echo (app.errors.clip): a 1 MB field is quoted as 600 characters.
+    return refusal_response(Refusal(message, status, fields=dict(fields or {})))
 
 
 def _bearer(request: web.Request) -> str:
@@ -118,11 +118,7 @@ async def post_batch(request: web.Request) -> web.Response:
 async def post_points(request: web.Request) -> web.Response:
     _bearer(request)
     raw = await request.read()
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise wire.WireError(f"body is not JSON: {exc}", "body") from exc
-    sdk = SdkBatch.model_validate(data)
+    sdk = SdkBatch.model_validate(await request_json(request))  # parsed once, within the limits
     order: dict[str, list[tuple[int, float, float]]] = {}
     refused: dict[tuple[str, str], int] = {}
     now = time.time()
@@ -180,8 +176,12 @@ async def healthz(request: web.Request) -> web.Response:
 def create_app(database_url: str, *, pool_max: int = 8) -> web.Application:
     # The input-limits layer (app/gateway_limits.py) in front: query, route, JSON depth and the batch's
     # own fields; each point's values are judged here, point by point.
-    limits = input_limits_middleware(["/v1/telemetry/points"], depth_only=["points"])
-    app = web.Application(client_max_size=wire.MAX_BATCH_BYTES, middlewares=[limits, refusals])
+    app = gateway_app(
+        ["/v1/telemetry/points"],
+        depth_only=["points"],
+        client_max_size=wire.MAX_BATCH_BYTES,
+        middlewares=[refusals],
+    )
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         pool = AsyncConnectionPool(

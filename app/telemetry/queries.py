@@ -6,6 +6,7 @@ import math
 
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
+from tuneplane.app.input_limits import out_of_range
 
 MAX_SERIES = 64
 MAX_BUCKETS = 1000
@@ -91,7 +92,7 @@ def job_metrics(
     if smooth is not None and smooth < 1:
         raise Refusal("smooth must be a window of 1 step or more", 400, "smooth")
     if not 1 <= max_points <= MAX_BUCKETS:
-        raise Refusal(f"max_points must be between 1 and {MAX_BUCKETS}", 400, "max_points")
+        raise out_of_range("max_points", 1, MAX_BUCKETS)
     series = job_series(db, actor_id, job_id, name=name, attempt=attempt, member=member, source=source)
     if name is None:
         series = [s for s in series if s["canonical"]]
@@ -162,7 +163,7 @@ def raw_page(
 ) -> dict:
     """One page of exact points, with the cursor of the next page (None at the end)."""
     if not 1 <= limit <= MAX_RAW_PAGE:
-        raise Refusal(f"limit must be between 1 and {MAX_RAW_PAGE}", 400, "limit")
+        raise out_of_range("limit", 1, MAX_RAW_PAGE)
     rows = db.call("telemetry_raw_points", actor_id, series_id, step_from, step_to, limit + 1, skip)
     more = len(rows) > limit
     rows = [

@@ -19,11 +19,14 @@ bad name costs only its own points.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from tuneplane.app.errors import Refusal
+from tuneplane.app.input_limits import MAX_JSON_DEPTH, check_json_value
 from tuneplane.app.telemetry.limits import name_problem, scrub
 
 MAGIC = b"TPB1"
@@ -111,10 +114,17 @@ def decode(payload: bytes) -> Batch:
         raise WireError("batch header length exceeds the body")
     try:
         header = json.loads(payload[start : start + head_len])
+    except RecursionError:
+        field = _too_deep_under(payload[start : start + head_len])
+        raise WireError(f"{field} is nested more than {MAX_JSON_DEPTH} levels deep", field) from None
     except ValueError as exc:
         raise WireError(f"batch header is not JSON: {exc}") from exc
     if not isinstance(header, dict):
         raise WireError("batch header must be a JSON object")
+    try:  # the depth only: strings are scrubbed or refused per series below, NaN in health is kept as null
+        check_json_value(header, "batch", depth_only=frozenset(header))
+    except Refusal as refusal:
+        raise WireError(refusal.message, refusal.field or "batch") from None
     collector = header.get("collector")
     seq = header.get("seq")
     series = header.get("series")
@@ -137,6 +147,8 @@ def decode(payload: bytes) -> Batch:
             or entry[2] < 0
         ):
             raise WireError("each series must be [source, name, count]", "series")
+        if entry[2] == 0:  # collectors and the SDK name a series only with its points
+            raise WireError(f"series {len(checked)} names no points (count 0)", "series")
         checked.append((entry[0], entry[1], entry[2]))
         total += entry[2]
     body = start + head_len
@@ -163,6 +175,35 @@ def decode(payload: bytes) -> Batch:
         _damage(header.get("damage")),
         header.get("final") is True,
     )
+
+
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _too_deep_under(head: bytes) -> str:
+    """The header entry (`health`, `series`, …) under which a header too deep for the parser nests past
+    MAX_JSON_DEPTH: found by counting brackets outside strings (no recursion); `batch` when none."""
+    depth, key, last_string = 0, None, None
+    for token in _JSON_TOKENS.finditer(head):
+        text = token.group()
+        if text[:1] == b'"':
+            last_string = text if depth == 1 else last_string
+        elif text in (b"[", b"{"):
+            depth += 1
+            key = last_string if depth == 2 else key
+            if depth > MAX_JSON_DEPTH:
+                return _field_name(key)
+        else:
+            depth -= 1
+    return "batch"
+
+
+def _field_name(raw: bytes | None) -> str:
+    try:
+        name = json.loads(raw) if raw else "batch"
+    except ValueError:
+        return "batch"
+    return scrub(name)[:MAX_HEADER_STRING] if isinstance(name, str) else "batch"  # type: ignore[index]
 
 
 def _is_int(value: object, low: int = 0, high: int = 2**63 - 1) -> bool:

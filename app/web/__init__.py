@@ -104,7 +104,8 @@ def _shared_secret(db: Database) -> str:
 
 
 def _error(status: int, message: str, fields: dict | None = None):
-    body = {"error": message, "status": status, "fields": fields or {}}
+    # Through Refusal, which bounds every echo (app.errors.clip) whatever raised the error.
+    body = Refusal(message, status, fields=dict(fields or {})).as_json()
     if wants_json() or request.is_json:
         return json_response(body, status)
     return render_template("error.html", **body), status

@@ -31,7 +31,7 @@ from tuneplane.app.artifacts.receiver import (
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import token_hash
 from tuneplane.app.web.auth import current_user, login_required
-from tuneplane.app.web.limits import body_dict
+from tuneplane.app.web.limits import body_dict, query_int
 from tuneplane.app.web.negotiate import json_response, respond
 from tuneplane.app.web.state import get_db
 
@@ -174,8 +174,8 @@ def job_artifacts(job_id: int):
 @bp.get("/jobs/<int:job_id>/artifacts/<name>")
 @login_required
 def find(job_id: int, name: str):
-    rank = request.args.get("rank", type=int)
-    attempt = request.args.get("attempt", type=int)
+    rank = query_int("rank", None, 0, 2**31 - 1)
+    attempt = query_int("attempt", None, 1, 2**31 - 1)
     artifact = get_db().call("find_artifact", _user_id(), job_id, name, rank, attempt)[0]
     return _detail(artifact)
 

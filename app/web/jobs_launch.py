@@ -125,9 +125,7 @@ def job_log_url(job_id: int, rank: int, stream: str, attempt: int | None, after:
 @login_required
 def logs(job_id: str):
     jid = service.parse_job_id(job_id)
-    rank = int_arg("member", 0, INT4)
-    if rank < 0:
-        raise Refusal("member must be a rank, 0 or more", status=400, field="member")
+    rank = query_int("member", 0, 0, INT4)
     stream = request.args.get("stream", "stdout")
     if stream not in STREAMS:
         raise Refusal("stream must be stdout or stderr", status=400, field="stream")
@@ -137,10 +135,10 @@ def logs(job_id: str):
         jid,
         rank,
         stream,
-        int_arg("after", 0),
-        int_arg("limit", LOG_LIMIT, INT4),
+        query_int("after", 0, 0, INT8),
+        query_int("limit", LOG_LIMIT, -INT4 - 1, INT4, clamp=True),  # its range: member_log_settings
         int_arg("attempt", None, INT4),
-        int_arg("tail", None),
+        query_int("tail", None, 0, INT8),
     )[0]["job_member_log"]
     data["text"] = "".join(chunk["text"] for chunk in data["chunks"])
     if wants_json():

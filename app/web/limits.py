@@ -136,9 +136,15 @@ def refusal_from_errors(exc: ValidationError, status: int = 400) -> Refusal:
     return refusal
 
 
-def query_int(name: str, default: int | None, low: int = 1, high: int = MAX_ID) -> int | None:
-    """An integer query parameter within [low, high] (absent or empty: `default`), else 400 naming it."""
+def query_int(
+    name: str, default: int | None, low: int = 1, high: int = MAX_ID, *, clamp: bool = False
+) -> int | None:
+    """An integer query parameter within [low, high] (absent or empty: `default`), else 400 naming it.
+
+    `clamp`: [low, high] is only the SQL type and the stored function the value goes to checks (and
+    states) the range it accepts: a value beyond the type is passed as the type's bound, so that one
+    parameter is always refused with one range, the function's."""
     raw = request.args.get(name, "")
     if raw == "":
         return default
-    return input_limits.parse_int(raw, name, low, high)
+    return input_limits.parse_int(raw, name, low, high, clamp=clamp)

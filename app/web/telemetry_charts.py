@@ -52,7 +52,7 @@ def metrics(job_id: int):
         attempt=_int_arg("attempt"),
         member=_int_arg("member"),
         source=request.args.get("source") or None,
-        max_points=_int_arg("max_points", 500),
+        max_points=query_int("max_points", 500, 1, queries.MAX_BUCKETS),
         step_from=_int_arg("step_from"),
         step_to=_int_arg("step_to"),
         smooth=_int_arg("smooth"),
@@ -109,8 +109,8 @@ def raw(job_id: int):
         series_id,
         step_from=_int_arg("step_from"),
         step_to=_int_arg("step_to"),
-        limit=_int_arg("limit", 200),
-        skip=_int_arg("skip", 0),
+        limit=query_int("limit", 200, 1, queries.MAX_RAW_PAGE),
+        skip=query_int("skip", 0, 0, 2**31 - 1),
     )
     series = [s for s in queries.job_series(get_db(), current_user().id, job_id) if s["id"] == series_id]
     if not series:

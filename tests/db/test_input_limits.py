@@ -237,3 +237,119 @@ def test_a_json_body_over_8_mib_is_a_413_before_it_is_parsed(console, db: Databa
     big = b'{"recipe": {"name": "demo"}, "env": {"A": "' + b"x" * (9 * 1024 * 1024) + b'"}}'
     _refused(console.post("/previews", data=big, content_type="application/json"), 413, "body")
     assert _counts(db) == before
+
+
+# ---- the edges of issue 24 (point 7): each a 4xx naming the field, nothing stored ----------------------
+
+
+def _header_batch(header: bytes) -> bytes:
+    import struct
+
+    return struct.pack("<4sI", b"TPB1", len(header)) + header
+
+
+DEEP_BRACKETS = b"[" * 10_000 + b"]" * 10_000
+DEEP_HEALTH = b'{"a":' * 10_000 + b"1" + b"}" * 10_000
+
+
+def _zero_point_series_past_the_cap() -> bytes:
+    from tuneplane.app.telemetry import wire
+
+    return wire.encode("c", 5, [("sdk", f"new{i}", 0) for i in range(3)], [], [], [])
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        pytest.param(
+            lambda: _header_batch(b'{"collector":"c","seq":2,"series":[],"extra":' + DEEP_BRACKETS + b"}"),
+            "extra",
+            id="header-nested-10000-deep",
+        ),
+        pytest.param(
+            lambda: _header_batch(b'{"collector":"c","seq":3,"series":[],"health":' + DEEP_HEALTH + b"}"),
+            "health",
+            id="health-nested-10000-deep",
+        ),
+        pytest.param(
+            lambda: _header_batch(b'{"collector":"c","seq":4,"series":[["sdk","lo\\ud800ss",0]]}'),
+            "series",
+            id="series-name-with-a-lone-surrogate",
+        ),
+        pytest.param(_zero_point_series_past_the_cap, "series", id="zero-point-series-past-the-series-cap"),
+    ],
+)
+def test_a_telemetry_batch_edge_is_a_400_naming_the_field_and_stores_nothing(
+    db_url: str, db: Database, body, field: str
+) -> None:
+    from tests.telemetry_support import make_job, make_user, member_token, running_gateway
+    from tuneplane.app.telemetry import wire
+
+    token = member_token(db, make_job(db, make_user(db, "carol")))
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": wire.CONTENT_TYPE}
+    db.fetch_all("UPDATE telemetry_settings SET max_series_per_member = 2 RETURNING 1")  # set-up: a low cap
+    with running_gateway(db_url) as gateway:
+        url = f"{gateway.url}/v1/telemetry/batches"
+        at_cap = wire.encode("c", 1, [("sdk", "a", 1), ("sdk", "b", 1)], [1, 1], [0.5, 0.5], [1.0, 1.0])
+        assert httpx.post(url, content=at_cap, headers=headers).json()["stored"] == 2
+        answer = httpx.post(url, content=body(), headers=headers)
+    assert answer.status_code == 400, (answer.status_code, answer.text[:300])
+    assert field in answer.json()["fields"], answer.text[:300]
+    assert db.fetch_one("SELECT count(*) AS n FROM telemetry_series")["n"] == 2
+
+
+def test_a_megabyte_field_is_echoed_as_a_bounded_excerpt(db_url: str, db: Database) -> None:
+    from tests.telemetry_support import make_job, make_user, member_token, running_gateway
+    from tuneplane.app.telemetry import wire
+
+    token = member_token(db, make_job(db, make_user(db, "carol")))
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": wire.CONTENT_TYPE}
+    huge = "k" * 1_000_000
+    with running_gateway(db_url) as gateway:
+        body = wire.encode("c", 1, [], [], [], [], scope={huge: 1})
+        answer = httpx.post(f"{gateway.url}/v1/telemetry/batches", content=body, headers=headers)
+    assert answer.status_code == 400 and "scope" in answer.json()["fields"]
+    assert len(answer.content) < 2000  # at most 600 characters of the key, once in the error and the field
+
+
+def test_both_gateways_announce_no_server_version(db_url: str, db: Database) -> None:
+    from tests.telemetry_support import running_gateway as telemetry_gateway
+
+    async def node_gateway_server() -> str:
+        async with running_gateway(db_url) as (_gateway, url), httpx.AsyncClient(base_url=url) as client:
+            return (await client.get("/v1/no-such-route")).headers.get("server", "")
+
+    with telemetry_gateway(db_url) as gateway:
+        answers = [httpx.get(f"{gateway.url}{path}").headers.get("server", "") for path in ("/healthz", "/x")]
+    answers.append(asyncio.run(node_gateway_server()))
+    for server in answers:
+        assert server == "TunePlane", answers
+
+
+def test_an_archive_member_of_an_unknown_type_is_refused_by_its_type(console, db: Database) -> None:
+    from tests import archive_builders as ab
+
+    for kind, said in ((b"Z", "tar type 'Z'"), (b"X", "extended header (tar type 'X')")):
+        info, data = ab.file("odd", b"abc")
+        info.type = kind
+        archive = ab.build([ab.file("train.py"), (info, data)])
+        body = _refused(
+            console.post("/sources", data=archive, content_type="application/gzip"), 422, "archive"
+        )
+        assert said in body["error"] and "not a gzip-compressed" not in body["error"], body
+    assert db.fetch_one("SELECT count(*) AS n FROM source_archives")["n"] == 0
+
+
+def test_one_parameter_is_refused_with_one_range_whatever_the_value(console, db: Database) -> None:
+    from tests.launch_fixtures import make_fleet, make_job
+
+    job = make_job(db, db.fetch_one("SELECT id FROM users WHERE username = 'admin'")["id"], make_fleet(db))
+    for path, field, values in (
+        (f"/jobs/{job}/logs", "limit", ["0", str(2**31), "9" * 40]),
+        (f"/jobs/{job}/metrics/raw?series=1", "limit", ["0", "5000", str(2**63)]),
+        (f"/jobs/{job}/metrics", "max_points", ["0", str(2**40)]),
+        (f"/jobs/{job}/logs", "after", ["-1", str(2**64)]),
+    ):
+        sep = "&" if "?" in path else "?"
+        said = {_refused(console.get(f"{path}{sep}{field}={v}"), 400, field)["error"] for v in values}
+        assert len(said) == 1 and "must be between" in said.pop(), (path, field)
