@@ -180,17 +180,9 @@ def slurm_cluster():
     """A real slurmctld with two slurmd virtual nodes (2 fake GPUs each) for the whole session
     (tests/slurm_cluster.py, docs/slurm.md). Skipped only when the Slurm binaries are missing outside CI;
     in CI (.ci/run sets TUNEPLANE_REQUIRE_SLURM=1 after installing them) a missing binary fails."""
-    from tests.slurm_cluster import missing_binaries, started_cluster
+    from tests.slurm_cluster import require_binaries, started_cluster
 
-    missing = missing_binaries()
-    if missing:
-        message = (
-            f"Slurm binaries missing: {', '.join(missing)} "
-            "(apt-get install slurmctld slurmd slurm-client munge)"
-        )
-        if os.environ.get("TUNEPLANE_REQUIRE_SLURM"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_binaries()
     yield from started_cluster(2)
 
 

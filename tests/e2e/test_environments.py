@@ -94,3 +94,34 @@ def test_environment_is_built_once_reused_and_a_new_lock_gets_its_own(cluster: C
     assert job["state"] == "failed", cluster.diagnose(failing)
     assert "cannot be built" in job["state_reason"] and "3.9" in job["state_reason"], job["state_reason"]
     assert cluster.held() == 0, "a failed build releases the reservation"
+
+
+def test_agent_killed_mid_build_leaves_no_build_directory_after_the_next_clean_up(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNEPLANE_TEST_HOLD_ENVIRONMENT_BUILD", "60")
+    agent = cluster.start_agent("a")
+    cluster.start_worker()
+    archive = cluster.upload_source({"main.py": MAIN})
+    environments = cluster.agent_dirs("a")[1] / "environments"
+    job_id = _job(cluster, archive, ["six==1.16.0", "tqdm"])
+
+    def builds() -> list[str]:
+        return sorted(p.name for p in environments.glob("*.build-*")) if environments.is_dir() else []
+
+    (abandoned,) = wait_for(builds, timeout=60, what="the environment build started")
+    cluster.kill9(agent)  # mid-build: its venv exists, its packages are not installed
+    assert builds() == [abandoned]
+
+    monkeypatch.delenv("TUNEPLANE_TEST_HOLD_ENVIRONMENT_BUILD")
+    cluster.start_agent("a", enroll=False)  # prepares the member again, then cleans up
+    job = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
+    assert job["state"] == "succeeded", cluster.diagnose(job_id)
+    wait_for(lambda: builds() == [], timeout=30, what="the abandoned build removed by the clean-up")
+    ready = sorted(p.name for p in environments.iterdir() if p.is_dir())
+    assert len(ready) == 1 and ".build-" not in ready[0], ready
+    wait_for(
+        lambda: cluster.node("a")["caches"].get("environments", {}).get("count") == 1,
+        timeout=20,
+        what="cache sizes reported",
+    )

@@ -91,3 +91,37 @@ def test_finished_members_directories_go_after_the_keep_time_never_a_needed_or_l
     assert removed == [1] and not done.exists()
     assert all(p.exists() for p in (recent, delivering, unreported, running, live))
     assert not list((tmp_path / "members").glob(".delete-*"))
+
+
+def _leftover(tmp_path: Path, name: str, size: int = 4096) -> Path:
+    path = tmp_path / "environments" / name
+    (path / "lib").mkdir(parents=True)
+    (path / "lib" / "big.so").write_bytes(b"\0" * size)
+    return path
+
+
+def test_a_build_left_by_a_killed_agent_is_counted_then_removed_by_the_next_clean_up(tmp_path: Path) -> None:
+    from tuneplane.workers.agent.disk_cleanup import cache_sizes
+
+    abandoned = _leftover(tmp_path, f"{'a' * 64}.build-4242424-0", 1 << 20)  # its build's lock is free
+    sizes = cache_sizes(tmp_path)["environments"]
+    assert sizes["unfinished"] == 1 and sizes["bytes"] >= 1 << 20  # the disk it takes is the cache's
+    assert clean_caches(tmp_path, [])["abandoned_builds"] == [abandoned.name]
+    assert not abandoned.exists()
+    assert cache_sizes(tmp_path)["environments"] == {"count": 0, "bytes": 0, "unfinished": 0}
+
+
+def test_a_running_build_and_a_running_removal_are_kept(tmp_path: Path) -> None:
+    import fcntl
+
+    building = _leftover(tmp_path, f"{'b' * 64}.build-{os.getpid()}-0")
+    removing = _leftover(tmp_path, f"{'c' * 64}.delete-{os.getpid()}-1")  # its process (this one) lives
+    fd = os.open(tmp_path / "environments" / f"{'b' * 64}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # what ensure_environment holds for the whole build
+        assert clean_caches(tmp_path, [])["abandoned_builds"] == []
+        assert building.exists() and removing.exists()
+    finally:
+        os.close(fd)
+    assert clean_caches(tmp_path, [])["abandoned_builds"] == [building.name]  # its lock is free now
+    assert removing.exists()

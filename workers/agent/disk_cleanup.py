@@ -7,7 +7,9 @@ page shows it; every new control session hears it too):
   cache (`<work-dir>/capsules/<digest>.tar`): least recently used first, until each fits its limit
   (`TUNEPLANE_ENV_CACHE_MAX_BYTES`, `TUNEPLANE_CAPSULE_CACHE_MAX_BYTES`, docs/runtimes.md); an
   environment a live member uses, or anything used in the last ten minutes, stays;
-- capsule downloads nobody finishes any more (`*.partial`, an agent killed mid-fetch);
+- capsule downloads nobody finishes any more (`*.partial`, an agent killed mid-fetch), and environment
+  builds or removals nobody finishes any more (an agent killed mid-build: `remove_abandoned_builds`;
+  counted in the environment cache's bytes until then);
 - member directories (`<work-dir>/members/<id>/`: capsule, source, inputs, outputs, logs). Without this a
   long-lived node's disk only grows. A directory is removed once the agent is done with its member — the
   member ended, its end was reported and acknowledged, its outputs and logs were delivered (or given up),
@@ -128,12 +130,72 @@ def clean_up(
 
 
 def cache_sizes(work_dir: Path) -> dict:
+    """What each cache holds. The environments' bytes include builds and removals not finished (running
+    now, or abandoned until the next clean-up removes them): the disk they take is the cache's."""
     envs = environment_entries(work_dir)
     capsules = capsule_entries(work_dir)
+    unfinished = [tree_usage(path).bytes for path in environment_leftovers(work_dir)]
     return {
-        "environments": {"count": len(envs), "bytes": sum(e.size for e in envs)},
+        "environments": {
+            "count": len(envs),
+            "bytes": sum(e.size for e in envs) + sum(unfinished),
+            "unfinished": len(unfinished),
+        },
         "capsules": {"count": len(capsules), "bytes": sum(e.size for e in capsules)},
     }
+
+
+# `<digest>.build-<pid>-<n>`: a build (workers.agent.environments); `<digest>.delete-<pid>-<n>`: a removal.
+_LEFTOVER = re.compile(r"([0-9a-f]{64})\.(build|delete)-([0-9]+)-[0-9]+")
+
+
+def environment_leftovers(work_dir: Path) -> list[Path]:
+    """Environment directories that are not (yet, or any more) an environment: builds and removals."""
+    root = environments_dir(work_dir)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if _LEFTOVER.fullmatch(p.name) and p.is_dir())
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_abandoned_builds(work_dir: Path) -> list[str]:
+    """Builds and removals an agent killed half-way left behind (240 MB each, for ever, before this).
+
+    A build runs under its digest's lock from its first byte until it is renamed into place or removed,
+    so a build directory whose digest's lock is free belongs to no running build, whatever its pid (a pid
+    can be reused). A removal runs without the lock once renamed: its directory is abandoned when its
+    pid is gone. Returns the names removed."""
+    removed = []
+    for path in environment_leftovers(work_dir):
+        digest, kind, pid = _LEFTOVER.fullmatch(path.name).groups()  # type: ignore[union-attr]
+        if kind == "delete":
+            if _pid_alive(int(pid)):
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            try:
+                fd = os.open(path.parent / f"{digest}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(path, ignore_errors=True)  # under the lock: no build of it can start
+            except OSError:
+                continue  # a build of this digest runs now (it may be this one)
+            finally:
+                os.close(fd)
+        if not path.exists():
+            removed.append(path.name)
+    return removed
 
 
 def environments_in_use(work_dir: Path, records: list) -> set[str]:
@@ -157,11 +219,13 @@ def clean_caches(work_dir: Path, records: list) -> dict:
     envs = clean_up(environment_entries(work_dir), in_use, ENV_CACHE_MAX_BYTES, ENV_MIN_AGE)
     capsules = clean_up(capsule_entries(work_dir), set(), CAPSULE_CACHE_MAX_BYTES, CAPSULE_MIN_AGE)
     partials = remove_stale_partials(work_dir)
+    abandoned = remove_abandoned_builds(work_dir)
     members = remove_finished_member_dirs(work_dir, records)
     return {
         "environments": [e.key for e in envs],
         "capsules": [e.key for e in capsules],
         "partials": partials,
+        "abandoned_builds": abandoned,
         "member_dirs": members,
     }
 

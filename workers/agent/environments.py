@@ -44,6 +44,8 @@ log = logging.getLogger("tuneplane.agent.environments")
 LOCK_POLL = 0.2
 BUILD_TIMEOUT = 3600.0
 NODE_SITE_PTH = "_tuneplane_node_site.pth"
+# Tests only (tests/e2e/test_environments.py): hold each build this many seconds after its venv exists.
+HOLD_BUILD = float(os.environ.get("TUNEPLANE_TEST_HOLD_ENVIRONMENT_BUILD") or 0)
 _counter = itertools.count()
 
 Progress = Callable[[str, dict], Awaitable[None]]
@@ -181,6 +183,9 @@ async def _build(root: Path, final: Path, pin: dict, progress: Progress) -> None
             "creating", {"message": f"environment {digest[:12]}: creating ({base}, python {python})"}
         )
         await _run_uv([uv, "venv", "--quiet", "--relocatable", "--python", python, str(building)])
+        if HOLD_BUILD > 0:  # tests only: a window to kill the agent in, its build directory half made
+            log.warning("environment %s: holding the build for %.0f s (test hook)", digest[:12], HOLD_BUILD)
+            await asyncio.sleep(HOLD_BUILD)
         if base == "node":
             site = interpreter_site(building)
             (site / NODE_SITE_PTH).write_text("".join(p + "\n" for p in node_site_paths()))

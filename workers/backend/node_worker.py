@@ -55,7 +55,9 @@ class WorkerOptions:
     blob_dir: Path
     name: str
     poll_interval: float = 1.0
-    heartbeat_timeout: float = 30.0
+    # A launch of a worker that died is taken over by another within heartbeat_timeout + dequeue_every
+    # (pgqueuer re-picks a picked job whose heartbeat, written every heartbeat_timeout / 2, is older).
+    heartbeat_timeout: float = 10.0
     batch_size: int = 4
     # Tests only: wait this long between building the capsule and begin_prepare (a window to kill -9 in).
     hold_before_prepare: float = 0.0
