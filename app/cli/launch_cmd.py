@@ -30,7 +30,7 @@ from tuneplane.app.cli.options import server_side, settings_from
     default=10.0,
     show_default=True,
     help="Seconds after which another worker takes over the launch of a worker that stopped beating "
-    "(a killed worker's launch is taken over within this plus max(poll interval, 0.5 s); docs/operations.md).",
+    "(a killed worker's launch is taken over within this + max(poll interval, 0.5 s); docs/operations.md).",
 )
 @click.option("--hold-before-prepare", type=float, default=0.0, hidden=True)
 @server_side

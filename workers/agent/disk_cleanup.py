@@ -38,7 +38,7 @@ from tuneplane.workers.agent.environments import environments_dir
 from tuneplane.workers.agent.handlers import SESSION_HOOKS, AgentContext
 from tuneplane.workers.agent.member_records import MemberRecord, member_tag_in, settled
 from tuneplane.workers.disk_usage import tree_usage
-from tuneplane.workers.proctree import tagged
+from tuneplane.workers.proctree import alive, tagged
 from tuneplane.workers.runner.environment_check import READY_MARKER
 
 log = logging.getLogger("tuneplane.agent.disk_cleanup")
@@ -157,16 +157,6 @@ def environment_leftovers(work_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if _LEFTOVER.fullmatch(p.name) and p.is_dir())
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_abandoned_builds(work_dir: Path) -> list[str]:
     """Builds and removals an agent killed half-way left behind (240 MB each, for ever, before this).
 
@@ -178,7 +168,7 @@ def remove_abandoned_builds(work_dir: Path) -> list[str]:
     for path in environment_leftovers(work_dir):
         digest, kind, pid = _LEFTOVER.fullmatch(path.name).groups()  # type: ignore[union-attr]
         if kind == "delete":
-            if _pid_alive(int(pid)):
+            if alive(int(pid)):
                 continue
             shutil.rmtree(path, ignore_errors=True)
         else:
