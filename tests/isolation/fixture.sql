@@ -29,3 +29,44 @@ BEGIN
     INSERT INTO iso_ctx (fleet_id) VALUES (f);
     RETURN f;
 END $$;
+
+-- iso_run_all(): every reserved attempt of the iso_ctx fleet driven to running, as worker and agents would
+-- (claim, PREPARE, every member prepared → COMMIT, every member started; nodes in session 0). Returns how
+-- many members run.
+CREATE OR REPLACE FUNCTION iso_run_all() RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    a bigint; m tuneplane.members; n int := 0;
+BEGIN
+    FOR a IN SELECT id FROM tuneplane.attempts WHERE fleet_id = (SELECT fleet_id FROM iso_ctx)
+              AND state = 'reserved' ORDER BY id LOOP
+        PERFORM tuneplane.begin_prepare(a, (SELECT epoch FROM tuneplane.claim_launch(a, 'iso')), repeat('a', 64));
+        FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = a ORDER BY id LOOP
+            PERFORM tuneplane.member_prepared(m.node_id, 0, jsonb_build_object('member_id', m.id));
+        END LOOP;
+        FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = a ORDER BY id LOOP
+            PERFORM tuneplane.member_started(m.node_id, 0, jsonb_build_object('member_id', m.id, 'pid', 4000 + m.id));
+            n := n + 1;
+        END LOOP;
+    END LOOP;
+    RETURN n;
+END $$;
+
+-- iso_node(name) / iso_job(k): the iso_ctx fleet's node of that name; its k-th job (by id).
+CREATE OR REPLACE FUNCTION iso_node(p_name text) RETURNS bigint LANGUAGE sql AS
+  $$ SELECT id FROM tuneplane.nodes WHERE fleet_id = (SELECT fleet_id FROM iso_ctx) AND name = p_name $$;
+CREATE OR REPLACE FUNCTION iso_job(p_k int) RETURNS bigint LANGUAGE sql AS
+  $$ SELECT id FROM tuneplane.jobs WHERE fleet_id = (SELECT fleet_id FROM iso_ctx) ORDER BY id OFFSET p_k - 1 LIMIT 1 $$;
+-- iso_fence_check(): what a fence race must leave: per member its state, whether it still holds its
+-- resources, whether a KILL for it is queued; per job its state.
+CREATE OR REPLACE FUNCTION iso_fence_check()
+RETURNS TABLE (job int, job_state text, rank int, node text, member text, held boolean, killed boolean, fenced boolean)
+LANGUAGE sql AS $$
+    SELECT (SELECT count(*) FROM tuneplane.jobs j2 WHERE j2.fleet_id = j.fleet_id AND j2.id <= j.id)::int,
+           j.state, m.rank, n.name, m.state, m.released_at IS NULL,
+           EXISTS (SELECT 1 FROM tuneplane.node_commands c WHERE c.node_id = m.node_id AND c.kind = 'kill'
+                      AND c.payload -> 'member_ids' @> to_jsonb(m.id)),
+           n.fenced_at IS NOT NULL
+      FROM tuneplane.jobs j JOIN tuneplane.members m ON m.job_id = j.id JOIN tuneplane.nodes n ON n.id = m.node_id
+     WHERE j.fleet_id = (SELECT fleet_id FROM iso_ctx)
+     ORDER BY j.id, m.rank;
+$$;
