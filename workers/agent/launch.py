@@ -87,6 +87,8 @@ RUNNER_ENV_DROP = (
 )
 WATCH_INTERVAL = 0.2
 REAP_INTERVAL = 1.0
+# How long a KILL waits for a member's processes to be gone before it is answered with an error.
+KILL_WAIT = 10.0
 
 
 def _say(ctx: AgentContext, line: str) -> None:
@@ -655,13 +657,24 @@ class LaunchAgent:
         return {"member_id": member_id, "signalled": len(pids)}
 
     def processes_of(self, record: MemberRecord) -> set[int]:
-        pids = member_processes(record.pid, record.pid_started, member_tag(self.paths, record.member_id))
+        return self.member_pids(record.member_id, record)
+
+    def member_pids(self, member_id: int, record: MemberRecord | None) -> set[int]:
+        """Every process of the member that is alive: its runner (from the record, when there is one), the
+        runner's descendants and session, everything carrying its tag, and the keeper named in its
+        directory with the keeper's descendants."""
+        pids = member_processes(
+            record.pid if record else None,
+            record.pid_started if record else None,
+            member_tag(self.paths, member_id),
+        )
         # The keeper's descendants too: after the runner was killed they are found by tag only, and a child
         # started with a clean environment (`env -i`) carries none; SIGKILLing the keeper before it would
         # leave that child running after the member's resources were released.
-        keeper = read_runner_pids(member_dir(self.paths, record.member_id))
+        keeper = read_runner_pids(member_dir(self.paths, member_id))
         if keeper.get("keeper") and alive(keeper["keeper"], keeper.get("keeper_started")):
             pids |= {keeper["keeper"]} | descendants(keeper["keeper"])
+        pids.discard(os.getpid())
         return pids
 
     async def _kill_after(self, record: MemberRecord, grace: float) -> None:
@@ -695,14 +708,14 @@ class LaunchAgent:
                 killer = self.killers.get(member_id)
                 if killer is not None:
                     await asyncio.wait_for(asyncio.shield(killer), timeout=10.0)
-                left = await asyncio.to_thread(self.processes_of, record)
-                if left:
-                    raise CommandFailed(f"member {member_id}: {len(left)} process(es) still alive after KILL")
+                await self._kill_until_gone(member_id, record)
                 killed[str(member_id)] = "killed"
                 continue
-            pids = await asyncio.to_thread(tagged, member_tag(self.paths, member_id))
-            signal_all(pids, signal.SIGKILL)
-            killed[str(member_id)] = f"{len(pids)} process(es) killed"
+            # Whatever the record says (none, preparing, failed, ended: a runner spawned but not yet
+            # recorded, a keeper or a clean-environment child left behind), every process of the member is
+            # SIGKILLed and the acknowledgement waits until none is left: it releases the member's GPUs.
+            count = await self._kill_until_gone(member_id, record)
+            killed[str(member_id)] = f"{count} process(es) killed"
             if record is None:
                 await self.report(
                     None,
@@ -711,6 +724,19 @@ class LaunchAgent:
                 )
         _say(self.ctx, f"kill {member_ids}: {reason}")
         return {"killed": killed}
+
+    async def _kill_until_gone(self, member_id: int, record: MemberRecord | None) -> int:
+        """SIGKILL every process of the member until none is left; CommandFailed (the KILL is answered with
+        an error, so nothing is released) when some survive KILL_WAIT seconds. Returns how many were found."""
+        found: set[int] = set()
+        deadline = asyncio.get_running_loop().time() + KILL_WAIT
+        while pids := await asyncio.to_thread(self.member_pids, member_id, record):
+            found |= pids
+            if asyncio.get_running_loop().time() > deadline:
+                raise CommandFailed(f"member {member_id}: {len(pids)} process(es) still alive after KILL")
+            signal_all(pids, signal.SIGKILL)
+            await asyncio.sleep(0.05)
+        return len(found)
 
     # ---- reconcile ----------------------------------------------------------------------------------
 
