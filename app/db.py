@@ -18,7 +18,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, refusal_from_db, rolled_back
+from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, log_retry, refusal_from_db, rolled_back
 
 SEARCH_PATH_OPTION = "-c search_path=tuneplane,public"
 
@@ -111,6 +111,7 @@ class Database:
                     raise
                 if pause is None:
                     raise busy_refusal(function, exc, attempt) from exc
+                log_retry(function, exc, attempt)
                 time.sleep(pause * (1 + random.random()))
         raise AssertionError("unreachable")
 

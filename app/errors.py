@@ -9,6 +9,7 @@ field in the error's COLUMN slot, e.g.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -84,6 +85,17 @@ def describe_db_error(exc: BaseException) -> str:
         primary = exc.diag.message_primary or type(exc).__name__
         return clip(f"{primary} (SQLSTATE {exc.sqlstate})", MAX_FIELD_CHARS)
     return clip(f"{type(exc).__name__}: {exc}", MAX_FIELD_CHARS)
+
+
+def log_retry(function: str, exc: BaseException, attempt: int) -> None:
+    """Said once per retry of a rolled-back call, so a deadlock that is retried is still seen in the log."""
+    logging.getLogger("tuneplane.db").warning(
+        "%s was rolled back (%s); running it again (try %s of %s)",
+        function,
+        describe_db_error(exc),
+        attempt + 1,
+        len(RETRY_PAUSES) + 1,
+    )
 
 
 def busy_refusal(action: str, exc: BaseException, tries: int) -> Refusal:

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from tuneplane.app.db import SEARCH_PATH_OPTION
-from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, refusal_from_db, rolled_back
+from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, log_retry, refusal_from_db, rolled_back
 from tuneplane.app.gateway_limits import data_refusal
 
 
@@ -73,6 +73,7 @@ class AsyncDatabase:
                     raise
                 if pause is None:
                     raise busy_refusal(function, exc, attempt) from exc
+                log_retry(function, exc, attempt)
                 await asyncio.sleep(pause * (1 + random.random()))
         raise AssertionError("unreachable")
 

@@ -28,5 +28,7 @@ async def dispatch_report(db: AsyncDatabase, node_id: int, epoch: int, kind: str
     function = REPORT_FUNCTIONS.get(kind)
     if function is None:
         raise Refusal(f"unknown report kind {kind!r}", status=400, field="kind")
-    row = await db.call_one(function, node_id, epoch, jsonb(payload))
+    # Every report function is idempotent: a deadlock victim or serialization failure is run again here
+    # (bounded, logged) rather than sent back to the agent as a retryable 503.
+    row = (await db.call_retrying(function, node_id, epoch, jsonb(payload)))[0]
     return next(iter(row.values()))

@@ -10,7 +10,7 @@ from flask import Flask, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from tuneplane.app.db import Database
-from tuneplane.app.errors import Refusal
+from tuneplane.app.errors import Refusal, busy_refusal, describe_db_error, rolled_back
 from tuneplane.app.resources import resource_dir
 from tuneplane.app.web.negotiate import json_response, wants_json
 
@@ -133,6 +133,12 @@ def _register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(psycopg.OperationalError)
     def _db_down(exc: psycopg.OperationalError):
+        if rolled_back(exc):
+            # A deadlock victim or serialization failure of a call made without retry: the database is
+            # fine and nothing of the call happened. Callers that may meet one use call_retrying.
+            log.warning("a request's transaction was rolled back: %s", describe_db_error(exc))
+            refusal = busy_refusal(request.endpoint or request.path, exc, 1)
+            return _error(refusal.status, refusal.message)
         log.error("database unavailable: %s", exc)
         return _error(503, "the database is unavailable; try again shortly")
 

@@ -259,10 +259,11 @@ def node_fence():
     node, reason = _node_and_reason(body)
     db = get_db()
     if action == "fence":
-        row = db.call("fence_node", node, reason, _actor())[0]
+        # A deadlock victim is run again here (bounded, logged), never answered as "database unavailable".
+        row = db.call_retrying("fence_node", node, reason, _actor())[0]
     else:
         node_id = db.fetch_one("SELECT resolve_node(%s) AS id", (node,))["id"]
-        changed = db.call("unfence_node", node, reason, _actor())[0]["unfence_node"]
+        changed = db.call_retrying("unfence_node", node, reason, _actor())[0]["unfence_node"]
         row = {"node_id": node_id, "unfenced": changed}
     if wants_json():
         return json_response(row)
@@ -288,7 +289,7 @@ def node_scheduling():
     if action not in SCHEDULING_ACTIONS:
         raise Refusal(f"action must be one of {', '.join(SCHEDULING_ACTIONS)}", status=400, field="action")
     node, reason = _node_and_reason(body)
-    row = get_db().call("change_node_scheduling", node, action, reason, _actor())[0]
+    row = get_db().call_retrying("change_node_scheduling", node, action, reason, _actor())[0]
     if wants_json():
         return json_response(row)
     # The console's buttons swap the live part of the page.
