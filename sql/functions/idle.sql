@@ -27,10 +27,10 @@
 --   job.idle_warning, job.idle_withdrawn, job.idle_reclaimed — each once per warning, withdrawal, reclaim.
 --
 -- ==== Lock order (launch.sql's, of which this is a part) ================================================
---   4. jobs, by id (the sweep takes them FOR UPDATE SKIP LOCKED; exempt_job_idle FOR UPDATE; the trigger
+--   3. jobs, by id (the sweep takes them FOR UPDATE SKIP LOCKED; exempt_job_idle FOR UPDATE; the trigger
 --      jobs_idle_watch runs under the lock of whoever changes the job's state)
---   5. attempts (lock_attempt, only to reclaim)
---   7. leaf rows: job_idle, usage_ledger (its idle_gpu_seconds), events
+--   4. attempts (lock_attempt, only to reclaim)
+--   8. leaf rows: job_idle, usage_ledger (its idle_gpu_seconds), events
 -- No function here locks a node, a member or a telemetry row; reading samples takes no lock.
 
 -- idle_policy_of: the effective policy for a team's jobs on a fleet: the team's override, else the fleet's

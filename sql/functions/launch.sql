@@ -13,6 +13,8 @@
 --
 -- Drops (signature changes):
 DROP FUNCTION IF EXISTS tuneplane.job_members_of(bigint, bigint);
+DROP FUNCTION IF EXISTS tuneplane.lose_node_members(bigint, text);
+DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 
 -- ==== The launch state machine ===========================================================================
 -- Every change of jobs.state, attempts.state and members.state is checked against this table by the
@@ -47,18 +49,74 @@ DROP FUNCTION IF EXISTS tuneplane.job_members_of(bigint, bigint);
 -- Contact loss is not a state: members.contact_lost_at marks it (sweep_lost_nodes) and reconcile clears
 -- it; the member keeps the state it had, and its resources stay held.
 --
--- ==== Lock order (every function follows it; tests/isolation and the concurrency tests check it) ========
---   1. the node's session lock (advisory, shared by reports in require_node_session, exclusive in
+-- ==== Lock order: no exceptions but the three named below (tests/isolation, the concurrency tests) ======
+-- Every function takes its locks in this order and never against it (a lock already held is free to take
+-- again, so helpers repeat them safely):
+--   1. the node's session lock (advisory: shared by reports in require_node_session, exclusive in
 --      node_session_opened)
---   2. the fleet's placement lock (advisory xact: reserve_next, fence_node)
---   3. the node row (fence, unfence, retire, the check results a prepare report stores)
---   4. jobs, by id (lock_attempt, lock_jobs_of_node; sweeps take them SKIP LOCKED)
---   5. attempts, by id (lock_attempt)
---   6. members, by id
---   7. leaf rows: node_usage, gpu_allocations, node_commands, launch_decisions, events, usage_ledger
--- A function that touches members of one attempt starts with lock_attempt (job, then attempt); one that
--- touches members of many jobs on a node starts with lock_jobs_of_node. Taking a lock already held is free,
--- so inner helpers repeat lock_attempt safely.
+--   2. the fleet's placement lock (advisory xact: reserve_next, fence_node, retire)
+--   3. jobs, by id (FOR UPDATE; sweeps take them SKIP LOCKED and come back on the next sweep)
+--   4. attempts, by id
+--   5. members, by id: every member of the attempts taken (a failure stops the rest of an attempt, on
+--      other nodes too)
+--   6. the node row: FOR NO KEY UPDATE by fence, retire, reconcile and the check results of a prepare
+--      report; FOR UPDATE only by cordon, drain, uncordon and unfence, which hold no other row
+--   7. node_usage rows, in node id order, all at once before the first release (lock_usage_of_attempts),
+--      or the one row of the one node a function releases on
+--   8. leaf rows, which no function holds while it waits for a lock of steps 1-7: gpu_allocations,
+--      node_commands, launch_decisions, job_events, node_events, usage_ledger, pgqueuer; and through triggers:
+--      telemetry_members then telemetry_tokens (telemetry_member_ended, on a member's end),
+--      telemetry_tokens (telemetry_node_fenced, on nodes.fenced_at), artifacts and artifact_chunks
+--      (artifacts_of_lost_member, on a member becoming lost), job_events (jobs_event_on_change),
+--      job_idle (jobs_idle_watch, idle.sql), team_event_deliveries (jobs_team_event → enqueue_team_event,
+--      team_events.sql, on a job's state).
+-- Foreign-key share locks: inserting node_commands, node_events, members or gpu_allocations takes FOR KEY
+-- SHARE on the node row named, job_events on the job row. KEY SHARE conflicts only with FOR UPDATE, which
+-- only the functions of step 6 that hold no other row take: such a wait never closes a cycle.
+-- Exceptions, each unable to close a cycle:
+--   * reserve_next (placement.sql) locks node rows (KEY SHARE) before jobs, both SKIP LOCKED: it never
+--     waits for either. It updates node_usage rows in placement order while it holds earlier ones; a cycle
+--     would need a transaction that holds a usage row of the same fleet and waits for another in the
+--     other order: fence and retire hold the placement lock, every other releaser takes its rows in node
+--     id order, so only a multi-node release racing a pass can meet it, and both callers retry a deadlock
+--     victim (the worker's next pass; the gateway and the console run the call again, app.db).
+--   * claim_launch updates an attempt row without its job: it holds nothing else, so it only waits.
+--   * the sweeps take jobs SKIP LOCKED in their own order (they never wait for a job).
+-- Entry points: lock_attempt (one attempt: its job, then it), member_of_node (a node's report on one
+-- member: lock_members of it), lock_members (a set of members: their jobs, attempts, every member of those
+-- attempts), lock_node_rows (many jobs on one node: lock_members of every member held there, the node row,
+-- the usage rows), launch_command_locks (an acknowledgement: lock_members and usage rows of the members a
+-- START/STOP/KILL names, before the command row).
+--
+-- What each function may lock, in order (steps 3-5 are always the jobs, attempts and members named):
+--   reconcile_node     session (shared) → lock_node_rows: jobs of the members held on the node and of every
+--                      member the list names → their attempts → every member of those attempts → the node
+--                      row → node_usage of every node of those attempts → gpu_allocations (releases),
+--                      node_commands (STOP again, KILL; FK share on the node), launch_decisions and `abort`
+--                      commands on other nodes (decide_abort), job_events, telemetry_members/tokens and
+--                      artifacts (member-end triggers), the node row's session_reconciled_epoch (held).
+--   fence_node         placement lock → lose_node_members (as reconcile: lock_node_rows of the node's held
+--                      members) → leaf rows as reconcile, node_events → the node row's fenced_at (held;
+--                      trigger: telemetry_tokens of every member ever placed on the node).
+--   retire (change_node_scheduling, nodes.sql) placement lock → lose_node_members as fence → the node row's
+--                      scheduling_state → node_credentials, node_events.
+--   cancel_job         the job → its live attempt → decide_abort or stop_attempt (every member of the
+--                      attempt, usage rows in node order, STOP/abort commands on their nodes) → job_events.
+--   member_prepared, member_prepare_failed, member_started, member_exited, issue_member_telemetry_token,
+--   member_prepare_progress (runtimes.sql)
+--                      session (shared) → member_of_node: the job → the attempt → every member of the
+--                      attempt → the node row (check results of a prepare report only) → usage rows
+--                      (decide_abort: in node order; record_member_exit: its own node's) → leaf rows
+--                      (START commands on every member's node at COMMIT, STOP on a failure).
+--   ack_node_command (nodes.sql) session (shared) → launch_command_locks: the jobs, attempts and members of
+--                      the members a START/STOP/KILL names (jobs in id order) → their usage rows → the
+--                      command row → launch_command_acked: record_member_exit (KILL done, START failed) or
+--                      send_kill (STOP failed: the member's kill_requested_at, a KILL command).
+--   begin_prepare, abort_launch  the job → the attempt (require_launch_epoch) → every member → PREPARE /
+--                      abort commands, usage rows in node order (abort).
+--   expire_prepare_deadlines, expire_member_deadlines, sweep_lost_nodes  each job SKIP LOCKED → as above;
+--                      sweep_lost_nodes releases node by node (usage rows in node id order).
+--   unfence_node, cordon/drain/uncordon  the node row FOR UPDATE → node_events.
 DELETE FROM tuneplane.state_transitions;
 INSERT INTO tuneplane.state_transitions (entity, from_state, to_state, writers)
 -- job_transition (submission.sql) is the generic, checked writer that operators' scripts may use for any
@@ -196,18 +254,61 @@ BEGIN
 END;
 $$;
 
--- lock_jobs_of_node: the lock order for functions that touch members of many jobs on one node (reconcile,
--- fence, retire): every job with a held member there, in id order, before any attempt or member.
-CREATE OR REPLACE FUNCTION tuneplane.lock_jobs_of_node(p_node_id bigint)
+-- lock_members: the lock order's steps for a set of members (a node's report, an acknowledgement,
+-- reconcile, fence, retire): their jobs in id order, then their attempts in id order, then every member of
+-- those attempts in id order (a failure stops the rest of an attempt, on other nodes too). Nothing else
+-- before: the node row and leaf rows come after.
+CREATE OR REPLACE FUNCTION tuneplane.lock_members(p_member_ids bigint[])
 RETURNS void
-LANGUAGE sql AS $$
-    SELECT 1 FROM tuneplane.jobs
-     WHERE id IN (SELECT job_id FROM tuneplane.members WHERE node_id = p_node_id AND released_at IS NULL)
-     ORDER BY id FOR UPDATE;
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_jobs bigint[];
+    v_attempts bigint[];
+BEGIN
+    SELECT coalesce(array_agg(DISTINCT m.job_id), '{}'), coalesce(array_agg(DISTINCT m.attempt_id), '{}')
+      INTO v_jobs, v_attempts FROM tuneplane.members m WHERE m.id = ANY (p_member_ids);
+    PERFORM 1 FROM tuneplane.jobs WHERE id = ANY (v_jobs) ORDER BY id FOR UPDATE;
+    PERFORM 1 FROM tuneplane.attempts WHERE id = ANY (v_attempts) ORDER BY id FOR UPDATE;
+    PERFORM 1 FROM tuneplane.members WHERE attempt_id = ANY (v_attempts) ORDER BY id FOR UPDATE;
+END;
 $$;
 
--- member_of_node: the member a node reports on, locked in the contract's order (job → attempt → member);
--- refuses a member of another node (404).
+-- lock_usage_of_attempts: the node_usage rows a function may change while it releases members of these
+-- attempts, in node id order, taken at once (a release updates its node's row; one that releases on
+-- several nodes must not hold one usage row while it waits for another).
+CREATE OR REPLACE FUNCTION tuneplane.lock_usage_of_attempts(p_attempt_ids bigint[])
+RETURNS void
+LANGUAGE sql AS $$
+    SELECT 1 FROM tuneplane.node_usage
+     WHERE node_id IN (SELECT node_id FROM tuneplane.members
+                        WHERE attempt_id = ANY (p_attempt_ids) AND released_at IS NULL)
+     ORDER BY node_id FOR NO KEY UPDATE;
+$$;
+
+-- lock_node_rows: the lock order for functions that touch members of many jobs on one node (reconcile,
+-- fence, retire): lock_members of every member held there and of every member of this node named in
+-- p_members (a reconcile list may name one already released), then the node row (FOR NO KEY UPDATE: it
+-- does not conflict with the foreign-key share locks of commands and events), then the node_usage rows
+-- of every node of those attempts (lock_usage_of_attempts). Returns the node row as it is now.
+CREATE OR REPLACE FUNCTION tuneplane.lock_node_rows(p_node_id bigint, p_members bigint[] DEFAULT '{}')
+RETURNS tuneplane.nodes
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_members bigint[];
+    n tuneplane.nodes;
+BEGIN
+    SELECT coalesce(array_agg(id), '{}') INTO v_members FROM tuneplane.members
+     WHERE node_id = p_node_id AND (released_at IS NULL OR id = ANY (p_members));
+    PERFORM tuneplane.lock_members(v_members);
+    SELECT * INTO n FROM tuneplane.nodes WHERE id = p_node_id FOR NO KEY UPDATE;
+    PERFORM tuneplane.lock_usage_of_attempts(
+        ARRAY(SELECT DISTINCT attempt_id FROM tuneplane.members WHERE id = ANY (v_members)));
+    RETURN n;
+END;
+$$;
+
+-- member_of_node: the member a node reports on, locked in the contract's order (lock_members: job →
+-- attempt → every member of the attempt); refuses a member of another node (404).
 CREATE OR REPLACE FUNCTION tuneplane.member_of_node(p_node_id bigint, p_member_id bigint)
 RETURNS tuneplane.members
 LANGUAGE plpgsql AS $$
@@ -219,8 +320,8 @@ BEGIN
         RAISE EXCEPTION 'member % is not placed on this node', p_member_id USING ERRCODE = 'TP404',
             COLUMN = 'member_id';
     END IF;
-    PERFORM tuneplane.lock_attempt(m.attempt_id);
-    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id FOR UPDATE;
+    PERFORM tuneplane.lock_members(ARRAY[m.id]);
+    SELECT * INTO m FROM tuneplane.members WHERE id = p_member_id;
     RETURN m;
 END;
 $$;
@@ -428,8 +529,10 @@ BEGIN
     IF d.decision <> 'abort' THEN
         RETURN false;
     END IF;
+    PERFORM 1 FROM tuneplane.members WHERE attempt_id = p_attempt_id ORDER BY id FOR UPDATE;
+    PERFORM tuneplane.lock_usage_of_attempts(ARRAY[p_attempt_id]);
     FOR m IN SELECT * FROM tuneplane.members WHERE attempt_id = p_attempt_id AND tuneplane.member_is_live(state)
-              ORDER BY id FOR UPDATE LOOP
+              ORDER BY id LOOP
         PERFORM tuneplane.set_member_state(m.id, 'aborted', 'launch aborted: ' || d.reason);
         -- Nothing started (agents start only after COMMIT), so the resources can go back at once.
         PERFORM tuneplane.release_member(m.id);
@@ -476,11 +579,11 @@ DECLARE
     v_member tuneplane.members;
 BEGIN
     n := tuneplane.require_node_session(p_node_id, p_epoch);
-    -- The node row before the job (lock order).
+    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    -- The node row after the job, its attempt and members (lock order).
     UPDATE tuneplane.nodes SET last_peer_check = coalesce(p_payload -> 'peer_check', last_peer_check),
                                last_storage_check = coalesce(p_payload -> 'storage_check', last_storage_check)
      WHERE id = p_node_id;
-    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
     SELECT * INTO a FROM tuneplane.attempts WHERE id = m.attempt_id;
     IF m.state <> 'preparing' OR n.fenced_at IS NOT NULL
        OR EXISTS (SELECT 1 FROM tuneplane.launch_decisions WHERE attempt_id = a.id) THEN
@@ -521,12 +624,12 @@ DECLARE
     v_node text;
 BEGIN
     PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
-    -- The node row before the job (lock order).
+    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
+    -- The node row after the job, its attempt and members (lock order).
     UPDATE tuneplane.nodes SET last_peer_check = coalesce(p_payload -> 'peer_check', last_peer_check),
                                last_storage_check = coalesce(p_payload -> 'storage_check', last_storage_check)
      WHERE id = p_node_id
     RETURNING name INTO v_node;
-    m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
     IF m.state NOT IN ('reserved', 'preparing', 'prepared') THEN
         RETURN jsonb_build_object('ignored', true, 'state', m.state);
     END IF;
@@ -704,11 +807,14 @@ DECLARE
     v_restored integer := 0;
     v_waiting integer := 0;
 BEGIN
-    n := tuneplane.require_node_session(p_node_id, p_epoch);
-    PERFORM tuneplane.lock_jobs_of_node(p_node_id);
+    PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
     SELECT coalesce(array_agg((e ->> 'member_id')::bigint), '{}') INTO v_running
       FROM jsonb_array_elements(coalesce(p_payload -> 'running', '[]'::jsonb)) e;
     v_exited := coalesce(p_payload -> 'exited', '[]'::jsonb);
+    -- Every job it may touch (held here, or named by the list), their attempts and members, then the node
+    -- row, read again under its lock (a fence that committed while this waited is seen).
+    n := tuneplane.lock_node_rows(p_node_id, v_running || ARRAY(
+        SELECT (e ->> 'member_id')::bigint FROM jsonb_array_elements(v_exited) e));
 
     FOR v_item IN SELECT * FROM jsonb_array_elements(v_exited) LOOP
         SELECT * INTO m FROM tuneplane.members
@@ -721,7 +827,7 @@ BEGIN
     FOR m IN SELECT * FROM tuneplane.members
               WHERE node_id = p_node_id AND released_at IS NULL
                 AND state IN ('starting', 'running', 'stopping')
-              ORDER BY id FOR UPDATE LOOP
+              ORDER BY id LOOP
         IF m.id = ANY (v_running) AND n.fenced_at IS NULL THEN
             IF m.contact_lost_at IS NOT NULL THEN
                 UPDATE tuneplane.members SET contact_lost_at = NULL,
@@ -770,12 +876,40 @@ BEGIN
 END;
 $$;
 
+-- launch_command_locks: what the first acknowledgement of a launch command will lock, taken by
+-- ack_node_command before it writes the command row (lock order): lock_members of the members a START,
+-- STOP or KILL names on its node, then the node_usage rows their release may change. Nothing for other
+-- kinds.
+CREATE OR REPLACE FUNCTION tuneplane.launch_command_locks(p_cmd tuneplane.node_commands)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+BEGIN
+    IF p_cmd.kind NOT IN ('start', 'stop', 'kill') THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(array_agg(m.id), '{}') INTO v_ids FROM tuneplane.members m
+     WHERE m.node_id = p_cmd.node_id
+       AND m.id IN (SELECT (p_cmd.payload ->> 'member_id')::bigint WHERE p_cmd.kind <> 'kill'
+                    UNION ALL
+                    SELECT (e #>> '{}')::bigint FROM jsonb_array_elements(p_cmd.payload -> 'member_ids') e
+                     WHERE p_cmd.kind = 'kill');
+    PERFORM tuneplane.lock_members(v_ids);
+    PERFORM tuneplane.lock_usage_of_attempts(
+        ARRAY(SELECT DISTINCT attempt_id FROM tuneplane.members WHERE id = ANY (v_ids)));
+END;
+$$;
+
 -- launch_command_acked: what an acknowledgement means for the lifecycle (called by ack_node_command once,
--- on the first ack of a command):
+-- on the first ack of a command, after launch_command_locks):
 --   START with an error → the node did not start the member: failed, released, the attempt stopped;
 --   STOP with an error  → escalate to KILL;
 --   KILL without error  → every listed member the node killed or does not run has ended: it is recorded
---                         (failed, or cancelled when a cancel asked for its stop) and released.
+--                         (failed, or cancelled when a cancel asked for its stop) and released; a member
+--                         lost to a fence, held until now, is released (its job may be retried elsewhere).
+-- A KILL with an error changes nothing: the member stays held; unfence_node waits for a later KILL that
+-- succeeds.
 CREATE OR REPLACE FUNCTION tuneplane.launch_command_acked(p_cmd tuneplane.node_commands)
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -783,11 +917,11 @@ DECLARE
     m tuneplane.members;
     v_id bigint;
 BEGIN
+    PERFORM tuneplane.launch_command_locks(p_cmd);
     IF p_cmd.kind = 'start' AND p_cmd.error IS NOT NULL THEN
         SELECT * INTO m FROM tuneplane.members
          WHERE id = (p_cmd.payload ->> 'member_id')::bigint AND node_id = p_cmd.node_id;
         IF m.id IS NOT NULL AND m.state = 'starting' AND m.started_at IS NULL THEN
-            PERFORM tuneplane.lock_attempt(m.attempt_id);
             PERFORM tuneplane.record_member_exit(m, NULL, 'could not be started: ' || left(p_cmd.error, 500));
         END IF;
     ELSIF p_cmd.kind = 'stop' AND p_cmd.error IS NOT NULL THEN
@@ -801,7 +935,6 @@ BEGIN
                      ORDER BY 1 LOOP
             SELECT * INTO m FROM tuneplane.members WHERE id = v_id AND node_id = p_cmd.node_id;
             CONTINUE WHEN m.id IS NULL OR m.released_at IS NOT NULL;
-            PERFORM tuneplane.lock_attempt(m.attempt_id);
             PERFORM tuneplane.record_member_exit(m, -9,
                 'killed by the control plane: ' || coalesce(p_cmd.payload ->> 'reason', ''));
         END LOOP;
@@ -959,44 +1092,64 @@ $$;
 
 -- ---- operators: fence, unfence (retire is nodes.sql), losing a node's members --------------------------
 
--- lose_node_members: an operator declared a node dead (fence) or gone (retire). Every held member there
--- becomes `lost` and is released, and gets KILL in the node's outbox (delivered if the agent comes back);
--- the attempts they belonged to are aborted (before COMMIT) or stopped (after). Takes the placement lock
--- of the node's fleet first, so a placement pass never reserves on a node being fenced. Returns how many
--- members were lost.
-CREATE OR REPLACE FUNCTION tuneplane.lose_node_members(p_node_id bigint, p_why text)
+-- lose_node_members: an operator declared a node dead (fence) or gone (retire). Every live member held
+-- there becomes `lost` and gets KILL in the node's outbox; the attempts they belonged to are aborted
+-- (before COMMIT) or stopped (after). What they hold is released at once only when the node is known
+-- gone: p_gone (retire), a node that takes no commands, or one whose last heartbeat is past lost_after.
+-- A connected (or stale) node may still run them: they stay held, so their jobs are not retried
+-- elsewhere, until the node acknowledges their KILL (launch_command_acked), reports them ended, or goes
+-- lost (sweep_lost_nodes) or is retired. The caller holds the fleet's placement lock, so no member is
+-- placed on the node meanwhile. Locks: lock_node_rows (jobs → attempts → members → node row → usage
+-- rows), then leaf rows. Returns how many members became lost.
+CREATE OR REPLACE FUNCTION tuneplane.lose_node_members(p_node_id bigint, p_why text, p_gone boolean)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
+    n tuneplane.nodes;
     m tuneplane.members;
-    v_lost bigint[] := '{}';
+    v_release boolean;
+    v_lost integer := 0;
+    v_kill bigint[] := '{}';
     v_attempts bigint[] := '{}';
     v_attempt bigint;
 BEGIN
-    PERFORM tuneplane.lock_jobs_of_node(p_node_id);
-    FOR m IN SELECT * FROM tuneplane.members WHERE node_id = p_node_id AND released_at IS NULL
-              ORDER BY id FOR UPDATE LOOP
+    n := tuneplane.lock_node_rows(p_node_id);
+    v_release := p_gone OR NOT coalesce(tuneplane.node_takes_commands(n.id), false)
+                 OR tuneplane.node_connectivity(n.last_heartbeat_at) = 'lost';
+    FOR m IN SELECT * FROM tuneplane.members WHERE node_id = p_node_id AND released_at IS NULL ORDER BY id LOOP
         IF tuneplane.member_is_live(m.state) THEN
             PERFORM tuneplane.set_member_state(m.id, 'lost', p_why);
+            v_lost := v_lost + 1;
         END IF;
-        PERFORM tuneplane.release_member(m.id);
-        v_lost := v_lost || m.id;
+        -- Never started (no START before COMMIT): nothing of it can run there, it goes back at once.
+        IF v_release OR m.state IN ('reserved', 'preparing', 'prepared') THEN
+            PERFORM tuneplane.release_member(m.id);
+        ELSE
+            PERFORM tuneplane.set_job_state(m.job_id, (SELECT state FROM tuneplane.jobs WHERE id = m.job_id),
+                format('%s; member rank %s stays held until node %s acknowledges its KILL (or goes lost, or '
+                       'is retired)', p_why, m.rank, n.name));
+        END IF;
+        v_kill := v_kill || m.id;
         v_attempts := v_attempts || m.attempt_id;
     END LOOP;
-    PERFORM tuneplane.send_kill(p_node_id, v_lost, p_why);
+    PERFORM tuneplane.send_kill(p_node_id, v_kill, p_why);
     FOR v_attempt IN SELECT DISTINCT unnest(v_attempts) ORDER BY 1 LOOP
         IF NOT tuneplane.decide_abort(v_attempt, p_why) THEN
             PERFORM tuneplane.stop_attempt(v_attempt, p_why || '; stopping the other members');
         END IF;
         PERFORM tuneplane.finish_attempt_if_done(v_attempt);
     END LOOP;
-    RETURN cardinality(v_lost);
+    RETURN v_lost;
 END;
 $$;
 
--- fence_node: an operator declares a node dead. Its held members become `lost` with KILL queued for its
--- agent, their resources are released, and their attempts aborted or stopped (lose_node_members); the node
--- gets no new work and its reports start nothing until unfence_node, which needs the agent back.
+-- fence_node: an operator declares a node dead. Its live members become `lost` with KILL queued for its
+-- agent, and their attempts aborted or stopped (lose_node_members: released at once only if the node is
+-- known gone; a connected node's are released when it acknowledges the KILL); the node gets no new work
+-- and its reports start nothing until unfence_node, which needs the agent back. Locks: the fleet's
+-- placement lock, then lose_node_members' (jobs → attempts → members → node row → leaf rows); the node
+-- row is written last (its trigger telemetry_node_fenced revokes the telemetry tokens of every member
+-- ever placed there: telemetry_tokens rows).
 CREATE OR REPLACE FUNCTION tuneplane.fence_node(p_node text, p_reason text DEFAULT NULL, p_actor text DEFAULT NULL)
 RETURNS TABLE (node_id bigint, node text, members_lost integer)
 LANGUAGE plpgsql AS $$
@@ -1005,17 +1158,16 @@ DECLARE
     v_node tuneplane.nodes;
     v_why text;
 BEGIN
-    PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'),
-                                  (SELECT fleet_id FROM tuneplane.nodes WHERE id = v_id)::integer);
-    SELECT * INTO v_node FROM tuneplane.nodes WHERE id = v_id FOR UPDATE;
+    SELECT * INTO v_node FROM tuneplane.nodes WHERE id = v_id;
+    PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), v_node.fleet_id::integer);
     v_why := format('node %s fenced by %s%s', v_node.name, coalesce(nullif(p_actor, ''), 'db:' || session_user),
                     CASE WHEN coalesce(p_reason, '') = '' THEN '' ELSE ': ' || p_reason END);
+    members_lost := tuneplane.lose_node_members(v_node.id, v_why, false);
     UPDATE tuneplane.nodes SET fenced_at = coalesce(fenced_at, clock_timestamp()),
                                fenced_reason = coalesce(p_reason, fenced_reason)
      WHERE id = v_node.id;
     PERFORM tuneplane.log_node_event(v_node.fleet_id, v_node.id, 'fenced', p_actor, coalesce(p_reason, ''));
     node_id := v_node.id; node := v_node.name;
-    members_lost := tuneplane.lose_node_members(v_node.id, v_why);
     RETURN NEXT;
 END;
 $$;
@@ -1023,9 +1175,10 @@ $$;
 -- unfence_node: the operator lets a fenced node take work again. Refused (409) until the node's agent is
 -- connected in a session it reconciled (opened after the fence when the node was away, or the session
 -- that was open and reconciled all along when it was fenced while connected) and has acknowledged every
--- KILL sent to it (an unacknowledged one of any age, or one it failed since the fence) — until then
+-- KILL sent to it (an unacknowledged one of any age, or one it failed since the fence, unless every member
+-- that one named was named again by a later KILL the agent acknowledged without error) — until then
 -- something of its lost members may still run on its GPUs. The KILL acknowledgement is the proof: the
--- agent acknowledges only once the member's processes are gone.
+-- agent acknowledges only once no process of the member is left. Locks the node row only.
 CREATE OR REPLACE FUNCTION tuneplane.unfence_node(p_node text, p_reason text DEFAULT NULL, p_actor text DEFAULT NULL)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
@@ -1047,7 +1200,13 @@ BEGIN
     END IF;
     SELECT count(*) INTO v_pending FROM tuneplane.node_commands c
      WHERE c.node_id = v_id AND c.kind = 'kill'
-       AND (c.acked_at IS NULL OR (c.error IS NOT NULL AND c.created_at >= n.fenced_at));
+       AND (c.acked_at IS NULL
+            OR (c.error IS NOT NULL AND c.created_at >= n.fenced_at
+                AND EXISTS (SELECT 1 FROM jsonb_array_elements(c.payload -> 'member_ids') e
+                             WHERE NOT EXISTS (SELECT 1 FROM tuneplane.node_commands k
+                                                WHERE k.node_id = c.node_id AND k.kind = 'kill' AND k.id > c.id
+                                                  AND k.acked_at IS NOT NULL AND k.error IS NULL
+                                                  AND k.payload -> 'member_ids' @> e))));
     IF v_pending > 0 THEN
         RAISE EXCEPTION 'node % cannot be unfenced yet: % KILL command(s) are not acknowledged by its agent '
             '(or failed since the fence)', n.name, v_pending USING ERRCODE = 'TP409', COLUMN = 'node';
@@ -1126,14 +1285,35 @@ $$;
 -- sweep_lost_nodes: members whose node lost contact get contact_lost_at (their state is kept: a lost
 -- connection is not proof that a workload stopped) and their resources stay held. Driven from the nodes
 -- that are lost and their held members (index members_node_held), so its cost does not grow with
--- history. Lock order: the job first (SKIP LOCKED), then the member. Returns how many were marked.
+-- history. A fenced node that is lost too is known gone: the members its fence left held (waiting for the
+-- KILL's acknowledgement) are released, so their jobs may be retried elsewhere. Lock order: the job
+-- first (SKIP LOCKED: one busy now is taken on the next sweep), then its attempt and member; releases go
+-- node by node (node_usage rows in node id order). Returns how many members were marked or released.
 CREATE OR REPLACE FUNCTION tuneplane.sweep_lost_nodes()
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     m record;
+    v_member tuneplane.members;
     v_count integer := 0;
 BEGIN
+    FOR m IN SELECT mm.id, mm.job_id, mm.attempt_id, n.name AS node_name, n.last_heartbeat_at
+               FROM tuneplane.nodes n
+               JOIN tuneplane.members mm ON mm.node_id = n.id AND mm.released_at IS NULL
+              WHERE n.fenced_at IS NOT NULL AND mm.state = 'lost'
+                AND (n.last_heartbeat_at IS NULL
+                     OR n.last_heartbeat_at <= now() - (SELECT s.lost_after FROM tuneplane.node_settings s))
+              ORDER BY n.id, mm.job_id, mm.id LOOP
+        PERFORM 1 FROM tuneplane.jobs WHERE id = m.job_id FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN NOT FOUND;
+        PERFORM tuneplane.lock_members(ARRAY[m.id]);
+        SELECT * INTO v_member FROM tuneplane.members WHERE id = m.id AND released_at IS NULL;
+        CONTINUE WHEN v_member.id IS NULL;
+        PERFORM tuneplane.record_member_exit(v_member, NULL, format(
+            'node %s was fenced and lost contact (last heartbeat %s): taken for gone', m.node_name,
+            to_char(m.last_heartbeat_at, 'YYYY-MM-DD HH24:MI:SS TZ')));
+        v_count := v_count + 1;
+    END LOOP;
     FOR m IN SELECT mm.id, mm.job_id, mm.rank, n.name AS node_name, n.last_heartbeat_at
                FROM tuneplane.nodes n
                JOIN tuneplane.members mm ON mm.node_id = n.id AND mm.released_at IS NULL

@@ -605,7 +605,10 @@ $$;
 -- ack_node_command: the node handled command p_command_id (result or error) in session p_epoch.
 -- Idempotent: a second ack keeps the first outcome. Refuses a replaced session (409: the command is
 -- delivered again to the current one) and a command of another node (404). The first ack's meaning for
--- the launch lifecycle is decided by launch_command_acked (START/STOP errors, KILL done).
+-- the launch lifecycle is decided by launch_command_acked (START/STOP errors, KILL done). Locks (the
+-- launch lock order, launch.sql): the node's session lock (shared), launch_command_locks (jobs → attempts
+-- → members → node_usage rows of the members the command names), then the command row, then what
+-- launch_command_acked writes.
 CREATE OR REPLACE FUNCTION tuneplane.ack_node_command(p_node_id bigint, p_epoch bigint, p_command_id bigint,
                                            p_result jsonb DEFAULT NULL, p_error text DEFAULT NULL)
 RETURNS tuneplane.node_commands
@@ -615,8 +618,14 @@ DECLARE
     v_first boolean;
 BEGIN
     PERFORM tuneplane.require_node_session(p_node_id, p_epoch);
+    SELECT * INTO v_cmd FROM tuneplane.node_commands WHERE id = p_command_id AND node_id = p_node_id;
+    IF v_cmd.acked_at IS NULL THEN
+        -- What the acknowledgement's meaning will lock (jobs → attempts → members → usage rows), before the
+        -- command row: the lock order (launch.sql) puts leaf rows such as this one last.
+        PERFORM tuneplane.launch_command_locks(v_cmd);
+    END IF;
     SELECT acked_at IS NULL INTO v_first FROM tuneplane.node_commands
-     WHERE id = p_command_id AND node_id = p_node_id;
+     WHERE id = p_command_id AND node_id = p_node_id FOR UPDATE;
     UPDATE tuneplane.node_commands
        SET acked_at = coalesce(acked_at, clock_timestamp()),
            result = CASE WHEN node_commands.acked_at IS NULL THEN p_result ELSE node_commands.result END,
@@ -692,7 +701,16 @@ BEGIN
         RAISE EXCEPTION 'unknown scheduling action %; use cordon, drain, uncordon or retire', p_action
             USING ERRCODE = 'TP400', COLUMN = 'action';
     END IF;
-    SELECT * INTO n FROM tuneplane.nodes WHERE id = v_id FOR UPDATE;
+    IF target = 'retired' THEN
+        -- Retire loses the node's members (lose_node_members): the launch lock order, after the fleet's
+        -- placement lock (so no pass places on it meanwhile): jobs → attempts → members → node row.
+        PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'),
+                                      (SELECT fleet_id FROM tuneplane.nodes WHERE id = v_id)::integer);
+        n := tuneplane.lock_node_rows(v_id);
+    ELSE
+        -- Cordon, drain, uncordon hold the node row only (FOR UPDATE: a placement pass skips the node).
+        SELECT * INTO n FROM tuneplane.nodes WHERE id = v_id FOR UPDATE;
+    END IF;
     IF n.scheduling_state = 'retired' AND target <> 'retired' THEN
         RAISE EXCEPTION 'node % is retired; a retired node does not come back (enroll the machine again)',
                         n.name USING ERRCODE = 'TP409', COLUMN = 'node';
@@ -700,9 +718,10 @@ BEGIN
     IF n.scheduling_state <> target THEN
         IF target = 'retired' THEN
             -- A retired node never reconnects (its credentials are revoked below): what it held is lost
-            -- and released now, so its jobs can still be cancelled and retried (lose_node_members).
+            -- and released now, so its jobs can still be cancelled and retried (lose_node_members). Its
+            -- members get KILL all the same: an agent still connected stops them and acknowledges.
             PERFORM tuneplane.lose_node_members(n.id, format('node %s retired by %s%s', n.name, actor,
-                CASE WHEN coalesce(p_reason, '') = '' THEN '' ELSE ': ' || p_reason END));
+                CASE WHEN coalesce(p_reason, '') = '' THEN '' ELSE ': ' || p_reason END), true);
         END IF;
         UPDATE tuneplane.nodes SET scheduling_state = target WHERE id = n.id;
         IF target = 'retired' THEN

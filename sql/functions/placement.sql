@@ -259,10 +259,12 @@ $$;
 --   * Each placed job's whole envelope (every member's node, GPU indices, CPUs, memory) becomes a new
 --     attempt `reserved`, and its pgqueuer `launch` job is enqueued in the same transaction.
 --   * Node rows: the candidate search locks the nodes it picks FOR KEY SHARE SKIP LOCKED and re-reads them
---     under that lock. fence_node and change_node_scheduling (cordon/drain/retire) lock the node FOR UPDATE
---     first, so a node being fenced, cordoned or retired right now is skipped, one fenced before this
---     statement is not eligible, and one fenced after it waits for this pass to commit and then sees (and
---     releases) what the pass reserved. Heartbeats (FOR NO KEY UPDATE) do not conflict with KEY SHARE.
+--     under that lock. Cordon and drain lock the node FOR UPDATE, so a node being cordoned right now is
+--     skipped; fence_node and retire take this fleet's placement lock before anything else (they lose the
+--     node's members in the launch lock order, launch.sql), so a pass and a fence or retire never overlap:
+--     one fenced before this pass is not eligible, one fenced after it sees (and loses) what the pass
+--     reserved. Heartbeats (FOR NO KEY UPDATE) do not conflict with KEY SHARE. The node rows are taken
+--     before jobs here, against the launch order: both with SKIP LOCKED, so the pass never waits for them.
 --   * Queued jobs are read without a lock; a job is locked (FOR UPDATE SKIP LOCKED, still `queued`) only
 --     when it fits, so a pass writes nothing for a job it cannot place unless that job's reason changes.
 --   * Capacity only shrinks inside a pass, so a request shape (nodes, GPUs, CPUs, memory) that found no fit

@@ -410,11 +410,13 @@ BEGIN
     SELECT a.number INTO v_attempt FROM tuneplane.attempts a WHERE a.id = NEW.attempt_id;
     SELECT now() + CASE WHEN NEW.state = 'lost' THEN interval '0' ELSE s.drain_grace END INTO v_until
       FROM tuneplane.telemetry_settings s;
+    -- telemetry_members before telemetry_tokens, the order a collector's final batch takes them in
+    -- (telemetry_merge_batch), so the two never wait for each other in a cycle.
+    UPDATE tuneplane.telemetry_members m SET member_ended_at = coalesce(m.member_ended_at, now()), updated_at = now()
+     WHERE m.job_id = NEW.job_id AND m.attempt = v_attempt AND m.member_rank = NEW.rank;
     UPDATE tuneplane.telemetry_tokens t SET revoked_at = v_until
      WHERE t.job_id = NEW.job_id AND t.attempt = v_attempt AND t.member_rank = NEW.rank
        AND (t.revoked_at IS NULL OR t.revoked_at > v_until);
-    UPDATE tuneplane.telemetry_members m SET member_ended_at = coalesce(m.member_ended_at, now()), updated_at = now()
-     WHERE m.job_id = NEW.job_id AND m.attempt = v_attempt AND m.member_rank = NEW.rank;
     RETURN NEW;
 END;
 $$;

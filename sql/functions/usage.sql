@@ -11,7 +11,7 @@
 --     A closed row is never changed again by these two; only the columns issues 21 and 22 own
 --     (lost_gpu_seconds, idle_gpu_seconds, charge_factor) are theirs to write.
 --   * Nothing here moves a state; the ledger follows the launch lifecycle, it never decides it.
--- Locks: usage_ledger rows are leaf rows (lock order level 7 of launch.sql): written by the transitions above
+-- Locks: usage_ledger rows are leaf rows (lock order level 8 of launch.sql): written by the transitions above
 -- under the locks their callers already hold, never locked first.
 -- Reads: usage_report (one question: GPU-, CPU-seconds and cost per team/user/job/day over a window, as the
 -- actor may see it), v_usage (operators, docs/runbook.md).

@@ -39,7 +39,9 @@ def test_fence_over_http_releases_resources_and_unfence_restores_placement(db: D
     assert response.status_code == 200, response.get_json()
     assert response.get_json()["members_lost"] == 1
     assert members_of(db, job_id)[0]["state"] == "lost"
-    assert job(db, job_id)["state"] == "failed"
+    # The node is connected: its member stays held (the job is not over) until the KILL is acknowledged.
+    assert members_of(db, job_id)[0]["released_at"] is None
+    assert job(db, job_id)["state"] == "running"
     row = client.get("/fleets/gpu", headers=headers).get_json()
     assert json.dumps(row)  # the fleet view still renders
     other = make_job(db, user, fleet, gpus_per_node=2)
@@ -48,6 +50,7 @@ def test_fence_over_http_releases_resources_and_unfence_restores_placement(db: D
     response = client.post("/nodes/fence", json={"node": str(node), "action": "unfence"}, headers=headers)
     assert response.status_code == 409 and "reconnect" in response.get_json()["error"], response.get_json()
     agent_returns(db, node)
+    assert job(db, job_id)["state"] == "failed"
     response = client.post("/nodes/fence", json={"node": str(node), "action": "unfence"}, headers=headers)
     assert response.get_json() == {"node_id": node, "unfenced": True}
     assert [r["job_id"] for r in db.call("reserve_next", fleet, 1000)] == [other]
