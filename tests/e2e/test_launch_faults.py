@@ -187,7 +187,8 @@ def test_fencing_a_connected_node_kills_its_workload_before_unfence_is_allowed(c
 
     cluster.db.call("fence_node", "gpu/a", "e2e: fence a live node", "user:test")
     (lost,) = cluster.members(job_id)
-    assert lost["state"] == "lost" and lost["released_at"] is not None
+    # Connected: held until the agent acknowledges the KILL (it may not have run yet).
+    assert lost["state"] == "lost"
     (kill,) = cluster.db.fetch_all("SELECT * FROM node_commands WHERE kind = 'kill'")
     assert kill["payload"]["member_ids"] == [member["id"]]
 
