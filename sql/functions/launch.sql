@@ -1163,7 +1163,9 @@ BEGIN
     v_why := format('node %s fenced by %s%s', v_node.name, coalesce(nullif(p_actor, ''), 'db:' || session_user),
                     CASE WHEN coalesce(p_reason, '') = '' THEN '' ELSE ': ' || p_reason END);
     members_lost := tuneplane.lose_node_members(v_node.id, v_why, false);
-    UPDATE tuneplane.nodes SET fenced_at = coalesce(fenced_at, clock_timestamp()),
+    -- now(): the transaction's start, not later than the KILLs this fence queued (unfence_node counts a
+    -- KILL that failed since the fence by its created_at).
+    UPDATE tuneplane.nodes SET fenced_at = coalesce(fenced_at, now()),
                                fenced_reason = coalesce(p_reason, fenced_reason)
      WHERE id = v_node.id;
     PERFORM tuneplane.log_node_event(v_node.fleet_id, v_node.id, 'fenced', p_actor, coalesce(p_reason, ''));
