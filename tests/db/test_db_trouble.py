@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import psycopg
@@ -70,30 +72,76 @@ def _running_job(db: Database, client: FlaskClient) -> tuple[int, dict]:
     return job_id, headers
 
 
-def _cancel_into_a_deadlock(db: Database, db_url: str, client: FlaskClient, job_id: int, headers: dict):
-    attempt = db.fetch_one("SELECT id FROM attempts WHERE job_id = %s", (job_id,))["id"]
+def _into_a_deadlock(
+    db: Database,
+    db_url: str,
+    send: Callable[[], Any],
+    function: str,
+    first: tuple[str, int],
+    then: tuple[str, int],
+):
+    """`send()` (a console request whose stored function is `function`) meets a real deadlock: a second
+    session holds the `first` row (table, id) FOR UPDATE, waits until the request waits for it, then asks
+    for the `then` row, which the request already holds, and commits. The second session has the longer
+    deadlock_timeout, so PostgreSQL picks the request as the victim. Returns the response."""
     answer: dict = {}
     with psycopg.connect(db_url) as blocker:
-        blocker.execute("SET deadlock_timeout = '30s'")  # cancel (1 s) detects the cycle first: the victim
-        blocker.execute("SELECT 1 FROM tuneplane.attempts WHERE id = %s FOR UPDATE", (attempt,))
-        thread = threading.Thread(
-            target=lambda: answer.update(
-                response=client.post(f"/jobs/{job_id}/cancel", json={"reason": "race"}, headers=headers)
-            )
-        )
+        blocker.execute("SET deadlock_timeout = '30s'")  # the request (1 s) detects the cycle first
+        blocker.execute(f"SELECT 1 FROM tuneplane.{first[0]} WHERE id = %s FOR UPDATE", (first[1],))
+        thread = threading.Thread(target=lambda: answer.update(response=send()))
         thread.start()
         wait_for(
             lambda: db.fetch_one(
-                "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE '%%cancel_job%%'"
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                (f"%{function}%",),
             )["n"],
-            what="cancel waiting for the attempt row",
+            what=f"{function} waiting for the {first[0]} row",
         )
-        # Cancel holds the job row and waits for the attempt; this asks for the job row: a cycle.
-        blocker.execute("SELECT 1 FROM tuneplane.jobs WHERE id = %s FOR UPDATE", (job_id,))
+        blocker.execute(f"SELECT 1 FROM tuneplane.{then[0]} WHERE id = %s FOR UPDATE", (then[1],))
         blocker.commit()
         thread.join(60)
     return answer["response"]
+
+
+def _cancel_into_a_deadlock(db: Database, db_url: str, client: FlaskClient, job_id: int, headers: dict):
+    # Cancel holds the job row and waits for the attempt; the blocker then asks for the job row: a cycle.
+    attempt = db.fetch_one("SELECT id FROM attempts WHERE job_id = %s", (job_id,))["id"]
+    return _into_a_deadlock(
+        db,
+        db_url,
+        lambda: client.post(f"/jobs/{job_id}/cancel", json={"reason": "race"}, headers=headers),
+        "cancel_job",
+        ("attempts", attempt),
+        ("jobs", job_id),
+    )
+
+
+def test_a_fence_that_meets_a_deadlock_runs_again_and_is_not_answered_database_unavailable(
+    db: Database, db_url: str, client: FlaskClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The fence holds the node's job (lock order: jobs before the node row) and waits for the node row;
+    # the blocker then asks for the job. Before, the console answered such a victim 503 "the database is
+    # unavailable" and the operator had to fence again.
+    job_id, _ = _running_job(db, client)
+    node = db.fetch_one("SELECT node_id FROM members WHERE job_id = %s", (job_id,))["node_id"]
+    admin = add_user(db, "ops", "admin", password="ops-pw")
+    plaintext, digest = new_token("tpu")
+    db.call("issue_api_token", admin, "test", digest, None)
+    headers = {"Authorization": f"Bearer {plaintext}", "Accept": "application/json"}
+    before = db.fetch_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    response = _into_a_deadlock(
+        db,
+        db_url,
+        lambda: client.post("/nodes/fence", json={"node": str(node), "reason": "race"}, headers=headers),
+        "fence_node",
+        ("nodes", node),
+        ("jobs", job_id),
+    )
+    assert response.status_code == 200, response.get_json()
+    assert response.get_json()["members_lost"] == 1
+    after = db.fetch_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+    assert after["deadlocks"] > before["deadlocks"]  # the race was real
+    assert any("fence_node was rolled back" in r.getMessage() for r in caplog.records)
 
 
 def test_cancel_that_meets_a_deadlock_runs_again_and_succeeds(

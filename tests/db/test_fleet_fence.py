@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import json
-import threading
 
-import psycopg
-
-from tests.helpers import wait_for
 from tests.launch_fixtures import (
     agent_returns,
     job,
@@ -114,47 +110,3 @@ def test_fenced_nodes_do_not_count_as_schedulable_in_v_fleet_and_on_the_fleet_pa
     page = client.get("/fleets/gpu", headers={"Authorization": headers["Authorization"]})
     html = page.get_data(as_text=True)
     assert "2 schedulable / 6 reported" in html and "1 fenced" in html
-
-
-def test_a_fence_that_meets_a_deadlock_is_run_again_not_answered_database_unavailable(
-    db: Database, db_url: str, caplog
-) -> None:
-    """A real deadlock: another session holds the node row FOR UPDATE while the fence (which has locked the
-    node's job) waits for it, then asks for that job. PostgreSQL aborts the fence (its deadlock_timeout is
-    the shorter one); the console runs it again and answers 200."""
-    user = make_user(db)
-    fleet = make_fleet(db)
-    node = make_node(db, fleet, "n0", gpus=1)
-    job_id = make_job(db, user, fleet)
-    db.call("reserve_next", fleet, 1000)
-    run_to_running(db, job_id)
-    client, headers = _admin_client(db, db_url)
-    before = db.fetch_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-    answer: dict = {}
-    with psycopg.connect(db_url) as blocker:
-        blocker.execute("SET deadlock_timeout = '30s'")
-        blocker.execute("SELECT 1 FROM tuneplane.nodes WHERE id = %s FOR UPDATE", (node,))
-        thread = threading.Thread(
-            target=lambda: answer.update(
-                response=client.post(
-                    "/nodes/fence", json={"node": "gpu/n0", "reason": "race"}, headers=headers
-                )
-            )
-        )
-        thread.start()
-        wait_for(
-            lambda: db.fetch_one(
-                "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND query LIKE '%%fence_node%%'"
-            )["n"],
-            what="the fence waiting for the node row",
-        )
-        blocker.execute("SELECT 1 FROM tuneplane.jobs WHERE id = %s FOR UPDATE", (job_id,))
-        blocker.commit()
-        thread.join(60)
-    response = answer["response"]
-    assert response.status_code == 200, response.get_json()
-    assert response.get_json()["members_lost"] == 1
-    after = db.fetch_one("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-    assert after["deadlocks"] > before["deadlocks"]  # the deadlock was real
-    assert any("fence_node was rolled back" in r.getMessage() for r in caplog.records)
