@@ -6,30 +6,23 @@ from __future__ import annotations
 import csv
 import io
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from werkzeug.serving import make_server
 
+from tests.console_server import serving_console
 from tests.launch_fixtures import make_fleet, make_job, make_node, report, run_to_running
 from tests.submission_setup import add_user
 from tuneplane.app.db import Database
-from tuneplane.app.web import create_app
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture
-def server_url(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[str]:
-    app = create_app(db_url, config={"TP_DATA_DIR": str(tmp_path / "data"), "SECRET_KEY": "test"})
-    server = make_server("127.0.0.1", port, app, threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{port}"
-    server.shutdown()
-    thread.join(10)
+def server_url(db_url: str, tmp_path: Path, port: int) -> Iterator[str]:
+    with serving_console(db_url, tmp_path, port) as url:
+        yield url
 
 
 def test_usage_chart_renders_for_two_teams_and_csv_is_the_table(page, server_url: str, db: Database) -> None:

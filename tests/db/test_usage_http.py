@@ -8,6 +8,7 @@ from html.parser import HTMLParser
 
 import pytest
 
+from tests.console_server import api_token, cli_invoker, serving_console
 from tests.launch_fixtures import make_fleet, make_job, make_node, report, run_to_running
 from tuneplane.app.db import Database
 from tuneplane.app.security import hash_password, new_token
@@ -127,3 +128,25 @@ def test_a_token_scoped_to_one_team_reads_only_that_teams_usage(db_url: str, db:
     narrowed = client.get("/usage?since=1d", headers=headers).get_json()
     assert [r[0] for r in narrowed["table"]["rows"]] == ["alice"]
     assert client.get("/usage?team=bob", headers=headers).status_code == 404
+
+
+def test_tuneplane_usage_prints_the_table_and_with_csv_the_export(
+    db_url: str, db: Database, tmp_path, port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice, _ = _user(db, "alice")
+    bob, _ = _user(db, "bob")
+    _used(db, [alice, bob])
+    with serving_console(db_url, tmp_path, port) as url:
+        run = cli_invoker(monkeypatch, tmp_path, url, {"alice": api_token(db, alice)})
+        table = run("usage", "--by", "user", "--since", "1d")
+        assert table.exit_code == 0, table.output
+        lines = table.output.splitlines()
+        assert lines[0].split()[:3] == ["TEAM", "USER", "MEMBERS"] and len(lines) == 2
+        assert lines[1].split()[:3] == ["alice", "alice", "1"]
+        exported = run("usage", "--by", "user", "--since", "1d", "--csv")
+        client = create_app(db_url).test_client()
+        with client.session_transaction() as session:
+            session["user_id"] = alice
+        assert exported.output == client.get("/usage.csv?by=user&since=1d").get_data(as_text=True)
+        refused = run("usage", "--team", "bob")
+        assert refused.exit_code == 1 and "no team bob of yours" in refused.output
