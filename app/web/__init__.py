@@ -30,6 +30,7 @@ BLUEPRINTS = [
     "tuneplane.app.web.jobs_launch",
     "tuneplane.app.web.telemetry_charts",
     "tuneplane.app.web.usage",
+    "tuneplane.app.web.teams",
 ]
 
 # Top navigation: (endpoint, label); entries whose blueprint is not registered are left out.
@@ -37,6 +38,7 @@ NAV = [
     ("jobs.jobs_list", "Jobs"),
     ("submit.dialog", "Submit"),
     ("fleet.fleet_page", "Fleet"),
+    ("teams.teams_list", "Teams"),
     ("usage.usage_page", "Usage"),
 ]
 

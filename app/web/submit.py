@@ -180,6 +180,14 @@ def dialog():
     return render_template("submit/dialog.html", **_dialog_context())
 
 
+def _with_quota_effect(user_id: int, preview: dict) -> dict:
+    """The preview with what admitting it would do to its team's quota, in words (team_reads.sql), computed
+    now: it is shown before confirmation and never part of the immutable preview."""
+    rows = get_db().call("preview_quota_effect", user_id, preview["id"])
+    preview["quota_effect"] = rows[0]["preview_quota_effect"] if rows else None
+    return preview
+
+
 @bp.post("/previews")
 @login_required
 def create_preview():
@@ -188,7 +196,8 @@ def create_preview():
         body = request.get_json(silent=True)
         if not isinstance(body, dict):
             raise Refusal("the body must be a JobSpec JSON object", status=400, field="spec")
-        return json_response(service.create_preview(get_db(), user.id, body, get_blobstore()), 201)
+        preview = service.create_preview(get_db(), user.id, body, get_blobstore())
+        return json_response(_with_quota_effect(user.id, preview), 201)
     try:
         preview = service.create_preview(
             get_db(), user.id, spec_from_form(request.form, request.files), get_blobstore()
@@ -203,6 +212,7 @@ def create_preview():
             ), refusal.status
         page = render_template("submit/dialog.html", **_dialog_context(request.form, refusal=refusal))
         return page, refusal.status
+    _with_quota_effect(user.id, preview)
     if wants_json():
         return json_response(preview, 201)
     retry_key = request.form.get("retry_key") or new_retry_key()

@@ -1,0 +1,165 @@
+"""Team pages (docs/teams.md "Console"): a user's teams, and one team's members and roles, quota against
+GPUs in use and borrowed per fleet, queue, usage and (for its admins) webhooks.
+
+GET  /teams                                   the teams I have a role in
+GET  /teams/<name>                            the team page (HTML or JSON)
+POST /teams/<name>/members                    username, role (admin|member|viewer|remove): team admins
+POST /teams/<name>/quotas                     fleet, gpu_model, guaranteed_gpus, limit_gpus, weight,
+                                              overcommit: installation admins
+POST /teams/<name>/webhooks                   url, secret (empty: generated, shown once), kinds: team admins
+POST /teams/<name>/webhooks/<id>/remove       team admins
+
+Every rule is in SQL (team_reads.sql, teams.sql, team_events.sql); a view reads the request, calls one
+function and renders.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime, timedelta
+
+from flask import Blueprint, flash, redirect, url_for
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from tuneplane.app import usage_report
+from tuneplane.app.errors import Refusal
+from tuneplane.app.web.auth import current_user, login_required
+from tuneplane.app.web.limits import parse_body
+from tuneplane.app.web.negotiate import json_response, respond, wants_json
+from tuneplane.app.web.state import get_db
+
+bp = Blueprint("teams", __name__)
+
+NAME = r"^[a-z0-9][a-z0-9_.-]{1,62}$"
+
+
+class _Form(BaseModel):
+    # Form posts carry every value as text (and the CSRF token beside them); JSON clients send numbers.
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+
+class MemberForm(_Form):
+    username: str = Field(max_length=63)
+    role: str = Field(max_length=10)
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, value: str) -> str:
+        if value not in ("admin", "member", "viewer", "remove"):
+            raise ValueError("role must be admin, member, viewer or remove")
+        return value
+
+
+class QuotaForm(_Form):
+    fleet: str = Field(max_length=200)
+    gpu_model: str = Field("", max_length=200)
+    guaranteed_gpus: int | None = Field(None, ge=0, le=1_000_000)
+    limit_gpus: int | None = Field(None, ge=0, le=1_000_000)
+    weight: float = Field(1.0, gt=0, le=1_000_000)
+    overcommit: bool = False
+
+    @field_validator("guaranteed_gpus", "limit_gpus", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("overcommit", mode="before")
+    @classmethod
+    def _checkbox(cls, value: object) -> object:
+        return value in (True, "1", "on", "true") if isinstance(value, str | bool) else value
+
+
+class WebhookForm(_Form):
+    url: str = Field(max_length=2000)
+    secret: str = Field("", max_length=200)
+    kinds: str | list[str] = ""
+
+
+def _done(team: str, message: str, data: dict):
+    if wants_json():
+        return json_response(data)
+    flash(message, "ok")
+    return redirect(url_for("teams.team_page", name=team), 303)
+
+
+@bp.get("/teams")
+@login_required
+def teams_list():
+    teams = get_db().call("teams_of", current_user().id)
+    return respond("teams/list.html", {"teams": teams}, json_data={"teams": teams})
+
+
+@bp.get("/teams/<name>")
+@login_required
+def team_page(name: str):
+    db, actor = get_db(), current_user().id
+    members = db.call("team_members_of", actor, name)  # 404 for a team the actor cannot read
+    my_role = next((m["role"] for m in members if m["user_id"] == actor), None)
+    since = datetime.now(UTC) - timedelta(days=30)
+    usage = usage_report.table(db.call("usage_report", actor, "user", name, since, None), "user")
+    data = {
+        "team": name,
+        "my_role": my_role,
+        "members": members,
+        "quotas": db.call("team_quotas_of", actor, name),
+        "queue": db.call("team_queue_of", actor, name),
+        "usage": usage,
+        "webhooks": None,
+        "deliveries": None,
+    }
+    if my_role == "admin" or current_user().is_admin:
+        data["webhooks"] = db.call("team_webhooks_of", actor, name)
+        data["deliveries"] = db.call("team_event_deliveries_of", actor, name, 20)
+    if not wants_json():
+        data["fleets"] = [r["name"] for r in db.fetch_all("SELECT name FROM fleets ORDER BY name")]
+    return respond("teams/team.html", data)
+
+
+@bp.post("/teams/<name>/members")
+@login_required
+def team_member(name: str):
+    form = parse_body(MemberForm)
+    role = None if form.role == "remove" else form.role
+    get_db().call("set_team_member_by_name", current_user().id, name, form.username, role)
+    said = f"{form.username} removed" if role is None else f"{form.username} is now {role}"
+    return _done(name, said, {"team": name, "username": form.username, "role": role})
+
+
+@bp.post("/teams/<name>/quotas")
+@login_required
+def team_quota(name: str):
+    form = parse_body(QuotaForm)
+    db = get_db()
+    team = db.call("team_read_of", current_user().id, name)[0]
+    fleet = db.fetch_one("SELECT id FROM fleets WHERE name = %s", (form.fleet,))
+    if fleet is None:
+        raise Refusal(f"no fleet {form.fleet}", status=404, field="fleet")
+    row = db.call(
+        "set_team_quota", current_user().id, team["id"], fleet["id"], form.gpu_model, form.guaranteed_gpus,
+        form.limit_gpus, form.weight, form.overcommit,
+    )[0]  # fmt: skip
+    said = (
+        f"quota on {form.fleet} removed"
+        if form.guaranteed_gpus is None
+        else f"quota on {form.fleet}: {form.guaranteed_gpus} guaranteed, limit {form.limit_gpus or 'none'}"
+    )
+    return _done(name, said, {"team": name, "quota": row})
+
+
+@bp.post("/teams/<name>/webhooks")
+@login_required
+def team_webhook(name: str):
+    form = parse_body(WebhookForm)
+    kinds = form.kinds if isinstance(form.kinds, list) else form.kinds.replace(",", " ").split()
+    secret = form.secret or secrets.token_urlsafe(24)
+    hook = get_db().call("create_team_webhook", current_user().id, name, form.url, secret, kinds or None)[0]
+    # The secret is shown this once (the receiver needs it to check signatures).
+    shown = {"id": hook["id"], "url": hook["url"], "kinds": hook["kinds"], "secret": secret}
+    return _done(name, f"webhook {hook['id']} added; its secret (shown once): {secret}", shown)
+
+
+@bp.post("/teams/<name>/webhooks/<int:webhook_id>/remove")
+@login_required
+def team_webhook_remove(name: str, webhook_id: int):
+    get_db().call("remove_team_webhook", current_user().id, name, webhook_id)
+    return _done(name, f"webhook {webhook_id} removed", {"id": webhook_id, "removed": True})
