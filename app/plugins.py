@@ -70,10 +70,3 @@ def load_plugins(purpose: str | None = None) -> dict[str, list[LoadedPlugin]]:
                 loaded.append(LoadedPlugin(None, ep.value, dist, error=f"{ep.name}: {exc}"))
         result[key] = loaded
     return result
-
-
-def get_plugin(purpose: str, name: str) -> Plugin | None:
-    for item in load_plugins(purpose).get(purpose, []):
-        if item.plugin and item.plugin.name == name:
-            return item.plugin
-    return None

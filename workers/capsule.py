@@ -27,7 +27,7 @@ import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 from tuneplane.app.submission.canonical import canonical_json, digest_of
 
@@ -247,7 +247,3 @@ def check_against_spec(manifest: dict, spec: dict, root: Path) -> None:
         want = (input_doc.get("archive") or {}).get("sha256")
         if not (root / SOURCE).is_file() or file_digest(root / SOURCE) != want:
             raise CapsuleError(f"the capsule's source archive is not the pinned sha256:{want}")
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text())

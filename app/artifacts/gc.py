@@ -17,7 +17,8 @@ artifact that is no longer uploading (failed, complete, pruned or gone; a failed
 otherwise stayed for ever) and temporary files of uploads that never finished (`<blob dir>/tmp`). The
 staged files of an uploading artifact are never touched.
 
-Run by an operator (`tuneplane blobs gc`, docs/artifacts.md) and on a schedule by the backend worker.
+Run by an operator (`tuneplane blobs gc`, docs/artifacts.md) and on a schedule by the worker's sweeps
+(workers/sweeps.py, every 6 hours).
 """
 
 from __future__ import annotations
@@ -129,12 +130,3 @@ def _collect_leftovers(db: Database, root: Path, horizon: float, report: GcRepor
                 path.unlink(missing_ok=True)
         report.removed_leftovers += 1
         report.leftover_bytes += usage.bytes
-
-
-def run_collection(database_url: str, blob_dir: Path | str, min_age: float = DEFAULT_MIN_AGE) -> GcReport:
-    """One collection on its own connection (the worker's schedule and the operator command)."""
-    db = Database(database_url, max_size=1, name="tuneplane-blob-gc")
-    try:
-        return collect(db, blob_dir, min_age=min_age)
-    finally:
-        db.close()

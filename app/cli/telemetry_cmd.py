@@ -34,11 +34,6 @@ def telemetry_gateway_cmd(
     serve(settings.database_url, host, port, pool_max=pool_size)
 
 
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    return int(raw) if raw not in (None, "") else None
-
-
 @click.command("collector")
 @click.option(
     "--output-dir",

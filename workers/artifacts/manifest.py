@@ -14,7 +14,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,10 +44,6 @@ def hash_file(path: Path | str) -> tuple[str, int]:
             digest.update(view[:n])
             size += n
     return digest.hexdigest(), size
-
-
-def sha256_file(path: Path | str) -> str:
-    return hash_file(path)[0]
 
 
 def check_relative_path(path: str) -> str:
@@ -127,10 +123,6 @@ class Manifest:
     @property
     def digest(self) -> str:
         return hashlib.sha256(self.canonical_bytes()).hexdigest()
-
-    @property
-    def total_size(self) -> int:
-        return sum(f.size for f in self.files)
 
     def by_path(self) -> dict[str, ManifestFile]:
         return {f.path: f for f in self.files}
@@ -217,7 +209,3 @@ def build_manifest(root: Path | str, *, parallel: int | None = None) -> Manifest
     return Manifest(
         tuple(ManifestFile(rel, size, sha) for (rel, _full), (sha, size) in zip(entries, hashed, strict=True))
     )
-
-
-def manifest_from_entries(entries: Iterable[dict]) -> Manifest:
-    return Manifest(tuple(ManifestFile(e["path"], int(e["size"]), e["sha256"]) for e in entries))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import google_crc32c
@@ -79,10 +78,6 @@ class ScanResult:
                 self.ends.tolist(), self.starts.tolist(), self.lengths.tolist(), strict=True
             )
         ]
-
-    @property
-    def bad_data_crc(self) -> int:
-        return sum(1 for d in self.damage if d.reason == BAD_DATA_CRC)
 
 
 def _header_at(view: memoryview, pos: int) -> int | None:
@@ -304,11 +299,3 @@ def masked_crc32c_many(data: bytes, offsets: np.ndarray, lengths: np.ndarray) ->
         crc = (np.bitwise_xor.reduce(tables[index], axis=1) ^ np.uint32(zeros)).astype(np.uint64)
         out[which] = (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
     return out
-
-
-def iter_file_records(path: str, offset: int = 0) -> Iterator[tuple[int, bytes]]:
-    """Every complete, intact record of a file from `offset` (a convenience for tests and tools)."""
-    with open(path, "rb") as handle:
-        handle.seek(offset)
-        found = scan(handle.read(), offset)
-    yield from found.records
