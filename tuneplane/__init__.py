@@ -1,7 +1,7 @@
 """TunePlane: the control plane (`tuneplane.app`), its workers (`tuneplane.workers`) and the SDK for
 workloads (`from tuneplane import sdk`).
 
-The repository keeps `app/` and `workers/` at its top (the design card); the wheel installs them as
+The repository keeps `app/` and `workers/` at its top; the wheel installs them as
 `tuneplane/app` and `tuneplane/workers` (pyproject.toml). In a source checkout the two folders sit next to
 this package, so its search path also covers the checkout's top: `tuneplane.app` is then `<checkout>/app`.
 Nothing named `app` or `workers` is ever installed at the top of site-packages, where it would collide

@@ -101,7 +101,7 @@ class Gateway:
     ) -> None:
         self.db = db
         # Heartbeat flushes get their own small pool, so a burst of commands and
-        # reports cannot starve liveness (GUIDE-postgres rule 10).
+        # reports cannot starve liveness (connections are a budget: each use gets its own small pool).
         self.liveness_db = liveness_db or db
         # The blob store (Settings.blob_dir) serves capsules and the artifact routes; None: neither.
         self.blob_dir = blob_dir

@@ -7,7 +7,8 @@ dies half-way leaves the pgqueuer job `picked`; pgqueuer hands it to another wor
 older than --heartbeat-timeout, and that worker's claim fences the dead one off. Several workers may run.
 
 Placement loop (in the same process): LISTEN on `tuneplane_placement` (capacity came free) and
-`tuneplane_job_queued` (a confirmation), with a bounded poll as the fallback (GUIDE-postgres rule 1).
+`tuneplane_job_queued` (a confirmation), with a bounded poll as the fallback (the tables are the truth,
+NOTIFY only a wake-up).
 Each pass runs reserve_next for the node-backend fleets with queued jobs.
 
 Sweeps (in the same process, on their own thread and connection): every sweep of TunePlane, scheduled by
