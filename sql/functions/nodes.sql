@@ -492,7 +492,7 @@ $$;
 
 -- note_connectivity_changes: writes a `connectivity` event for every node whose computed connectivity
 -- differs from the one last written (connected -> stale -> lost, or back). SKIP LOCKED lets several
--- gateways sweep at once without double events. Retired nodes are not swept.
+-- workers sweep at once without double events (workers/sweeps.py). Retired nodes are not swept.
 CREATE OR REPLACE FUNCTION tuneplane.note_connectivity_changes()
 RETURNS integer
 LANGUAGE plpgsql AS $$

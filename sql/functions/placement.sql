@@ -573,7 +573,7 @@ BEGIN
     PERFORM tuneplane.set_job_state(r.job_id, 'reserved', r.reason, r.detail)
        FROM unnest(p_job, p_reason, p_detail) AS r (job_id, reason, detail);
 
-    -- Same transaction as the reservations (GUIDE-postgres rule 6); the dedupe key makes each one once;
+    -- Same transaction as the reservations (commit together or not at all); the dedupe key makes each one once;
     -- one statement, so pgqueuer's statement-level NOTIFY trigger fires once per pass.
     INSERT INTO public.pgqueuer (priority, status, entrypoint, payload, dedupe_key)
     SELECT q.prio, 'queued', 'launch', convert_to(jsonb_build_object('attempt_id', q.attempt)::text, 'UTF8'),

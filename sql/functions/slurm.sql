@@ -1,10 +1,10 @@
--- sql/functions/slurm.sql — the Slurm backend's functions (issue 13, docs/slurm.md, ADR 0013).
+-- sql/functions/slurm.sql — the Slurm backend's functions (issue 13, docs/slurm.md, ADR 0110).
 -- A Slurm fleet's jobs go through the same jobs/attempts/members rows, the same launch decisions and the
 -- same state machine (launch.sql) as the Node backend. What differs: Slurm places the job (one sbatch per
 -- attempt, gang by Slurm), so the attempt is created when the worker submits it, the job stays `queued`
 -- while Slurm keeps it pending (with Slurm's reason in TunePlane's words), and members are created on the
 -- nodes Slurm allocated when the allocation starts. Prepare/commit and exits are reported by the batch
--- script's steps through files on the fleet's shared path (ADR 0013); the worker turns each file into one
+-- script's steps through files on the fleet's shared path (ADR 0110); the worker turns each file into one
 -- call below, and every decision is taken here.
 --
 -- Repeatable file (ADR 0012). Drops (signature changes):
@@ -434,7 +434,7 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- create_slurm_fleet: an admin adds a Slurm fleet (backend 'slurm') with its cluster access. Capabilities:
--- {"shared_path": "/shared/tuneplane", "object_delivery": false}; a shared path is required (ADR 0013).
+-- {"shared_path": "/shared/tuneplane", "object_delivery": false}; a shared path is required (ADR 0110).
 CREATE OR REPLACE FUNCTION tuneplane.create_slurm_fleet(p_name text, p_partition text, p_slurm_conf text,
                                                          p_capabilities jsonb, p_account text DEFAULT NULL,
                                                          p_qos text DEFAULT NULL)

@@ -4,7 +4,7 @@
 -- Contract
 --   * enqueue_team_event(job, kind, payload) is the one way in: one team_event_deliveries row per live
 --     webhook of the job's team that takes the kind, all with one event id, in the caller's transaction
---     (GUIDE-postgres rule 6). A job state change enqueues `job.<new state>` by trigger (jobs_team_event);
+--     (decision, state and enqueue commit together). A job state change enqueues `job.<new state>` by trigger (jobs_team_event);
 --     preemption (issue 21) enqueues `job.preempted`, idle GPUs (issue 22) `job.idle_warning`.
 --   * A delivery moves pending → delivered (a 2xx answer) | gave_up (webhook_settings.max_attempts tries, or
 --     its webhook removed). Each try: claim_team_event_deliveries (attempts + 1, claimed for the request

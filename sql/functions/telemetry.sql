@@ -575,7 +575,7 @@ DECLARE
     wide boolean;
 BEGIN
     IF p_max_buckets IS NULL OR p_max_buckets < 1 OR p_max_buckets > 1000 THEN
-        RAISE EXCEPTION 'max buckets must be between 1 and 1000' USING ERRCODE = 'TP400', COLUMN = 'max_points';
+        RAISE EXCEPTION 'max_points must be between 1 and 1000' USING ERRCODE = 'TP400', COLUMN = 'max_points';
     END IF;
     SELECT * INTO s FROM tuneplane.telemetry_series WHERE id = p_series_id;
     IF s.id IS NULL OR s.min_step IS NULL THEN
@@ -786,7 +786,7 @@ $$;
 
 -- telemetry_prune: retention. Deletes series (with their points and rollups) whose last batch is older
 -- than the retention setting, and ledger, refusal, damage and member-completion rows as old; returns what
--- it deleted. The gateway calls it hourly.
+-- it deleted. The worker's sweeps call it hourly (workers/sweeps.py).
 CREATE OR REPLACE FUNCTION tuneplane.telemetry_prune(p_now timestamptz DEFAULT now())
 RETURNS TABLE (series bigint, points bigint, batches bigint)
 LANGUAGE plpgsql AS $$
