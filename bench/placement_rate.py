@@ -7,8 +7,12 @@ Three measurements in the same run, on an embedded PostgreSQL:
            with plain INSERT … SELECT into tables of the same shape and indexes (no triggers, no foreign
            keys, no search, no job events, no queue), in transactions of --pass-size placements; the ratio
            batch/bare says what the placement logic costs on top of writing its rows;
-  single - one job queued at a time, one reserve_next call per job (the latency-bound path).
-Run: .venv/bin/python bench/placement_rate.py [--nodes 1000] [--jobs 4000] [--pass-size 250]
+  single - one job queued at a time, one reserve_next call per job (the latency-bound path);
+  teams  - the batch again on a fleet of the same shape shared by --teams teams with quotas (guarantees,
+           limits, weights; docs/teams.md) and a mixed queue (every team, half of the jobs preemptible):
+           admission by guarantee and weighted fair share; its ratio to the batch without quotas is printed
+           (target 0.7 or more).
+Run: .venv/bin/python bench/placement_rate.py [--nodes 1000] [--jobs 4000] [--pass-size 250] [--teams 50]
 """
 
 from __future__ import annotations
@@ -25,16 +29,17 @@ import psycopg
 from embedded_db import migrated_database
 
 TARGET = 1000.0
+TEAMS_RATIO_TARGET = 0.7
 
-# Two fleets of the same shape: 1 for the batch measurement, 2 for the single one (so neither needs a reset
-# that would bypass the lifecycle functions).
+# Three fleets of the same shape: 1 for the batch measurement, 2 for the single one, 3 for the batch with team
+# quotas (so none needs a reset that would bypass the lifecycle functions).
 SETUP = """
 INSERT INTO tuneplane.users (username, role) VALUES ('bench', 'user');
-INSERT INTO tuneplane.fleets (name, backend) VALUES ('bench', 'node'), ('single', 'node');
+INSERT INTO tuneplane.fleets (name, backend) VALUES ('bench', 'node'), ('single', 'node'), ('teams', 'node');
 INSERT INTO tuneplane.nodes (fleet_id, name, cpus, memory_bytes, address, last_heartbeat_at)
 SELECT f, 'n' || i, 128, 1024::bigint ^ 4, '10.' || f || '.' || (i / 250) || '.' || (i % 250 + 1),
        now() + interval '1 hour'
-  FROM generate_series(1, {nodes}) i, generate_series(1, 2) f;
+  FROM generate_series(1, {nodes}) i, generate_series(1, 3) f;
 INSERT INTO tuneplane.node_gpus (node_id, gpu_index, model, simulated)
 SELECT n.id, g, 'Simulated GPU', true FROM tuneplane.nodes n, generate_series(0, 7) g;
 """
@@ -57,6 +62,20 @@ MIXED = {
     "gpus_expr": "(ARRAY[1, 2, 4])[1 + floor(random() * 3)]",
 }
 SINGLE = {"fleet": 2, "nodes_expr": "1", "gpus_expr": "1"}
+# Fleet 3: --teams teams, each guaranteed an equal part of half the fleet's GPUs, limited to three times
+# that, weights 1-3; the same mixed queue spread over the teams, half of it preemptible (may borrow).
+TEAMS = """
+INSERT INTO tuneplane.teams (name) SELECT 'team' || t FROM generate_series(1, {teams}) t;
+INSERT INTO tuneplane.team_quotas (team_id, fleet_id, guaranteed_gpus, limit_gpus, weight)
+SELECT t.id, 3, {nodes} * 4 / {teams}, 3 * ({nodes} * 4 / {teams}), 1 + t.id % 3
+  FROM tuneplane.teams t WHERE t.personal_of IS NULL;
+"""
+TEAM_JOBS = """
+UPDATE tuneplane.jobs j SET team_id = (SELECT t.id FROM tuneplane.teams t WHERE t.personal_of IS NULL
+                                        ORDER BY t.id OFFSET (j.id * 7919) % {teams} LIMIT 1),
+                            preemptible = j.id % 2 = 0
+ WHERE j.fleet_id = 3;
+"""
 BARE_TABLES = ("attempts", "members", "gpu_allocations")
 BARE_INSERT = {
     "attempts": "INSERT INTO bare_attempts SELECT * FROM tuneplane.attempts WHERE id = ANY(%(ids)s)",
@@ -64,6 +83,11 @@ BARE_INSERT = {
     "gpu_allocations": "INSERT INTO bare_gpu_allocations SELECT g.* FROM tuneplane.gpu_allocations g"
     " JOIN tuneplane.members m ON m.id = g.member_id WHERE m.attempt_id = ANY(%(ids)s)",
 }
+OVER_LIMIT = """SELECT count(*) FROM (SELECT j.team_id FROM tuneplane.members m
+                 JOIN tuneplane.jobs j ON j.id = m.job_id
+                 JOIN tuneplane.team_quotas q ON q.team_id = j.team_id AND q.fleet_id = j.fleet_id
+                WHERE m.released_at IS NULL GROUP BY j.team_id, q.limit_gpus
+               HAVING sum(cardinality(m.gpu_indices)) > q.limit_gpus) o"""
 DOUBLE = """SELECT count(*) FROM (SELECT node_id, gpu_index FROM tuneplane.gpu_allocations
                                  WHERE released_at IS NULL GROUP BY 1, 2 HAVING count(*) > 1) d"""
 
@@ -98,24 +122,35 @@ def bare_inserts(conn: psycopg.Connection, pass_sizes: list[int]) -> tuple[float
     return took, backend_cpu(conn) - cpu0
 
 
+def batch(conn: psycopg.Connection, fleet: int, pass_size: int) -> tuple[list[tuple[int, float]], float]:
+    """reserve_next passes over the fleet until two in a row place nothing: [(placed, seconds)], CPU."""
+    passes: list[tuple[int, float]] = []
+    cpu0 = backend_cpu(conn)
+    while True:
+        t0 = time.perf_counter()
+        n = conn.execute(
+            "SELECT count(*) FROM tuneplane.reserve_next(%s, %s)", (fleet, pass_size)
+        ).fetchone()[0]
+        passes.append((n, time.perf_counter() - t0))
+        if n == 0 and len(passes) > 1 and passes[-2][0] == 0:
+            return passes, backend_cpu(conn) - cpu0
+
+
 def measure(url: str, args: argparse.Namespace) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(SETUP.format(nodes=int(args.nodes)))
         conn.execute(JOBS.format(jobs=int(args.jobs), **MIXED), {"tag": "b"})
+        conn.execute(TEAMS.format(teams=int(args.teams), nodes=int(args.nodes)))
+        conn.execute(JOBS.format(jobs=int(args.jobs), **{**MIXED, "fleet": 3}), {"tag": "t"})
+        conn.execute(TEAM_JOBS.format(teams=int(args.teams)))
         conn.execute("ANALYZE")
-        passes: list[tuple[int, float]] = []
-        cpu0 = backend_cpu(conn)
-        while True:
-            t0 = time.perf_counter()
-            n = conn.execute(
-                "SELECT count(*) FROM tuneplane.reserve_next(1, %s)", (args.pass_size,)
-            ).fetchone()[0]
-            passes.append((n, time.perf_counter() - t0))
-            if n == 0 and len(passes) > 1 and passes[-2][0] == 0:
-                break
-        placing_cpu = backend_cpu(conn) - cpu0
+        passes, placing_cpu = batch(conn, 1, args.pass_size)
         placed = sum(n for n, _ in passes)
         placing_time = sum(t for n, t in passes if n)
+        team_passes, team_cpu = batch(conn, 3, args.pass_size)
+        team_placed = sum(n for n, _ in team_passes)
+        team_time = sum(t for n, t in team_passes if n)
+        over_limit = conn.execute(OVER_LIMIT).fetchone()[0]
         bare_time, bare_cpu = bare_inserts(conn, [n for n, _ in passes if n])
         single: list[float] = []
         for i in range(args.single):
@@ -152,6 +187,17 @@ def measure(url: str, args: argparse.Namespace) -> None:
         f"placement / bare INSERT = {batch_rate / bare_rate:.2f} (backend CPU {bare_cpu:.2f} s; "
         f"ratio of CPU per placement {bare_cpu / max(placing_cpu, 1e-9):.2f})"
     )
+    team_rate = team_placed / team_time
+    print(
+        f"teams:  {args.teams} teams with quotas, the same mixed queue: {team_placed} placements in "
+        f"{team_time:.2f} s = {team_rate:,.0f}/s (ratio to target: {team_rate / TARGET:.2f}); backend CPU "
+        f"{team_cpu:.2f} s = {team_placed / team_cpu:,.0f} placements per CPU-second"
+    )
+    print(
+        f"        with quotas / without: {team_rate / batch_rate:.2f} by wall time, "
+        f"{(team_placed / team_cpu) / (placed / placing_cpu):.2f} by backend CPU "
+        f"(target {TEAMS_RATIO_TARGET}); teams past their limit: {over_limit}"
+    )
     print(f"GPUs allocated twice: {doubles}")
 
 
@@ -161,6 +207,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=4000)
     parser.add_argument("--pass-size", type=int, default=250)
     parser.add_argument("--single", type=int, default=500)
+    parser.add_argument("--teams", type=int, default=50)
     args = parser.parse_args()
     with migrated_database() as url:
         measure(url, args)

@@ -50,7 +50,10 @@ def waiting_text(row: dict) -> str:
     )
     if row["queue_position"] > 1 and row["head_job_id"] is not None:
         where += f"; job {row['head_job_id']} is at the head"
-    return f"{where}); {row['state_reason']}"
+    where += f"; {ordinal(row['team_position'])} of team {row['team']}'s {row['queued_in_team']}"
+    text = f"{where}); {row['state_reason']}"
+    # A fleet with quotas: the team's figures of the moment (what it holds, fair share, who is ahead).
+    return f"{text}; {row['team_now']}" if row.get("team_now") else text
 
 
 def launch_details(db: Database, user_id: int, job_id: int, state: str) -> dict:
@@ -70,6 +73,10 @@ def launch_details(db: Database, user_id: int, job_id: int, state: str) -> dict:
                 "head_job_id": row["head_job_id"],
                 "waiting_seconds": row["waiting"].total_seconds(),
                 "reason": row["state_reason"],
+                "team": row["team"],
+                "team_position": row["team_position"],
+                "queued_in_team": row["queued_in_team"],
+                "team_now": row["team_now"],
                 # The figures of the moment are not part of the stored reason (a placement pass would
                 # rewrite every waiting job each time capacity moves); they are computed on read.
                 "fit_now": db.call("placement_fit_now", job_id)[0]["placement_fit_now"],

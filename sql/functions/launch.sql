@@ -12,6 +12,7 @@
 --   DROP FUNCTION IF EXISTS tuneplane.f(bigint, text);
 --
 -- Drops (signature changes):
+DROP FUNCTION IF EXISTS tuneplane.job_queue_position(bigint, bigint);  -- gained the team columns
 DROP FUNCTION IF EXISTS tuneplane.job_members_of(bigint, bigint);
 DROP FUNCTION IF EXISTS tuneplane.lose_node_members(bigint, text);
 DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
@@ -1447,10 +1448,12 @@ END;
 $$;
 
 -- job_queue_position: while a visible job is queued, its place in its fleet's queue (v_queue order:
--- priority, then age), how many wait in that fleet, and the job at the head. No row when not queued.
+-- admission order), how many wait in that fleet, the job at the head, its place among its team's waiting
+-- jobs, and (a fleet with quotas) the team's figures of the moment (team_waiting_now). No row when not queued.
 CREATE OR REPLACE FUNCTION tuneplane.job_queue_position(p_actor_id bigint, p_job_id bigint)
 RETURNS TABLE (job_id bigint, fleet text, queue_position bigint, queued_in_fleet bigint, head_job_id bigint,
-               waiting interval, state_reason text)
+               waiting interval, state_reason text, team text, team_position bigint, queued_in_team bigint,
+               team_now text)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
@@ -1459,7 +1462,9 @@ BEGIN
         SELECT q.job_id, q.fleet, q.position,
                (SELECT count(*) FROM queue o WHERE o.fleet = q.fleet),
                (SELECT h.job_id FROM queue h WHERE h.fleet = q.fleet AND h.position = 1),
-               q.waiting, q.state_reason
+               q.waiting, q.state_reason, q.team, q.team_position,
+               (SELECT count(*) FROM queue o WHERE o.fleet = q.fleet AND o.team = q.team),
+               tuneplane.team_waiting_now(q.job_id)
           FROM queue q
          WHERE q.job_id = p_job_id;
 END;

@@ -10,6 +10,8 @@
 -- Drops (signature changes):
 -- reserve_next writes its placements set-based now; its per-placement helper is gone.
 DROP FUNCTION IF EXISTS tuneplane.reserve_job_on(tuneplane.jobs, bigint[]);
+-- team_standing says the team's quota only (what it holds now is said when read: team_waiting_now).
+DROP FUNCTION IF EXISTS tuneplane.team_standing(text, text, integer, integer, integer, double precision);
 
 CREATE OR REPLACE FUNCTION tuneplane.node_usage_follow_nodes() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -170,8 +172,8 @@ LANGUAGE sql AS $$
        SET decayed_gpu_secs = EXCLUDED.decayed_gpu_secs, decayed_at = EXCLUDED.decayed_at;
 $$;
 
--- admission_queue: the fleet's queued jobs in the order reserve_next considers them. Unmanaged fleet:
--- priority, then age. With quotas: first the jobs within their team's guarantee (the team's GPUs held plus
+-- admission_queue: the queued jobs of a fleet with quotas in the order reserve_next considers them (a
+-- fleet without quotas keeps plain queue order: priority, then age): first the jobs within their team's guarantee (the team's GPUs held plus
 -- its queued jobs ahead of this one plus this one fit its guaranteed_gpus), by priority then age; then
 -- every other job by weighted fair share as it would stand when the job is admitted — (the team's share
 -- GPUs + its queued jobs' GPUs ahead of it) ÷ weight, lowest first (virtual-time fair queuing: a team with
@@ -187,7 +189,7 @@ LANGUAGE sql STABLE AS $$
           FROM tuneplane.jobs j
          WHERE j.fleet_id = p_fleet_id AND j.state = 'queued'
     ), s AS (
-        SELECT * FROM tuneplane.fleet_team_shares(p_fleet_id) WHERE tuneplane.fleet_has_quotas(p_fleet_id)
+        SELECT * FROM tuneplane.fleet_team_shares(p_fleet_id)
     )
     SELECT q.id, row_number() OVER (ORDER BY
                CASE WHEN s.team_id IS NULL OR q.gpus = 0
@@ -199,19 +201,22 @@ LANGUAGE sql STABLE AS $$
       FROM q LEFT JOIN s ON s.team_id = q.team_id;
 $$;
 
--- team_standing: a team's numbers on a fleet, the words every quota reason uses.
-CREATE OR REPLACE FUNCTION tuneplane.team_standing(p_team text, p_fleet text, p_used integer, p_guaranteed integer,
+-- team_standing: a team's quota on a fleet, the words every stored quota reason uses. Stable numbers only
+-- (guarantee, limit, weight): what the team holds now moves with every placement and release, so it is
+-- said when the job is read (team_waiting_now), not stored — a pass rewrites a waiting job's reason (an
+-- event) only when its situation changes, as placement's other reasons (docs/scheduling.md, ADR 0170).
+CREATE OR REPLACE FUNCTION tuneplane.team_standing(p_team text, p_fleet text, p_guaranteed integer,
                                                    p_limit integer, p_weight double precision)
 RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('team %s uses %s of its %s guaranteed GPU%s on fleet %s (limit %s, weight %s)',
-                  p_team, p_used, p_guaranteed, CASE WHEN p_guaranteed = 1 THEN '' ELSE 's' END, p_fleet,
+    SELECT format('team %s on fleet %s: %s guaranteed GPU%s, limit %s, weight %s',
+                  p_team, p_fleet, p_guaranteed, CASE WHEN p_guaranteed = 1 THEN '' ELSE 's' END,
                   coalesce(p_limit::text, 'none'), p_weight);
 $$;
 
 -- admission_verdict: may this job be admitted now, given its team's numbers in this pass (GPUs held now,
 -- including what this pass placed), the fleet's free GPUs on schedulable nodes and the GPUs held back for
--- teams whose within-guarantee jobs wait? borrowing: NULL = not now (reason says why, in numbers),
+-- teams whose within-guarantee jobs wait? borrowing: NULL = not now (reason says why, with the team's quota),
 -- false = within the guarantee, true = borrowing idle GPUs above it.
 --   * never past limit_gpus;
 --   * above the guarantee only a preemptible job (until preemption can take borrowed GPUs back);
@@ -229,22 +234,20 @@ BEGIN
         RETURN;
     END IF;
     IF p_limit IS NOT NULL AND p_used + v_gpus > p_limit THEN
-        reason := format('team %s is at its limit of %s GPU%s on fleet %s (%s in use); this job asks %s',
-                         p_team, p_limit, CASE WHEN p_limit = 1 THEN '' ELSE 's' END, p_fleet, p_used, v_gpus);
+        reason := format('team %s would go past its limit of %s GPU%s on fleet %s; this job asks %s',
+                         p_team, p_limit, CASE WHEN p_limit = 1 THEN '' ELSE 's' END, p_fleet, v_gpus);
         RETURN;
     END IF;
     IF NOT p_job.preemptible THEN
-        reason := format('team %s uses %s of its %s guaranteed GPU%s on fleet %s; this job asks %s; '
+        reason := format('team %s would go past its %s guaranteed GPU%s on fleet %s; this job asks %s; '
                          'it can borrow idle GPUs if it is preemptible',
-                         p_team, p_used, p_guaranteed, CASE WHEN p_guaranteed = 1 THEN '' ELSE 's' END, p_fleet,
-                         v_gpus);
+                         p_team, p_guaranteed, CASE WHEN p_guaranteed = 1 THEN '' ELSE 's' END, p_fleet, v_gpus);
         RETURN;
     END IF;
     IF p_free - v_gpus < p_held THEN
-        reason := format('waiting for idle GPUs to borrow: %s; this job asks %s; %s of the fleet''s free GPUs '
-                         'are held for teams waiting within their guarantee',
-                         tuneplane.team_standing(p_team, p_fleet, p_used, p_guaranteed, p_limit, p_weight),
-                         v_gpus, least(p_held, p_free));
+        reason := format('waiting for idle GPUs to borrow: free GPUs are held for teams waiting within their '
+                         'guarantee; this job asks %s; %s', v_gpus,
+                         tuneplane.team_standing(p_team, p_fleet, p_guaranteed, p_limit, p_weight));
         RETURN;
     END IF;
     borrowing := true;
@@ -339,6 +342,8 @@ DECLARE
     v_held      integer := 0;
     v_borrow    boolean := false;
     p_borrow    boolean[] := '{}';
+    v_queue     refcursor;
+    v_decay     boolean;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
     SELECT * INTO v_settings FROM tuneplane.launch_settings;
@@ -346,20 +351,35 @@ BEGIN
     SELECT now() - s.stale_after INTO v_fresh FROM tuneplane.node_settings s;
     v_managed := tuneplane.fleet_has_quotas(p_fleet_id);
     IF v_managed THEN
-        PERFORM tuneplane.record_team_usage(p_fleet_id);
-        SELECT f.name INTO v_fleet FROM tuneplane.fleets f WHERE f.id = p_fleet_id;
+        SELECT f.name, f.usage_half_life IS NOT NULL INTO v_fleet, v_decay
+          FROM tuneplane.fleets f WHERE f.id = p_fleet_id;
+        IF v_decay THEN
+            PERFORM tuneplane.record_team_usage(p_fleet_id);
+        END IF;
         SELECT array_agg(s.team_id), array_agg(s.team), array_agg(s.used_gpus), array_agg(s.guaranteed_gpus),
                array_agg(s.limit_gpus), array_agg(s.weight), array_agg(false)
           INTO t_team, t_name, t_used, t_guar, t_limit, t_weight, t_waiting
           FROM tuneplane.fleet_team_shares(p_fleet_id) s;
-        SELECT coalesce(sum(c.free_gpus), 0) INTO v_free FROM tuneplane.fleet_free_capacity(p_fleet_id) c;
+        -- Free GPUs on the nodes this pass may use (the candidate search's eligibility rule).
+        SELECT coalesce(sum(u.free_gpus), 0) INTO v_free
+          FROM tuneplane.node_usage u JOIN tuneplane.nodes n ON n.id = u.node_id
+         WHERE u.fleet_id = p_fleet_id AND n.scheduling_state = 'active' AND n.fenced_at IS NULL
+           AND n.last_heartbeat_at > v_fresh;
     END IF;
 
-    FOR v_job IN
-        SELECT j.* FROM tuneplane.admission_queue(p_fleet_id) q
-          JOIN tuneplane.jobs j ON j.id = q.job_id
-         ORDER BY q.ord
+    -- Queue order: plain (priority, then age) on a fleet without quotas, admission_queue's with them.
+    IF v_managed THEN
+        OPEN v_queue FOR SELECT j.* FROM tuneplane.admission_queue(p_fleet_id) q
+                           JOIN tuneplane.jobs j ON j.id = q.job_id
+                          ORDER BY q.ord;
+    ELSE
+        OPEN v_queue FOR SELECT * FROM tuneplane.jobs j
+                          WHERE j.fleet_id = p_fleet_id AND j.state = 'queued'
+                          ORDER BY j.priority DESC, j.created_at, j.id;
+    END IF;
     LOOP
+        FETCH v_queue INTO v_job;
+        EXIT WHEN NOT FOUND;
         EXIT WHEN p_max_jobs IS NOT NULL AND cardinality(p_job) >= p_max_jobs;
         IF v_managed THEN
             v_t := array_position(t_team, v_job.team_id);
@@ -503,14 +523,14 @@ BEGIN
         END IF;
         IF v_managed THEN
             v_reason := v_reason || CASE WHEN v_borrow THEN '; to borrow idle GPUs: ' ELSE '; within its guarantee: ' END
-                        || tuneplane.team_standing(t_name[v_t], v_fleet, t_used[v_t], t_guar[v_t], t_limit[v_t],
-                                                   t_weight[v_t]);
+                        || tuneplane.team_standing(t_name[v_t], v_fleet, t_guar[v_t], t_limit[v_t], t_weight[v_t]);
         END IF;
         -- Only a changed reason is written (the cursor's row is the job as this pass found it).
         IF v_job.state_reason IS DISTINCT FROM v_reason THEN
             PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
         END IF;
     END LOOP;
+    CLOSE v_queue;
 
     IF cardinality(p_job) = 0 THEN
         RETURN;
@@ -638,15 +658,25 @@ BEGIN
 END;
 $$;
 
--- Operators: the queue with positions, and live reservations.
+-- Operators: the queue with positions, and live reservations. position: the order reserve_next considers
+-- the fleet's jobs in (admission_queue on a fleet with quotas; priority, then age otherwise);
+-- team_position: the same order within the job's team.
 CREATE OR REPLACE VIEW tuneplane.v_queue AS
+WITH admission AS (
+    SELECT a.job_id, a.ord FROM tuneplane.fleets f, LATERAL tuneplane.admission_queue(f.id) a
+     WHERE tuneplane.fleet_has_quotas(f.id)
+)
 SELECT j.id AS job_id, f.name AS fleet, j.priority,
-       row_number() OVER (PARTITION BY j.fleet_id ORDER BY j.priority DESC, j.created_at, j.id) AS position,
+       row_number() OVER (PARTITION BY j.fleet_id ORDER BY a.ord, j.priority DESC, j.created_at, j.id) AS position,
        u.username AS owner, j.nodes, j.gpus_per_node, j.cpus_per_node, j.memory_per_node,
-       j.created_at, now() - j.created_at AS waiting, j.state_reason
+       j.created_at, now() - j.created_at AS waiting, j.state_reason, t.name AS team,
+       row_number() OVER (PARTITION BY j.fleet_id, j.team_id ORDER BY a.ord, j.priority DESC, j.created_at, j.id)
+           AS team_position
   FROM tuneplane.jobs j
   JOIN tuneplane.fleets f ON f.id = j.fleet_id
   JOIN tuneplane.users u ON u.id = j.owner_id
+  JOIN tuneplane.teams t ON t.id = j.team_id
+  LEFT JOIN admission a ON a.job_id = j.id
  WHERE j.state = 'queued';
 
 CREATE OR REPLACE VIEW tuneplane.v_reservations AS
@@ -657,3 +687,31 @@ SELECT m.job_id, a.number AS attempt, a.state AS attempt_state, m.id AS member_i
   JOIN tuneplane.attempts a ON a.id = m.attempt_id
   JOIN tuneplane.nodes n ON n.id = m.node_id
  WHERE m.released_at IS NULL;
+
+-- team_waiting_now: the figures of the moment behind a queued job's quota reason, computed when read
+-- (the stored reason keeps stable words: team_standing): what its team holds now against its guarantee,
+-- the fair-share standing of the fleet's teams (GPUs held ÷ weight, lowest first, at most 5 named), and
+-- how many jobs of other teams are ahead of it in admission order. NULL on a fleet without quotas.
+CREATE OR REPLACE FUNCTION tuneplane.team_waiting_now(p_job_id bigint)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    WITH j AS (SELECT * FROM tuneplane.jobs WHERE id = p_job_id AND state = 'queued'),
+    s AS (SELECT s.* FROM j, tuneplane.fleet_team_shares(j.fleet_id) s WHERE tuneplane.fleet_has_quotas(j.fleet_id)),
+    q AS (SELECT a.job_id, a.ord, o.team_id FROM j, tuneplane.admission_queue(j.fleet_id) a
+            JOIN tuneplane.jobs o ON o.id = a.job_id)
+    SELECT format('team %s uses %s of its %s guaranteed GPU%s on fleet %s (limit %s, weight %s); this job asks %s; '
+                  'fair share: %s; %s job%s of other teams ahead',
+                  me.team, me.used_gpus, me.guaranteed_gpus, CASE WHEN me.guaranteed_gpus = 1 THEN '' ELSE 's' END,
+                  f.name, coalesce(me.limit_gpus::text, 'none'), me.weight, j.nodes * j.gpus_per_node,
+                  (SELECT string_agg(format('team %s holds %s GPU%s at weight %s', x.team, x.used_gpus,
+                                            CASE WHEN x.used_gpus = 1 THEN '' ELSE 's' END, x.weight), ', '
+                                     ORDER BY x.share_gpus / x.weight, x.team)
+                     FROM (SELECT * FROM s ORDER BY s.share_gpus / s.weight, s.team LIMIT 5) x),
+                  ahead.n, CASE WHEN ahead.n = 1 THEN '' ELSE 's' END)
+      FROM j
+      JOIN tuneplane.fleets f ON f.id = j.fleet_id
+      JOIN s me ON me.team_id = j.team_id
+      CROSS JOIN LATERAL (SELECT count(*) AS n FROM q
+                           WHERE q.ord < (SELECT q2.ord FROM q q2 WHERE q2.job_id = j.id)
+                             AND q.team_id <> j.team_id) ahead;
+$$;

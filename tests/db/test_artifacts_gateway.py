@@ -125,12 +125,21 @@ def test_a_chunk_larger_than_the_gateways_message_limit_is_accepted(db: Database
         ("/api/artifacts", b"not json", "body"),
         ("/api/artifacts", b"[1]", "body"),
         ("/api/artifacts", b'{"name": "m", "manifest": {}, "manifest_digest": "d"}', "member_id"),
-        ("/api/artifacts", b'{"member_id": "7", "name": "m", "manifest": {}, "manifest_digest": "d"}',
-         "member_id"),
-        ("/api/artifacts", b'{"member_id": true, "name": "m", "manifest": {}, "manifest_digest": "d"}',
-         "member_id"),
-        ("/api/artifacts", b'{"member_id": 7, "name": "m", "manifest": [], "manifest_digest": "d"}',
-         "manifest"),
+        (
+            "/api/artifacts",
+            b'{"member_id": "7", "name": "m", "manifest": {}, "manifest_digest": "d"}',
+            "member_id",
+        ),
+        (
+            "/api/artifacts",
+            b'{"member_id": true, "name": "m", "manifest": {}, "manifest_digest": "d"}',
+            "member_id",
+        ),
+        (
+            "/api/artifacts",
+            b'{"member_id": 7, "name": "m", "manifest": [], "manifest_digest": "d"}',
+            "manifest",
+        ),
         ("/api/artifacts", b'{"member_id": 7, "name": 5, "manifest": {}, "manifest_digest": "d"}', "name"),
         ("/api/artifacts/1/fail", b"[1]", "body"),
         ("/api/artifacts/1/fail", b'{"reason": {"a": 1}}', "reason"),
@@ -166,8 +175,11 @@ HUGE = "9" * 20  # past bigint
         ("PUT", "/api/artifacts/1/files/0/chunks/99999999999", b"abc"),
         ("GET", f"/api/input-artifacts/{HUGE}", None),
         ("GET", f"/api/input-artifacts/1/files/{HUGE}", None),
-        ("POST", "/api/artifacts", b'{"member_id": 1180591620717411303424, "name": "m", "manifest": {},'
-         b' "manifest_digest": "d"}'),
+        (
+            "POST",
+            "/api/artifacts",
+            b'{"member_id": 1180591620717411303424, "name": "m", "manifest": {}, "manifest_digest": "d"}',
+        ),
     ],
 )
 def test_out_of_range_ids_are_a_4xx_on_the_server_and_the_gateway(

@@ -86,7 +86,14 @@ def test_weights_1_and_3_share_a_full_fleet_1_to_3_and_a_late_guarantee_is_serve
     set_quota(db, admin, teams["late"], fleet, guaranteed=4, weight=1)
     late = [submit(teams["late"], preemptible=False) for _ in range(6)]
     assert _placed(db, fleet) == []  # the fleet is full; nothing is taken back (no preemption yet)
-    assert "uses 0 of its 4 guaranteed GPUs" in job(db, late[0])["state_reason"]
+    assert (
+        "within its guarantee: team late on fleet gpu: 4 guaranteed GPUs" in job(db, late[0])["state_reason"]
+    )
+    now = db.call("team_waiting_now", late[0])[0]["team_waiting_now"]
+    assert now.startswith(
+        "team late uses 0 of its 4 guaranteed GPUs on fleet gpu (limit none, weight 1.0)"
+    ), now
+    assert "fair share: team late holds 0 GPUs at weight 1, team big holds 12 GPUs at weight 3" in now, now
     for expected in range(1, 5):
         _end, j = heapq.heappop(running)
         db.call("cancel_job", j, admin, "simulated end")
@@ -99,7 +106,7 @@ def test_weights_1_and_3_share_a_full_fleet_1_to_3_and_a_late_guarantee_is_serve
     placed = _placed(db, fleet)
     assert len(placed) == 1 and team_of[placed[0]] != teams["late"]
     assert job(db, late[4])["state_reason"] == (
-        "team late uses 4 of its 4 guaranteed GPUs on fleet gpu; this job asks 1; "
+        "team late would go past its 4 guaranteed GPUs on fleet gpu; this job asks 1; "
         "it can borrow idle GPUs if it is preemptible"
     )
 
@@ -114,7 +121,7 @@ def test_a_team_never_goes_past_its_limit_and_the_reason_says_the_numbers(
     jobs = [make_job(db, user, fleet, gpus_per_node=2, team_id=vision, preemptible=True) for _ in range(3)]
     assert sorted(_placed(db, fleet)) == jobs[:2]  # 2 within the guarantee, 2 borrowed: 4 of 5
     assert job(db, jobs[2])["state_reason"] == (
-        "team vision is at its limit of 5 GPUs on fleet gpu (4 in use); this job asks 2"
+        "team vision would go past its limit of 5 GPUs on fleet gpu; this job asks 2"
     )
     borrowed = db.fetch_all(
         "SELECT job_id, borrowing FROM attempts WHERE job_id = ANY(%s) ORDER BY job_id", (jobs,)
@@ -133,8 +140,11 @@ def test_a_non_preemptible_job_above_the_guarantee_waits_even_on_an_idle_fleet(
     second = make_job(db, user, fleet, gpus_per_node=4, team_id=vision)
     assert _placed(db, fleet) == [first]
     assert job(db, second)["state_reason"] == (
-        "team vision uses 6 of its 8 guaranteed GPUs on fleet gpu; this job asks 4; "
+        "team vision would go past its 8 guaranteed GPUs on fleet gpu; this job asks 4; "
         "it can borrow idle GPUs if it is preemptible"
+    )
+    assert db.call("team_waiting_now", second)[0]["team_waiting_now"].startswith(
+        "team vision uses 6 of its 8 guaranteed GPUs on fleet gpu (limit none, weight 1.0); this job asks 4"
     )
 
 
@@ -189,5 +199,5 @@ def test_a_borrower_never_takes_the_gpus_a_waiting_guarantee_is_owed(
     assert _placed(db, fleet) == []
     assert "held for teams waiting within their guarantee" in job(db, borrower)["state_reason"]
     assert (
-        "within its guarantee: team owed uses 0 of its 8 guaranteed GPUs" in job(db, waiting)["state_reason"]
+        "within its guarantee: team owed on fleet gpu: 8 guaranteed GPUs" in job(db, waiting)["state_reason"]
     )

@@ -110,9 +110,7 @@ def test_a_listed_fleet_refuses_teams_it_does_not_list(client: FlaskClient, crew
     assert _preview(client, crew["bob"], team="vision").status_code == 201
 
 
-def test_a_read_only_token_cannot_preview_or_confirm(
-    client: FlaskClient, crew: dict, db: Database
-) -> None:
+def test_a_read_only_token_cannot_preview_or_confirm(client: FlaskClient, crew: dict, db: Database) -> None:
     receipt = _submit(client, crew["bob"], "k1", team="vision")
     body = _preview(client, crew["bob"], team="vision").get_json()
     read_only = _bearer(db, crew["ids"]["bob"], read_only=True)

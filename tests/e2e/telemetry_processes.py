@@ -29,7 +29,8 @@ def start_gateway(database_url: str, port: int, log_path: Path) -> subprocess.Po
         process = subprocess.Popen(
             [
                 sys.executable,
-                "-P", "-m",
+                "-P",
+                "-m",
                 "tuneplane",
                 "telemetry-gateway",
                 "--database-url",
@@ -62,7 +63,8 @@ def start_collector(
         return subprocess.Popen(
             [
                 sys.executable,
-                "-P", "-m",
+                "-P",
+                "-m",
                 "tuneplane",
                 "collector",
                 "--output-dir",

@@ -212,8 +212,15 @@ def test_demo_recipe_end_to_end_every_point_stored_once(db: Database, db_url: st
     collector = start_collector(out, spool, url, token, tmp_path / "collector.log")
     try:
         demo = subprocess.run(
-            [sys.executable, "-m", "tuneplane.workers.integrations.demo", "--steps", "400",
-             "--step-seconds", "0.002"],
+            [
+                sys.executable,
+                "-m",
+                "tuneplane.workers.integrations.demo",
+                "--steps",
+                "400",
+                "--step-seconds",
+                "0.002",
+            ],
             cwd=REPO,
             env={**_env(), "TUNEPLANE_OUTPUT_DIR": str(out)},
             capture_output=True,

@@ -24,7 +24,8 @@ def _up(db_url: str, data_dir: Path, port: int, config: Path) -> tuple[subproces
     process = subprocess.Popen(
         [
             sys.executable,
-            "-P", "-m",
+            "-P",
+            "-m",
             "tuneplane",
             "up",
             "--database-url",

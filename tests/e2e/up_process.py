@@ -83,7 +83,8 @@ def tuneplane_up(db_url: str | None, tmp_path: Path, db: Database | None) -> Ite
     process = subprocess.Popen(
         [
             sys.executable,
-            "-P", "-m",
+            "-P",
+            "-m",
             "tuneplane",
             "up",
             *database,

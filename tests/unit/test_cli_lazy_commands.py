@@ -42,7 +42,16 @@ def test_jobs_subcommands_from_both_modules_are_there() -> None:
 def test_an_unreachable_database_is_one_line_and_no_traceback() -> None:
     # The driver is imported by the command itself now, not by the CLI: its error still reads as one line.
     run = subprocess.run(
-        [sys.executable, "-P", "-m", "tuneplane", "db", "status", "--database-url", "postgresql://tp@127.0.0.1:1/x"],
+        [
+            sys.executable,
+            "-P",
+            "-m",
+            "tuneplane",
+            "db",
+            "status",
+            "--database-url",
+            "postgresql://tp@127.0.0.1:1/x",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -254,5 +254,6 @@ def test_a_line_nested_too_deep_is_refused_alone() -> None:
              b'{"step": 3, "loss": 4}']  # fmt: skip
     assert _bulk(lines) == _one_by_one(lines)
     assert [p for p in _bulk(lines) if p[0] == "point"] == [
-        ("point", 0, "loss", 1, 2.0, READ_TIME), ("point", 3, "loss", 3, 4.0, READ_TIME)
+        ("point", 0, "loss", 1, 2.0, READ_TIME),
+        ("point", 3, "loss", 3, 4.0, READ_TIME),
     ]

@@ -39,9 +39,18 @@ def test_waiting_text_names_the_head_only_when_someone_else_is_at_the_head() -> 
         "head_job_id": 41,
         "waiting": dt.timedelta(seconds=5),
         "state_reason": "waiting for resources: needs 2 nodes",
+        "team": "vision",
+        "team_position": 2,
+        "queued_in_team": 3,
+        "team_now": None,
     }
     assert waiting_text(row) == (
-        "3rd in queue (fleet gpu, 5 waiting; job 41 is at the head); waiting for resources: needs 2 nodes"
+        "3rd in queue (fleet gpu, 5 waiting; job 41 is at the head; 2nd of team vision's 3); "
+        "waiting for resources: needs 2 nodes"
     )
     head = {**row, "queue_position": 1}
-    assert waiting_text(head).startswith("1st in queue (fleet gpu, 5 waiting); ")
+    assert waiting_text(head).startswith("1st in queue (fleet gpu, 5 waiting; 2nd of team vision's 3); ")
+    quota = {**row, "team_now": "team vision uses 6 of its 8 guaranteed GPUs on fleet gpu"}
+    assert waiting_text(quota).endswith(
+        "needs 2 nodes; team vision uses 6 of its 8 guaranteed GPUs on fleet gpu"
+    )
