@@ -91,7 +91,7 @@ def test_weights_1_and_3_share_a_full_fleet_1_to_3_and_a_late_guarantee_is_serve
     )
     now = db.call("team_waiting_now", late[0])[0]["team_waiting_now"]
     assert now.startswith(
-        "team late uses 0 of its 4 guaranteed GPUs on fleet gpu (limit none, weight 1.0)"
+        "team late uses 0 of its 4 guaranteed GPUs on fleet gpu (limit none, weight 1)"
     ), now
     assert "fair share: team late holds 0 GPUs at weight 1, team big holds 12 GPUs at weight 3" in now, now
     for expected in range(1, 5):
@@ -144,7 +144,7 @@ def test_a_non_preemptible_job_above_the_guarantee_waits_even_on_an_idle_fleet(
         "it can borrow idle GPUs if it is preemptible"
     )
     assert db.call("team_waiting_now", second)[0]["team_waiting_now"].startswith(
-        "team vision uses 6 of its 8 guaranteed GPUs on fleet gpu (limit none, weight 1.0); this job asks 4"
+        "team vision uses 6 of its 8 guaranteed GPUs on fleet gpu (limit none, weight 1); this job asks 4"
     )
 
 
