@@ -2,6 +2,15 @@
 -- Nodes: enrollment, control credentials and rotation, control sessions and their epochs, the command
 -- outbox, heartbeats and connectivity, scheduling state (cordon/drain/retire/fence), node views.
 --
+-- Lock order: launch.sql's (its header lists every step and what each function may lock). Two functions
+-- here lock jobs, and follow it: ack_node_command (session lock shared → launch_command_locks: the jobs,
+-- attempts and members of the command's members → usage rows → the command row) and retire
+-- (change_node_scheduling: the fleet's placement lock → lock_node_rows: jobs → attempts → members → the
+-- node row → usage rows → leaf rows). Every other function here locks at most the node row (cordon, drain,
+-- uncordon FOR UPDATE; heartbeats, session open/close, capacity FOR NO KEY UPDATE, capacity then its
+-- node_usage row through node_gpus' trigger), credential or token rows, and inserts leaf rows (events,
+-- commands) while holding no lock of a job.
+--
 -- Repeatable file (ADR 0012): `tuneplane db migrate` re-applies every file of sql/functions/ (in the order
 -- of order.txt, one transaction) whenever one changes. Edit definitions here, never in a migration.
 -- Tables, columns and data changes go in a new numbered migration. A changed signature or a view whose
