@@ -92,10 +92,12 @@ DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 -- What each function may lock, in order (steps 3-5 are always the jobs, attempts and members named):
 --   reconcile_node     session (shared) → lock_node_rows: jobs of the members held on the node and of every
 --                      member the list names → their attempts → every member of those attempts → the node
---                      row → node_usage of every node of those attempts → gpu_allocations (releases),
---                      node_commands (STOP again, KILL; FK share on the node), launch_decisions and `abort`
---                      commands on other nodes (decide_abort), job_events, telemetry_members/tokens and
---                      artifacts (member-end triggers), the node row's session_reconciled_epoch (held).
+--                      row → node_usage of every node of those attempts → leaf rows: gpu_allocations and
+--                      usage_ledger (releases), node_commands (STOP again, KILL; `abort` and STOP on other
+--                      nodes: FK share on their node rows), launch_decisions (decide_abort), pgqueuer
+--                      never; through triggers: job_events, job_idle, team_event_deliveries (a job's state),
+--                      telemetry_members then telemetry_tokens (a member's end); the node row's
+--                      session_reconciled_epoch last (already held). Nothing else.
 --   fence_node         placement lock → lose_node_members (as reconcile: lock_node_rows of the node's held
 --                      members) → leaf rows as reconcile, node_events → the node row's fenced_at (held;
 --                      trigger: telemetry_tokens of every member ever placed on the node).
