@@ -1,7 +1,8 @@
 // Job Charts: draws each .tp-chart with uPlot from the bounded /jobs/<id>/metrics endpoint of one or more
 // jobs (data-sources: [{job, url}]); one line per (job, attempt, member, source, name) with its min–max
 // band. Controls (#tp-x, #tp-log, #tp-smooth) apply to every chart: x by step, relative time (seconds
-// since the series' first bucket) or wall time, log scale, and smoothing computed by the server on the
+// since the series' first bucket) or wall time (always for host and GPU samples, whose step is a time),
+// log scale, and smoothing computed by the server on the
 // full series (a trailing mean over a window of steps, the same at every zoom). A bucket
 // whose last value is NaN or ±Infinity is a gap with a red marker at the top. Export writes exactly the
 // plotted columns (CSV or JSON). Redraws when the htmx live tick reports new data.
@@ -47,7 +48,16 @@
     return `${many ? "job " + job + " · " : ""}a${s.attempt} m${s.member} · ${s.source} · ${s.name}`;
   }
 
-  function build(payloads, opts) {
+  // Host and GPU samples (source "system", workers/collector/system.py) have a time in milliseconds as
+  // their step: a chart holding only such series is drawn against wall time when the x control says step
+  // (a step axis would read 1764778000000).
+  function xModeOf(payloads, opts) {
+    const all = payloads.flatMap(p => p.payload.series);
+    return opts.x === "step" && all.length && all.every(s => s.source === "system") ? "wall" : opts.x;
+  }
+
+  function build(payloads, requested) {
+    const opts = { ...requested, x: xModeOf(payloads, requested) };
     const xLabel = { step: "step", relative: "seconds since start", wall: "wall time" }[opts.x] || "step";
     const tables = [], series = [{ label: xLabel }], bands = [], names = [], markers = [];
     const many = payloads.length > 1;
@@ -74,7 +84,7 @@
       }
     }
     const data = tables.length ? align(tables) : [[]];
-    return { data, series, bands, names, markers, xLabel };
+    return { data, series, bands, names, markers, xLabel, x: opts.x };
   }
 
   // Red ticks at the top of the plot where a bucket ended on NaN or ±Infinity.
@@ -126,12 +136,12 @@
     const uopts = {
       width: Math.max(320, target.clientWidth || 600), height: 260,
       series: built.series, bands: built.bands, plugins: [markerPlugin(built.markers)],
-      scales: { x: { time: opts.x === "wall" }, y: opts.log ? { distr: 3 } : {} }, legend: { live: true },
+      scales: { x: { time: built.x === "wall" }, y: opts.log ? { distr: 3 } : {} }, legend: { live: true },
       axes: [{ label: built.xLabel }, yAxis],
     };
     charts.set(el, new uPlot(uopts, built.data, target));
     el.dataset.drawn = [opts.log ? "log" : "linear", opts.smooth || 0, built.names.length].join(":");
-    el.dataset.x = opts.x;
+    el.dataset.x = built.x;
   }
 
   function csvCell(v) {

@@ -96,3 +96,35 @@ def test_nvml_is_absent_here_and_that_is_not_an_error() -> None:
     if os.path.exists("/dev/nvidiactl"):
         pytest.skip("this machine has an NVIDIA driver")
     assert load_nvml() is None
+
+
+def test_a_member_that_runs_ten_seconds_gets_several_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, busy_member: str
+) -> None:
+    """With the default 10 s interval the first samples come at 0, 1, 3 and 7 s (then every 10 s): before,
+    a member that ran 10 seconds had one sample, without CPU (which needs two). The collector's clock is
+    stepped by the test (0.1 s at a time), the samples are real and spooled."""
+    from tuneplane.workers.collector import collector as module
+    from tuneplane.workers.collector.collector import Collector, CollectorConfig, sample_delay
+
+    assert [sample_delay(n, 10.0) for n in range(6)] == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert sample_delay(100, 10.0) == 10.0 and sample_delay(0, 0.5) == 0.5
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock["now"])
+    (tmp_path / "out").mkdir()
+    config = CollectorConfig(
+        tmp_path / "out", tmp_path / "spool", "http://127.0.0.1:9", "t", member_tag=busy_member
+    )
+    collector = Collector(config)
+    try:
+        taken = []
+        for tenth in range(100):  # ten seconds
+            clock["now"] = 1000.0 + tenth / 10
+            before = collector.records_spooled
+            collector.sample_system()
+            if collector.records_spooled > before:
+                taken.append(round(clock["now"] - 1000.0, 1))
+        assert taken == [0.0, 1.0, 3.0, 7.0]
+    finally:
+        collector.tracker.close()
+        collector.spool.close()

@@ -100,6 +100,13 @@ def _saved_scope(path: Path) -> dict | None:
     return saved if isinstance(saved, dict) else None
 
 
+def sample_delay(taken: int, interval: float) -> float:
+    """Seconds until the next host/GPU sample after `taken` samples: 1, 2, 4, 8 … up to the interval, so a
+    member that runs 10 seconds still gets several samples (at 0, 1, 3 and 7 s with the default 10 s)
+    and its CPU (which needs two) is measured; then every interval."""
+    return min(interval, float(2 ** min(taken, 16)))
+
+
 def _state_key(key: tuple[int, int]) -> str:
     return f"{key[0]}:{key[1]}"
 
@@ -133,6 +140,7 @@ class Collector:
             nvml = load_nvml() if config.gpu_indices else None
             self.sampler = SystemSampler(config.member_tag, list(config.gpu_indices), nvml)
         self._next_sample = 0.0
+        self._samples_taken = 0
         self._parent = os.getppid()
         self._member_seen = time.monotonic()
         self._next_member_check = 0.0
@@ -263,7 +271,8 @@ class Collector:
         epoch), when the sampling interval has passed."""
         if self.sampler is None or time.monotonic() < self._next_sample or self.spool_blocked:
             return
-        self._next_sample = time.monotonic() + self.config.sample_interval
+        self._next_sample = time.monotonic() + sample_delay(self._samples_taken, self.config.sample_interval)
+        self._samples_taken += 1
         values = self.sampler.sample()
         if not values:
             return
