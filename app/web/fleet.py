@@ -95,21 +95,13 @@ def _fleets(name: str | None = None) -> list[dict]:
     if name is None:
         fleets = db.fetch_all("SELECT * FROM v_fleet ORDER BY fleet")
         nodes = db.fetch_all("SELECT * FROM v_nodes ORDER BY fleet, node")
-        gpus = db.fetch_all(
-            "SELECT node_id, gpu_index, model, memory_bytes, simulated FROM node_gpus"
-            " ORDER BY node_id, gpu_index"
-        )
     else:
         fleets = db.fetch_all("SELECT * FROM v_fleet WHERE fleet = %s", (name,))
         if not fleets:
             raise Refusal(f"no fleet named {name}", status=404, field="fleet")
         nodes = db.fetch_all("SELECT * FROM v_nodes WHERE fleet = %s ORDER BY node", (name,))
-        gpus = db.fetch_all(
-            "SELECT g.node_id, g.gpu_index, g.model, g.memory_bytes, g.simulated"
-            " FROM node_gpus g JOIN nodes n ON n.id = g.node_id JOIN fleets f ON f.id = n.fleet_id"
-            " WHERE f.name = %s ORDER BY g.node_id, g.gpu_index",
-            (name,),
-        )
+    # Each GPU with the member holding it, its last samples and the idle sweep's verdict (idle.sql).
+    gpus = db.call("fleet_gpus", name)
     by_node: dict[int, list[dict]] = {}
     for gpu in gpus:
         by_node.setdefault(gpu.pop("node_id"), []).append(gpu)

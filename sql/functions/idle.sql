@@ -229,6 +229,7 @@ DECLARE
     v_top_u    double precision;
     v_top_p    double precision;
     v_eval     jsonb;
+    v_verdicts jsonb;
     v_since    timestamptz;
     v_add      double precision := 0;
     v_msg      text;
@@ -245,8 +246,10 @@ BEGIN
     v_from := p_now - pol.idle_after;
 
     SELECT count(*), count(*) FILTER (WHERE g.verdict = 'idle'), count(*) FILTER (WHERE g.verdict = 'busy'),
-           max(g.max_utilization), max(g.max_power_fraction)
-      INTO v_gpus, v_idle, v_busy, v_top_u, v_top_p
+           max(g.max_utilization), max(g.max_power_fraction),
+           coalesce(jsonb_agg(jsonb_build_object('rank', g.member_rank, 'node_id', g.node_id, 'gpu', g.gpu_index,
+                                                 'verdict', g.verdict)), '[]'::jsonb)
+      INTO v_gpus, v_idle, v_busy, v_top_u, v_top_p, v_verdicts
       FROM tuneplane.job_gpu_idleness(a.id, v_from, p_now, pol.utilization_below, pol.power_below,
                                       cfg.max_sample_gap) g;
     v_status := CASE WHEN v_gpus > 0 AND v_idle = v_gpus THEN 'idle' WHEN v_busy > 0 THEN 'busy' ELSE 'unknown' END;
@@ -255,7 +258,7 @@ BEGIN
                                  'window_from', v_from, 'window_to', p_now,
                                  'idle_after_s', extract(epoch FROM pol.idle_after),
                                  'utilization_below', pol.utilization_below, 'power_below', pol.power_below,
-                                 'action', pol.action);
+                                 'action', pol.action, 'verdicts', v_verdicts);
 
     INSERT INTO tuneplane.job_idle (job_id, attempt_id) VALUES (p_job.id, a.id) ON CONFLICT (job_id) DO NOTHING;
     SELECT * INTO w FROM tuneplane.job_idle WHERE job_id = p_job.id FOR UPDATE;
@@ -441,6 +444,44 @@ BEGIN
           LEFT JOIN tuneplane.users u ON u.id = w.exempt_by
          WHERE w.job_id = p_job_id;
 END;
+$$;
+
+-- fleet_gpus: every GPU of a fleet's nodes (all fleets when NULL) with what it is doing, for the Fleet page:
+-- the member holding it, its last utilization, memory used, power and power limit from the member's stored
+-- samples (the series' last values, by their unique key), when they were stored, and whether the idle
+-- sweep's last evaluation of the holding job found this GPU idle.
+CREATE OR REPLACE FUNCTION tuneplane.fleet_gpus(p_fleet text DEFAULT NULL)
+RETURNS TABLE (node_id bigint, gpu_index integer, model text, memory_bytes bigint, simulated boolean,
+               job_id bigint, member_rank integer, utilization double precision, memory_used double precision,
+               power_watts double precision, power_limit_watts double precision, sampled_at timestamptz,
+               idle boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT g.node_id, g.gpu_index, g.model, g.memory_bytes, g.simulated, m.job_id, m.rank,
+           x.utilization, x.memory_used, x.power_watts, x.power_limit_watts, x.sampled_at,
+           coalesce(w.watching AND w.evaluation -> 'verdicts' @> jsonb_build_array(
+               jsonb_build_object('node_id', g.node_id, 'gpu', g.gpu_index, 'verdict', 'idle')), false)
+      FROM tuneplane.node_gpus g
+      JOIN tuneplane.nodes n ON n.id = g.node_id
+      JOIN tuneplane.fleets f ON f.id = n.fleet_id
+      LEFT JOIN tuneplane.gpu_allocations ga
+        ON ga.node_id = g.node_id AND ga.gpu_index = g.gpu_index AND ga.released_at IS NULL
+      LEFT JOIN tuneplane.members m ON m.id = ga.member_id
+      LEFT JOIN tuneplane.attempts a ON a.id = m.attempt_id
+      LEFT JOIN tuneplane.job_idle w ON w.job_id = m.job_id
+      LEFT JOIN LATERAL (
+          SELECT max(s.last_value) FILTER (WHERE s.name LIKE '%.utilization') AS utilization,
+                 max(s.last_value) FILTER (WHERE s.name LIKE '%.memory_used') AS memory_used,
+                 max(s.last_value) FILTER (WHERE s.name LIKE '%.power_watts') AS power_watts,
+                 max(s.last_value) FILTER (WHERE s.name LIKE '%.power_limit_watts') AS power_limit_watts,
+                 max(s.last_at) AS sampled_at
+            FROM tuneplane.telemetry_series s
+           WHERE s.job_id = m.job_id AND s.attempt = a.number AND s.member_rank = m.rank AND s.source = 'system'
+             AND s.name IN (format('system/gpu.%s.utilization', g.gpu_index),
+                            format('system/gpu.%s.memory_used', g.gpu_index),
+                            format('system/gpu.%s.power_watts', g.gpu_index),
+                            format('system/gpu.%s.power_limit_watts', g.gpu_index))) x ON m.id IS NOT NULL
+     WHERE p_fleet IS NULL OR f.name = p_fleet
+     ORDER BY g.node_id, g.gpu_index;
 $$;
 
 -- idle_warnings_of: the actor's running jobs whose idle warning stands, newest deadline last (the

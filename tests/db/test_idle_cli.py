@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,3 +109,25 @@ def test_exempt_idle_is_for_admins_needs_a_reason_and_is_on_the_timeline(
     assert events[-1]["reason"] == "exempt from the idle policy by root: profiling run"
     missing = cli("jobs", "exempt-idle", "999999", "--reason", "x", user="root")
     assert missing.exit_code == 1 and "no job 999999" in missing.output
+
+
+def test_the_fleet_page_shows_each_gpus_last_samples_and_marks_the_idle_ones(
+    cli, db: Database, db_url: str, server: dict
+) -> None:
+    job_id = idle_running_job(cli, db, db_url, server)
+    headers = {"Authorization": f"Bearer {server['root']}"}
+    page = httpx.get(f"{server['url']}/fleets", headers=headers)
+    assert page.status_code == 200
+    gpus = re.findall(r'<div class="gpu( gpu-idle)?" data-gpu="(\d)">(.*?)</div>', page.text, re.S)
+    assert [(idle, index) for idle, index, _ in gpus] == [(" gpu-idle", "0"), (" gpu-idle", "1")]
+    for _, _, text in gpus:
+        assert f"job {job_id}</a> rank 0" in text and "0 % util, 4.0 GiB used, 70/700 W" in text
+        assert '<span class="tag idle"' in text
+    data = httpx.get(f"{server['url']}/fleets", headers={**headers, "Accept": "application/json"}).json()
+    (gpu, _) = next(n for f in data["fleets"] for n in f["node_list"])["gpu_list"]
+    assert (gpu["job_id"], gpu["utilization"], gpu["power_limit_watts"], gpu["idle"]) == (
+        job_id,
+        0.0,
+        700.0,
+        True,
+    )
