@@ -366,18 +366,19 @@ RETURNS TABLE (checked integer, warned integer, reclaimed integer, busy_again in
 LANGUAGE plpgsql AS $$
 DECLARE
     j        tuneplane.jobs;
+    v_id     bigint;
     v_every  interval := (SELECT check_every FROM tuneplane.idle_settings);
     v_what   text;
 BEGIN
     checked := 0; warned := 0; reclaimed := 0; busy_again := 0;
-    FOR j IN SELECT jb.* FROM tuneplane.jobs jb
-              WHERE jb.id IN (SELECT w.job_id FROM tuneplane.job_idle w
-                               WHERE w.watching AND (w.checked_at IS NULL OR w.checked_at <= p_now - v_every)
-                               ORDER BY w.checked_at NULLS FIRST, w.job_id
-                               LIMIT p_limit)
-                AND jb.state = 'running'
-              ORDER BY jb.id
-              FOR UPDATE SKIP LOCKED LOOP
+    -- Each candidate's job row is then locked by its primary key (never a scan of jobs), skipped when
+    -- another transaction holds it.
+    FOR v_id IN SELECT w.job_id FROM tuneplane.job_idle w
+                 WHERE w.watching AND (w.checked_at IS NULL OR w.checked_at <= p_now - v_every)
+                 ORDER BY w.checked_at NULLS FIRST, w.job_id
+                 LIMIT p_limit LOOP
+        SELECT * INTO j FROM tuneplane.jobs WHERE id = v_id AND state = 'running' FOR UPDATE SKIP LOCKED;
+        CONTINUE WHEN j.id IS NULL;
         v_what := tuneplane.watch_idle_job(j, p_now);
         checked := checked + 1;
         warned := warned + (v_what IS NOT DISTINCT FROM 'warned')::integer;
