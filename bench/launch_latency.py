@@ -14,6 +14,7 @@ The latency is measured in the database, with the database's clock on both ends:
 
 Run: .venv/bin/python bench/launch_latency.py [--runs 30] [--warmup 2] [--timeout 120] [--keep]
      [--backend slurm] (bench/launch_slurm.py: against raw Slurm, in interleaved pairs)
+     [--nodes N] (bench/launch_nodes.py: N local agents, 1-member and N-member jobs in alternation)
 """
 
 from __future__ import annotations
@@ -150,8 +151,8 @@ class Installation:
         self.pg.stop()
 
 
-def submit(client: httpx.Client, key: str) -> int:
-    preview = client.post("/previews", json=JOB)
+def submit(client: httpx.Client, key: str, job: dict = JOB) -> int:
+    preview = client.post("/previews", json=job)
     preview.raise_for_status()
     body = preview.json()
     receipt = client.post(
@@ -200,6 +201,12 @@ def main() -> int:
         default="node",
         help="slurm: TunePlane against raw sbatch … srun on a private 2-node Slurm cluster, in pairs.",
     )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=0,
+        help="N agents on this machine: 1-member and N-member jobs in alternation (bench/launch_nodes.py).",
+    )
     args = parser.parse_args()
     if args.backend == "slurm":
         from launch_slurm import main as slurm_main
@@ -231,6 +238,11 @@ def main() -> int:
             )
             if not ready:
                 raise SystemExit(f"the local node never reported its capacity:\n{inst.tail()}")
+            if args.nodes > 1:
+                from launch_nodes import run as run_nodes
+
+                failed = not run_nodes(args, inst, conn, client)
+                return 1 if failed else 0
             results = []
             for i in range(args.warmup + args.runs):
                 result = one_run(client, conn, f"bench-{i}", args.timeout)

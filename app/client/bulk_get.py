@@ -13,26 +13,18 @@ from __future__ import annotations
 
 import socket
 import ssl
-import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+
+from tuneplane.app.client.transport import proxied  # noqa: F401 - callers import it from here
 
 MAX_HEAD = 64 * 1024
 
 
 class BulkGetError(OSError):
     """The server's answer is not HTTP/1.1 this reader understands, or the connection broke."""
-
-
-def proxied(url: str) -> bool:
-    """Whether the environment sends requests to this URL through a proxy (as httpx would)."""
-    parts = urlsplit(url)
-    proxies = urllib.request.getproxies()
-    if not (proxies.get(parts.scheme) or proxies.get("all")):
-        return False
-    return not urllib.request.proxy_bypass(parts.hostname or "")
 
 
 class BulkResponse:

@@ -42,3 +42,14 @@ def check_transport(url: str) -> None:
 
 def verify_setting(ca_bundle: str | None) -> Any:
     return ca_bundle if ca_bundle else True
+
+
+def proxied(url: str) -> bool:
+    """Whether the environment sends requests to this URL through a proxy (as httpx would)."""
+    import urllib.request
+
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")

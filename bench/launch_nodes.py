@@ -1,0 +1,278 @@
+"""`launch_latency.py --nodes N`: N agents on this machine, a 1-member and an N-member job in alternation.
+
+Next to `tuneplane up` (whose local agent is the first node) it enrolls N-1 more `tuneplane node` agents into
+the same fleet, each with its own state and work directory and the same telemetry gateway (so every member
+has its collector). Runs alternate: a 1-member job, then an N-member job (one member per agent), so both
+are measured under the same load. Printed per run and as medians, both from the database's and this
+machine's clocks:
+  stages      confirm → reserved → COMMIT → last START delivered → all running (attempts.running_at)
+  skew        the spread of the members' recorded starts
+  start       START delivered (node_commands.delivered_at) → the workload's process started (the keeper's
+              `started_at` in exit_status.json): agent, runner and collector start, imports
+  end         the workload's exit (exit_status.json `ended_at`) → the member recorded ended (members.ended_at)
+  linger      the last member recorded ended → the agents have no child left (collectors exited)
+  cpu/member  CPU-seconds of the agents and everything they started (runner, keeper, collector, the demo
+              workload itself), from the run's confirmation until every child is gone, per member
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from launch_latency import JOB, TERMINAL, percentile, poll, submit
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+STAGES = [
+    ("reserve", "created_at", "reserved_at"),
+    ("commit", "reserved_at", "committed_at"),
+    ("last START", "committed_at", "start_delivered_at"),
+    ("running", "start_delivered_at", "running_at"),
+]
+TIMES = """
+SELECT j.state, j.state_reason, j.created_at, a.id AS attempt_id, a.created_at AS reserved_at, a.committed_at,
+       a.running_at,
+       (SELECT max(c.delivered_at) FROM tuneplane.node_commands c
+         WHERE c.kind = 'start' AND (c.payload ->> 'attempt_id')::bigint = a.id) AS start_delivered_at
+  FROM tuneplane.jobs j LEFT JOIN tuneplane.attempts a ON a.job_id = j.id AND a.number = 1
+ WHERE j.id = %s
+"""
+MEMBERS = """
+SELECT m.id, n.name AS node, m.started_at, m.ended_at,
+       (SELECT c.delivered_at FROM tuneplane.node_commands c
+         WHERE c.kind = 'start' AND c.node_id = m.node_id
+           AND (c.payload ->> 'attempt_id')::bigint = m.attempt_id
+         ORDER BY c.id LIMIT 1) AS start_delivered_at
+  FROM tuneplane.members m JOIN tuneplane.nodes n ON n.id = m.node_id
+ WHERE m.attempt_id = %s ORDER BY m.rank
+"""
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """utime + stime + cutime + cstime of each pid and of every live descendant (what has not been waited
+    for yet is counted where it runs)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (fields := _stat(int(entry.name))):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    total, todo = 0, list(pids)
+    while todo:
+        pid = todo.pop()
+        fields = _stat(pid)
+        if fields:
+            total += sum(int(x) for x in fields[11:15])
+            todo.extend(children.get(pid, []))
+    return total / CLOCK_TICKS
+
+
+def live_children(pids: list[int]) -> int:
+    wanted = set(pids)
+    count = 0
+    for entry in Path("/proc").iterdir():
+        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if fields and int(fields[1]) in wanted and fields[0] != "Z":
+            count += 1
+    return count
+
+
+def agent_pids() -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"tuneplane" in argv and b"node" in argv and b"--state-dir" in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def member_files(work_dirs: dict[str, Path], member: dict) -> dict:
+    try:
+        return json.loads(
+            (work_dirs[member["node"]] / "members" / str(member["id"]) / "exit_status.json").read_text()
+        )
+    except (OSError, ValueError, KeyError):
+        return {}
+
+
+def one_run(client, conn, key: str, nodes: int, timeout: float, work_dirs: dict[str, Path], pids: list[int]):
+    before = cpu_seconds(pids)
+    job = {**JOB, "resources": {**JOB["resources"], "nodes": nodes}}
+    job_id = submit(client, key, job)
+
+    def row() -> dict:
+        return conn.execute(TIMES, (job_id,)).fetchone()
+
+    poll(lambda: (r := row())["running_at"] is not None or r["state"] in TERMINAL, timeout)
+    current = row()
+    if current["running_at"] is None:
+        return {"ok": False, "job_id": job_id, "state": current["state"], "reason": current["state_reason"]}
+    poll(lambda: row()["state"] in TERMINAL, timeout, 0.02)
+    members = conn.execute(MEMBERS, (current["attempt_id"],)).fetchall()
+    last_end = max((m["ended_at"] for m in members if m["ended_at"]), default=None)
+    gone = poll(lambda: live_children(pids) == 0, 30, 0.02)
+    linger = (dt.datetime.now(dt.UTC) - last_end).total_seconds() if gone and last_end else float("nan")
+    used = cpu_seconds(pids) - before
+    result = {
+        "ok": True,
+        "job_id": job_id,
+        "final": row()["state"],
+        "latency": (current["running_at"] - current["created_at"]).total_seconds(),
+        "skew": (
+            max(m["started_at"] for m in members) - min(m["started_at"] for m in members)
+        ).total_seconds(),
+        "linger": linger,
+        "cpu": used / nodes,
+        "start": [],
+        "end": [],
+    }
+    for label, start, stop in STAGES:
+        result[label] = (current[stop] - current[start]).total_seconds()
+    for m in members:
+        status = member_files(work_dirs, m)
+        if "started_at" in status and m["start_delivered_at"]:
+            result["start"].append(status["started_at"] - m["start_delivered_at"].timestamp())
+        if "ended_at" in status and m["ended_at"]:
+            result["end"].append(m["ended_at"].timestamp() - status["ended_at"])
+    return result
+
+
+def start_agents(inst, db_url: str, count: int) -> tuple[list[subprocess.Popen], dict[str, Path]]:
+    import psycopg
+
+    from tuneplane.app.node_gateway.local import local_node_dirs
+    from tuneplane.app.security import new_token
+
+    work_dirs = {"local": local_node_dirs(inst.root / "data")[1]}
+    agents = []
+    for i in range(1, count):
+        name = f"bench{i}"
+        plaintext, digest = new_token("tpe")
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(
+                "SELECT tuneplane.create_enrollment_token('local', %s, interval '1 hour', 'bench')", (digest,)
+            )
+        base = inst.root / "agents" / name
+        work_dirs[name] = base / "work"
+        env = {
+            **inst.env,
+            "TUNEPLANE_ENROLL_TOKEN": plaintext,
+            "TUNEPLANE_TELEMETRY_URL": f"http://127.0.0.1:{inst.port + 2}",
+        }
+        log = open(inst.root / f"agent-{name}.log", "ab")  # noqa: SIM115 - the child's
+        argv = [
+            sys.executable,
+            "-P",
+            "-m",
+            "tuneplane",
+            "node",
+            "--server",
+            f"http://127.0.0.1:{inst.port + 1}",
+        ]
+        argv += ["--state-dir", str(base / "state"), "--work-dir", str(base / "work"), "--name", name]
+        agents.append(
+            subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        )
+    return agents, work_dirs
+
+
+def report(results: dict[int, list[dict]], nodes: int) -> None:
+    one, many = results[1], results[nodes]
+    print(
+        f"\n{len(one)} runs of each, alternating 1-member and {nodes}-member jobs, "
+        f"{nodes} agents on this machine:"
+    )
+    for label, runs in ((1, one), (nodes, many)):
+        lat = [r["latency"] for r in runs]
+        print(f"  {label}-member: confirm → all running median {statistics.median(lat):.3f} s, "
+              f"p90 {percentile(lat, 0.9):.3f} s")  # fmt: skip
+        medians = [f"{name} {statistics.median(r[name] for r in runs) * 1000:.0f}" for name, _a, _b in STAGES]
+        print("    " + ", ".join(medians) + " ms (medians)")
+        starts = [x for r in runs for x in r["start"]]
+        ends = [x for r in runs for x in r["end"]]
+        print(
+            f"    start skew median {statistics.median(r['skew'] for r in runs) * 1000:.0f} ms; "
+            f"START delivered → workload started median {statistics.median(starts) * 1000:.0f} ms"
+            if starts else "    (no workload start times: exit_status.json has no started_at)"
+        )  # fmt: skip
+        if ends:
+            print(f"    workload exit → member ended: median {statistics.median(ends) * 1000:.0f} ms, "
+                  f"p90 {percentile(ends, 0.9) * 1000:.0f} ms")  # fmt: skip
+        lingers = [r["linger"] for r in runs if r["linger"] == r["linger"]]
+        if lingers:
+            print(f"    last member ended → no child left under the agents: "
+                  f"median {statistics.median(lingers):.2f} s, max {max(lingers):.2f} s")  # fmt: skip
+        print(f"    CPU-seconds per member (agent + runner + keeper + collector + demo workload): "
+              f"median {statistics.median(r['cpu'] for r in runs):.3f}")  # fmt: skip
+    ratio = statistics.median(r["latency"] for r in many) / statistics.median(r["latency"] for r in one)
+    print(f"  ratio {nodes}-member / 1-member median: {ratio:.2f}× (target ≤ 4×)")
+    print(f"  load average at the end: {Path('/proc/loadavg').read_text().split()[:3]}")
+
+
+def run(args, inst, conn, client) -> bool:
+    agents, work_dirs = start_agents(inst, inst.url, args.nodes)
+    try:
+        ready = poll(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) AS n FROM tuneplane.nodes n JOIN tuneplane.fleets f ON f.id = n.fleet_id"
+                    " WHERE f.name = 'local' AND n.cpus > 0 AND n.probe_port IS NOT NULL"
+                    " AND tuneplane.node_connectivity(n.last_heartbeat_at) = 'connected'"
+                ).fetchone()["n"]
+                >= args.nodes
+            ),
+            120,
+            0.2,
+        )
+        if not ready:
+            print(f"only some of the {args.nodes} agents connected; see {inst.root}", flush=True)
+            return False
+        time.sleep(1.0)  # let the agents' own start-up finish before the first run is measured
+        pids = agent_pids()
+        results: dict[int, list[dict]] = {1: [], args.nodes: []}
+        for i in range(args.warmup + args.runs):
+            for size in (1, args.nodes):
+                result = one_run(client, conn, f"bench-{size}-{i}", size, args.timeout, work_dirs, pids)
+                if not result["ok"]:
+                    print(
+                        f"job {result['job_id']} never ran: {result['state']}: {result['reason']}", flush=True
+                    )
+                    return False
+                label = "warmup" if i < args.warmup else f"run {i - args.warmup + 1:>3}"
+                stages = ", ".join(f"{name} {result[name] * 1000:.0f}" for name, _a, _b in STAGES)
+                ends = result["end"]
+                print(
+                    f"{label} {size}-member: running after {result['latency'] * 1000:6.0f} ms ({stages} ms; "
+                    f"skew {result['skew'] * 1000:.0f} ms); exit → ended "
+                    f"{(statistics.median(ends) * 1000 if ends else float('nan')):.0f} ms; linger "
+                    f"{result['linger']:.2f} s; {result['cpu']:.3f} CPU-s/member; {result['final']}",
+                    flush=True,
+                )
+                if i >= args.warmup:
+                    results[size].append(result)
+        report(results, args.nodes)
+        return True
+    finally:
+        for agent in agents:
+            agent.terminate()
+        for agent in agents:
+            try:
+                agent.wait(30)
+            except subprocess.TimeoutExpired:
+                agent.kill()
