@@ -12,7 +12,8 @@ machine's clocks:
   end         the workload's exit (exit_status.json `ended_at`) → the member recorded ended (members.ended_at)
   linger      the last member recorded ended → the agents have no child left (collectors exited)
   cpu/member  CPU-seconds of the agents and everything they started (runner, keeper, collector, the demo
-              workload itself), from the run's confirmation until every child is gone, per member
+              workload itself), from before the confirmation until every child is gone and waited for, per
+              member (the agents' own share: a START, the reports, the end)
 """
 
 from __future__ import annotations
@@ -62,28 +63,24 @@ def _stat(pid: int) -> list[str] | None:
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime + cutime + cstime of each pid and of every live descendant (what has not been waited
-    for yet is counted where it runs)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (fields := _stat(int(entry.name))):
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    total, todo = 0, list(pids)
-    while todo:
-        pid = todo.pop()
+    """utime + stime + cutime + cstime of the agents, read while they have no child at all (zombies
+    included): then everything they started has been waited for and is counted in their cutime/cstime
+    (the runner waits for its keeper, the keeper for the workload)."""
+    poll(lambda: children(pids, zombies=True) == 0, 30, 0.05)
+    total = 0
+    for pid in pids:
         fields = _stat(pid)
         if fields:
             total += sum(int(x) for x in fields[11:15])
-            todo.extend(children.get(pid, []))
     return total / CLOCK_TICKS
 
 
-def live_children(pids: list[int]) -> int:
+def children(pids: list[int], zombies: bool = False) -> int:
     wanted = set(pids)
     count = 0
     for entry in Path("/proc").iterdir():
         fields = _stat(int(entry.name)) if entry.name.isdigit() else None
-        if fields and int(fields[1]) in wanted and fields[0] != "Z":
+        if fields and int(fields[1]) in wanted and (zombies or fields[0] != "Z"):
             count += 1
     return count
 
@@ -126,7 +123,7 @@ def one_run(client, conn, key: str, nodes: int, timeout: float, work_dirs: dict[
     poll(lambda: row()["state"] in TERMINAL, timeout, 0.02)
     members = conn.execute(MEMBERS, (current["attempt_id"],)).fetchall()
     last_end = max((m["ended_at"] for m in members if m["ended_at"]), default=None)
-    gone = poll(lambda: live_children(pids) == 0, 30, 0.02)
+    gone = poll(lambda: children(pids) == 0, 30, 0.02)
     linger = (dt.datetime.now(dt.UTC) - last_end).total_seconds() if gone and last_end else float("nan")
     used = cpu_seconds(pids) - before
     result = {
