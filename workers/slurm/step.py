@@ -198,7 +198,7 @@ def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tup
 def drain_collector(process: subprocess.Popen, spool: Path, timeout: float = 60.0) -> bool:
     """The member ended: the collector reads every file to its end and sends its final batch (the member's
     metrics become complete), bounded; as the node agent does (workers/agent/collectors.py)."""
-    from tuneplane.workers.collector.markers import FINAL_SENT, MEMBER_EXITED
+    from tuneplane.workers.collector.markers import EXIT_GRACE, FINAL_SENT, MEMBER_EXITED
 
     (spool / MEMBER_EXITED).write_text(f"{time.time()}\n")
     try:
@@ -207,7 +207,9 @@ def drain_collector(process: subprocess.Popen, spool: Path, timeout: float = 60.
         pass
     deadline = time.monotonic() + timeout
     while not (spool / FINAL_SENT).exists() and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.1)
+        time.sleep(0.05)
+    if (spool / FINAL_SENT).exists():  # its work is done: EXIT_GRACE to exit, then it is killed (ADR 0165)
+        deadline = min(deadline, time.monotonic() + EXIT_GRACE)
     try:
         process.wait(max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
