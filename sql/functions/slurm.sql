@@ -9,6 +9,8 @@
 --
 -- Repeatable file (ADR 0012). Drops (signature changes):
 DROP FUNCTION IF EXISTS tuneplane.slurm_followed(bigint);
+-- slurm_submissions_due returns the account of the job's team (fleet_team_access.slurm_account).
+DROP FUNCTION IF EXISTS tuneplane.slurm_submissions_due(bigint);
 
 -- slurm_reason_words: a Slurm pending reason in TunePlane's words (the raw code is shown beside it).
 CREATE OR REPLACE FUNCTION tuneplane.slurm_reason_words(p_code text)
@@ -27,6 +29,29 @@ LANGUAGE sql IMMUTABLE AS $$
         WHEN p_code = 'BeginTime' THEN 'waiting for its start time'
         ELSE 'pending in Slurm'
     END;
+$$;
+
+-- slurm_quota_words: Slurm's association and QOS pending reasons said in the words of TunePlane's own quota
+-- reasons (docs/teams.md), naming the team, the fleet, the Slurm account the team's jobs are submitted
+-- under and the job's ask; NULL for any other reason (slurm_reason_words says those).
+CREATE OR REPLACE FUNCTION tuneplane.slurm_quota_words(p_code text, p_team text, p_fleet text, p_account text,
+                                                       p_gpus integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('%s; this job asks %s GPU%s (Slurm %s of account %s)', w, p_gpus,
+                  CASE WHEN p_gpus = 1 THEN '' ELSE 's' END,
+                  CASE WHEN p_code LIKE 'QOS%' THEN 'QOS limit' ELSE 'association limit' END,
+                  coalesce(p_account, '(default)'))
+      FROM (SELECT CASE
+                WHEN p_code ~ '^(Assoc|QOS)Grp(GRES|TRES|Cpu|Node|Mem|Jobs|Submit|Wall)'
+                    THEN format('team %s would go past its limit on fleet %s', p_team, p_fleet)
+                WHEN p_code ~ '^(Assoc|QOS)Max.*PerUser' OR p_code ~ '^QOSMax.*PerAccount'
+                    THEN format('team %s would go past what one %s may hold on fleet %s', p_team,
+                                CASE WHEN p_code LIKE '%PerAccount%' THEN 'account' ELSE 'user' END, p_fleet)
+                WHEN p_code ~ '^(Assoc|QOS)Max.*PerJob' OR p_code ~ '^(Assoc|QOS)Max.*PerNode'
+                    THEN format('this job asks more than one job of team %s may use on fleet %s', p_team, p_fleet)
+            END AS w) x
+     WHERE w IS NOT NULL;
 $$;
 
 -- slurm_sync_fleet: what the worker read from the cluster (sinfo/scontrol) at one look. The controller
@@ -111,7 +136,7 @@ $$;
 -- stays `queued` (Slurm's queue is a state) with a reason saying so.
 CREATE OR REPLACE FUNCTION tuneplane.slurm_submissions_due(p_fleet_id bigint)
 RETURNS TABLE (attempt_id bigint, job_id bigint, attempt_number integer, nodes integer, gpus_per_node integer,
-               cpus_per_node integer, memory_per_node bigint, spec jsonb)
+               cpus_per_node integer, memory_per_node bigint, spec jsonb, account text)
 LANGUAGE plpgsql AS $$
 DECLARE
     j tuneplane.jobs;
@@ -133,6 +158,9 @@ BEGIN
         attempt_id := v_attempt; job_id := j.id; attempt_number := v_number; nodes := j.nodes;
         gpus_per_node := j.gpus_per_node; cpus_per_node := j.cpus_per_node;
         memory_per_node := j.memory_per_node; spec := j.spec;
+        -- The team's Slurm account on this fleet (docs/teams.md), so Slurm's accounting agrees with the ledger.
+        account := (SELECT t.slurm_account FROM tuneplane.fleet_team_access t
+                     WHERE t.fleet_id = p_fleet_id AND t.team_id = j.team_id);
         RETURN NEXT;
     END LOOP;
 END;
@@ -171,7 +199,15 @@ BEGIN
     UPDATE tuneplane.slurm_jobs SET slurm_state = 'PENDING', slurm_reason = p_code, jobs_ahead = p_jobs_ahead
      WHERE attempt_id = p_attempt_id;
     v_reason := format('%s (Slurm job %s, reason %s); %s job%s ahead of it in partition %s',
-                       tuneplane.slurm_reason_words(p_code), s.slurm_job_id, coalesce(p_code, 'None'),
+                       coalesce((SELECT tuneplane.slurm_quota_words(p_code, t.name, f.name, fa.slurm_account,
+                                                                    j.nodes * j.gpus_per_node)
+                                   FROM tuneplane.jobs j JOIN tuneplane.teams t ON t.id = j.team_id
+                                   JOIN tuneplane.fleets f ON f.id = j.fleet_id
+                                   LEFT JOIN tuneplane.fleet_team_access fa
+                                          ON fa.fleet_id = j.fleet_id AND fa.team_id = j.team_id
+                                  WHERE j.id = a.job_id),
+                                tuneplane.slurm_reason_words(p_code)),
+                       s.slurm_job_id, coalesce(p_code, 'None'),
                        p_jobs_ahead, CASE WHEN p_jobs_ahead = 1 THEN '' ELSE 's' END,
                        (SELECT partition FROM tuneplane.slurm_fleets WHERE fleet_id = s.fleet_id));
     IF a.state = 'reserved' AND a.cancel_requested_at IS NULL THEN

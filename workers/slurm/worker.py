@@ -624,8 +624,10 @@ def batch_script(fleet: FleetState, due: dict, directory: Path, extra_env: dict)
         lines.append(f"#SBATCH --time={int(minutes)}")
     if int(due["gpus_per_node"]) > 0:
         lines.append(f"#SBATCH --gres=gpu:{int(due['gpus_per_node'])}")
-    if fleet.account:
-        lines.append(f"#SBATCH --account={fleet.account}")
+    # The job's team's account on this fleet (docs/teams.md), else the fleet's own.
+    account = due.get("account") or fleet.account
+    if account:
+        lines.append(f"#SBATCH --account={account}")
     if fleet.qos:
         lines.append(f"#SBATCH --qos={fleet.qos}")
     for key, value in extra_env.items():
