@@ -110,6 +110,12 @@
     };
   }
 
+  // The x axis's tick labels as drawn (uPlot draws them on the canvas), kept on the element so that what
+  // a reader sees ("14:05", not "1764778000000") can be checked.
+  function ticksPlugin(el) {
+    return { hooks: { drawAxes: [u => { el.dataset.xTicks = JSON.stringify((u.axes[0]._values || []).map(String)); }] } };
+  }
+
   function remember(el, built) {
     const columns = [built.xLabel];
     built.names.forEach(n => { columns.push(n, n + " min", n + " max"); });
@@ -135,7 +141,7 @@
     const target = el.querySelector(".tp-plot") || el;
     const uopts = {
       width: Math.max(320, target.clientWidth || 600), height: 260,
-      series: built.series, bands: built.bands, plugins: [markerPlugin(built.markers)],
+      series: built.series, bands: built.bands, plugins: [markerPlugin(built.markers), ticksPlugin(el)],
       scales: { x: { time: built.x === "wall" }, y: opts.log ? { distr: 3 } : {} }, legend: { live: true },
       axes: [{ label: built.xLabel }, yAxis],
     };
