@@ -1,7 +1,7 @@
 """Idle GPUs in a browser (Playwright driving Debian's Chromium): the Fleet page marks the idle GPUs with
-their last samples, the job page shows the warning and its deadline, and Job Charts draws the GPU samples on a time
-axis whose labels are times, not 13-digit steps. Simulated GPUs: NVML-shaped samples written through the real
-telemetry gateway (tests/simulated_gpus.py), judged by the real sweep."""
+their last samples, the job page shows the warning and its deadline, and Job Charts draws the GPU samples
+on a time axis whose labels are times, not 13-digit steps. Simulated GPUs: NVML-shaped samples written
+through the real telemetry gateway (tests/simulated_gpus.py), judged by the real sweep."""
 
 from __future__ import annotations
 
