@@ -11,6 +11,8 @@
 DROP FUNCTION IF EXISTS tuneplane.record_artifact_chunk(text, bigint, integer, integer, integer, text);
 DROP FUNCTION IF EXISTS tuneplane.artifact_file_chunks(text, bigint, integer);
 DROP FUNCTION IF EXISTS tuneplane.job_artifacts(bigint, bigint);
+-- job_visible_to: replaced by require_job_access (access.sql), which also refuses a disabled user.
+DROP FUNCTION IF EXISTS tuneplane.job_visible_to(bigint, bigint);
 
 -- A complete artifact never changes: not its manifest, not its state, not its files.
 CREATE OR REPLACE FUNCTION tuneplane.artifacts_guard_change() RETURNS trigger
@@ -698,23 +700,8 @@ CREATE OR REPLACE TRIGGER artifacts_of_lost_member
     EXECUTE FUNCTION tuneplane.artifacts_of_lost_member();
 
 -- ---------------------------------------------------------------------------------------------------
--- Users: a user sees the artifacts of their own jobs; an admin sees all. Invisible is reported as
--- unknown (404), so job ids cannot be probed.
-CREATE OR REPLACE FUNCTION tuneplane.job_visible_to(p_user_id bigint, p_job_id bigint)
-RETURNS tuneplane.jobs
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    j tuneplane.jobs;
-BEGIN
-    SELECT jb.* INTO j FROM tuneplane.jobs jb JOIN tuneplane.users u ON u.id = p_user_id
-     WHERE jb.id = p_job_id AND (jb.owner_id = u.id OR u.role = 'admin');
-    IF j.id IS NULL THEN
-        RAISE EXCEPTION 'no job %', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job';
-    END IF;
-    RETURN j;
-END;
-$$;
-
+-- Users: who may see a job's artifacts is require_job_access's answer (access.sql); a job the user may
+-- not see is reported as unknown (404), so job ids cannot be probed.
 -- job_artifacts: every artifact of a job (all attempts), newest attempt first, with the last
 -- verification and, while uploading, how many of its bytes the server holds (uploaded_bytes). Refuses a job the user cannot see (404).
 CREATE OR REPLACE FUNCTION tuneplane.job_artifacts(p_user_id bigint, p_job_id bigint)
@@ -725,7 +712,7 @@ RETURNS TABLE (id bigint, job_id bigint, attempt integer, rank integer, name tex
                uploaded_bytes bigint)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    PERFORM tuneplane.job_visible_to(p_user_id, p_job_id);
+    PERFORM tuneplane.require_job_access(p_user_id, p_job_id, 'read');
     RETURN QUERY
         SELECT a.id, a.job_id, at.number, a.rank, a.name, a.kind, a.state, a.reason, a.delivery, a.shared_path,
                a.manifest_digest, a.file_count, a.total_bytes, a.created_at, a.completed_at,
@@ -758,7 +745,7 @@ DECLARE
     choices text;
     a tuneplane.artifacts;
 BEGIN
-    PERFORM tuneplane.job_visible_to(p_user_id, p_job_id);
+    PERFORM tuneplane.require_job_access(p_user_id, p_job_id, 'read');
     SELECT coalesce(p_attempt, max(at.number)) INTO v_attempt
       FROM tuneplane.artifacts ar JOIN tuneplane.attempts at ON at.id = ar.attempt_id
      WHERE ar.job_id = p_job_id AND ar.name = p_name AND (p_rank IS NULL OR ar.rank = p_rank);
@@ -796,7 +783,7 @@ DECLARE
     v_request text := gen_random_uuid()::text;
     cmd tuneplane.node_commands;
 BEGIN
-    j := tuneplane.job_visible_to(p_user_id, p_job_id);
+    j := tuneplane.require_job_access(p_user_id, p_job_id, 'act');
     IF p_rank IS NOT NULL AND NOT EXISTS (SELECT 1 FROM tuneplane.members mm
                                           WHERE mm.job_id = j.id AND mm.rank = p_rank) THEN
         RAISE EXCEPTION 'job % has no member of rank %', j.id, p_rank USING ERRCODE = 'TP404', COLUMN = 'rank';
@@ -845,7 +832,7 @@ BEGIN
         RAISE EXCEPTION 'no artifact %', p_artifact_id USING ERRCODE = 'TP404', COLUMN = 'artifact';
     END IF;
     BEGIN
-        PERFORM tuneplane.job_visible_to(p_user_id, a.job_id);
+        PERFORM tuneplane.require_job_access(p_user_id, a.job_id, 'read');
     EXCEPTION WHEN SQLSTATE 'TP404' THEN
         RAISE EXCEPTION 'no artifact %', p_artifact_id USING ERRCODE = 'TP404', COLUMN = 'artifact';
     END;

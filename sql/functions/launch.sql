@@ -1049,7 +1049,7 @@ BEGIN
 END;
 $$;
 
--- cancel_job: the owner or an admin cancels. queued → cancelled at once; before COMMIT the launch is
+-- cancel_job: a user who may act on the job (require_job_access 'act': its owner or an admin) cancels. queued → cancelled at once; before COMMIT the launch is
 -- aborted (nothing started) and the job is cancelled; after COMMIT every member gets STOP and the job
 -- is cancelled only when every node has confirmed its member stopped (resources are released then).
 -- Members on a fenced or retired node were already lost (and released) by the fence or retire.
@@ -1062,11 +1062,9 @@ DECLARE
     actor tuneplane.users;
     v_why text;
 BEGIN
-    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
+    PERFORM tuneplane.require_job_access(p_actor_id, p_job_id, 'act');
+    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id;
     SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id FOR UPDATE;
-    IF j.id IS NULL OR actor.id IS NULL OR (j.owner_id <> actor.id AND actor.role <> 'admin') THEN
-        RAISE EXCEPTION 'no job % of yours', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job';
-    END IF;
     IF j.state IN ('succeeded', 'failed', 'cancelled') THEN
         RAISE EXCEPTION 'job % already %', p_job_id, j.state USING ERRCODE = 'TP409', COLUMN = 'job';
     END IF;
@@ -1417,7 +1415,7 @@ RETURNS TABLE (number integer, state text, reason text, decision text, decision_
                cancel_requested_at timestamptz, capsule_digest text, master_addr text, master_port integer)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    PERFORM tuneplane.require_job_access(p_actor_id, p_job_id, 'read');
     RETURN QUERY
         SELECT a.number, a.state, a.reason, d.decision, d.reason, d.decided_at, a.created_at, a.committed_at,
                a.running_at, a.ended_at, a.prepare_deadline, a.cancel_requested_at, a.capsule_digest,
@@ -1437,7 +1435,7 @@ RETURNS TABLE (attempt integer, rank integer, member_id bigint, node text, gpu_i
                contact_lost_at timestamptz)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    PERFORM tuneplane.require_job_access(p_actor_id, p_job_id, 'read');
     RETURN QUERY
         SELECT a.number, m.rank, m.id, n.name, m.gpu_indices, m.cpus, m.memory_bytes, m.state, m.reason,
                m.exit_code, m.started_at, m.ended_at, m.updated_at, m.released_at IS NULL, m.contact_lost_at
@@ -1458,7 +1456,7 @@ RETURNS TABLE (job_id bigint, fleet text, queue_position bigint, queued_in_fleet
                team_now text)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    PERFORM tuneplane.require_job_access(p_actor_id, p_job_id, 'read');
     RETURN QUERY
         WITH queue AS (SELECT * FROM tuneplane.v_queue)
         SELECT q.job_id, q.fleet, q.position,

@@ -131,7 +131,7 @@ CREATE OR REPLACE FUNCTION tuneplane.job_member_log(p_actor_id bigint, p_job_id 
 RETURNS json
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    j          tuneplane.v_jobs;
+    j          tuneplane.jobs;
     v_settings tuneplane.member_log_settings;
     m          record;
     s          tuneplane.member_log_streams;
@@ -142,7 +142,7 @@ DECLARE
     v_next     bigint;
     v_more     boolean;
 BEGIN
-    SELECT * INTO j FROM tuneplane.get_job(p_actor_id, p_job_id);
+    j := tuneplane.require_job_access(p_actor_id, p_job_id, 'read');
     SELECT * INTO v_settings FROM tuneplane.member_log_settings;
     IF p_stream IS NULL OR p_stream NOT IN ('stdout', 'stderr') THEN
         RAISE EXCEPTION 'stream must be stdout or stderr' USING ERRCODE = 'TP400', COLUMN = 'stream';

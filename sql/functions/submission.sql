@@ -119,9 +119,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     result tuneplane.submission_settings;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tuneplane.users WHERE id = p_actor_id AND role = 'admin' AND disabled_at IS NULL) THEN
-        RAISE EXCEPTION 'changing submission settings needs the admin role' USING ERRCODE = 'TP403', COLUMN = 'user';
-    END IF;
+    PERFORM tuneplane.require_admin(p_actor_id, 'changing submission settings');
     IF p_value IS NULL OR p_value < 0 THEN
         RAISE EXCEPTION 'a setting is a non-negative integer' USING ERRCODE = 'TP400', COLUMN = 'value';
     END IF;
@@ -142,9 +140,7 @@ DECLARE
     target bigint;
     result tuneplane.user_limits;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tuneplane.users WHERE id = p_actor_id AND role = 'admin' AND disabled_at IS NULL) THEN
-        RAISE EXCEPTION 'setting limits needs the admin role' USING ERRCODE = 'TP403', COLUMN = 'user';
-    END IF;
+    PERFORM tuneplane.require_admin(p_actor_id, 'setting limits');
     SELECT id INTO target FROM tuneplane.users WHERE username = p_username;
     IF target IS NULL THEN
         RAISE EXCEPTION 'no user named %', p_username USING ERRCODE = 'TP404', COLUMN = 'username';
@@ -248,7 +244,7 @@ BEGIN
         SELECT ar.* INTO a FROM tuneplane.artifacts ar
           JOIN tuneplane.jobs j ON j.id = ar.job_id
           JOIN tuneplane.users u ON u.id = p_owner_id
-         WHERE ar.manifest_digest = v_digest AND (j.owner_id = u.id OR u.role = 'admin')
+         WHERE ar.manifest_digest = v_digest AND tuneplane.job_access_allowed(u, j, 'read')
          ORDER BY (ar.state = 'complete') DESC, ar.completed_at DESC NULLS LAST, ar.id DESC
          LIMIT 1;
         IF a.id IS NULL THEN
@@ -806,8 +802,8 @@ BEGIN
             USING ERRCODE = 'TP400', COLUMN = 'state';
     END IF;
     RETURN QUERY
-        SELECT v.* FROM tuneplane.v_jobs v
-         WHERE (actor.role = 'admin' OR v.owner_id = actor.id)
+        SELECT v.* FROM tuneplane.v_jobs v JOIN tuneplane.jobs j ON j.id = v.id
+         WHERE tuneplane.job_access_allowed(actor, j, 'read')
            AND (p_state IS NULL OR v.state = p_state)
            AND (p_owner IS NULL OR v.owner = p_owner)
            AND (p_fleet IS NULL OR v.fleet = p_fleet)
@@ -817,31 +813,27 @@ BEGIN
 END;
 $$;
 
--- job_owners_visible: the owners whose jobs the actor may see (the jobs list's owner filter): an admin
--- every owner of a job, anyone else themselves.
+-- job_owners_visible: the owners whose jobs the actor may see (the jobs list's owner filter), and the
+-- actor themselves; nothing for a disabled or unknown actor.
 CREATE OR REPLACE FUNCTION tuneplane.job_owners_visible(p_actor_id bigint)
 RETURNS TABLE (owner text)
 LANGUAGE sql STABLE AS $$
-    SELECT DISTINCT u.username
+    SELECT u.username
       FROM tuneplane.users u
       JOIN tuneplane.users actor ON actor.id = p_actor_id AND actor.disabled_at IS NULL
-     WHERE (actor.role = 'admin' AND EXISTS (SELECT 1 FROM tuneplane.jobs j WHERE j.owner_id = u.id))
-        OR u.id = actor.id
+     WHERE u.id = actor.id
+        OR EXISTS (SELECT 1 FROM tuneplane.jobs j
+                    WHERE j.owner_id = u.id AND tuneplane.job_access_allowed(actor, j, 'read'))
      ORDER BY 1;
 $$;
 
--- get_job: one job its owner (or an admin) may see; 404 for anyone else (existence is not leaked).
+-- get_job: the v_jobs row of a job the user may read (require_job_access, access.sql); 404 otherwise.
 CREATE OR REPLACE FUNCTION tuneplane.get_job(p_actor_id bigint, p_job_id bigint)
 RETURNS SETOF tuneplane.v_jobs
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    RETURN QUERY
-        SELECT v.* FROM tuneplane.v_jobs v, tuneplane.users a
-         WHERE v.id = p_job_id AND a.id = p_actor_id AND a.disabled_at IS NULL
-           AND (a.role = 'admin' OR v.owner_id = a.id);
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'no job % of yours', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job_id';
-    END IF;
+    PERFORM tuneplane.require_job_access(p_actor_id, p_job_id, 'read');
+    RETURN QUERY SELECT v.* FROM tuneplane.v_jobs v WHERE v.id = p_job_id;
 END;
 $$;
 
@@ -850,7 +842,7 @@ CREATE OR REPLACE FUNCTION tuneplane.job_events_of(p_actor_id bigint, p_job_id b
 RETURNS SETOF tuneplane.job_events
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    PERFORM tuneplane.require_job_access(p_actor_id, p_job_id, 'read');
     RETURN QUERY SELECT e.* FROM tuneplane.job_events e WHERE e.job_id = p_job_id ORDER BY e.id;
 END;
 $$;

@@ -19,6 +19,10 @@ DROP FUNCTION IF EXISTS tuneplane.telemetry_merge_batch(bigint[], integer[], big
     double precision[], double precision[], double precision[], bigint[], bigint[], double precision[],
     bigint[], bigint[], bigint[], bigint[], bigint[], double precision[], text, bigint, integer, integer,
     integer, jsonb);
+-- telemetry_can_read, telemetry_require_read: replaced by require_job_access / job_access_allowed
+-- (access.sql), one answer to "may this user see this job".
+DROP FUNCTION IF EXISTS tuneplane.telemetry_can_read(bigint, bigint);
+DROP FUNCTION IF EXISTS tuneplane.telemetry_require_read(bigint, bigint);
 
 -- telemetry_canonical: the canonical name for a raw metric name, or NULL.
 CREATE OR REPLACE FUNCTION tuneplane.telemetry_canonical(p_name text)
@@ -53,9 +57,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     result tuneplane.telemetry_settings;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tuneplane.users WHERE id = p_actor_id AND role = 'admin' AND disabled_at IS NULL) THEN
-        RAISE EXCEPTION 'changing telemetry settings needs the admin role' USING ERRCODE = 'TP403', COLUMN = 'actor';
-    END IF;
+    PERFORM tuneplane.require_admin(p_actor_id, 'changing telemetry settings');
     IF p_retention IS NOT NULL AND p_retention <= interval '0' THEN
         RAISE EXCEPTION 'retention must be positive' USING ERRCODE = 'TP400', COLUMN = 'retention';
     END IF;
@@ -451,7 +453,7 @@ RETURNS TABLE (attempt integer, member_rank integer, state text, reason text, re
                damaged_regions bigint, series integer, member_ended_at timestamptz, finished_at timestamptz)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    PERFORM tuneplane.telemetry_require_read(p_actor_id, p_job_id);
+    PERFORM tuneplane.require_job_access(p_actor_id, p_job_id, 'read');
     RETURN QUERY
         SELECT m.attempt, m.member_rank,
                CASE WHEN m.state = 'collecting' AND grace.until <= now() THEN 'incomplete' ELSE m.state END,
@@ -476,7 +478,7 @@ RETURNS TABLE (kind text, attempt integer, member_rank integer, source text, wha
                count bigint, file_offset bigint, bytes bigint, at timestamptz)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    PERFORM tuneplane.telemetry_require_read(p_actor_id, p_job_id);
+    PERFORM tuneplane.require_job_access(p_actor_id, p_job_id, 'read');
     RETURN QUERY
         SELECT * FROM (
             SELECT 'damaged'::text, d.attempt, d.member_rank, d.source, d.file, d.reason, 1::bigint,
@@ -491,40 +493,6 @@ BEGIN
 END;
 $$;
 
--- telemetry_can_read: true when the user may read this job's telemetry (its owner, or an admin).
-CREATE OR REPLACE FUNCTION tuneplane.telemetry_can_read(p_actor_id bigint, p_job_id bigint)
-RETURNS boolean
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    actor_role text;
-    owner bigint;
-BEGIN
-    SELECT u.role INTO actor_role FROM tuneplane.users u WHERE u.id = p_actor_id AND u.disabled_at IS NULL;
-    IF actor_role IS NULL THEN
-        RETURN false;
-    END IF;
-    IF actor_role = 'admin' THEN
-        RETURN true;
-    END IF;
-    IF to_regclass('tuneplane.jobs') IS NULL THEN
-        RETURN false;
-    END IF;
-    EXECUTE 'SELECT owner_id FROM tuneplane.jobs WHERE id = $1' INTO owner USING p_job_id;
-    RETURN owner IS NOT DISTINCT FROM p_actor_id AND owner IS NOT NULL;
-END;
-$$;
-
--- telemetry_require_read: 404 unless the user may read the job's telemetry (no hint that it exists).
-CREATE OR REPLACE FUNCTION tuneplane.telemetry_require_read(p_actor_id bigint, p_job_id bigint)
-RETURNS void
-LANGUAGE plpgsql STABLE AS $$
-BEGIN
-    IF NOT tuneplane.telemetry_can_read(p_actor_id, p_job_id) THEN
-        RAISE EXCEPTION 'no such job of yours: %', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job_id';
-    END IF;
-END;
-$$;
-
 -- telemetry_job_series: the series of a job the user may read, optionally narrowed.
 CREATE OR REPLACE FUNCTION tuneplane.telemetry_job_series(p_actor_id bigint, p_job_id bigint, p_name text DEFAULT NULL,
                                                p_attempt integer DEFAULT NULL, p_member integer DEFAULT NULL,
@@ -532,7 +500,7 @@ CREATE OR REPLACE FUNCTION tuneplane.telemetry_job_series(p_actor_id bigint, p_j
 RETURNS SETOF tuneplane.telemetry_series
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
-    PERFORM tuneplane.telemetry_require_read(p_actor_id, p_job_id);
+    PERFORM tuneplane.require_job_access(p_actor_id, p_job_id, 'read');
     RETURN QUERY
         SELECT s.* FROM tuneplane.telemetry_series s
          WHERE s.job_id = p_job_id
@@ -732,9 +700,9 @@ DECLARE
     job bigint;
 BEGIN
     SELECT s.job_id INTO job FROM tuneplane.telemetry_series s WHERE s.id = p_series_id;
-    IF job IS NULL OR NOT tuneplane.telemetry_can_read(p_actor_id, job) THEN
-        RAISE EXCEPTION 'no such series of yours: %', p_series_id USING ERRCODE = 'TP404', COLUMN = 'series';
-    END IF;
+    PERFORM tuneplane.require_job_access(p_actor_id, job, 'read');
+EXCEPTION WHEN SQLSTATE 'TP404' THEN
+    RAISE EXCEPTION 'no such series of yours: %', p_series_id USING ERRCODE = 'TP404', COLUMN = 'series';
 END;
 $$;
 

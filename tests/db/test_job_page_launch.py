@@ -180,7 +180,7 @@ def test_unknown_job_is_404_naming_the_job(client: FlaskClient, users: dict) -> 
         response = client.get(path, headers=users["alice"])
         assert response.status_code == 404 and "job_id" in response.get_json()["fields"]
     cancel = client.post("/jobs/999999/cancel", json={}, headers=users["alice"])
-    assert cancel.status_code == 404 and "job" in cancel.get_json()["fields"]
+    assert cancel.status_code == 404 and "job_id" in cancel.get_json()["fields"]
 
 
 def test_another_user_can_neither_see_nor_cancel_a_job(

@@ -269,7 +269,7 @@ def test_metrics_cli_prints_bounded_series(db: Database, db_url: str, gateway: G
         data = json.loads(as_json.output)
         assert len(data["series"][0]["buckets"]) <= 50 and data["series"][0]["point_count"] == 3_000
         refused = CliRunner().invoke(main, ["metrics", "999999"], env=env)
-        assert refused.exit_code == 1 and "no such job" in refused.output
+        assert refused.exit_code == 1 and "no job 999999 of yours" in refused.output
     finally:
         server.shutdown()
 

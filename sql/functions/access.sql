@@ -1,0 +1,72 @@
+-- sql/functions/access.sql — who may do what: the one answer to each access question.
+-- Every function, in every lifecycle file, that asks "may this user see (or act on) this job" or "is this
+-- user an admin" calls one of these; nothing writes the rule inline. tests/db/test_access.py checks the
+-- rule itself; tests/db/test_route_access.py walks every route the console and both gateways register and
+-- checks that each job-scoped one answers 404 to a user who may not see the job.
+--
+-- Repeatable file (ADR 0012): `tuneplane db migrate` re-applies every file of sql/functions/ (in the order
+-- of order.txt, one transaction) whenever one changes. Edit definitions here, never in a migration.
+-- A changed signature: add its DROP below (it runs before the new definition is created).
+--
+-- Locks: none. These functions only read users and jobs; a caller that changes the job locks it itself,
+-- in its own file's lock order, after (or instead of) asking here.
+--
+-- Drops (signature changes):
+
+-- job_access_allowed: the rule, as a boolean over a users row and a jobs row, for filters over many jobs
+-- (the jobs list, its owner filter, a digest search) and for require_job_access below. Today, for every
+-- action: the user exists (p_user is not the NULL row), is not disabled, and owns the job or is an admin.
+--   p_action  'read'  see the job: its page, events, attempts, members, logs, artifacts, telemetry
+--             'act'   change it: cancel, request a checkpoint
+-- An unknown action is never allowed. It reads nothing but its arguments, so PostgreSQL inlines it into a
+-- list's WHERE clause (no call per row): whatever a new rule needs (a team membership, a token's scope)
+-- is passed in, not looked up here.
+CREATE OR REPLACE FUNCTION tuneplane.job_access_allowed(p_user tuneplane.users, p_job tuneplane.jobs, p_action text)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(p_action IN ('read', 'act')
+                    AND (p_user).id IS NOT NULL AND (p_user).disabled_at IS NULL
+                    AND ((p_user).role = 'admin' OR (p_user).id = (p_job).owner_id), false);
+$$;
+
+-- require_job_access(principal, job, action): the jobs row when user p_user_id may do p_action ('read' or
+-- 'act', see job_access_allowed) to job p_job_id; otherwise refuses 404 "no job N of yours" naming
+-- job_id — the same answer for a job that does not exist, so job ids cannot be probed. A disabled user
+-- may do nothing. An unknown action is a programming error (SQLSTATE P0001, a logged 500), not a refusal.
+-- Locks nothing (a caller that changes the job locks it next, in its own lock order).
+CREATE OR REPLACE FUNCTION tuneplane.require_job_access(p_user_id bigint, p_job_id bigint, p_action text)
+RETURNS tuneplane.jobs
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    u tuneplane.users;
+    j tuneplane.jobs;
+BEGIN
+    IF p_action IS NULL OR p_action NOT IN ('read', 'act') THEN
+        RAISE EXCEPTION 'require_job_access: unknown action %', coalesce(p_action, 'NULL');
+    END IF;
+    SELECT * INTO u FROM tuneplane.users WHERE id = p_user_id;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id;
+    IF j.id IS NULL OR NOT tuneplane.job_access_allowed(u, j, p_action) THEN
+        RAISE EXCEPTION 'no job % of yours', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job_id';
+    END IF;
+    RETURN j;
+END;
+$$;
+
+-- require_admin: the users row of p_actor_id when it is an enabled admin; otherwise refuses 403
+-- "<p_what> needs the admin role" naming the field `actor`. Used by every admin-only stored function and
+-- by the console's admin_required (app/web/auth.py), so the rule is written once.
+CREATE OR REPLACE FUNCTION tuneplane.require_admin(p_actor_id bigint, p_what text)
+RETURNS tuneplane.users
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    u tuneplane.users;
+BEGIN
+    SELECT * INTO u FROM tuneplane.users WHERE id = p_actor_id AND role = 'admin' AND disabled_at IS NULL;
+    IF u.id IS NULL THEN
+        RAISE EXCEPTION '% needs the admin role', coalesce(nullif(p_what, ''), 'this')
+            USING ERRCODE = 'TP403', COLUMN = 'actor';
+    END IF;
+    RETURN u;
+END;
+$$;
