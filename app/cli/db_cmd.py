@@ -1,8 +1,9 @@
-"""`tuneplane db migrate|status`."""
+"""`tuneplane db migrate|status|schema`."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import click
 
@@ -44,6 +45,33 @@ def status_cmd(database_url: str | None, data_dir: str | None, as_json: bool) ->
         print_json(rows)
     else:
         print_table(rows, ["version", "name", "state", "applied_at"])
+
+
+@db_group.command("schema")
+@click.option(
+    "--database-url",
+    default=None,
+    help="A PostgreSQL server to use (a temporary database is created and dropped there); "
+    "without it a throw-away embedded server is started.",
+)
+@click.option(
+    "--output",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Where to write (default: sql/schema.sql of this checkout); '-' prints it.",
+)
+def schema_cmd(database_url: str | None, output: str | None) -> None:
+    """Regenerate sql/schema.sql: an empty database after every migration (app/schema_dump.py)."""
+    from tuneplane.app import schema_dump
+    from tuneplane.app.resources import resource_dir
+
+    text = schema_dump.fresh_schema(database_url)
+    if output == "-":
+        click.echo(text, nl=False)
+        return
+    target = Path(output) if output else resource_dir("sql") / "schema.sql"
+    target.write_text(text)
+    click.echo(f"wrote {target} ({len(text.splitlines())} lines)")
 
 
 COMMANDS = [db_group]
