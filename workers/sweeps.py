@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psycopg
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
 
@@ -47,31 +48,31 @@ def _counted(ctx: SweepContext, function: str, what: str) -> str | None:
 
 
 def expire_prepare_deadlines(ctx: SweepContext) -> str | None:
-    return _counted(ctx, "expire_prepare_deadlines", "launch(es) past their prepare deadline aborted")
+    return _counted(ctx, fn.expire_prepare_deadlines, "launch(es) past their prepare deadline aborted")
 
 
 def sweep_lost_nodes(ctx: SweepContext) -> str | None:
-    return _counted(ctx, "sweep_lost_nodes", "member(s) lost contact")
+    return _counted(ctx, fn.sweep_lost_nodes, "member(s) lost contact")
 
 
 def expire_member_deadlines(ctx: SweepContext) -> str | None:
-    return _counted(ctx, "expire_member_deadlines", "member(s) past their start/stop deadline sent KILL")
+    return _counted(ctx, fn.expire_member_deadlines, "member(s) past their start/stop deadline sent KILL")
 
 
 def requeue_stalled_launches(ctx: SweepContext) -> str | None:
-    return _counted(ctx, "requeue_stalled_launches", "stalled launch(es) re-enqueued")
+    return _counted(ctx, fn.requeue_stalled_launches, "stalled launch(es) re-enqueued")
 
 
 # ---- nodes (sql/functions/nodes.sql) ----------------------------------------------------------------------
 
 
 def note_connectivity_changes(ctx: SweepContext) -> str | None:
-    return _counted(ctx, "note_connectivity_changes", "node(s) changed connectivity")
+    return _counted(ctx, fn.note_connectivity_changes, "node(s) changed connectivity")
 
 
 def prune_node_commands(ctx: SweepContext) -> str | None:
     """Acknowledged node commands older than a week (the default of the function)."""
-    return _counted(ctx, "prune_node_commands", "acknowledged node command(s) older than 7 days deleted")
+    return _counted(ctx, fn.prune_node_commands, "acknowledged node command(s) older than 7 days deleted")
 
 
 # ---- idle GPUs (sql/functions/idle.sql, docs/idle.md) ----------------------------------------------------
@@ -80,7 +81,7 @@ def prune_node_commands(ctx: SweepContext) -> str | None:
 def sweep_idle_jobs(ctx: SweepContext) -> str | None:
     """Running jobs judged from their stored GPU samples: warned, reclaimed at their deadline, or busy again.
     Each job is evaluated at most once per idle_settings.check_every; one call evaluates at most 200."""
-    row = ctx.db.call("sweep_idle_jobs")[0]
+    row = ctx.db.call(fn.sweep_idle_jobs)[0]
     if not (row["warned"] or row["reclaimed"] or row["busy_again"]):
         return None
     return (
@@ -93,7 +94,7 @@ def sweep_idle_jobs(ctx: SweepContext) -> str | None:
 
 
 def telemetry_prune(ctx: SweepContext) -> str | None:
-    row = ctx.db.call("telemetry_prune")[0]
+    row = ctx.db.call(fn.telemetry_prune)[0]
     if not row["series"]:
         return None
     return f"telemetry retention removed {row['series']} series ({row['points']} points)"
@@ -101,7 +102,9 @@ def telemetry_prune(ctx: SweepContext) -> str | None:
 
 def prune_team_event_deliveries(ctx: SweepContext) -> str | None:
     """Team webhook deliveries delivered or given up longer ago than webhook_settings.keep_for."""
-    return _counted(ctx, "prune_team_event_deliveries", "team webhook deliveries past their keep_for deleted")
+    return _counted(
+        ctx, fn.prune_team_event_deliveries, "team webhook deliveries past their keep_for deleted"
+    )
 
 
 def blob_gc(ctx: SweepContext) -> str | None:

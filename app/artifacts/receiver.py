@@ -29,6 +29,7 @@ from typing import Any
 import google_crc32c
 from psycopg.types.json import Jsonb
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.artifacts.blobs import FsBlobStore
 from tuneplane.app.artifacts.gc import gc_lock
 from tuneplane.app.artifacts.staged_hash import STAGED_HASHES, StagedWriter, trusted_prefix
@@ -134,7 +135,7 @@ class ArtifactReceiver:
         except ManifestError as exc:
             raise Refusal(str(exc), 400, "manifest") from exc
         row = self.db.call(
-            "register_artifact",
+            fn.register_artifact,
             credential_hash,
             reg.member_id,
             reg.name,
@@ -173,12 +174,12 @@ class ArtifactReceiver:
                 artifact = self._record_file(credential_hash, artifact["id"], entry)
         if problems and artifact["delivery"] == "shared":
             reason = f"shared files do not match the manifest: {'; '.join(problems[:20])}"
-            artifact = self.db.call("fail_artifact", credential_hash, artifact["id"], reason)[0]
+            artifact = self.db.call(fn.fail_artifact, credential_hash, artifact["id"], reason)[0]
         return artifact
 
     def _record_file(self, credential_hash: str, artifact_id: int, entry: dict) -> dict:
         return self.db.call(
-            "record_artifact_file",
+            fn.record_artifact_file,
             credential_hash,
             artifact_id,
             entry["index"],
@@ -210,7 +211,7 @@ class ArtifactReceiver:
     # -- uploads --------------------------------------------------------------------------------------
 
     def status(self, credential_hash: str, artifact_id: int) -> dict:
-        return self.db.call("artifact_upload_status", credential_hash, artifact_id)[0][
+        return self.db.call(fn.artifact_upload_status, credential_hash, artifact_id)[0][
             "artifact_upload_status"
         ]
 
@@ -232,7 +233,7 @@ class ArtifactReceiver:
                 "each chunk needs its crc32c (X-Chunk-Crc32c) or sha256 (X-Chunk-Sha256)", 400, "chunk"
             )
         target = self.db.call(
-            "artifact_upload_target", credential_hash, artifact_id, file_index, chunk_index, body.length
+            fn.artifact_upload_target, credential_hash, artifact_id, file_index, chunk_index, body.length
         )[0]
         staged = None if target["verified"] else self._staging_file(target)
         # Streamed into place while its digest is computed: bytes that then fail the check are never
@@ -245,7 +246,7 @@ class ArtifactReceiver:
             sha, crc, writer = _receive(body, staged, offset, want_sha256)
             check_chunk_digest(target["path"], chunk_index, sha, crc, claimed_sha256, claimed_crc32c)
             recorded = self.db.call(
-                "record_artifact_chunk", credential_hash, artifact_id, file_index, chunk_index, body.length,
+                fn.record_artifact_chunk, credential_hash, artifact_id, file_index, chunk_index, body.length,
                 sha if claimed_crc32c is None else None, crc if claimed_crc32c is not None else None,
             )[0]  # fmt: skip
             if writer is not None:
@@ -288,20 +289,20 @@ class ArtifactReceiver:
         with open(lock_path, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self._file_state(credential_hash, target["artifact_id"], target["file_index"])["verified"]:
-                return self.db.call("finish_artifact", credential_hash, target["artifact_id"])[0]
+                return self.db.call(fn.finish_artifact, credential_hash, target["artifact_id"])[0]
             return self._assemble_locked(credential_hash, target, staged)
 
     def _file_state(self, credential_hash: str, artifact_id: int, file_index: int) -> dict:
         # One file's answer, not artifact_upload_status: asked once per file, which for an artifact of
         # tens of thousands of files made every file cost as much as all of them.
-        return self.db.call("artifact_file_state", credential_hash, artifact_id, file_index)[0]
+        return self.db.call(fn.artifact_file_state, credential_hash, artifact_id, file_index)[0]
 
     def _assemble_locked(self, credential_hash: str, target: dict, staged: Path) -> dict:
         # One pass over the staged bytes not hashed on arrival: each chunk is checked against the digest it
         # arrived with (crc32c costs a fraction of the sha256 this pass computes anyway) while the whole
         # file's sha256 — the proof against the manifest — is completed over the same bytes.
         chunks = self.db.call(
-            "artifact_file_chunks", credential_hash, target["artifact_id"], target["file_index"]
+            fn.artifact_file_chunks, credential_hash, target["artifact_id"], target["file_index"]
         )
         chunk_size = int(target["chunk_size"])
         bad: list[int] = []
@@ -333,7 +334,7 @@ class ArtifactReceiver:
                       size - proven)  # fmt: skip
         if bad:
             self.db.call(
-                "discard_artifact_chunks",
+                fn.discard_artifact_chunks,
                 credential_hash,
                 target["artifact_id"],
                 target["file_index"],
@@ -349,7 +350,7 @@ class ArtifactReceiver:
                 "all its chunks were dropped"
             )
             self.db.call(
-                "discard_artifact_chunks",
+                fn.discard_artifact_chunks,
                 credential_hash,
                 target["artifact_id"],
                 target["file_index"],
@@ -360,7 +361,7 @@ class ArtifactReceiver:
         with gc_lock(self.blob_dir, exclusive=False):
             self.blobs.adopt_hashed(staged, target["sha256"])
             artifact = self.db.call(
-                "record_artifact_file",
+                fn.record_artifact_file,
                 credential_hash,
                 target["artifact_id"],
                 target["file_index"],
@@ -372,13 +373,13 @@ class ArtifactReceiver:
         return artifact
 
     def finish(self, credential_hash: str, artifact_id: int) -> dict:
-        artifact = self.db.call("finish_artifact", credential_hash, artifact_id)[0]
+        artifact = self.db.call(fn.finish_artifact, credential_hash, artifact_id)[0]
         if artifact["state"] == "uploading":
             # Files whose blobs arrived but whose record was lost (a crash between the two) verify here.
             artifact = self._verify_known_files(credential_hash, artifact)
         if artifact["state"] == "uploading":
             self._assemble_due(credential_hash, artifact_id)
-            artifact = self.db.call("finish_artifact", credential_hash, artifact_id)[0]
+            artifact = self.db.call(fn.finish_artifact, credential_hash, artifact_id)[0]
         return artifact
 
     def _assemble_due(self, credential_hash: str, artifact_id: int) -> None:
@@ -403,13 +404,13 @@ class ArtifactReceiver:
     def refuse(self, credential_hash: str, refused: Refused) -> dict:
         """Record an output the agent cannot deliver as failed with its reason (refuse_artifact)."""
         artifact = self.db.call(
-            "refuse_artifact", credential_hash, refused.member_id, refused.name, refused.kind, refused.reason
+            fn.refuse_artifact, credential_hash, refused.member_id, refused.name, refused.kind, refused.reason
         )[0]
         self._drop_staging(artifact["id"])
         return artifact
 
     def fail(self, credential_hash: str, artifact_id: int, reason: str) -> dict:
-        artifact = self.db.call("fail_artifact", credential_hash, artifact_id, reason)[0]
+        artifact = self.db.call(fn.fail_artifact, credential_hash, artifact_id, reason)[0]
         self._drop_staging(artifact_id)
         return artifact
 

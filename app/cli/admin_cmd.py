@@ -6,6 +6,7 @@ import secrets
 
 import click
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.cli.options import database, server_side, settings_from
 from tuneplane.app.db import Database
 from tuneplane.app.security import hash_password, new_token
@@ -36,13 +37,13 @@ def create_user(
     with database(settings_from(database_url, data_dir)) as url:
         db = Database(url, max_size=1, name="tuneplane-admin")
         try:
-            user = db.call("create_user", username, hash_password(password), role)[0]
+            user = db.call(fn.create_user, username, hash_password(password), role)[0]
             click.echo(f"created {role} {user['username']} (id {user['id']})")
             if generated:
                 click.echo(f"password: {password}")
             if with_token:
                 plaintext, digest = new_token("tpu")
-                db.call("issue_api_token", user["id"], "created by tuneplane admin", digest, None)
+                db.call(fn.issue_api_token, user["id"], "created by tuneplane admin", digest, None)
                 click.echo(f"token: {plaintext}")
         finally:
             db.close()
@@ -61,7 +62,7 @@ def issue_token(username: str, name: str, database_url: str | None, data_dir: st
             if row is None:
                 raise click.ClickException(f"no user named {username}")
             plaintext, digest = new_token("tpu")
-            db.call("issue_api_token", row["id"], name, digest, None)
+            db.call(fn.issue_api_token, row["id"], name, digest, None)
             click.echo(plaintext)
         finally:
             db.close()

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app import migrate
 from tuneplane.app.cli.options import server_side, settings_from
 from tuneplane.app.cli.up_ports import check_ports_free
@@ -32,7 +33,7 @@ def _say(message: str) -> None:
 def _first_admin(db: Database, ctx: UpContext) -> tuple[str, str] | None:
     """Create the first admin on an empty installation; returns (username, password) when created."""
     password = secrets.token_urlsafe(12)
-    rows = db.call("create_first_admin", "admin", hash_password(password))
+    rows = db.call(fn.create_first_admin, "admin", hash_password(password))
     if not rows or rows[0]["id"] is None:
         return None
     secret_file = ctx.data_dir / "initial-admin.txt"
@@ -52,7 +53,7 @@ def _write_cli_config(db: Database, ctx: UpContext) -> None:
         return
     admin = db.fetch_one("SELECT id FROM users WHERE role = 'admin' ORDER BY id LIMIT 1")
     plaintext, digest = new_token("tpu")
-    db.call("issue_api_token", admin["id"], "tuneplane up (local admin)", digest, None)
+    db.call(fn.issue_api_token, admin["id"], "tuneplane up (local admin)", digest, None)
     path = write_config_file({**current, "server": ctx.server_url, "token": plaintext})
     _say(f"wrote the server URL and an admin API token to {path}")
 

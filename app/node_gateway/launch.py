@@ -21,6 +21,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
@@ -28,15 +29,15 @@ from tuneplane.app.node_gateway.files import register_file_provider
 from tuneplane.app.node_gateway.reports import register_report
 
 LAUNCH_REPORTS = {
-    "probe": "report_node_probe",
-    "member_prepared": "member_prepared",
-    "member_prepare_failed": "member_prepare_failed",
-    "member_started": "member_started",
-    "member_exited": "member_exited",
-    "reconcile": "reconcile_node",
-    "telemetry_token": "issue_member_telemetry_token",
-    "member_prepare_progress": "member_prepare_progress",
-    "node_caches": "report_node_caches",
+    "probe": fn.report_node_probe,
+    "member_prepared": fn.member_prepared,
+    "member_prepare_failed": fn.member_prepare_failed,
+    "member_started": fn.member_started,
+    "member_exited": fn.member_exited,
+    "reconcile": fn.reconcile_node,
+    "telemetry_token": fn.issue_member_telemetry_token,
+    "member_prepare_progress": fn.member_prepare_progress,
+    "node_caches": fn.report_node_caches,
 }
 for _kind, _function in LAUNCH_REPORTS.items():
     register_report(_kind, _function)
@@ -59,7 +60,7 @@ async def capsule_provider(request: web.Request, node: dict, name: str) -> web.S
         return _refuse(
             Refusal("a capsule is named by its sha256 (64 hex digits)", status=404, field="capsule")
         )
-    allowed = (await db.call_one("node_may_read_capsule", node["node_id"], name))["node_may_read_capsule"]
+    allowed = (await db.call_one(fn.node_may_read_capsule, node["node_id"], name))["node_may_read_capsule"]
     if not allowed:
         return _refuse(
             Refusal(f"capsule {name} belongs to no member placed on this node", status=403, field="capsule")

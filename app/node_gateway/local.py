@@ -8,6 +8,7 @@ import datetime as dt
 import time
 from pathlib import Path
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.components import (
     UpContext,
     http_ok,
@@ -39,7 +40,7 @@ def ensure_local_enrollment(database_url: str, state_dir: Path) -> str | None:
     try:
         if db.fetch_one("SELECT 1 AS x FROM fleets WHERE name = %s", (LOCAL_FLEET,)) is None:
             try:
-                db.call("create_fleet", LOCAL_FLEET, "node", None, None)
+                db.call(fn.create_fleet, LOCAL_FLEET, "node", None, None)
             except Refusal as exc:
                 if exc.status != 409:  # another `up` made it a moment ago
                     raise
@@ -59,7 +60,7 @@ def ensure_local_enrollment(database_url: str, state_dir: Path) -> str | None:
             # A credential this database does not know (a new embedded database): keep it aside, enroll anew.
             path.rename(path.with_name(f"{path.name}.unknown-{int(time.time())}"))
         plaintext, digest = new_token(ENROLL_TOKEN_PREFIX)
-        db.call("create_enrollment_token", LOCAL_FLEET, digest, dt.timedelta(hours=1), "tuneplane up")
+        db.call(fn.create_enrollment_token, LOCAL_FLEET, digest, dt.timedelta(hours=1), "tuneplane up")
         return plaintext
     finally:
         db.close()

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase, jsonb
 
 REPORT_FUNCTIONS: dict[str, str] = {
-    "capacity": "report_node_capacity",
-    "note": "record_node_note",
+    "capacity": fn.report_node_capacity,
+    "note": fn.record_node_note,
     # Launch (issue 5): a bounded chunk of a member's stdout/stderr (0045_member_logs.sql).
-    "member_log": "member_log",
+    "member_log": fn.member_log,
 }
 
 

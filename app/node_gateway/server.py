@@ -27,6 +27,7 @@ from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
 from tuneplane.app import __version__
+from tuneplane.app import db_functions as fn
 from tuneplane.app.errors import Refusal, describe_db_error
 from tuneplane.app.gateway_limits import gateway_app, request_json
 from tuneplane.app.input_limits import load_json
@@ -207,7 +208,7 @@ class Gateway:
         secret_hash = token_hash(body.token)
         try:
             row = await self.db.call_one(
-                "enroll_node", secret_hash, body.name, credential_hash, request.remote
+                fn.enroll_node, secret_hash, body.name, credential_hash, request.remote
             )
         except Refusal as refusal:
             await self._record_refusal("enroll", secret_hash, refusal, request.remote, {"name": body.name})
@@ -224,7 +225,7 @@ class Gateway:
             raise Refusal("missing node credential (Authorization: Bearer …)", status=401, field="credential")
         secret_hash = token_hash(credential)
         try:
-            return await self.db.call_one("authenticate_node_credential", secret_hash)
+            return await self.db.call_one(fn.authenticate_node_credential, secret_hash)
         except Refusal as refusal:
             await self._record_refusal("authenticate", secret_hash, refusal, request.remote, {})
             raise
@@ -242,7 +243,7 @@ class Gateway:
             details = {**details, "suppressed": suppressed}
         try:
             await self.db.call(
-                "record_node_refusal", action, secret_hash, refusal.message, address, jsonb(details)
+                fn.record_node_refusal, action, secret_hash, refusal.message, address, jsonb(details)
             )
         except Exception:
             log.exception("could not record a %s refusal", action)
@@ -296,7 +297,7 @@ class Gateway:
             return _json_error(Refusal("this endpoint speaks WebSocket only", status=400, field="Upgrade"))
         await ws.prepare(request)
         node_id = ident["node_id"]
-        opened = await self.db.call_one("node_session_opened", node_id, request.remote, self.name)
+        opened = await self.db.call_one(fn.node_session_opened, node_id, request.remote, self.name)
         rotate_due = ident["rotate_due_at"].timestamp()
         session = NodeSession(
             node_id=node_id,
@@ -353,7 +354,7 @@ class Gateway:
                 await ws.close()
             try:
                 await self.db.call(
-                    "node_session_closed", node_id, session.epoch, session.close_reason or reason
+                    fn.node_session_closed, node_id, session.epoch, session.close_reason or reason
                 )
             except Exception:
                 log.exception("could not record the end of session %s of node %s", session.epoch, node_id)
@@ -383,7 +384,7 @@ class Gateway:
             try:
                 # Idempotent, and the agent sends an ack once: a deadlock victim is run again here.
                 await self.db.call_retrying(
-                    "ack_node_command",
+                    fn.ack_node_command,
                     session.node_id,
                     session.epoch,
                     message.id,
@@ -442,7 +443,9 @@ class Gateway:
             and message.credential_id == session.rotation_pending
         ):
             try:
-                await self.db.call_retrying("confirm_node_credential", session.node_id, message.credential_id)
+                await self.db.call_retrying(
+                    fn.confirm_node_credential, session.node_id, message.credential_id
+                )
             except (Refusal, *DB_TROUBLE) as exc:
                 # The agent holds the new credential either way; authenticating with it next time confirms
                 # it (authenticate_node_credential supersedes the older ones).
@@ -464,7 +467,7 @@ class Gateway:
         try:
             new_id = (
                 await self.db.call_one(
-                    "rotate_node_credential", session.node_id, session.credential_id, credential_hash
+                    fn.rotate_node_credential, session.node_id, session.credential_id, credential_hash
                 )
             )["rotate_node_credential"]
         except DB_TROUBLE as exc:
@@ -496,7 +499,7 @@ class Gateway:
         try:
             while not session.ws.closed:
                 session.again = False
-                rows = await self.db.call("claim_node_commands", session.node_id, session.epoch, 100)
+                rows = await self.db.call(fn.claim_node_commands, session.node_id, session.epoch, 100)
                 for row in rows:
                     await session.send(
                         {"type": "command", "id": row["id"], "kind": row["kind"], "payload": row["payload"]}
@@ -542,7 +545,7 @@ class Gateway:
             ids = list(self.sessions)
             try:
                 for start in range(0, len(ids), 5000):
-                    rows = await self.db.call("nodes_with_pending_commands", ids[start : start + 5000])
+                    rows = await self.db.call(fn.nodes_with_pending_commands, ids[start : start + 5000])
                     for row in rows:
                         self.wake(row["node_id"])
             except (psycopg.Error, OSError) as exc:
@@ -555,7 +558,7 @@ class Gateway:
         if not self.pending_heartbeats:
             return
         batch, self.pending_heartbeats = list(self.pending_heartbeats.values()), {}
-        await self.liveness_db.call("node_heartbeats", jsonb(batch))
+        await self.liveness_db.call(fn.node_heartbeats, jsonb(batch))
         self.stats["heartbeats_written"] += len(batch)
         self.stats["heartbeat_flushes"] += 1
 

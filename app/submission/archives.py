@@ -23,6 +23,7 @@ import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.blobstore import BlobStore
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal, clip
@@ -305,7 +306,7 @@ def receive_archive(db: Database, store: BlobStore, user_id: int, stream: Binary
         sha256 = digest.hexdigest()
         created = store.commit_staged(staged, sha256)
     try:
-        db.call("record_source_archive", user_id, sha256, size, members, unpacked)
+        db.call(fn.record_source_archive, user_id, sha256, size, members, unpacked)
     except Exception:
         if created:
             _discard(store, sha256)

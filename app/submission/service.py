@@ -10,6 +10,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.blobstore import BlobStore
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
@@ -46,7 +47,7 @@ def create_preview(db: Database, user_id: int, data: Any, blobs: BlobStore | Non
             open_archive = partial(blobs.open, sha256)
     pins = build_pins(spec, open_archive)
     document = spec.model_dump(mode="json", exclude_none=True)
-    row = db.call("create_preview", user_id, Jsonb(document), Jsonb(pins))[0]
+    row = db.call(fn.create_preview, user_id, Jsonb(document), Jsonb(pins))[0]
     return preview_document(row)
 
 
@@ -60,14 +61,14 @@ def owns_archive(db: Database, user_id: int, sha256: str) -> bool:
 
 
 def get_preview(db: Database, user_id: int, preview_id: Any) -> dict:
-    row = db.call("get_preview", user_id, parse_preview_id(preview_id))[0]
+    row = db.call(fn.get_preview, user_id, parse_preview_id(preview_id))[0]
     return preview_document(row)
 
 
 def confirm(db: Database, user_id: int, preview_id: Any, digest: Any, retry_key: Any) -> dict:
     pid = parse_preview_id(preview_id)
     key = str(retry_key).strip() if retry_key not in (None, "") else f"preview-{pid}"
-    row = db.call("confirm_preview", user_id, pid, str(digest or "").strip().lower(), key)[0]
+    row = db.call(fn.confirm_preview, user_id, pid, str(digest or "").strip().lower(), key)[0]
     return {
         "job_id": row["job_id"],
         "preview_id": str(row["preview_id"]),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
 from tuneplane.app.input_limits import out_of_range
@@ -67,7 +68,7 @@ def job_series(
     member: int | None = None,
     source: str | None = None,
 ) -> list[dict]:
-    rows = db.call("telemetry_job_series", actor_id, job_id, name, attempt, member, source)
+    rows = db.call(fn.telemetry_job_series, actor_id, job_id, name, attempt, member, source)
     return [_series_json(r) for r in rows]
 
 
@@ -99,7 +100,7 @@ def job_metrics(
     truncated = len(series) > MAX_SERIES
     series = series[:MAX_SERIES]
     for entry in series:
-        rows = db.call("telemetry_buckets", actor_id, entry["id"], max_points, step_from, step_to)
+        rows = db.call(fn.telemetry_buckets, actor_id, entry["id"], max_points, step_from, step_to)
         entry["buckets"] = [
             {
                 "start": r["bucket_start"],
@@ -117,7 +118,7 @@ def job_metrics(
         ]
         if smooth and entry["buckets"]:
             steps = [b["last_step"] for b in entry["buckets"]]
-            smoothed = db.call("telemetry_smoothed", actor_id, entry["id"], smooth, steps)
+            smoothed = db.call(fn.telemetry_smoothed, actor_id, entry["id"], smooth, steps)
             for bucket, row in zip(entry["buckets"], smoothed, strict=True):
                 bucket["smoothed"] = finite(row["value"])
     return {
@@ -132,8 +133,8 @@ def job_metrics(
 def job_health(db: Database, actor_id: int, job_id: int, limit: int = 200) -> dict:
     """Where each member's metrics stand (collecting, complete, incomplete with the reason) and what could
     not be stored: damaged file regions and refused points by reason."""
-    members = db.call("telemetry_job_members", actor_id, job_id)
-    problems = db.call("telemetry_job_problems", actor_id, job_id, limit)
+    members = db.call(fn.telemetry_job_members, actor_id, job_id)
+    problems = db.call(fn.telemetry_job_problems, actor_id, job_id, limit)
     states = {m["state"] for m in members}
     if not members:
         summary = "no metrics collector"
@@ -164,7 +165,7 @@ def raw_page(
     """One page of exact points, with the cursor of the next page (None at the end)."""
     if not 1 <= limit <= MAX_RAW_PAGE:
         raise out_of_range("limit", 1, MAX_RAW_PAGE)
-    rows = db.call("telemetry_raw_points", actor_id, series_id, step_from, step_to, limit + 1, skip)
+    rows = db.call(fn.telemetry_raw_points, actor_id, series_id, step_from, step_to, limit + 1, skip)
     more = len(rows) > limit
     rows = [
         {

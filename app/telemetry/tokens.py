@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.db import Database
 from tuneplane.app.security import new_token
 
@@ -17,7 +18,7 @@ def issue_member_token(
 ) -> str:
     """A new token that may write only this member's telemetry (see issue_telemetry_token)."""
     plaintext, digest = new_token(TOKEN_PREFIX)
-    db.call("issue_telemetry_token", job_id, attempt, member_rank, digest, ttl)
+    db.call(fn.issue_telemetry_token, job_id, attempt, member_rank, digest, ttl)
     return plaintext
 
 

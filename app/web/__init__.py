@@ -9,6 +9,7 @@ import psycopg
 from flask import Flask, render_template, request
 from werkzeug.exceptions import HTTPException
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal, busy_refusal, describe_db_error, rolled_back
 from tuneplane.app.resources import resource_dir
@@ -97,7 +98,7 @@ def create_app(database_url: str, *, pool_max: int = 8, config: dict | None = No
 
 def _shared_secret(db: Database) -> str:
     try:
-        rows = db.call("server_secret", "session_key", secrets.token_hex(32))
+        rows = db.call(fn.server_secret, "session_key", secrets.token_hex(32))
         return rows[0]["server_secret"]
     except psycopg.Error:
         # The database is down at start: serve /healthz (503) with a process-local key until it is back.

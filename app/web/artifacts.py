@@ -18,6 +18,7 @@ from flask import Blueprint, Response, current_app, request
 from psycopg.types.json import Jsonb
 from werkzeug.wsgi import wrap_file
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.artifacts.blobs import FsBlobStore
 from tuneplane.app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified, verify_stored
 from tuneplane.app.artifacts.receiver import (
@@ -140,14 +141,14 @@ def refused():
 @node_endpoint
 def input_manifest(artifact_id: int):
     """A node reads a pinned input's manifest before materializing it."""
-    artifact = get_db().call("artifact_input_for_node", node_credential_hash(), artifact_id)[0]
+    artifact = get_db().call(fn.artifact_input_for_node, node_credential_hash(), artifact_id)[0]
     return json_response({**public(artifact), "manifest": artifact["manifest"]})
 
 
 @bp.get("/api/input-artifacts/<int:artifact_id>/files/<int:file_index>")
 @node_endpoint
 def input_file(artifact_id: int, file_index: int):
-    artifact = get_db().call("artifact_input_for_node", node_credential_hash(), artifact_id)[0]
+    artifact = get_db().call(fn.artifact_input_for_node, node_credential_hash(), artifact_id)[0]
     return _send_file(artifact, file_index)
 
 
@@ -161,13 +162,13 @@ def _user_id() -> int:
 
 
 def _files(artifact_id: int) -> list[dict]:
-    return get_db().call("artifact_file_list", artifact_id)
+    return get_db().call(fn.artifact_file_list, artifact_id)
 
 
 @bp.get("/jobs/<int:job_id>/artifacts")
 @login_required
 def job_artifacts(job_id: int):
-    rows = get_db().call("job_artifacts", _user_id(), job_id)
+    rows = get_db().call(fn.job_artifacts, _user_id(), job_id)
     return respond("_artifacts.html", {"job_id": job_id, "artifacts": rows}, json_data={"artifacts": rows})
 
 
@@ -176,14 +177,14 @@ def job_artifacts(job_id: int):
 def find(job_id: int, name: str):
     rank = query_int("rank", None, 0, 2**31 - 1)
     attempt = query_int("attempt", None, 1, 2**31 - 1)
-    artifact = get_db().call("find_artifact", _user_id(), job_id, name, rank, attempt)[0]
+    artifact = get_db().call(fn.find_artifact, _user_id(), job_id, name, rank, attempt)[0]
     return _detail(artifact)
 
 
 @bp.get("/artifacts/<int:artifact_id>")
 @login_required
 def detail(artifact_id: int):
-    return _detail(get_db().call("artifact_for_user", _user_id(), artifact_id)[0])
+    return _detail(get_db().call(fn.artifact_for_user, _user_id(), artifact_id)[0])
 
 
 def _detail(artifact: dict):
@@ -195,7 +196,7 @@ def _detail(artifact: dict):
 @bp.get("/artifacts/<int:artifact_id>/files/<int:file_index>")
 @login_required
 def download_file(artifact_id: int, file_index: int):
-    artifact = get_db().call("artifact_for_user", _user_id(), artifact_id)[0]
+    artifact = get_db().call(fn.artifact_for_user, _user_id(), artifact_id)[0]
     if artifact["state"] != "complete":
         raise Refusal(f"artifact {artifact_id} is {artifact['state']}; only complete artifacts download", 409)
     return _send_file(artifact, file_index)
@@ -241,10 +242,10 @@ def _checked_body(stream: BinaryIO, entry: dict, label: str) -> Iterable[bytes]:
 @login_required
 def verify(artifact_id: int):
     db = get_db()
-    artifact = db.call("artifact_to_verify", _user_id(), artifact_id)[0]
+    artifact = db.call(fn.artifact_to_verify, _user_id(), artifact_id)[0]
     report = verify_stored(FsBlobStore(blob_dir()), artifact)
     db.call(
-        "record_artifact_verification", _user_id(), artifact_id, report.ok, report.checked,
+        fn.record_artifact_verification, _user_id(), artifact_id, report.ok, report.checked,
         Jsonb(report.problems()),
     )  # fmt: skip
     data = {"artifact_id": artifact_id, "name": artifact["name"], **report.as_json()}
@@ -265,5 +266,5 @@ def request_checkpoint(job_id: int):
         if int(text) > 2**31 - 1:
             raise Refusal("rank must be a member's rank number", 400, "rank")
         rank = int(text)
-    asked = get_db().call("request_checkpoint", _user_id(), job_id, rank)
+    asked = get_db().call(fn.request_checkpoint, _user_id(), job_id, rank)
     return json_response({"job_id": job_id, "asked": asked}, 202)

@@ -11,6 +11,7 @@ from typing import Any
 
 from flask import current_app, g, redirect, request, session, url_for
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.db import request_token_id
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import token_hash
@@ -37,7 +38,7 @@ def load_current_user() -> None:
     request_token_id.set(None)
     header = request.headers.get("Authorization", "")
     if header.startswith("Bearer "):
-        rows = get_db().call("authenticate_api_token", token_hash(header[7:].strip()), "api")
+        rows = get_db().call(fn.authenticate_api_token, token_hash(header[7:].strip()), "api")
         row = rows[0]
         g.user = CurrentUser(row["user_id"], row["username"], row["role"], "token")
         # Every database call of this request now acts under the token's scope (app/db.py).
@@ -78,7 +79,7 @@ def admin_required(view: Any) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # The rule is written once, in SQL (require_admin, sql/functions/access.sql): an enabled admin.
         # It refuses 403 "this needs the admin role" naming the field `actor`.
-        get_db().call("require_admin", current_user().id, "this")
+        get_db().call(fn.require_admin, current_user().id, "this")
         return view(*args, **kwargs)
 
     return wrapper

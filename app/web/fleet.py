@@ -12,6 +12,7 @@ import re
 from flask import Blueprint, current_app, render_template, request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.errors import Refusal
 from tuneplane.app.input_limits import check_text
 from tuneplane.app.node_gateway.config import gateway_url
@@ -207,7 +208,7 @@ def fleet_create():
         )
     user = current_user()
     row = get_db().call(
-        "create_fleet",
+        fn.create_fleet,
         body.name,
         backend,
         _jsonb(body.capabilities),
@@ -229,7 +230,7 @@ def _jsonb(value: dict):
 def enrollment_token_create(name: str):
     ttl = parse_ttl(parse_body(TokenCreate).ttl)
     plaintext, digest = new_token(ENROLL_TOKEN_PREFIX)
-    row = get_db().call("create_enrollment_token", name, digest, ttl, _actor())[0]
+    row = get_db().call(fn.create_enrollment_token, name, digest, ttl, _actor())[0]
     url = _gateway_url()
     data = {
         "fleet": row["fleet"],
@@ -254,10 +255,10 @@ def node_fence():
     db = get_db()
     if action == "fence":
         # A deadlock victim is run again here (bounded, logged), never answered as "database unavailable".
-        row = db.call_retrying("fence_node", node, reason, _actor())[0]
+        row = db.call_retrying(fn.fence_node, node, reason, _actor())[0]
     else:
-        node_id = db.fetch_one("SELECT resolve_node(%s) AS id", (node,))["id"]
-        changed = db.call_retrying("unfence_node", node, reason, _actor())[0]["unfence_node"]
+        node_id = db.fetch_one(f"SELECT {fn.resolve_node}(%s) AS id", (node,))["id"]
+        changed = db.call_retrying(fn.unfence_node, node, reason, _actor())[0]["unfence_node"]
         row = {"node_id": node_id, "unfenced": changed}
     if wants_json():
         return json_response(row)
@@ -283,7 +284,7 @@ def node_scheduling():
     if action not in SCHEDULING_ACTIONS:
         raise Refusal(f"action must be one of {', '.join(SCHEDULING_ACTIONS)}", status=400, field="action")
     node, reason = _node_and_reason(body)
-    row = get_db().call_retrying("change_node_scheduling", node, action, reason, _actor())[0]
+    row = get_db().call_retrying(fn.change_node_scheduling, node, action, reason, _actor())[0]
     if wants_json():
         return json_response(row)
     # The console's buttons swap the live part of the page.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from flask import Blueprint
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.web.auth import current_user
 from tuneplane.app.web.negotiate import respond
 from tuneplane.app.web.state import get_db
@@ -36,12 +37,12 @@ def index():
     from tuneplane.app.web.jobs import job_json
 
     db = get_db()
-    rows = db.call("list_jobs", user.id, None, RECENT_JOBS, None, user.username, None)
+    rows = db.call(fn.list_jobs, user.id, None, RECENT_JOBS, None, user.username, None)
     data = {
         "title": "TunePlane",
         "jobs": [job_json(r) for r in rows],
         "fleets": _fleets(),
         # Running jobs of the user warned for idle GPUs, with their deadlines (sql/functions/idle.sql).
-        "idle_warnings": db.call("idle_warnings_of", user.id),
+        "idle_warnings": db.call(fn.idle_warnings_of, user.id),
     }
     return respond("home.html", data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flask import Blueprint, render_template, request
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.submission import service
 from tuneplane.app.web import jobs_launch
 from tuneplane.app.web.auth import current_user, login_required
@@ -39,7 +40,7 @@ def jobs_list():
     before = query_int("before", None)
     # One more than the page: whether an older page exists, without counting.
     rows = get_db().call(
-        "list_jobs",
+        fn.list_jobs,
         current_user().id,
         filters["state"],
         limit + 1,
@@ -54,7 +55,7 @@ def jobs_list():
     db = get_db()
     choices = {
         "fleets": [r["name"] for r in db.fetch_all("SELECT name FROM fleets ORDER BY name")],
-        "owners": [r["owner"] for r in db.call("job_owners_visible", current_user().id)],
+        "owners": [r["owner"] for r in db.call(fn.job_owners_visible, current_user().id)],
     }
     return render_template(
         "jobs/list.html",
@@ -74,8 +75,8 @@ def jobs_list():
 def job_page(job_id: str):
     jid = service.parse_job_id(job_id)
     db = get_db()
-    job = db.call("get_job", current_user().id, jid)[0]
-    events = db.call("job_events_of", current_user().id, jid)
+    job = db.call(fn.get_job, current_user().id, jid)[0]
+    events = db.call(fn.job_events_of, current_user().id, jid)
     data = job_json(job, with_spec=True)
     data["events"] = events
     # Launch (issue 5): members, attempts, queue position; the page's live parts come from this view too.

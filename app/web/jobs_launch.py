@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from flask import Blueprint, flash, redirect, render_template, request, url_for
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
 from tuneplane.app.submission import service
@@ -58,11 +59,11 @@ def waiting_text(row: dict) -> str:
 
 def launch_details(db: Database, user_id: int, job_id: int, state: str) -> dict:
     """Members, attempts and (while queued) the queue position of a job the user may see."""
-    attempts = db.call("job_attempts_of", user_id, job_id)
-    members = db.call("job_members_of", user_id, job_id)
+    attempts = db.call(fn.job_attempts_of, user_id, job_id)
+    members = db.call(fn.job_members_of, user_id, job_id)
     waiting = None
     if state == "queued":
-        rows = db.call("job_queue_position", user_id, job_id)
+        rows = db.call(fn.job_queue_position, user_id, job_id)
         if rows:
             row = rows[0]
             waiting = {
@@ -79,7 +80,7 @@ def launch_details(db: Database, user_id: int, job_id: int, state: str) -> dict:
                 "team_now": row["team_now"],
                 # The figures of the moment are not part of the stored reason (a placement pass would
                 # rewrite every waiting job each time capacity moves); they are computed on read.
-                "fit_now": db.call("placement_fit_now", job_id)[0]["placement_fit_now"],
+                "fit_now": db.call(fn.placement_fit_now, job_id)[0]["placement_fit_now"],
             }
             waiting["text"] = f"{waiting_text(row)}; {waiting['fit_now']}"
     latest = attempts[0]["number"] if attempts else None
@@ -95,7 +96,7 @@ def launch_details(db: Database, user_id: int, job_id: int, state: str) -> dict:
 
 def idle_details(db: Database, user_id: int, job_id: int) -> dict | None:
     """What the idle-GPU policy says of the job (sql/functions/idle.sql): None until it was evaluated."""
-    rows = db.call("job_idle_of", user_id, job_id)
+    rows = db.call(fn.job_idle_of, user_id, job_id)
     return rows[0] if rows else None
 
 
@@ -137,7 +138,7 @@ def logs(job_id: str):
     if stream not in STREAMS:
         raise Refusal("stream must be stdout or stderr", status=400, field="stream")
     data = get_db().call(
-        "job_member_log",
+        fn.job_member_log,
         current_user().id,
         jid,
         rank,
@@ -164,7 +165,7 @@ def exempt_idle(job_id: str):
     reason = body_dict().get("reason")
     if not isinstance(reason, str):
         raise Refusal("reason is required (text)", status=400, field="reason")
-    row = get_db().call_retrying("exempt_job_idle", current_user().id, jid, reason)[0]
+    row = get_db().call_retrying(fn.exempt_job_idle, current_user().id, jid, reason)[0]
     if wants_json():
         return json_response({"idle": row})
     flash(f"Job {jid} is exempt from the idle policy", "ok")
@@ -183,7 +184,7 @@ def cancel(job_id: str):
         raise Refusal(f"reason may be at most {MAX_REASON} characters", status=400, field="reason")
     # Cancel races member reports and placement: a deadlock or serialization failure is run again a few
     # times, then answered 503 (retry), never 500.
-    row = get_db().call_retrying("cancel_job", jid, current_user().id, reason)[0]
+    row = get_db().call_retrying(fn.cancel_job, jid, current_user().id, reason)[0]
     job = {k: v for k, v in row.items() if k != "spec"}
     job["preview_id"] = str(job["preview_id"])
     if wants_json():

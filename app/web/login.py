@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from flask import Blueprint, Flask, redirect, render_template, request, session, url_for
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import hash_password, new_token, verify_password
 from tuneplane.app.web.csrf import csrf_exempt, init_csrf, rotate_csrf_token
@@ -115,7 +116,7 @@ def _issue_token():
     name = body.get("name") if isinstance(body.get("name"), str) and body.get("name") else "tuneplane login"
     user = _check_credentials(username, password)
     plaintext, digest = new_token("tpu")
-    token = get_db().call("issue_api_token", user["id"], name[:100], digest, None)[0]
+    token = get_db().call(fn.issue_api_token, user["id"], name[:100], digest, None)[0]
     return json_response(
         {"token": plaintext, "token_id": token["id"], "username": user["username"], "role": user["role"]}, 201
     )

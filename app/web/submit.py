@@ -19,6 +19,7 @@ from typing import Any
 from flask import Blueprint, Flask, current_app, redirect, render_template, request, url_for
 from werkzeug.datastructures import FileStorage, MultiDict
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.errors import Refusal
 from tuneplane.app.settings import load_settings
@@ -163,8 +164,8 @@ def _dialog_context(form: MultiDict | None = None, **extra: Any) -> dict[str, An
         "recipes": sorted(recipes(), key=lambda r: r.name),
         "launchers": LAUNCHERS,
         "fleets": fleets,
-        "teams": get_db().call("teams_of", current_user().id),
-        "artifacts": get_db().call("complete_artifacts_of", current_user().id, 200),
+        "teams": get_db().call(fn.teams_of, current_user().id),
+        "artifacts": get_db().call(fn.complete_artifacts_of, current_user().id, 200),
         "input_rows": range(INPUT_ROWS),
         "values": values,
         "retry_key": values.get("retry_key") or new_retry_key(),

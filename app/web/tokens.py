@@ -15,6 +15,7 @@ from typing import Any
 from flask import Blueprint, redirect, request, url_for
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import new_token
 from tuneplane.app.web.auth import current_user, login_required
@@ -57,7 +58,7 @@ def _body() -> TokenCreate:
 @bp.get("/tokens")
 @login_required
 def tokens_page():
-    rows = get_db().call("tokens_of", current_user().id)
+    rows = get_db().call(fn.tokens_of, current_user().id)
     return respond("tokens.html", {"title": "API tokens", "tokens": rows, "created": None}, json_data=rows)
 
 
@@ -68,7 +69,7 @@ def create_token():
     ttl = parse_ttl(body.ttl) if body.ttl else None
     plaintext, digest = new_token("tpu")
     row = get_db().call(
-        "issue_scoped_api_token", current_user().id, body.name, digest, ttl, body.teams, body.read_only
+        fn.issue_scoped_api_token, current_user().id, body.name, digest, ttl, body.teams, body.read_only
     )[0]
     created = {
         "token": plaintext,
@@ -80,14 +81,14 @@ def create_token():
     }
     if wants_json() or request.is_json:
         return json_response(created, 201)
-    rows = get_db().call("tokens_of", current_user().id)
+    rows = get_db().call(fn.tokens_of, current_user().id)
     return respond("tokens.html", {"title": "API tokens", "tokens": rows, "created": created}, 201)
 
 
 @bp.post("/tokens/<int:token_id>/revoke")
 @login_required
 def revoke_token(token_id: int):
-    get_db().call("revoke_api_token", current_user().id, token_id)
+    get_db().call(fn.revoke_api_token, current_user().id, token_id)
     if wants_json() or request.is_json:
         return json_response({"token_id": token_id, "revoked": True})
     return redirect(url_for("tokens.tokens_page"), code=303)

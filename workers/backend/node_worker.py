@@ -34,6 +34,7 @@ from pgqueuer import QueueManager
 from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
@@ -109,7 +110,7 @@ class NodeWorker:
         return await asyncio.shield(task)
 
     async def _claim_and_prepare(self, attempt_id: int) -> str:
-        claimed = await self.db.call("claim_launch", attempt_id, self.options.name)
+        claimed = await self.db.call(fn.claim_launch, attempt_id, self.options.name)
         if not claimed:
             return "nothing to do"
         claim = claimed[0]
@@ -122,7 +123,7 @@ class NodeWorker:
             digest = await asyncio.to_thread(build_capsule, spec, self.blobs)
         except (CapsuleError, OSError) as exc:
             try:
-                await self.db.call("abort_launch", attempt_id, epoch, str(exc))
+                await self.db.call(fn.abort_launch, attempt_id, epoch, str(exc))
             except Refusal as refusal:
                 return f"taken over ({refusal.message})"
             self.say(f"attempt {attempt_id} of job {claim['job_id']}: aborted, {exc}")
@@ -133,7 +134,7 @@ class NodeWorker:
             )
             await asyncio.sleep(self.options.hold_before_prepare)
         try:
-            state = (await self.db.call_one("begin_prepare", attempt_id, epoch, digest))["begin_prepare"]
+            state = (await self.db.call_one(fn.begin_prepare, attempt_id, epoch, digest))["begin_prepare"]
         except Refusal as refusal:
             if refusal.status == 409:
                 self.say(f"attempt {attempt_id}: {refusal.message}")
@@ -155,11 +156,11 @@ class NodeWorker:
 
     async def placement_pass(self) -> int:
         placed = 0
-        for fleet in await self.db.call("placement_fleets", BACKEND):
+        for fleet in await self.db.call(fn.placement_fleets, BACKEND):
             # reserve_next walks the whole queue but places at most PASS_PLACEMENTS jobs per transaction
             # (short transactions); a pass that hit the bound is followed by another at once.
             while True:
-                rows = await self.db.call("reserve_next", fleet["fleet_id"], PASS_PLACEMENTS)
+                rows = await self.db.call(fn.reserve_next, fleet["fleet_id"], PASS_PLACEMENTS)
                 for row in rows:
                     self._launch_now(row["attempt_id"])
                 placed += len(rows)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import psycopg
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.client.transport import ClientError, check_transport
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
@@ -85,7 +86,7 @@ class WebhookDeliverer:
 
     async def deliver_due(self) -> int:
         """Claims and sends one batch of due deliveries; returns how many were tried."""
-        claimed = await self.db.call("claim_team_event_deliveries", self.owner, BATCH)
+        claimed = await self.db.call(fn.claim_team_event_deliveries, self.owner, BATCH)
         await asyncio.gather(*(self._send(row) for row in claimed))
         return len(claimed)
 
@@ -97,7 +98,7 @@ class WebhookDeliverer:
         elapsed_ms = int((time.monotonic() - started) * 1000)
         state = (
             await self.db.call_one(
-                "team_event_delivery_result", row["delivery_id"], row["attempt"], status, error, elapsed_ms
+                fn.team_event_delivery_result, row["delivery_id"], row["attempt"], status, error, elapsed_ms
             )
         )["team_event_delivery_result"]
         if state == "gave_up":

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import psycopg
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
@@ -187,7 +188,7 @@ class SlurmWorker:
             if fleet is None or fleet.unreachable:
                 continue
             wanted = {attempt_id for f, attempt_id in touched if f == fleet_id}
-            rows = [r for r in self.call("slurm_followed", fleet_id) if r["attempt_id"] in wanted]
+            rows = [r for r in self.call(fn.slurm_followed, fleet_id) if r["attempt_id"] in wanted]
             allocating = [
                 r["slurm_job_id"] for r in rows if r["attempt_state"] == "reserved" and r["slurm_job_id"]
             ]
@@ -219,7 +220,7 @@ class SlurmWorker:
                 fleet.unreachable = False
             except ControllerUnreachable as exc:
                 fleet.unreachable = True
-                marked = self.call("slurm_controller_unreachable", fleet.fleet_id, str(exc))[0]
+                marked = self.call(fn.slurm_controller_unreachable, fleet.fleet_id, str(exc))[0]
                 count = marked["slurm_controller_unreachable"]
                 self.say(
                     f"fleet {fleet.name}: controller unreachable ({exc}); {count} member(s) contact-lost"
@@ -228,7 +229,7 @@ class SlurmWorker:
     def fleet_pass(self, fleet: FleetState) -> None:
         # Confirmed jobs go to sbatch first: the cluster's description below changes nothing for them (the
         # preview already checked them against it) and a confirmation's NOTIFY should not wait for it.
-        for due in self.call("slurm_submissions_due", fleet.fleet_id):
+        for due in self.call(fn.slurm_submissions_due, fleet.fleet_id):
             self.submit(fleet, due)
         limits = fleet.cli.partition_limits(fleet.partition)
         nodes = fleet.cli.nodes(fleet.partition)
@@ -237,11 +238,11 @@ class SlurmWorker:
             "partition": limits,
             "nodes": [node.__dict__ for node in nodes],
         }
-        self.call("slurm_sync_fleet", fleet.fleet_id, json.dumps(status))
+        self.call(fn.slurm_sync_fleet, fleet.fleet_id, json.dumps(status))
         queue = fleet.cli.queue()
-        for row in self.call("slurm_followed", fleet.fleet_id):
+        for row in self.call(fn.slurm_followed, fleet.fleet_id):
             self.follow(fleet, row, queue)
-        for row in self.call("slurm_scancel_due", fleet.fleet_id):
+        for row in self.call(fn.slurm_scancel_due, fleet.fleet_id):
             queued = queue.get(row["slurm_job_id"])
             running = queued is not None and queued.state != "PENDING"
             fleet.cli.cancel(row["slurm_job_id"], running=running)
@@ -283,7 +284,7 @@ class SlurmWorker:
                 shutil.copyfile(self.blobs.path(digest), partial)
                 os.replace(partial, target)
         except (CapsuleError, OSError) as exc:
-            self.call("decide_abort", attempt_id, f"the capsule could not be built: {exc}")
+            self.call(fn.decide_abort, attempt_id, f"the capsule could not be built: {exc}")
             return
         (directory / "capsule_digest").write_text(digest)
         (directory / "reports").mkdir(exist_ok=True)
@@ -295,10 +296,10 @@ class SlurmWorker:
         except ControllerUnreachable:
             raise
         except SlurmError as exc:
-            self.call("decide_abort", attempt_id, f"sbatch refused the job: {exc}")
+            self.call(fn.decide_abort, attempt_id, f"sbatch refused the job: {exc}")
             self.say(f"attempt {attempt_id}: sbatch refused it: {exc}")
             return
-        self.call("slurm_submitted", attempt_id, slurm_job_id)
+        self.call(fn.slurm_submitted, attempt_id, slurm_job_id)
         self.say(f"attempt {attempt_id} of job {due['job_id']}: Slurm job {slurm_job_id}")
 
     # ---- follow -------------------------------------------------------------------------------------
@@ -321,7 +322,7 @@ class SlurmWorker:
                 and (other.priority, -other.slurm_job_id) > (queued.priority, -slurm_job_id)
             )
             if row["attempt_state"] == "reserved":
-                self.call("slurm_pending", attempt_id, queued.reason, ahead)
+                self.call(fn.slurm_pending, attempt_id, queued.reason, ahead)
             return
         if queued is not None and row["attempt_state"] == "reserved" and queued.node_list:
             self.allocation_started(fleet, row, queued, directory)
@@ -329,7 +330,7 @@ class SlurmWorker:
         if queued is None:
             state, detail = fleet.cli.job_end(slurm_job_id)
             self.read_reports(fleet, row, directory, final_state=state)
-            result = self.call("slurm_job_ended", attempt_id, state, detail)[0]["slurm_job_ended"]
+            result = self.call(fn.slurm_job_ended, attempt_id, state, detail)[0]["slurm_job_ended"]
             fleet.terminating.pop(attempt_id, None)
             self.watch.remove(directory / "reports")
             self.say(f"attempt {attempt_id}: Slurm job {slurm_job_id} ended {state}; attempt {result}")
@@ -342,18 +343,18 @@ class SlurmWorker:
         name = job_name(row["attempt_id"])
         found = [job for job in queue.values() if job.name == name]
         if found:
-            self.call("slurm_submitted", row["attempt_id"], found[0].slurm_job_id)
+            self.call(fn.slurm_submitted, row["attempt_id"], found[0].slurm_job_id)
             self.say(f"attempt {row['attempt_id']}: adopted Slurm job {found[0].slurm_job_id} ({name})")
         elif row["age_s"] > self.options.submit_grace:
             detail = f"sbatch was never answered and Slurm has no job named {name}"
-            result = self.call("slurm_job_ended", row["attempt_id"], "NEVER_SUBMITTED", detail)[0]
+            result = self.call(fn.slurm_job_ended, row["attempt_id"], "NEVER_SUBMITTED", detail)[0]
             self.say(f"attempt {row['attempt_id']}: {detail}; attempt {result['slurm_job_ended']}")
 
     def allocation_started(self, fleet: FleetState, row: dict, queued: QueuedJob, directory: Path) -> None:
         nodes = fleet.cli.hostnames(queued.node_list)
         digest = (directory / "capsule_digest").read_text().strip()
         port = 29500 + (row["job_id"] * 31 + row["attempt_number"]) % 2000
-        members = self.call("slurm_allocation_started", row["attempt_id"], nodes, port, digest)
+        members = self.call(fn.slurm_allocation_started, row["attempt_id"], nodes, port, digest)
         attempt = self.db.fetch_one(
             "SELECT a.master_addr, a.master_port, a.number, j.gpus_per_node FROM tuneplane.attempts a"
             "  JOIN tuneplane.jobs j ON j.id = a.job_id WHERE a.id = %s",
@@ -404,7 +405,7 @@ class SlurmWorker:
                 rank,
                 "prepared",
                 reports,
-                lambda r, _b: self.call("slurm_member_prepared", attempt_id, r),
+                lambda r, _b: self.call(fn.slurm_member_prepared, attempt_id, r),
             )
             self.report_once(
                 fleet,
@@ -412,7 +413,7 @@ class SlurmWorker:
                 rank,
                 "prepare_failed",
                 reports,
-                lambda r, b: self.call("slurm_member_prepare_failed", attempt_id, r, b["reason"]),
+                lambda r, b: self.call(fn.slurm_member_prepare_failed, attempt_id, r, b["reason"]),
             )
             self.report_once(
                 fleet,
@@ -420,7 +421,7 @@ class SlurmWorker:
                 rank,
                 "started",
                 reports,
-                lambda r, b: self.call("slurm_member_started", attempt_id, r, b["pid"]),
+                lambda r, b: self.call(fn.slurm_member_started, attempt_id, r, b["pid"]),
             )
         decision = self.db.fetch_one(
             "SELECT decision FROM tuneplane.launch_decisions WHERE attempt_id = %s", (attempt_id,)
@@ -447,7 +448,7 @@ class SlurmWorker:
             self.ship_logs(fleet, attempt_id, rank, directory / "members" / str(rank) / "logs", final=True)
             status = json.loads(status_file.read_text())
             self.call(
-                "slurm_member_exited",
+                fn.slurm_member_exited,
                 attempt_id,
                 rank,
                 status.get("exit_code"),
@@ -478,7 +479,7 @@ class SlurmWorker:
                     "length": len(piece),
                     "text": decode_chunk(piece),
                 }
-                answer = self.call("slurm_member_log", attempt_id, rank, json.dumps(payload))[0]
+                answer = self.call(fn.slurm_member_log, attempt_id, rank, json.dumps(payload))[0]
                 fleet.log_offsets[key] = int(answer["slurm_member_log"]["next_offset"])
 
     def deliver_outputs(self, attempt_id: int, rank: int, member_dir: Path) -> None:
@@ -519,7 +520,7 @@ class SlurmWorker:
         """This worker's credential hash for a Slurm node (made once per node and process)."""
         if node_id not in self.credentials:
             _plaintext, digest = new_token("tpn")
-            self.call("slurm_node_credential", node_id, digest)
+            self.call(fn.slurm_node_credential, node_id, digest)
             self.credentials[node_id] = digest
         return self.credentials[node_id]
 
@@ -533,7 +534,7 @@ class SlurmWorker:
             if target.exists():
                 continue
             plaintext, digest = new_token(TELEMETRY_TOKEN_PREFIX)
-            self.call("issue_telemetry_token", row["job_id"], row["attempt_number"], rank, digest)
+            self.call(fn.issue_telemetry_token, row["job_id"], row["attempt_number"], rank, digest)
             fd = os.open(f"{target}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as handle:
                 handle.write(plaintext)
