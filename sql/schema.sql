@@ -152,10 +152,12 @@ CREATE TABLE tuneplane.attempts (
     running_at timestamp with time zone,
     ended_at timestamp with time zone,
     borrowing boolean DEFAULT false NOT NULL,
+    resume_artifact_id bigint,
     CONSTRAINT attempts_pkey PRIMARY KEY (id),
     CONSTRAINT attempts_job_id_number_key UNIQUE (job_id, number),
     CONSTRAINT attempts_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id),
     CONSTRAINT attempts_job_id_fkey FOREIGN KEY (job_id) REFERENCES tuneplane.jobs(id),
+    CONSTRAINT attempts_resume_artifact_id_fkey FOREIGN KEY (resume_artifact_id) REFERENCES tuneplane.artifacts(id),
     CONSTRAINT attempts_capsule_digest_check CHECK (capsule_digest ~ '^[0-9a-f]{64}$'::text),
     CONSTRAINT attempts_number_check CHECK (number >= 1),
     CONSTRAINT attempts_state_check CHECK (state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'running'::text, 'stopping'::text, 'succeeded'::text, 'failed'::text, 'aborted'::text, 'cancelled'::text]))
@@ -163,6 +165,7 @@ CREATE TABLE tuneplane.attempts (
 CREATE UNIQUE INDEX attempts_one_live ON tuneplane.attempts USING btree (job_id) WHERE (state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'running'::text, 'stopping'::text]));
 CREATE INDEX attempts_preparing ON tuneplane.attempts USING btree (prepare_deadline) WHERE (state = 'preparing'::text);
 CREATE UNIQUE INDEX attempts_rendezvous_live ON tuneplane.attempts USING btree (master_addr, master_port) WHERE (state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'running'::text, 'stopping'::text]));
+CREATE INDEX attempts_resume_artifact ON tuneplane.attempts USING btree (resume_artifact_id) WHERE (resume_artifact_id IS NOT NULL);
 
 CREATE TABLE tuneplane.confirmations (
     owner_id bigint NOT NULL,
@@ -238,6 +241,39 @@ CREATE TABLE tuneplane.gpu_allocations (
 );
 CREATE UNIQUE INDEX gpu_allocations_active ON tuneplane.gpu_allocations USING btree (node_id, gpu_index) WHERE (released_at IS NULL);
 
+CREATE TABLE tuneplane.idle_policies (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    fleet_id bigint NOT NULL,
+    team_id bigint,
+    idle_after interval,
+    utilization_below double precision,
+    power_below double precision,
+    action text,
+    idle_grace interval,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_by bigint,
+    CONSTRAINT idle_policies_pkey PRIMARY KEY (id),
+    CONSTRAINT idle_policies_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id) ON DELETE CASCADE,
+    CONSTRAINT idle_policies_team_id_fkey FOREIGN KEY (team_id) REFERENCES tuneplane.teams(id) ON DELETE CASCADE,
+    CONSTRAINT idle_policies_updated_by_fkey FOREIGN KEY (updated_by) REFERENCES tuneplane.users(id),
+    CONSTRAINT idle_policies_action_check CHECK (action = ANY (ARRAY['off'::text, 'warn'::text, 'reclaim'::text])),
+    CONSTRAINT idle_policies_idle_after_check CHECK (idle_after > '00:00:00'::interval),
+    CONSTRAINT idle_policies_idle_grace_check CHECK (idle_grace >= '00:00:00'::interval),
+    CONSTRAINT idle_policies_power_below_check CHECK (power_below >= 0::double precision AND power_below <= 1::double precision),
+    CONSTRAINT idle_policies_utilization_below_check CHECK (utilization_below > 0::double precision AND utilization_below <= 100::double precision)
+);
+CREATE UNIQUE INDEX idle_policies_scope ON tuneplane.idle_policies USING btree (fleet_id, COALESCE(team_id, (0)::bigint));
+
+CREATE TABLE tuneplane.idle_settings (
+    singleton boolean DEFAULT true NOT NULL,
+    max_sample_gap interval DEFAULT '00:02:00'::interval NOT NULL,
+    check_every interval DEFAULT '00:01:00'::interval NOT NULL,
+    CONSTRAINT idle_settings_pkey PRIMARY KEY (singleton),
+    CONSTRAINT idle_settings_check_every_check CHECK (check_every >= '00:00:00'::interval),
+    CONSTRAINT idle_settings_max_sample_gap_check CHECK (max_sample_gap > '00:00:00'::interval),
+    CONSTRAINT idle_settings_singleton_check CHECK (singleton)
+);
+
 CREATE TABLE tuneplane.job_events (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     job_id bigint NOT NULL,
@@ -250,6 +286,33 @@ CREATE TABLE tuneplane.job_events (
     CONSTRAINT job_events_job_id_fkey FOREIGN KEY (job_id) REFERENCES tuneplane.jobs(id)
 );
 CREATE INDEX job_events_job ON tuneplane.job_events USING btree (job_id, id);
+
+CREATE TABLE tuneplane.job_idle (
+    job_id bigint NOT NULL,
+    attempt_id bigint,
+    status text DEFAULT 'unknown'::text NOT NULL,
+    idle_since timestamp with time zone,
+    warned_at timestamp with time zone,
+    warning text,
+    deadline timestamp with time zone,
+    reclaimed_at timestamp with time zone,
+    checked_at timestamp with time zone,
+    evaluation jsonb DEFAULT '{}'::jsonb NOT NULL,
+    idle_gpu_seconds double precision DEFAULT 0 NOT NULL,
+    exempt_at timestamp with time zone,
+    exempt_by bigint,
+    exempt_reason text,
+    CONSTRAINT job_idle_pkey PRIMARY KEY (job_id),
+    CONSTRAINT job_idle_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES tuneplane.attempts(id),
+    CONSTRAINT job_idle_exempt_by_fkey FOREIGN KEY (exempt_by) REFERENCES tuneplane.users(id),
+    CONSTRAINT job_idle_job_id_fkey FOREIGN KEY (job_id) REFERENCES tuneplane.jobs(id),
+    CONSTRAINT job_idle_deadline_after_warning CHECK (deadline IS NULL OR warned_at IS NOT NULL),
+    CONSTRAINT job_idle_exempt_has_reason CHECK ((exempt_at IS NULL) = (exempt_reason IS NULL)),
+    CONSTRAINT job_idle_idle_gpu_seconds_check CHECK (idle_gpu_seconds >= 0::double precision),
+    CONSTRAINT job_idle_status_check CHECK (status = ANY (ARRAY['unknown'::text, 'busy'::text, 'idle'::text]))
+);
+CREATE INDEX job_idle_checked ON tuneplane.job_idle USING btree (checked_at);
+CREATE INDEX job_idle_warned ON tuneplane.job_idle USING btree (job_id) WHERE ((warned_at IS NOT NULL) AND (reclaimed_at IS NULL));
 
 CREATE TABLE tuneplane.jobs (
     id bigint GENERATED BY DEFAULT AS IDENTITY NOT NULL,
@@ -665,6 +728,49 @@ CREATE TABLE tuneplane.submission_settings (
     CONSTRAINT submission_settings_value_check CHECK (value >= 0)
 );
 
+CREATE TABLE tuneplane.team_event_attempts (
+    delivery_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    status integer,
+    error text,
+    duration_ms integer,
+    CONSTRAINT team_event_attempts_pkey PRIMARY KEY (delivery_id, attempt),
+    CONSTRAINT team_event_attempts_delivery_id_fkey FOREIGN KEY (delivery_id) REFERENCES tuneplane.team_event_deliveries(id) ON DELETE CASCADE,
+    CONSTRAINT team_event_attempts_attempt_check CHECK (attempt >= 1),
+    CONSTRAINT team_event_attempts_duration_ms_check CHECK (duration_ms >= 0)
+);
+
+CREATE TABLE tuneplane.team_event_deliveries (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    event_id uuid NOT NULL,
+    webhook_id bigint NOT NULL,
+    team_id bigint NOT NULL,
+    job_id bigint,
+    kind text NOT NULL,
+    body jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    claimed_by text,
+    claimed_until timestamp with time zone,
+    delivered_at timestamp with time zone,
+    last_status integer,
+    last_error text,
+    CONSTRAINT team_event_deliveries_pkey PRIMARY KEY (id),
+    CONSTRAINT team_event_deliveries_event_id_webhook_id_key UNIQUE (event_id, webhook_id),
+    CONSTRAINT team_event_deliveries_team_id_fkey FOREIGN KEY (team_id) REFERENCES tuneplane.teams(id),
+    CONSTRAINT team_event_deliveries_webhook_id_fkey FOREIGN KEY (webhook_id) REFERENCES tuneplane.team_webhooks(id),
+    CONSTRAINT team_event_delivered_at CHECK ((state = 'delivered'::text) = (delivered_at IS NOT NULL)),
+    CONSTRAINT team_event_deliveries_attempts_check CHECK (attempts >= 0),
+    CONSTRAINT team_event_deliveries_kind_check CHECK (kind ~ '^[a-z]+\.[a-z_]{1,60}$'::text),
+    CONSTRAINT team_event_deliveries_state_check CHECK (state = ANY (ARRAY['pending'::text, 'delivered'::text, 'gave_up'::text]))
+);
+CREATE INDEX team_event_deliveries_due ON tuneplane.team_event_deliveries USING btree (next_attempt_at) WHERE (state = 'pending'::text);
+CREATE INDEX team_event_deliveries_ended ON tuneplane.team_event_deliveries USING btree (created_at) WHERE (state <> 'pending'::text);
+CREATE INDEX team_event_deliveries_team ON tuneplane.team_event_deliveries USING btree (team_id, id DESC);
+
 CREATE TABLE tuneplane.team_fleet_usage (
     team_id bigint NOT NULL,
     fleet_id bigint NOT NULL,
@@ -710,6 +816,24 @@ CREATE TABLE tuneplane.team_quotas (
     CONSTRAINT team_quotas_weight_check CHECK (weight > 0::double precision AND weight <= 1000000::double precision)
 );
 CREATE INDEX team_quotas_fleet ON tuneplane.team_quotas USING btree (fleet_id);
+
+CREATE TABLE tuneplane.team_webhooks (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    team_id bigint NOT NULL,
+    url text NOT NULL,
+    secret text NOT NULL,
+    kinds text[],
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_by bigint,
+    removed_at timestamp with time zone,
+    CONSTRAINT team_webhooks_pkey PRIMARY KEY (id),
+    CONSTRAINT team_webhooks_created_by_fkey FOREIGN KEY (created_by) REFERENCES tuneplane.users(id),
+    CONSTRAINT team_webhooks_team_id_fkey FOREIGN KEY (team_id) REFERENCES tuneplane.teams(id),
+    CONSTRAINT team_webhooks_kinds_check CHECK (kinds IS NULL OR cardinality(kinds) > 0),
+    CONSTRAINT team_webhooks_secret_check CHECK (length(secret) >= 16 AND length(secret) <= 200),
+    CONSTRAINT team_webhooks_url_check CHECK (length(url) <= 2000 AND (url ~ '^https://[^/?#\s]+([/?#]\S*)?$'::text OR url ~ '^http://(localhost|127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|\[::1\])(:[0-9]{1,5})?([/?#]\S*)?$'::text))
+);
+CREATE INDEX team_webhooks_team ON tuneplane.team_webhooks USING btree (team_id) WHERE (removed_at IS NULL);
 
 CREATE TABLE tuneplane.teams (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
@@ -885,6 +1009,64 @@ CREATE TABLE tuneplane.telemetry_tokens (
 );
 CREATE INDEX telemetry_tokens_scope ON tuneplane.telemetry_tokens USING btree (job_id, attempt, member_rank);
 
+CREATE TABLE tuneplane.usage_ledger (
+    member_id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    attempt_id bigint NOT NULL,
+    attempt integer NOT NULL,
+    rank integer NOT NULL,
+    team_id bigint NOT NULL,
+    user_id bigint NOT NULL,
+    fleet_id bigint NOT NULL,
+    node_id bigint NOT NULL,
+    node_name text NOT NULL,
+    gpu_model text,
+    gpus integer NOT NULL,
+    cpus integer NOT NULL,
+    memory_bytes bigint NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    ended_at timestamp with time zone,
+    ended_how text,
+    end_reason text,
+    gpu_seconds numeric GENERATED ALWAYS AS (((gpus)::numeric * EXTRACT(epoch FROM (ended_at - started_at)))) STORED,
+    lost_gpu_seconds numeric DEFAULT 0 NOT NULL,
+    idle_gpu_seconds numeric DEFAULT 0 NOT NULL,
+    charge_factor numeric DEFAULT 1 NOT NULL,
+    CONSTRAINT usage_ledger_pkey PRIMARY KEY (member_id),
+    CONSTRAINT usage_ledger_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id),
+    CONSTRAINT usage_ledger_team_id_fkey FOREIGN KEY (team_id) REFERENCES tuneplane.teams(id),
+    CONSTRAINT usage_ledger_user_id_fkey FOREIGN KEY (user_id) REFERENCES tuneplane.users(id),
+    CONSTRAINT usage_ledger_attempt_check CHECK (attempt >= 1),
+    CONSTRAINT usage_ledger_charge_factor_check CHECK (charge_factor >= 0::numeric),
+    CONSTRAINT usage_ledger_cpus_check CHECK (cpus >= 0),
+    CONSTRAINT usage_ledger_ended_together CHECK ((ended_at IS NULL) = (ended_how IS NULL)),
+    CONSTRAINT usage_ledger_ends_after_start CHECK (ended_at >= started_at),
+    CONSTRAINT usage_ledger_gpus_check CHECK (gpus >= 0),
+    CONSTRAINT usage_ledger_idle_gpu_seconds_check CHECK (idle_gpu_seconds >= 0::numeric),
+    CONSTRAINT usage_ledger_lost_gpu_seconds_check CHECK (lost_gpu_seconds >= 0::numeric),
+    CONSTRAINT usage_ledger_memory_bytes_check CHECK (memory_bytes >= 0),
+    CONSTRAINT usage_ledger_rank_check CHECK (rank >= 0)
+);
+CREATE INDEX usage_ledger_job ON tuneplane.usage_ledger USING btree (job_id);
+CREATE INDEX usage_ledger_open ON tuneplane.usage_ledger USING btree (fleet_id) WHERE (ended_at IS NULL);
+CREATE INDEX usage_ledger_started ON tuneplane.usage_ledger USING btree (started_at);
+CREATE INDEX usage_ledger_team ON tuneplane.usage_ledger USING btree (team_id, started_at);
+
+CREATE TABLE tuneplane.usage_prices (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    fleet_id bigint NOT NULL,
+    gpu_model text,
+    price_per_gpu_hour numeric NOT NULL,
+    currency text DEFAULT 'USD'::text NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT usage_prices_pkey PRIMARY KEY (id),
+    CONSTRAINT usage_prices_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id),
+    CONSTRAINT usage_prices_currency_check CHECK (currency ~ '^[A-Z]{3}$'::text),
+    CONSTRAINT usage_prices_gpu_model_check CHECK (gpu_model <> ''::text),
+    CONSTRAINT usage_prices_price_per_gpu_hour_check CHECK (price_per_gpu_hour >= 0::numeric)
+);
+CREATE UNIQUE INDEX usage_prices_one ON tuneplane.usage_prices USING btree (fleet_id, COALESCE(gpu_model, ''::text));
+
 CREATE TABLE tuneplane.user_limits (
     user_id bigint NOT NULL,
     max_gpus_per_job integer,
@@ -908,6 +1090,22 @@ CREATE TABLE tuneplane.users (
     CONSTRAINT users_username_key UNIQUE (username),
     CONSTRAINT users_default_team_id_fkey FOREIGN KEY (default_team_id) REFERENCES tuneplane.teams(id),
     CONSTRAINT users_role_check CHECK (role = ANY (ARRAY['admin'::text, 'user'::text]))
+);
+
+CREATE TABLE tuneplane.webhook_settings (
+    singleton boolean DEFAULT true NOT NULL,
+    backoff_base interval DEFAULT '00:00:05'::interval NOT NULL,
+    backoff_max interval DEFAULT '01:00:00'::interval NOT NULL,
+    max_attempts integer DEFAULT 25 NOT NULL,
+    request_timeout interval DEFAULT '00:00:10'::interval NOT NULL,
+    keep_for interval DEFAULT '14 days'::interval NOT NULL,
+    CONSTRAINT webhook_settings_pkey PRIMARY KEY (singleton),
+    CONSTRAINT webhook_settings_backoff_base_check CHECK (backoff_base > '00:00:00'::interval),
+    CONSTRAINT webhook_settings_check CHECK (backoff_max >= backoff_base),
+    CONSTRAINT webhook_settings_keep_for_check CHECK (keep_for > '00:00:00'::interval),
+    CONSTRAINT webhook_settings_max_attempts_check CHECK (max_attempts >= 1 AND max_attempts <= 1000),
+    CONSTRAINT webhook_settings_request_timeout_check CHECK (request_timeout > '00:00:00'::interval),
+    CONSTRAINT webhook_settings_singleton_check CHECK (singleton)
 );
 
 -- Views (defined in sql/functions/)
@@ -961,6 +1159,25 @@ CREATE VIEW tuneplane.v_fleet AS
    FROM tuneplane.fleets f
      LEFT JOIN tuneplane.v_nodes v ON v.fleet_id = f.id
   GROUP BY f.id;
+
+CREATE VIEW tuneplane.v_idle_jobs AS
+ SELECT w.job_id,
+    j.state,
+    f.name AS fleet,
+    w.status,
+    w.idle_since,
+    w.warned_at,
+    w.warning,
+    w.deadline,
+    w.reclaimed_at,
+    w.exempt_reason,
+    round(w.idle_gpu_seconds) AS idle_gpu_seconds,
+    w.checked_at,
+    w.evaluation
+   FROM tuneplane.job_idle w
+     JOIN tuneplane.jobs j ON j.id = w.job_id
+     JOIN tuneplane.fleets f ON f.id = j.fleet_id
+  WHERE j.state <> ALL (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text]);
 
 CREATE VIEW tuneplane.v_jobs AS
  SELECT j.id,
@@ -1177,6 +1394,32 @@ CREATE VIEW tuneplane.v_uncertain AS
      JOIN tuneplane.nodes n ON n.id = m.node_id
   WHERE m.contact_lost_at IS NOT NULL AND m.released_at IS NULL;
 
+CREATE VIEW tuneplane.v_usage AS
+ SELECT l.member_id,
+    l.job_id,
+    l.attempt,
+    l.rank,
+    t.name AS team,
+    u.username AS "user",
+    f.name AS fleet,
+    l.node_name AS node,
+    l.gpu_model,
+    l.gpus,
+    l.cpus,
+    l.started_at,
+    l.ended_at,
+    l.ended_how,
+    l.end_reason,
+    COALESCE(l.gpu_seconds, l.gpus::numeric * EXTRACT(epoch FROM now() - l.started_at)) AS gpu_seconds,
+    l.ended_at IS NULL AS holding,
+    l.lost_gpu_seconds,
+    l.idle_gpu_seconds,
+    l.charge_factor
+   FROM tuneplane.usage_ledger l
+     JOIN tuneplane.users u ON u.id = l.user_id
+     JOIN tuneplane.fleets f ON f.id = l.fleet_id
+     JOIN tuneplane.teams t ON t.id = l.team_id;
+
 -- Triggers (their functions are in sql/functions/)
 CREATE TRIGGER artifact_files_guard_change BEFORE DELETE OR UPDATE ON tuneplane.artifact_files FOR EACH ROW EXECUTE FUNCTION tuneplane.artifact_files_guard_change();
 CREATE TRIGGER artifact_files_no_truncate BEFORE TRUNCATE ON tuneplane.artifact_files FOR EACH STATEMENT EXECUTE FUNCTION tuneplane.refuse_change();
@@ -1188,6 +1431,7 @@ CREATE TRIGGER jobs_event_on_change AFTER UPDATE OF state, state_reason ON tunep
 CREATE TRIGGER jobs_event_on_insert AFTER INSERT ON tuneplane.jobs FOR EACH ROW EXECUTE FUNCTION tuneplane.jobs_record_event();
 CREATE TRIGGER jobs_guard_change BEFORE UPDATE ON tuneplane.jobs FOR EACH ROW EXECUTE FUNCTION tuneplane.jobs_guard_change();
 CREATE TRIGGER jobs_state_transition BEFORE UPDATE OF state ON tuneplane.jobs FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
+CREATE TRIGGER jobs_team_event AFTER UPDATE OF state ON tuneplane.jobs FOR EACH ROW WHEN (old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION tuneplane.jobs_team_event();
 CREATE TRIGGER launch_decisions_immutable BEFORE DELETE OR UPDATE ON tuneplane.launch_decisions FOR EACH ROW EXECUTE FUNCTION tuneplane.refuse_change();
 CREATE TRIGGER launch_decisions_no_truncate BEFORE TRUNCATE ON tuneplane.launch_decisions FOR EACH STATEMENT EXECUTE FUNCTION tuneplane.refuse_change();
 CREATE TRIGGER artifacts_of_lost_member AFTER UPDATE OF state ON tuneplane.members FOR EACH ROW WHEN (new.state = 'lost'::text AND old.state IS DISTINCT FROM 'lost'::text) EXECUTE FUNCTION tuneplane.artifacts_of_lost_member();

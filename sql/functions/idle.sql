@@ -63,9 +63,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_fleet tuneplane.fleets;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tuneplane.users WHERE id = p_actor_id AND role = 'admin' AND disabled_at IS NULL) THEN
-        RAISE EXCEPTION 'changing an idle policy needs the admin role' USING ERRCODE = 'TP403', COLUMN = 'actor';
-    END IF;
+    PERFORM tuneplane.require_admin(p_actor_id, 'changing an idle policy');
     SELECT * INTO v_fleet FROM tuneplane.fleets f WHERE f.name = p_fleet OR f.id::text = p_fleet
      ORDER BY f.name = p_fleet DESC LIMIT 1;
     IF v_fleet.id IS NULL THEN
@@ -401,11 +399,7 @@ DECLARE
     j      tuneplane.jobs;
     result tuneplane.job_idle;
 BEGIN
-    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
-    IF actor.id IS NULL OR actor.role <> 'admin' THEN
-        RAISE EXCEPTION 'exempting a job from the idle policy needs the admin role'
-            USING ERRCODE = 'TP403', COLUMN = 'actor';
-    END IF;
+    actor := tuneplane.require_admin(p_actor_id, 'exempting a job from the idle policy');
     IF p_reason IS NULL OR length(btrim(p_reason)) = 0 OR length(p_reason) > 500 THEN
         RAISE EXCEPTION 'a reason of 1 to 500 characters is required' USING ERRCODE = 'TP400', COLUMN = 'reason';
     END IF;

@@ -77,10 +77,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_fleet bigint;
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM tuneplane.users WHERE id = p_actor_id AND role = 'admin' AND disabled_at IS NULL)
-    THEN
-        RAISE EXCEPTION 'only an installation admin sets prices' USING ERRCODE = 'TP403', COLUMN = 'price';
-    END IF;
+    PERFORM tuneplane.require_admin(p_actor_id, 'setting prices');
     SELECT id INTO v_fleet FROM tuneplane.fleets WHERE name = p_fleet;
     IF v_fleet IS NULL THEN
         RAISE EXCEPTION 'no fleet %', p_fleet USING ERRCODE = 'TP404', COLUMN = 'fleet';

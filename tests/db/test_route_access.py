@@ -27,6 +27,10 @@ SCOPE_ARGS = {"job_id", "artifact_id", "preview_id"}
 QUERY_SCOPED = {"/charts/compare": {"jobs": "{job_id}"}}
 # Extra query a job-scoped route needs to reach its access check (what a real client always sends).
 QUERY = {"/jobs/<int:job_id>/metrics/raw": {"series": "1"}}
+# A body a job-scoped route needs to reach its access check (what a real client always sends).
+BODY = {"/jobs/<job_id>/exempt-idle": {"reason": "route walk"}}
+# Admin-only job routes answer 403 to every non-admin, whatever the job (so nothing about the job leaks).
+ADMIN_ONLY = {"/jobs/<job_id>/exempt-idle": "exempt_job_idle asks require_admin first"}
 # The owner's own request may answer 404 for a reason that is not access; said here.
 OWNER_404 = {
     "/jobs/<int:job_id>/metrics/raw": "series 1 does not exist: the job has no telemetry in this test",
@@ -52,6 +56,8 @@ NOT_JOB_SCOPED = {
     "/fleets/<name>/enrollment-tokens": "admin only (require_admin)",
     "/nodes/fence": "admin only (require_admin)",
     "/nodes/scheduling": "admin only (require_admin)",
+    "/tokens": "the caller's own API tokens (tokens_of, issue_scoped_api_token)",
+    "/tokens/<int:token_id>/revoke": "one of the caller's own tokens (revoke_api_token: 404 for another's)",
     "/api/artifacts": NODE,
     "/api/artifacts/refused": NODE,
     "/api/artifacts/<int:artifact_id>/upload": NODE,
@@ -151,7 +157,7 @@ def _request(client: FlaskClient, rule, values: dict, headers: dict, digest: str
         k: v.format(**values)
         for k, v in {**QUERY_SCOPED.get(rule.rule, {}), **QUERY.get(rule.rule, {})}.items()
     }
-    body = {"digest": digest} if path.endswith("/confirm") else {}
+    body = {"digest": digest} if path.endswith("/confirm") else BODY.get(rule.rule, {})
     if method == "GET":
         return method, path, client.get(path, query_string=query, headers=headers)
     return method, path, client.open(path, method=method, query_string=query, json=body, headers=headers)
@@ -165,7 +171,7 @@ def test_every_job_scoped_console_route_answers_404_to_a_user_who_may_not_see_th
     leaks = []
     for rule in rules:
         method, path, answer = _request(client, rule, world["values"], world["bob"], world["digest"])
-        if answer.status_code != 404:
+        if answer.status_code != (403 if rule.rule in ADMIN_ONLY else 404):
             leaks.append(f"{method} {path} -> {answer.status_code} {answer.get_data(as_text=True)[:200]}")
     assert leaks == [], "job-scoped routes that do not ask require_job_access:\n" + "\n".join(leaks)
     # The list is filtered by the same rule: bob's list does not hold alice's job.
@@ -188,7 +194,7 @@ def test_every_gateway_route_is_explained(db_url: str, tmp_path: Path) -> None:
     from tuneplane.app.telemetry.gateway import create_app as telemetry_app
 
     apps = {
-        "telemetry": telemetry_app(db_url, prune=False),
+        "telemetry": telemetry_app(db_url),
         "node": Gateway(AsyncDatabase(db_url), blob_dir=tmp_path / "blobs").make_app(),
     }
     try:
