@@ -294,6 +294,10 @@ telemetry_smoothed = StoredFunction("telemetry_smoothed", "bigint", "bigint", "b
 tokens_of = StoredFunction("tokens_of", "bigint")
 unfence_node = StoredFunction("unfence_node", "text", "text", "text")
 
+usage_report = StoredFunction(
+    "usage_report", "bigint", "text", "text", "timestamp with time zone", "timestamp with time zone"
+)
+usage_teams_of = StoredFunction("usage_teams_of", "bigint")
 
 REGISTRY: dict[str, StoredFunction] = {
     value: value for value in list(globals().values()) if isinstance(value, StoredFunction)

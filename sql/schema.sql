@@ -302,6 +302,7 @@ CREATE TABLE tuneplane.job_idle (
     exempt_at timestamp with time zone,
     exempt_by bigint,
     exempt_reason text,
+    watching boolean DEFAULT false NOT NULL,
     CONSTRAINT job_idle_pkey PRIMARY KEY (job_id),
     CONSTRAINT job_idle_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES tuneplane.attempts(id),
     CONSTRAINT job_idle_exempt_by_fkey FOREIGN KEY (exempt_by) REFERENCES tuneplane.users(id),
@@ -312,6 +313,7 @@ CREATE TABLE tuneplane.job_idle (
     CONSTRAINT job_idle_status_check CHECK (status = ANY (ARRAY['unknown'::text, 'busy'::text, 'idle'::text]))
 );
 CREATE INDEX job_idle_checked ON tuneplane.job_idle USING btree (checked_at);
+CREATE INDEX job_idle_due ON tuneplane.job_idle USING btree (checked_at NULLS FIRST, job_id) WHERE watching;
 CREATE INDEX job_idle_warned ON tuneplane.job_idle USING btree (job_id) WHERE ((warned_at IS NOT NULL) AND (reclaimed_at IS NULL));
 
 CREATE TABLE tuneplane.jobs (
@@ -1430,6 +1432,7 @@ CREATE TRIGGER jobs_default_team BEFORE INSERT ON tuneplane.jobs FOR EACH ROW EX
 CREATE TRIGGER jobs_event_on_change AFTER UPDATE OF state, state_reason ON tuneplane.jobs FOR EACH ROW WHEN (old.state IS DISTINCT FROM new.state OR old.state_reason IS DISTINCT FROM new.state_reason) EXECUTE FUNCTION tuneplane.jobs_record_event();
 CREATE TRIGGER jobs_event_on_insert AFTER INSERT ON tuneplane.jobs FOR EACH ROW EXECUTE FUNCTION tuneplane.jobs_record_event();
 CREATE TRIGGER jobs_guard_change BEFORE UPDATE ON tuneplane.jobs FOR EACH ROW EXECUTE FUNCTION tuneplane.jobs_guard_change();
+CREATE TRIGGER jobs_idle_watch AFTER UPDATE OF state ON tuneplane.jobs FOR EACH ROW WHEN (old.state IS DISTINCT FROM new.state AND (old.state = 'running'::text OR new.state = 'running'::text)) EXECUTE FUNCTION tuneplane.jobs_idle_watch();
 CREATE TRIGGER jobs_state_transition BEFORE UPDATE OF state ON tuneplane.jobs FOR EACH ROW EXECUTE FUNCTION tuneplane.guard_state_transition();
 CREATE TRIGGER jobs_team_event AFTER UPDATE OF state ON tuneplane.jobs FOR EACH ROW WHEN (old.state IS DISTINCT FROM new.state) EXECUTE FUNCTION tuneplane.jobs_team_event();
 CREATE TRIGGER launch_decisions_immutable BEFORE DELETE OR UPDATE ON tuneplane.launch_decisions FOR EACH ROW EXECUTE FUNCTION tuneplane.refuse_change();

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from flask import Blueprint, Response, request
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app import usage_report
 from tuneplane.app.errors import Refusal
 from tuneplane.app.web.auth import current_user, login_required
@@ -35,7 +36,7 @@ def _question() -> dict:
 
 
 def _shown(q: dict) -> dict:
-    rows = get_db().call("usage_report", current_user().id, q["by"], q["team"], q["since"], q["until"])
+    rows = get_db().call(fn.usage_report, current_user().id, q["by"], q["team"], q["since"], q["until"])
     return usage_report.table(rows, q["by"])
 
 
@@ -44,7 +45,7 @@ def _shown(q: dict) -> dict:
 def usage_page():
     q = _question()
     shown = _shown(q)
-    day_rows = get_db().call("usage_report", current_user().id, "day", q["team"], q["since"], q["until"])
+    day_rows = get_db().call(fn.usage_report, current_user().id, "day", q["team"], q["since"], q["until"])
     data = {
         "by": q["by"],
         "team": q["team"],
@@ -52,7 +53,7 @@ def usage_page():
         "until": q["until"],
         "table": shown,
         "chart": usage_report.chart(day_rows),
-        "teams": [r["name"] for r in get_db().call("usage_teams_of", current_user().id)],
+        "teams": [r["name"] for r in get_db().call(fn.usage_teams_of, current_user().id)],
         "args": {k: v for k, v in request.args.items() if k in ("team", "since", "until", "by")},
     }
     return respond("usage.html", data)

@@ -56,6 +56,8 @@ NOT_JOB_SCOPED = {
     "/fleets/<name>/enrollment-tokens": "admin only (require_admin)",
     "/nodes/fence": "admin only (require_admin)",
     "/nodes/scheduling": "admin only (require_admin)",
+    "/usage": "usage of the teams the caller may see (usage_report/usage_teams_of, team-scoped)",
+    "/usage.csv": "the same table as /usage, as CSV",
     "/tokens": "the caller's own API tokens (tokens_of, issue_scoped_api_token)",
     "/tokens/<int:token_id>/revoke": "one of the caller's own tokens (revoke_api_token: 404 for another's)",
     "/api/artifacts": NODE,
