@@ -71,6 +71,7 @@ create_enrollment_token = StoredFunction("create_enrollment_token", "text", "tex
 create_first_admin = StoredFunction("create_first_admin", "text", "text")
 create_fleet = StoredFunction("create_fleet", "text", "text", "jsonb", "bigint")
 create_preview = StoredFunction("create_preview", "bigint", "jsonb", "jsonb")
+create_team_webhook = StoredFunction("create_team_webhook", "bigint", "text", "text", "text", "text[]")
 create_user = StoredFunction("create_user", "text", "text", "text")
 decide_abort = StoredFunction("decide_abort", "bigint", "text")
 discard_artifact_chunks = StoredFunction(
@@ -89,6 +90,7 @@ fail_artifact = StoredFunction("fail_artifact", "text", "bigint", "text")
 fence_node = StoredFunction("fence_node", "text", "text", "text")
 find_artifact = StoredFunction("find_artifact", "bigint", "bigint", "text", "integer", "integer")
 finish_artifact = StoredFunction("finish_artifact", "text", "bigint")
+fleet_team_share_of = StoredFunction("fleet_team_share_of", "text")
 get_job = StoredFunction("get_job", "bigint", "bigint")
 get_preview = StoredFunction("get_preview", "bigint", "uuid")
 idle_warnings_of = StoredFunction("idle_warnings_of", "bigint")
@@ -138,6 +140,7 @@ nodes_with_pending_commands = StoredFunction("nodes_with_pending_commands", "big
 note_connectivity_changes = StoredFunction("note_connectivity_changes")
 placement_fit_now = StoredFunction("placement_fit_now", "bigint")
 placement_fleets = StoredFunction("placement_fleets", "text")
+preview_quota_effect = StoredFunction("preview_quota_effect", "bigint", "uuid")
 prune_node_commands = StoredFunction("prune_node_commands")
 prune_team_event_deliveries = StoredFunction("prune_team_event_deliveries")
 reconcile_node = StoredFunction("reconcile_node", *REPORT)
@@ -182,6 +185,7 @@ register_artifact = StoredFunction(
     "text",
     "text",
 )
+remove_team_webhook = StoredFunction("remove_team_webhook", "bigint", "text", "bigint")
 report_node_caches = StoredFunction("report_node_caches", *REPORT)
 report_node_capacity = StoredFunction("report_node_capacity", *REPORT)
 report_node_probe = StoredFunction("report_node_probe", *REPORT)
@@ -193,6 +197,18 @@ resolve_node = StoredFunction("resolve_node", "text")
 revoke_api_token = StoredFunction("revoke_api_token", "bigint", "bigint")
 rotate_node_credential = StoredFunction("rotate_node_credential", "bigint", "bigint", "text")
 server_secret = StoredFunction("server_secret", "text", "text")
+set_team_member_by_name = StoredFunction("set_team_member_by_name", "bigint", "text", "text", "text")
+set_team_quota = StoredFunction(
+    "set_team_quota",
+    "bigint",
+    "bigint",
+    "bigint",
+    "text",
+    "integer",
+    "integer",
+    "double precision",
+    "boolean",
+)
 slurm_allocation_started = StoredFunction("slurm_allocation_started", "bigint", "text[]", "integer", "text")
 slurm_controller_unreachable = StoredFunction("slurm_controller_unreachable", "bigint", "text")
 slurm_followed = StoredFunction("slurm_followed", "bigint")
@@ -218,9 +234,15 @@ slurm_submitted = StoredFunction("slurm_submitted", "bigint", "bigint")
 slurm_sync_fleet = StoredFunction("slurm_sync_fleet", "bigint", "jsonb")
 sweep_idle_jobs = StoredFunction("sweep_idle_jobs")
 sweep_lost_nodes = StoredFunction("sweep_lost_nodes")
+team_event_deliveries_of = StoredFunction("team_event_deliveries_of", "bigint", "text", "integer")
 team_event_delivery_result = StoredFunction(
     "team_event_delivery_result", "bigint", "integer", "integer", "text", "integer"
 )
+team_members_of = StoredFunction("team_members_of", "bigint", "text")
+team_queue_of = StoredFunction("team_queue_of", "bigint", "text")
+team_quotas_of = StoredFunction("team_quotas_of", "bigint", "text")
+team_read_of = StoredFunction("team_read_of", "bigint", "text")
+team_webhooks_of = StoredFunction("team_webhooks_of", "bigint", "text")
 teams_of = StoredFunction("teams_of", "bigint")
 telemetry_begin_batch = StoredFunction(
     "telemetry_begin_batch",

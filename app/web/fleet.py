@@ -160,7 +160,7 @@ def _events(name: str | None, limit: int = 30) -> list[dict]:
 def _render(name: str | None, status: int = 200):
     fleets = _fleets(name)
     for fleet in fleets:  # each team's share of the fleet now (team_reads.sql)
-        fleet["team_shares"] = get_db().call("fleet_team_share_of", fleet["fleet"])
+        fleet["team_shares"] = get_db().call(fn.fleet_team_share_of, fleet["fleet"])
     events = _events(name)
     data = {
         "fleets": fleets,

@@ -184,7 +184,7 @@ def dialog():
 def _with_quota_effect(user_id: int, preview: dict) -> dict:
     """The preview with what admitting it would do to its team's quota, in words (team_reads.sql), computed
     now: it is shown before confirmation and never part of the immutable preview."""
-    rows = get_db().call("preview_quota_effect", user_id, preview["id"])
+    rows = get_db().call(fn.preview_quota_effect, user_id, preview["id"])
     preview["quota_effect"] = rows[0]["preview_quota_effect"] if rows else None
     return preview
 

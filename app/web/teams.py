@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from flask import Blueprint, flash, redirect, url_for
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app import usage_report
 from tuneplane.app.errors import Refusal
 from tuneplane.app.web.auth import current_user, login_required
@@ -85,7 +86,7 @@ def _done(team: str, message: str, data: dict):
 @bp.get("/teams")
 @login_required
 def teams_list():
-    teams = get_db().call("teams_of", current_user().id)
+    teams = get_db().call(fn.teams_of, current_user().id)
     return respond("teams/list.html", {"teams": teams}, json_data={"teams": teams})
 
 
@@ -93,23 +94,23 @@ def teams_list():
 @login_required
 def team_page(name: str):
     db, actor = get_db(), current_user().id
-    members = db.call("team_members_of", actor, name)  # 404 for a team the actor cannot read
+    members = db.call(fn.team_members_of, actor, name)  # 404 for a team the actor cannot read
     my_role = next((m["role"] for m in members if m["user_id"] == actor), None)
     since = datetime.now(UTC) - timedelta(days=30)
-    usage = usage_report.table(db.call("usage_report", actor, "user", name, since, None), "user")
+    usage = usage_report.table(db.call(fn.usage_report, actor, "user", name, since, None), "user")
     data = {
         "team": name,
         "my_role": my_role,
         "members": members,
-        "quotas": db.call("team_quotas_of", actor, name),
-        "queue": db.call("team_queue_of", actor, name),
+        "quotas": db.call(fn.team_quotas_of, actor, name),
+        "queue": db.call(fn.team_queue_of, actor, name),
         "usage": usage,
         "webhooks": None,
         "deliveries": None,
     }
     if my_role == "admin" or current_user().is_admin:
-        data["webhooks"] = db.call("team_webhooks_of", actor, name)
-        data["deliveries"] = db.call("team_event_deliveries_of", actor, name, 20)
+        data["webhooks"] = db.call(fn.team_webhooks_of, actor, name)
+        data["deliveries"] = db.call(fn.team_event_deliveries_of, actor, name, 20)
     if not wants_json():
         data["fleets"] = [r["name"] for r in db.fetch_all("SELECT name FROM fleets ORDER BY name")]
     return respond("teams/team.html", data)
@@ -120,7 +121,7 @@ def team_page(name: str):
 def team_member(name: str):
     form = parse_body(MemberForm)
     role = None if form.role == "remove" else form.role
-    get_db().call("set_team_member_by_name", current_user().id, name, form.username, role)
+    get_db().call(fn.set_team_member_by_name, current_user().id, name, form.username, role)
     said = f"{form.username} removed" if role is None else f"{form.username} is now {role}"
     return _done(name, said, {"team": name, "username": form.username, "role": role})
 
@@ -130,12 +131,12 @@ def team_member(name: str):
 def team_quota(name: str):
     form = parse_body(QuotaForm)
     db = get_db()
-    team = db.call("team_read_of", current_user().id, name)[0]
+    team = db.call(fn.team_read_of, current_user().id, name)[0]
     fleet = db.fetch_one("SELECT id FROM fleets WHERE name = %s", (form.fleet,))
     if fleet is None:
         raise Refusal(f"no fleet {form.fleet}", status=404, field="fleet")
     row = db.call(
-        "set_team_quota", current_user().id, team["id"], fleet["id"], form.gpu_model, form.guaranteed_gpus,
+        fn.set_team_quota, current_user().id, team["id"], fleet["id"], form.gpu_model, form.guaranteed_gpus,
         form.limit_gpus, form.weight, form.overcommit,
     )[0]  # fmt: skip
     said = (
@@ -152,7 +153,7 @@ def team_webhook(name: str):
     form = parse_body(WebhookForm)
     kinds = form.kinds if isinstance(form.kinds, list) else form.kinds.replace(",", " ").split()
     secret = form.secret or secrets.token_urlsafe(24)
-    hook = get_db().call("create_team_webhook", current_user().id, name, form.url, secret, kinds or None)[0]
+    hook = get_db().call(fn.create_team_webhook, current_user().id, name, form.url, secret, kinds or None)[0]
     # The secret is shown this once (the receiver needs it to check signatures).
     shown = {"id": hook["id"], "url": hook["url"], "kinds": hook["kinds"], "secret": secret}
     return _done(name, f"webhook {hook['id']} added; its secret (shown once): {secret}", shown)
@@ -161,5 +162,5 @@ def team_webhook(name: str):
 @bp.post("/teams/<name>/webhooks/<int:webhook_id>/remove")
 @login_required
 def team_webhook_remove(name: str, webhook_id: int):
-    get_db().call("remove_team_webhook", current_user().id, name, webhook_id)
+    get_db().call(fn.remove_team_webhook, current_user().id, name, webhook_id)
     return _done(name, f"webhook {webhook_id} removed", {"id": webhook_id, "removed": True})

@@ -38,6 +38,8 @@ OWNER_404 = {
 
 NODE = "a node credential, not a user: the node may touch only what its own members hold " \
        "(tests/db/test_artifacts_gateway.py, test_artifacts_unhappy.py)"  # fmt: skip
+TEAM = "a team, not a job: team_read_of/team_admin_of answer 404 to a user with no role in it " \
+       "(tests/db/test_team_pages.py)"  # fmt: skip
 NOT_JOB_SCOPED = {
     # console
     "/static/<path:filename>": "static files",
@@ -56,6 +58,12 @@ NOT_JOB_SCOPED = {
     "/fleets/<name>/enrollment-tokens": "admin only (require_admin)",
     "/nodes/fence": "admin only (require_admin)",
     "/nodes/scheduling": "admin only (require_admin)",
+    "/teams": "the caller's teams",
+    "/teams/<name>": TEAM,
+    "/teams/<name>/members": TEAM,
+    "/teams/<name>/quotas": "installation admins only (set_team_quota)",
+    "/teams/<name>/webhooks": TEAM,
+    "/teams/<name>/webhooks/<int:webhook_id>/remove": TEAM,
     "/usage": "usage of the teams the caller may see (usage_report/usage_teams_of, team-scoped)",
     "/usage.csv": "the same table as /usage, as CSV",
     "/tokens": "the caller's own API tokens (tokens_of, issue_scoped_api_token)",
