@@ -1314,10 +1314,17 @@ CREATE VIEW tuneplane.v_nodes AS
      CROSS JOIN LATERAL tuneplane.node_allocation(n.id) a(gpus, cpus, memory_bytes);
 
 CREATE VIEW tuneplane.v_queue AS
+ WITH admission AS (
+         SELECT a_1.job_id,
+            a_1.ord
+           FROM tuneplane.fleets f_1,
+            LATERAL tuneplane.admission_queue(f_1.id) a_1(job_id, ord)
+          WHERE tuneplane.fleet_has_quotas(f_1.id)
+        )
  SELECT j.id AS job_id,
     f.name AS fleet,
     j.priority,
-    row_number() OVER (PARTITION BY j.fleet_id ORDER BY j.priority DESC, j.created_at, j.id) AS "position",
+    row_number() OVER (PARTITION BY j.fleet_id ORDER BY a.ord, j.priority DESC, j.created_at, j.id) AS "position",
     u.username AS owner,
     j.nodes,
     j.gpus_per_node,
@@ -1325,10 +1332,14 @@ CREATE VIEW tuneplane.v_queue AS
     j.memory_per_node,
     j.created_at,
     now() - j.created_at AS waiting,
-    j.state_reason
+    j.state_reason,
+    t.name AS team,
+    row_number() OVER (PARTITION BY j.fleet_id, j.team_id ORDER BY a.ord, j.priority DESC, j.created_at, j.id) AS team_position
    FROM tuneplane.jobs j
      JOIN tuneplane.fleets f ON f.id = j.fleet_id
      JOIN tuneplane.users u ON u.id = j.owner_id
+     JOIN tuneplane.teams t ON t.id = j.team_id
+     LEFT JOIN admission a ON a.job_id = j.id
   WHERE j.state = 'queued'::text;
 
 CREATE VIEW tuneplane.v_reservations AS

@@ -102,7 +102,7 @@ def _fleets(name: str | None = None) -> list[dict]:
             raise Refusal(f"no fleet named {name}", status=404, field="fleet")
         nodes = db.fetch_all("SELECT * FROM v_nodes WHERE fleet = %s ORDER BY node", (name,))
     # Each GPU with the member holding it, its last samples and the idle sweep's verdict (idle.sql).
-    gpus = db.call("fleet_gpus", name)
+    gpus = db.call(fn.fleet_gpus, name)
     by_node: dict[int, list[dict]] = {}
     for gpu in gpus:
         by_node.setdefault(gpu.pop("node_id"), []).append(gpu)
