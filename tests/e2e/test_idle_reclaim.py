@@ -1,0 +1,109 @@
+"""Idle GPUs end to end: a real agent runs the job, the real worker's sweep judges it from simulated GPUs
+(NVML-shaped samples the test writes through the real telemetry gateway, tests/simulated_gpus.py: there is
+no GPU here and the policy reads only stored samples), warns, and reclaims it at the end of the grace; a
+real HTTP receiver gets the warning and the reclaim once each, the first retried after it answered 500."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from tests.e2e.launch_cluster import MIB, Cluster
+from tests.helpers import wait_for
+from tests.simulated_gpus import IDLE, post_samples
+from tests.submission_setup import add_user
+from tests.telemetry_support import member_token
+from tests.webhook_receiver import Receiver
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "e2e-idle-webhook-secret-01"
+
+
+def test_idle_job_is_warned_then_reclaimed_and_the_team_webhook_hears_both_once(cluster: Cluster) -> None:
+    receiver = Receiver([500])  # the first delivery fails: it must come again
+    try:
+        db = cluster.db
+        db.fetch_all(
+            "UPDATE webhook_settings SET backoff_base = %s RETURNING 1", (timedelta(milliseconds=200),)
+        )
+        db.fetch_all("UPDATE idle_settings SET check_every = interval '1 second' RETURNING 1")
+        admin = add_user(db, "root", "admin")
+        db.call(
+            "set_idle_policy", admin, cluster.fleet, None, None, None, None, "reclaim", timedelta(seconds=3)
+        )
+        db.call("create_team_webhook", cluster.user_id, "alice", receiver.url, SECRET,
+                ["job.idle_warning", "job.idle_reclaimed"])  # fmt: skip
+        telemetry = cluster.start_telemetry_gateway()
+        cluster.start_agent("a", "--simulate-gpus", "2")
+        cluster.start_worker()
+        archive = cluster.upload_source(
+            {"idle.py": "import time\nprint('holding', flush=True)\ntime.sleep(600)\n"}
+        )
+        job_id = cluster.submit(
+            {
+                "source": {"archive": archive, "entrypoint": "python idle.py", "integration": "script"},
+                "resources": {
+                    "nodes": 1,
+                    "gpus_per_node": 2,
+                    "cpus_per_node": 1,
+                    "memory_per_node": 64 * MIB,
+                },
+            }
+        )
+        (member,) = cluster.wait_members(job_id, "running", timeout=90)
+        # Its two GPUs idle for the last 31 minutes and the next 3, as its collector would have sent them.
+        wait_for(lambda: _gateway_up(telemetry), timeout=30, what="the telemetry gateway")
+        now = time.time()
+        readings = {gpu: IDLE for gpu in member["gpu_indices"]}
+        post_samples(telemetry, member_token(db, job_id, 1, 0), readings, now - 31 * 60, now + 180)
+
+        warned = wait_for(
+            lambda: db.fetch_one(
+                "SELECT * FROM job_idle WHERE job_id = %s AND warned_at IS NOT NULL", (job_id,)
+            ),
+            timeout=60,
+            what="the idle warning",
+        )
+        assert warned["warning"].startswith(
+            "GPUs idle for 30 min (utilization < 5 %, power < 20 % on all 2 GPUs)"
+        )
+        reclaimed = wait_for(
+            lambda: db.fetch_one(
+                "SELECT * FROM job_idle WHERE job_id = %s AND reclaimed_at IS NOT NULL", (job_id,)
+            ),
+            timeout=60,
+            what="the reclaim at the end of the grace",
+        )
+        assert reclaimed["reclaimed_at"] >= warned["deadline"]
+        job = cluster.wait_job(job_id, ("succeeded", "failed", "cancelled"), timeout=60)
+        reasons = [
+            e["reason"] for e in db.fetch_all("SELECT reason FROM job_events WHERE job_id = %s", (job_id,))
+        ]
+        assert any(r.startswith("reclaimed (idle): GPUs idle for") for r in reasons), reasons
+        assert job["state"] == "cancelled", cluster.diagnose(job_id)
+        assert {m["state"] for m in cluster.members(job_id)} == {"cancelled"}
+
+        def both_delivered() -> dict | None:
+            kinds = {g["body"]["kind"]: g["body"]["id"] for g in receiver.got}
+            return kinds if set(kinds) == {"job.idle_warning", "job.idle_reclaimed"} else None
+
+        kinds = wait_for(both_delivered, timeout=30, what="the warning and the reclaim at the receiver")
+        ids = [g["body"]["id"] for g in receiver.got]
+        # Once each: the warning (answered 500 first) came twice with one event id, the reclaim once.
+        assert sorted(ids) == sorted([kinds["job.idle_warning"]] * 2 + [kinds["job.idle_reclaimed"]])
+        warning = next(g["body"] for g in receiver.got if g["body"]["kind"] == "job.idle_warning")
+        assert warning["job"]["id"] == job_id and warning["data"]["deadline"]
+    finally:
+        receiver.close()
+
+
+def _gateway_up(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
