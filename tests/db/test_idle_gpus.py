@@ -138,6 +138,13 @@ def test_two_member_job_whose_four_gpus_are_idle_is_warned_then_reclaimed_after_
         "SELECT idle_gpu_seconds FROM usage_ledger WHERE job_id = %s ORDER BY rank", (job["id"],)
     )
     assert [float(r["idle_gpu_seconds"]) for r in ledger] == pytest.approx([2 * 30 * MIN, 2 * 30 * MIN])
+    # … which the usage report (the Usage page, its CSV, `tuneplane usage`) sums per job and per team.
+    since = t0 - dt.timedelta(days=1)
+    by_job = db.call("usage_report", admin, "job", None, since, None)
+    (per_job,) = [r for r in by_job if r["job_id"] == job["id"]]
+    (per_team,) = db.call("usage_report", admin, "team", "alice", since, None)
+    idle = [float(per_job["idle_gpu_seconds"]), float(per_team["idle_gpu_seconds"])]
+    assert idle == pytest.approx([4 * 30 * MIN, 4 * 30 * MIN])
 
     # Still idle within the grace: nothing more happens.
     feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() + 10, t0.timestamp() + 11 * MIN)
