@@ -212,6 +212,9 @@ check() { "$VPY" "$WORK/check.py" "$DB_URL" "$@"; }
 # ---- up (and a second agent with 2+ GPUs) ------------------------------------------------------------------
 step up
 export TUNEPLANE_CONFIG="$WORK/cli.toml"
+# The members run on the node's interpreter (no job environment): `python` in their entrypoint must be the
+# venv's, which has torch.
+export PATH="$WORK/venv/bin:$PATH"
 PORT=$("$VPY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 LOCAL_GPUS=""
 if [ "$NGPU" -ge 2 ]; then
