@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 
+import psycopg
 import pytest
 
 from tests.launch_fixtures import (
@@ -371,3 +372,25 @@ def test_the_warning_the_withdrawal_and_the_reclaim_each_queue_one_team_event(
     )["body"]
     assert warning["data"]["message"].startswith("GPUs idle for 30 min (utilization < 5 %")
     assert warning["data"]["idle"] == 4 and warning["data"]["deadline"]
+
+
+def test_an_exemption_in_flight_when_the_deadline_passes_wins_over_the_reclaim(
+    db: Database, db_url: str, gateway: GatewayThread, admin: int
+) -> None:
+    """The exemption holds the job's row (uncommitted) while a sweep passes the deadline: the sweep skips the
+    locked job rather than wait or reclaim it; once the exemption commits, no later sweep reclaims it."""
+    job = two_member_job(db, admin)
+    t0, swept = idle_then_swept(db, gateway, job, after=20 * MIN)
+    assert swept["warned"] == 1
+    with psycopg.connect(db_url, options="-c search_path=tuneplane,public") as other:
+        other.execute("SELECT * FROM exempt_job_idle(%s, %s, %s)", (admin, job["id"], "demo for the board"))
+        assert sweep(db, t0 + dt.timedelta(minutes=11)) == {
+            "checked": 0,
+            "warned": 0,
+            "reclaimed": 0,
+            "busy_again": 0,
+        }
+        other.commit()
+    assert sweep(db, t0 + dt.timedelta(minutes=12))["reclaimed"] == 0
+    assert db.fetch_one("SELECT state FROM attempts WHERE job_id = %s", (job["id"],))["state"] == "running"
+    assert watch(db, job["id"])["exempt_reason"] == "demo for the board"
