@@ -112,8 +112,9 @@ DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 --                      (decide_abort: in node order; record_member_exit: its own node's) → leaf rows
 --                      (START commands on every member's node at COMMIT, STOP on a failure).
 --   ack_node_command (nodes.sql) session (shared) → launch_command_locks: the jobs, attempts and members of
---                      the members a START/STOP/KILL names (jobs in id order) → their usage rows → the
---                      command row → launch_command_acked: record_member_exit (KILL done, START failed) or
+--                      the members a failed START/STOP or a done KILL names (jobs in id order) → their
+--                      usage rows (none for any other acknowledgement) → the command row →
+--                      launch_command_acked: record_member_exit (KILL done, START failed) or
 --                      send_kill (STOP failed: the member's kill_requested_at, a KILL command).
 --   begin_prepare, abort_launch  the job → the attempt (require_launch_epoch) → every member → PREPARE /
 --                      abort commands, usage rows in node order (abort).
@@ -880,16 +881,18 @@ END;
 $$;
 
 -- launch_command_locks: what the first acknowledgement of a launch command will lock, taken by
--- ack_node_command before it writes the command row (lock order): lock_members of the members a START,
--- STOP or KILL names on its node, then the node_usage rows their release may change. Nothing for other
--- kinds.
+-- ack_node_command before it writes the command row (lock order): lock_members of the members a failed
+-- START or STOP or a done KILL names on its node, then the node_usage rows their release may change.
+-- Nothing for an acknowledgement that means nothing to the lifecycle (a START or STOP done, a KILL
+-- failed, other kinds): the common one takes no job lock. p_cmd.error is the acknowledgement's error.
 CREATE OR REPLACE FUNCTION tuneplane.launch_command_locks(p_cmd tuneplane.node_commands)
 RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
     v_ids bigint[];
 BEGIN
-    IF p_cmd.kind NOT IN ('start', 'stop', 'kill') THEN
+    IF NOT ((p_cmd.kind IN ('start', 'stop') AND p_cmd.error IS NOT NULL)
+            OR (p_cmd.kind = 'kill' AND p_cmd.error IS NULL)) THEN
         RETURN;
     END IF;
     SELECT coalesce(array_agg(m.id), '{}') INTO v_ids FROM tuneplane.members m

@@ -631,6 +631,7 @@ BEGIN
     IF v_cmd.acked_at IS NULL THEN
         -- What the acknowledgement's meaning will lock (jobs → attempts → members → usage rows), before the
         -- command row: the lock order (launch.sql) puts leaf rows such as this one last.
+        v_cmd.error := p_error;
         PERFORM tuneplane.launch_command_locks(v_cmd);
     END IF;
     SELECT acked_at IS NULL INTO v_first FROM tuneplane.node_commands
