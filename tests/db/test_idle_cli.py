@@ -86,6 +86,7 @@ def test_show_says_the_idle_warning_and_its_deadline(cli, db: Database, db_url: 
         f'Deadline: <time datetime="{deadline.isoformat()}">{deadline.astimezone(dt.UTC):%Y-%m-%d %H:%M} UTC'
         in page.text
     )
+    assert 'id="job-idle-status"' in page.text and "3,600 GPU-seconds found idle so far" in page.text
     home = httpx.get(f"{server['url']}/", headers={"Authorization": f"Bearer {server['alice']}"})
     assert 'id="dashboard-idle"' in home.text and f"Job {job_id}</a>: " in home.text
     assert html.escape(warning, quote=False) in home.text
