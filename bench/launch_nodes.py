@@ -11,9 +11,10 @@ machine's clocks:
               `started_at` in exit_status.json): agent, runner and collector start, imports
   end         the workload's exit (exit_status.json `ended_at`) → the member recorded ended (members.ended_at)
   linger      the last member recorded ended → the agents have no child left (collectors exited)
-  cpu/member  CPU-seconds of the agents and everything they started (runner, keeper, collector, the demo
-              workload itself), from before the confirmation until every child is gone and waited for, per
-              member (the agents' own share: a START, the reports, the end)
+  cpu/member  CPU-seconds of everything the agents started (runner, keeper, collector, and the demo
+              workload itself: NumPy, tensorboardX), from before the confirmation until every child is gone
+              and waited for, per member; and apart, the agents' own CPU over the run (all 8 agents, idle
+              ones included) per member
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ SELECT j.state, j.state_reason, j.created_at, a.id AS attempt_id, a.created_at A
 """
 MEMBERS = """
 SELECT m.id, n.name AS node, m.started_at, m.ended_at,
+       (SELECT t.finished_at FROM tuneplane.telemetry_members t
+         WHERE t.job_id = m.job_id AND t.attempt = 1 AND t.member_rank = m.rank) AS metrics_final_at,
+       (SELECT max(x.completed_at) FROM tuneplane.artifacts x WHERE x.member_id = m.id) AS outputs_at,
        (SELECT c.delivered_at FROM tuneplane.node_commands c
          WHERE c.kind = 'start' AND c.node_id = m.node_id
            AND (c.payload ->> 'attempt_id')::bigint = m.attempt_id
@@ -62,17 +66,19 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def cpu_seconds(pids: list[int]) -> float:
-    """utime + stime + cutime + cstime of the agents, read while they have no child at all (zombies
+def cpu_seconds(pids: list[int]) -> tuple[float, float]:
+    """(cutime + cstime, utime + stime) of the agents, read while they have no child at all (zombies
     included): then everything they started has been waited for and is counted in their cutime/cstime
-    (the runner waits for its keeper, the keeper for the workload)."""
+    (the runner waits for its keeper, the keeper for the workload). The second: the agents' own CPU, every
+    agent's (heartbeats included), so only its difference between runs of the same size means much."""
     poll(lambda: children(pids, zombies=True) == 0, 30, 0.05)
-    total = 0
+    started = own = 0
     for pid in pids:
         fields = _stat(pid)
         if fields:
-            total += sum(int(x) for x in fields[11:15])
-    return total / CLOCK_TICKS
+            own += int(fields[11]) + int(fields[12])
+            started += int(fields[13]) + int(fields[14])
+    return started / CLOCK_TICKS, own / CLOCK_TICKS
 
 
 def children(pids: list[int], zombies: bool = False) -> int:
@@ -125,7 +131,7 @@ def one_run(client, conn, key: str, nodes: int, timeout: float, work_dirs: dict[
     last_end = max((m["ended_at"] for m in members if m["ended_at"]), default=None)
     gone = poll(lambda: children(pids) == 0, 30, 0.02)
     linger = (dt.datetime.now(dt.UTC) - last_end).total_seconds() if gone and last_end else float("nan")
-    used = cpu_seconds(pids) - before
+    after = cpu_seconds(pids)
     result = {
         "ok": True,
         "job_id": job_id,
@@ -135,9 +141,12 @@ def one_run(client, conn, key: str, nodes: int, timeout: float, work_dirs: dict[
             max(m["started_at"] for m in members) - min(m["started_at"] for m in members)
         ).total_seconds(),
         "linger": linger,
-        "cpu": used / nodes,
+        "cpu": (after[0] - before[0]) / nodes,
+        "agent_cpu": (after[1] - before[1]) / nodes,
         "start": [],
         "end": [],
+        "metrics_final": [],
+        "outputs": [],
     }
     for label, start, stop in STAGES:
         result[label] = (current[stop] - current[start]).total_seconds()
@@ -147,6 +156,9 @@ def one_run(client, conn, key: str, nodes: int, timeout: float, work_dirs: dict[
             result["start"].append(status["started_at"] - m["start_delivered_at"].timestamp())
         if "ended_at" in status and m["ended_at"]:
             result["end"].append(m["ended_at"].timestamp() - status["ended_at"])
+            for key, column in (("metrics_final", "metrics_final_at"), ("outputs", "outputs_at")):
+                if m[column]:
+                    result[key].append(m[column].timestamp() - status["ended_at"])
     return result
 
 
@@ -211,12 +223,21 @@ def report(results: dict[int, list[dict]], nodes: int) -> None:
         if ends:
             print(f"    workload exit → member ended: median {statistics.median(ends) * 1000:.0f} ms, "
                   f"p90 {percentile(ends, 0.9) * 1000:.0f} ms")  # fmt: skip
+            for key, what in (("metrics_final", "its final metrics batch stored"),
+                              ("outputs", "its last artifact (checkpoint, logs) complete")):  # fmt: skip
+                values = [x for r in runs for x in r[key]]
+                if values:
+                    print(
+                        f"      of which: workload exit → {what}: "
+                        f"median {statistics.median(values) * 1000:.0f} ms"
+                    )
         lingers = [r["linger"] for r in runs if r["linger"] == r["linger"]]
         if lingers:
             print(f"    last member ended → no child left under the agents: "
                   f"median {statistics.median(lingers):.2f} s, max {max(lingers):.2f} s")  # fmt: skip
-        print(f"    CPU-seconds per member (agent + runner + keeper + collector + demo workload): "
-              f"median {statistics.median(r['cpu'] for r in runs):.3f}")  # fmt: skip
+        print(f"    CPU-seconds per member of what the agent started (runner, keeper, collector, the demo "
+              f"workload): median {statistics.median(r['cpu'] for r in runs):.3f}; the agents' own, "
+              f"per member: {statistics.median(r['agent_cpu'] for r in runs):.3f}")  # fmt: skip
     ratio = statistics.median(r["latency"] for r in many) / statistics.median(r["latency"] for r in one)
     print(f"  ratio {nodes}-member / 1-member median: {ratio:.2f}× (target ≤ 4×)")
     print(f"  load average at the end: {Path('/proc/loadavg').read_text().split()[:3]}")
@@ -258,7 +279,8 @@ def run(args, inst, conn, client) -> bool:
                     f"{label} {size}-member: running after {result['latency'] * 1000:6.0f} ms ({stages} ms; "
                     f"skew {result['skew'] * 1000:.0f} ms); exit → ended "
                     f"{(statistics.median(ends) * 1000 if ends else float('nan')):.0f} ms; linger "
-                    f"{result['linger']:.2f} s; {result['cpu']:.3f} CPU-s/member; {result['final']}",
+                    f"{result['linger']:.2f} s; {result['cpu']:.3f} + agents {result['agent_cpu']:.3f} "
+                    f"CPU-s/member; {result['final']}",
                     flush=True,
                 )
                 if i >= args.warmup:
