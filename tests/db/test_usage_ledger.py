@@ -270,3 +270,27 @@ def test_only_an_installation_admin_sets_prices(db: Database) -> None:
     with pytest.raises(Refusal) as refused:
         db.call("set_usage_price", admin, "gpu", None, Decimal(-1), "USD")
     assert refused.value.status == 400 and "price" in refused.value.fields
+
+
+def test_a_slurm_members_row_opens_when_the_allocation_starts_and_closes_when_it_ends(db: Database) -> None:
+    fleet = db.call("create_slurm_fleet", "hpc", "debug", "/etc/slurm/slurm.conf",
+                    json.dumps({"shared_path": "/shared"}), None, None)[0]["id"]  # fmt: skip
+    status = {"version": "22.05.8", "partition": {"max_nodes": 2, "max_time_minutes": 60},
+              "nodes": [{"name": "s1", "address": "127.0.0.1", "state": "idle", "reason": None, "cpus": 8,
+                         "memory_mb": 1000, "gpus": 4, "gpu_model": "A100"}]}  # fmt: skip
+    db.call("slurm_sync_fleet", fleet, json.dumps(status))
+    alice = make_user(db, "alice")
+    job_id = make_job(db, alice, fleet, gpus_per_node=2, cpus_per_node=2)
+    attempt = db.call("slurm_submissions_due", fleet)[0]["attempt_id"]
+    db.call("slurm_submitted", attempt, 4242)
+    assert db.fetch_one("SELECT count(*) AS n FROM usage_ledger")["n"] == 0  # pending in Slurm: nothing held
+    db.call("slurm_allocation_started", attempt, ["s1"], 29500, "0" * 64)
+    row = db.fetch_one("SELECT * FROM usage_ledger WHERE job_id = %s", (job_id,))
+    assert (row["gpus"], row["gpu_model"], row["cpus"], row["node_name"], row["ended_at"]) == (
+        2, "A100", 2, "s1", None
+    )  # fmt: skip
+    db.call("slurm_job_ended", attempt, "NODE_FAIL", None)
+    member = db.fetch_one("SELECT * FROM members WHERE job_id = %s", (job_id,))
+    row = db.fetch_one("SELECT * FROM usage_ledger WHERE job_id = %s", (job_id,))
+    assert row["ended_at"] == member["released_at"] and row["ended_how"] == member["state"]
+    assert row["gpu_seconds"] > 0
