@@ -2,19 +2,25 @@
 
 GET /usage[?team=T&since=30d&until=…&by=team|user|job|day]   the page (chart, table) or JSON
 GET /usage.csv[?same]                                           exactly the table the page shows, as CSV
+GET /usage/prices                                               prices per GPU-hour (every user may read)
+POST /usage/prices  fleet, gpu_model, price (empty: remove), currency   installation admins
 
 What a user may see is decided by usage_report (their teams; an installation admin every team).
 """
 
 from __future__ import annotations
 
-from flask import Blueprint, Response, request
+from decimal import Decimal
+
+from flask import Blueprint, Response, flash, redirect, request, url_for
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tuneplane.app import db_functions as fn
 from tuneplane.app import usage_report
 from tuneplane.app.errors import Refusal
 from tuneplane.app.web.auth import current_user, login_required
-from tuneplane.app.web.negotiate import respond
+from tuneplane.app.web.limits import parse_body
+from tuneplane.app.web.negotiate import json_response, respond, wants_json
 from tuneplane.app.web.state import get_db
 
 bp = Blueprint("usage", __name__)
@@ -55,6 +61,7 @@ def usage_page():
         "chart": usage_report.chart(day_rows),
         "teams": [r["name"] for r in get_db().call(fn.usage_teams_of, current_user().id)],
         "args": {k: v for k, v in request.args.items() if k in ("team", "since", "until", "by")},
+        "prices": _prices(),
     }
     return respond("usage.html", data)
 
@@ -67,3 +74,38 @@ def usage_csv():
     name = f"usage-by-{q['by']}-{q['since']:%Y%m%d}.csv"
     disposition = f'attachment; filename="{name}"'
     return Response(body, mimetype="text/csv", headers={"Content-Disposition": disposition})
+
+
+class PriceForm(BaseModel):
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+    fleet: str = Field(max_length=200)
+    gpu_model: str = Field("", max_length=200)
+    price: Decimal | None = Field(None, ge=0, le=1_000_000, decimal_places=6)
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")
+
+    @field_validator("price", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+
+def _prices() -> list[dict]:
+    return get_db().call("usage_prices_list")
+
+
+@bp.get("/usage/prices")
+@login_required
+def usage_prices():
+    return json_response({"prices": _prices()})
+
+
+@bp.post("/usage/prices")
+@login_required
+def usage_price_set():
+    form = parse_body(PriceForm)
+    get_db().call("set_usage_price", current_user().id, form.fleet, form.gpu_model or None, form.price,
+                  form.currency)  # fmt: skip
+    if wants_json():
+        return json_response({"prices": _prices()})
+    flash(f"price on {form.fleet} {'removed' if form.price is None else 'set'}", "ok")
+    return redirect(url_for("usage.usage_page"), 303)

@@ -68,6 +68,15 @@ LANGUAGE sql STABLE AS $$
      ORDER BY p.gpu_model IS NULL LIMIT 1;
 $$;
 
+-- usage_prices_list: every price, by fleet and GPU model (every user may read them).
+CREATE OR REPLACE FUNCTION tuneplane.usage_prices_list()
+RETURNS TABLE (fleet text, gpu_model text, price_per_gpu_hour numeric, currency text, updated_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT f.name, p.gpu_model, p.price_per_gpu_hour, p.currency, p.updated_at
+      FROM tuneplane.usage_prices p JOIN tuneplane.fleets f ON f.id = p.fleet_id
+     ORDER BY f.name, p.gpu_model NULLS FIRST;
+$$;
+
 -- set_usage_price: an installation admin sets (or, with a NULL price, removes) the price of a GPU-hour on a
 -- fleet, for one GPU model or for every model without its own price.
 CREATE OR REPLACE FUNCTION tuneplane.set_usage_price(p_actor_id bigint, p_fleet text, p_gpu_model text,

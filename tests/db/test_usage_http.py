@@ -150,3 +150,20 @@ def test_tuneplane_usage_prints_the_table_and_with_csv_the_export(
         assert exported.output == client.get("/usage.csv?by=user&since=1d").get_data(as_text=True)
         refused = run("usage", "--team", "bob")
         assert refused.exit_code == 1 and "no team bob of yours" in refused.output
+
+
+def test_an_installation_admin_sets_a_price_and_the_page_shows_the_cost(db_url: str, db: Database) -> None:
+    _admin, admin_h = _user(db, "root", "admin")
+    alice, alice_h = _user(db, "alice")
+    _used(db, [alice])
+    client = create_app(db_url).test_client()
+    denied = client.post("/usage/prices", json={"fleet": "gpu", "price": "3"}, headers=alice_h)
+    assert denied.status_code == 403
+    bad = client.post("/usage/prices", json={"fleet": "gpu", "price": "-1"}, headers=admin_h)
+    assert bad.status_code == 400 and "price" in bad.get_json()["fields"]
+    ok = client.post("/usage/prices", json={"fleet": "gpu", "price": "3", "currency": "EUR"}, headers=admin_h)
+    assert ok.get_json()["prices"][0]["currency"] == "EUR"
+    row = client.get("/usage?since=1d", headers=alice_h).get_json()["table"]["rows"][0]
+    assert row[-1].endswith(" EUR")
+    removed = client.post("/usage/prices", json={"fleet": "gpu", "price": ""}, headers=admin_h)
+    assert removed.get_json()["prices"] == []
