@@ -81,13 +81,14 @@ def create_app(database_url: str, *, pool_max: int = 8, config: dict | None = No
             init(app)
 
     from tuneplane.app import humanize
-    from tuneplane.app.web.auth import current_user, load_current_user
+    from tuneplane.app.web.auth import current_user, forget_request_token, load_current_user
 
     app.jinja_env.filters.update(
         size=humanize.size, ago=humanize.ago, duration=humanize.duration, utc_minute=humanize.utc_minute
     )
 
     app.before_request(load_current_user)
+    app.teardown_request(forget_request_token)
     app.context_processor(lambda: {"current_user": current_user()})
     app.context_processor(
         lambda: {"nav_links": [(end, label) for end, label in NAV if end in app.view_functions]}

@@ -55,6 +55,13 @@ def load_current_user() -> None:
         g.user = CurrentUser(row["id"], row["username"], row["role"], "session")
 
 
+def forget_request_token(_exc: BaseException | None = None) -> None:
+    """After each request: the token's scope must not outlive it in this thread (code that runs after a
+    request in the same thread — a test's own database calls after a test-client request — would act under
+    it, and under a token id of another database)."""
+    request_token_id.set(None)
+
+
 def current_user() -> CurrentUser | None:
     return g.get("user")
 

@@ -167,3 +167,14 @@ def test_an_installation_admin_sets_a_price_and_the_page_shows_the_cost(db_url: 
     assert row[-1].endswith(" EUR")
     removed = client.post("/usage/prices", json={"fleet": "gpu", "price": ""}, headers=admin_h)
     assert removed.get_json()["prices"] == []
+
+
+def test_a_token_requests_scope_does_not_outlive_the_request(db_url: str, db: Database) -> None:
+    from tuneplane.app.db import request_token_id
+
+    _alice, headers = _user(db, "alice")
+    client = create_app(db_url).test_client()
+    assert client.get("/usage", headers=headers).status_code == 200
+    # The test's own database calls after the request (same thread) act under no token.
+    assert request_token_id.get() is None
+    assert db.fetch_one("SELECT request_token() AS t")["t"] is None
