@@ -74,8 +74,10 @@ def test_csv_export_equals_the_table_the_page_shows(db_url: str, db: Database, b
         session["user_id"] = admin
     page = client.get(f"/usage?by={by}&since=1d")
     assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert "<title>Usage · TunePlane</title>" in html and html.count("Prices per GPU-hour") == 1
     parsed = _Table()
-    parsed.feed(page.get_data(as_text=True))
+    parsed.feed(html)
     exported = client.get(f"/usage.csv?by={by}&since=1d")
     assert exported.status_code == 200 and exported.mimetype == "text/csv"
     rows = list(csv.reader(io.StringIO(exported.get_data(as_text=True))))
