@@ -210,6 +210,7 @@ set_team_quota = StoredFunction(
     "double precision",
     "boolean",
 )
+set_usage_price = StoredFunction("set_usage_price", "bigint", "text", "text", "numeric", "text")
 slurm_allocation_started = StoredFunction("slurm_allocation_started", "bigint", "text[]", "integer", "text")
 slurm_controller_unreachable = StoredFunction("slurm_controller_unreachable", "bigint", "text")
 slurm_followed = StoredFunction("slurm_followed", "bigint")
@@ -317,6 +318,7 @@ telemetry_smoothed = StoredFunction("telemetry_smoothed", "bigint", "bigint", "b
 tokens_of = StoredFunction("tokens_of", "bigint")
 unfence_node = StoredFunction("unfence_node", "text", "text", "text")
 
+usage_prices_list = StoredFunction("usage_prices_list")
 usage_report = StoredFunction(
     "usage_report", "bigint", "text", "text", "timestamp with time zone", "timestamp with time zone"
 )

@@ -90,7 +90,7 @@ class PriceForm(BaseModel):
 
 
 def _prices() -> list[dict]:
-    return get_db().call("usage_prices_list")
+    return get_db().call(fn.usage_prices_list)
 
 
 @bp.get("/usage/prices")
@@ -103,7 +103,7 @@ def usage_prices():
 @login_required
 def usage_price_set():
     form = parse_body(PriceForm)
-    get_db().call("set_usage_price", current_user().id, form.fleet, form.gpu_model or None, form.price,
+    get_db().call(fn.set_usage_price, current_user().id, form.fleet, form.gpu_model or None, form.price,
                   form.currency)  # fmt: skip
     if wants_json():
         return json_response({"prices": _prices()})
