@@ -71,6 +71,7 @@ create_enrollment_token = StoredFunction("create_enrollment_token", "text", "tex
 create_first_admin = StoredFunction("create_first_admin", "text", "text")
 create_fleet = StoredFunction("create_fleet", "text", "text", "jsonb", "bigint")
 create_preview = StoredFunction("create_preview", "bigint", "jsonb", "jsonb")
+create_team = StoredFunction("create_team", "bigint", "text")
 create_team_webhook = StoredFunction("create_team_webhook", "bigint", "text", "text", "text", "text[]")
 create_user = StoredFunction("create_user", "text", "text", "text")
 decide_abort = StoredFunction("decide_abort", "bigint", "text")

@@ -2,6 +2,7 @@
 GPUs in use and borrowed per fleet, queue, usage and (for its admins) webhooks.
 
 GET  /teams                                   the teams I have a role in
+POST /teams                                   name: a new shared team, its maker its admin
 GET  /teams/<name>                            the team page (HTML or JSON)
 POST /teams/<name>/members                    username, role (admin|member|viewer|remove): team admins
 POST /teams/<name>/quotas                     fleet, gpu_model, guaranteed_gpus, limit_gpus, weight,
@@ -37,6 +38,10 @@ NAME = r"^[a-z0-9][a-z0-9_.-]{1,62}$"
 class _Form(BaseModel):
     # Form posts carry every value as text (and the CSRF token beside them); JSON clients send numbers.
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+
+
+class TeamForm(_Form):
+    name: str = Field(max_length=63)
 
 
 class MemberForm(_Form):
@@ -88,6 +93,17 @@ def _done(team: str, message: str, data: dict):
 def teams_list():
     teams = get_db().call(fn.teams_of, current_user().id)
     return respond("teams/list.html", {"teams": teams}, json_data={"teams": teams})
+
+
+@bp.post("/teams")
+@login_required
+def team_create():
+    form = parse_body(TeamForm)
+    team = get_db().call(fn.create_team, current_user().id, form.name)[0]
+    if wants_json():
+        return json_response({"id": team["id"], "name": team["name"]}, 201)
+    flash(f"team {team['name']} created; you are its admin", "ok")
+    return redirect(url_for("teams.team_page", name=team["name"]), 303)
 
 
 @bp.get("/teams/<name>")

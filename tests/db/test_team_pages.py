@@ -117,3 +117,15 @@ def test_team_reads_refuse_a_team_the_actor_is_not_in(db: Database) -> None:
         with pytest.raises(Refusal) as refused:
             db.call(fn, bob, "alice")
         assert refused.value.status == 404, fn
+
+
+def test_a_user_creates_a_team_and_is_its_admin(db_url: str, db: Database) -> None:
+    _alice, headers = _user(db, "alice")
+    client = create_app(db_url).test_client()
+    made = client.post("/teams", json={"name": "vision"}, headers=headers)
+    assert made.status_code == 201 and made.get_json()["name"] == "vision"
+    mine = {t["team"]: t["role"] for t in client.get("/teams", headers=headers).get_json()["teams"]}
+    assert mine == {"alice": "admin", "vision": "admin"}
+    assert client.post("/teams", json={"name": "vision"}, headers=headers).status_code == 409
+    bad = client.post("/teams", json={"name": "Vision!"}, headers=headers)
+    assert bad.status_code == 400 and "name" in bad.get_json()["fields"]
