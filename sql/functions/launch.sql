@@ -64,25 +64,30 @@ DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 --      report; FOR UPDATE only by cordon, drain, uncordon and unfence, which hold no other row
 --   7. node_usage rows, in node id order, all at once before the first release (lock_usage_of_attempts),
 --      or the one row of the one node a function releases on
---   8. leaf rows, which no function holds while it waits for a lock of steps 1-7: gpu_allocations,
---      node_commands, launch_decisions, job_events, node_events, usage_ledger, pgqueuer; and through triggers:
+--   8. leaf rows: gpu_allocations, node_commands, launch_decisions, job_events, node_events, usage_ledger,
+--      pgqueuer; and through triggers:
 --      telemetry_members then telemetry_tokens (telemetry_member_ended, on a member's end),
 --      telemetry_tokens (telemetry_node_fenced, on nodes.fenced_at), artifacts and artifact_chunks
 --      (artifacts_of_lost_member, on a member becoming lost), job_events (jobs_event_on_change),
 --      job_idle (jobs_idle_watch, idle.sql), team_event_deliveries (jobs_team_event → enqueue_team_event,
 --      team_events.sql, on a job's state).
+-- No function waits for a lock of steps 1-7 while it holds a leaf row another transaction may want: a
+-- member's gpu_allocations and usage_ledger rows and an attempt's launch_decisions row are written only
+-- under their job's lock (release_member writes them just before its node_usage row); a command row is
+-- written by its acknowledgement after launch_command_locks, or taken SKIP LOCKED by claim_node_commands,
+-- which holds nothing else; the rest are inserts.
 -- Foreign-key share locks: inserting node_commands, node_events, members or gpu_allocations takes FOR KEY
 -- SHARE on the node row named, job_events on the job row. KEY SHARE conflicts only with FOR UPDATE, which
 -- only the functions of step 6 that hold no other row take: such a wait never closes a cycle.
--- Exceptions, each unable to close a cycle:
---   * reserve_next (placement.sql) locks node rows (KEY SHARE) before jobs, both SKIP LOCKED: it never
---     waits for either. It updates node_usage rows in placement order while it holds earlier ones; a cycle
---     would need a transaction that holds a usage row of the same fleet and waits for another in the
---     other order: fence and retire hold the placement lock, every other releaser takes its rows in node
---     id order, so only a multi-node release racing a pass can meet it, and both callers retry a deadlock
---     victim (the worker's next pass; the gateway and the console run the call again, app.db).
+-- Exceptions:
 --   * claim_launch updates an attempt row without its job: it holds nothing else, so it only waits.
 --   * the sweeps take jobs SKIP LOCKED in their own order (they never wait for a job).
+--   * reserve_next (placement.sql) locks node rows (KEY SHARE) before jobs, both SKIP LOCKED: it never
+--     waits for either. It updates node_usage rows in placement order while it holds earlier ones: the one
+--     cycle left possible, with a release on several nodes of the same fleet at the same moment (those
+--     take their rows in node id order; fence and retire hold the placement lock, so never). The victim is
+--     run again where it happens: the worker's placement pass and the gateway's reports (call_retrying,
+--     bounded, logged), the console's calls (Database.call_retrying).
 -- Entry points: lock_attempt (one attempt: its job, then it), member_of_node (a node's report on one
 -- member: lock_members of it), lock_members (a set of members: their jobs, attempts, every member of those
 -- attempts), lock_node_rows (many jobs on one node: lock_members of every member held there, the node row,

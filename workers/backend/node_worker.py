@@ -160,7 +160,8 @@ class NodeWorker:
             # reserve_next walks the whole queue but places at most PASS_PLACEMENTS jobs per transaction
             # (short transactions); a pass that hit the bound is followed by another at once.
             while True:
-                rows = await self.db.call(fn.reserve_next, fleet["fleet_id"], PASS_PLACEMENTS)
+                # A deadlock victim (the one cycle the lock order leaves: launch.sql's header) runs again.
+                rows = await self.db.call_retrying(fn.reserve_next, fleet["fleet_id"], PASS_PLACEMENTS)
                 for row in rows:
                     self._launch_now(row["attempt_id"])
                 placed += len(rows)
