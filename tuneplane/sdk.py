@@ -11,7 +11,9 @@ Checkpoints while the workload runs: `sdk.checkpoint(path, name="checkpoint")` a
 publish a finished checkpoint directory as artifact `<name>.<n>` (plain files under
 $TUNEPLANE_OUTPUT_DIR/.tuneplane/, docs/artifacts.md); `sdk.checkpoint_requested()` says a user asked for
 one (`tuneplane artifacts checkpoint JOB`); `sdk.wait_for_checkpoints()` waits for the results;
-`sdk.resume_dir()` is the verified checkpoint a later attempt resumes from (docs/preemption.md).
+`sdk.resume_dir()` is the verified checkpoint a later attempt resumes from; `sdk.preempting()` (or
+a callback, `sdk.on_preemption(fn)`) says TunePlane asked the member to checkpoint and stop
+(docs/preemption.md).
 """
 
 from __future__ import annotations
@@ -274,3 +276,58 @@ def resume_dir() -> Path | None:
     if not raw or not Path(raw).is_dir():
         return None
     return Path(raw)
+
+
+# -- preemption ---------------------------------------------------------------------------------------
+# TunePlane asks a running member to checkpoint and stop (a preemption, its time limit, an idle reclaim)
+# by writing $TUNEPLANE_OUTPUT_DIR/.tuneplane/preempt.json and sending the job's signal (SIGTERM unless the
+# JobSpec chose another). Save a checkpoint, publish it with sdk.checkpoint(path, wait=True) and exit
+# before the deadline; past it the member is stopped and the next attempt resumes from the checkpoint
+# before (docs/preemption.md).
+
+PREEMPT_FILE = "preempt.json"
+_watchers: list[threading.Thread] = []
+
+
+def preemption() -> dict | None:
+    """The standing request ({"kind": "preempted"|"timed_out", "reason", "deadline" (epoch seconds),
+    "grace_seconds", "signal"}), or None while the member may run on."""
+    control = _control_dir()
+    if control is None:
+        return None
+    try:
+        body = json.loads((control / PREEMPT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def preempting() -> bool:
+    """True once TunePlane asked this member to checkpoint and stop (cheap: one stat; call it every step)."""
+    control = _control_dir()
+    return control is not None and (control / PREEMPT_FILE).is_file()
+
+
+def seconds_left() -> float | None:
+    """Seconds until the grace ends (None when no request stands)."""
+    request = preemption()
+    if request is None or request.get("deadline") is None:
+        return None
+    return max(0.0, float(request["deadline"]) - time.time())
+
+
+def on_preemption(callback, interval: float = 0.5) -> None:
+    """Call `callback(request)` once, from a daemon thread, when a request arrives (for loops that cannot
+    poll `preempting()` themselves). The callback runs beside the training loop: make it set a flag."""
+
+    def watch() -> None:
+        while True:
+            request = preemption()
+            if request is not None:
+                callback(request)
+                return
+            time.sleep(interval)
+
+    thread = threading.Thread(target=watch, name="tuneplane-preemption", daemon=True)
+    thread.start()
+    _watchers.append(thread)

@@ -63,6 +63,17 @@ def requeue_stalled_launches(ctx: SweepContext) -> str | None:
     return _counted(ctx, fn.requeue_stalled_launches, "stalled launch(es) re-enqueued")
 
 
+# ---- the checkpoint grace protocol (sql/functions/preemption.sql) -----------------------------------------
+
+
+def expire_grace_deadlines(ctx: SweepContext) -> str | None:
+    return _counted(ctx, "expire_grace_deadlines", "attempt(s) whose grace to checkpoint ended sent STOP")
+
+
+def expire_time_limits(ctx: SweepContext) -> str | None:
+    return _counted(ctx, "expire_time_limits", "attempt(s) past their time limit asked to stop")
+
+
 # ---- nodes (sql/functions/nodes.sql) ----------------------------------------------------------------------
 
 
@@ -133,6 +144,9 @@ SCHEDULE: tuple[Sweep, ...] = (
     Sweep("sweep_lost_nodes", sweep_lost_nodes),
     Sweep("expire_member_deadlines", expire_member_deadlines),
     Sweep("requeue_stalled_launches", requeue_stalled_launches),
+    # A grace that ended and a time limit reached are due within seconds too (docs/preemption.md).
+    Sweep("expire_grace_deadlines", expire_grace_deadlines),
+    Sweep("expire_time_limits", expire_time_limits),
     # The Fleet page's connected -> stale -> lost events (the state itself is computed from heartbeat age).
     Sweep("note_connectivity_changes", note_connectivity_changes),
     # Idle GPUs: the function itself evaluates each job at most once per check_every (1 min).

@@ -24,6 +24,23 @@ from tuneplane.app.client.http import ApiClient
 from tuneplane.app.client.spec_file import SpecFileError, load_spec_file
 from tuneplane.app.submission.io_flags import parse_input, parse_output
 
+
+class PriorityType(click.ParamType):
+    """--priority: a class name stays a name, a whole number becomes an integer (the JobSpec takes both)."""
+
+    name = "priority"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if text.lstrip("+-").isdigit():
+            return int(text)
+        return text
+
+
+PRIORITY = PriorityType()
+
 _SHA256 = re.compile(r"^(sha256:)?[0-9a-f]{64}$")
 
 
@@ -62,10 +79,21 @@ def spec_options(func: Callable) -> Callable:
         click.option(
             "--preemptible/--not-preemptible",
             default=None,
-            help="May be preempted; only preemptible jobs borrow idle GPUs above the team's guarantee.",
+            help="May be preempted (default: its priority class decides: normal and below are); only "
+            "preemptible jobs borrow idle GPUs above the team's guarantee.",
         ),
         click.option("--max-attempts", type=int, help="Attempts before the job fails."),
-        click.option("--priority", type=int, help="Queue priority (higher first)."),
+        click.option(
+            "--priority",
+            type=PRIORITY,
+            help="Priority class (scavenger, low, normal, high, urgent) or an integer (higher first).",
+        ),
+        click.option(
+            "--grace",
+            "grace_seconds",
+            type=click.IntRange(0),
+            help="Seconds to checkpoint when asked to stop.",
+        ),
         click.option("--env", "env", multiple=True, metavar="K=V", help="Environment variable (repeatable)."),
         click.option(
             "--output",
@@ -208,6 +236,8 @@ def build_spec(client: ApiClient, opts: dict[str, Any]) -> dict:
     for field in ("fleet", "team", "preemptible", "max_attempts", "priority"):
         if opts.get(field) is not None:
             spec[field] = opts[field]
+    if opts.get("grace_seconds") is not None:
+        spec["preemption"] = {**(spec.get("preemption") or {}), "grace_seconds": opts["grace_seconds"]}
     if opts.get("env"):
         spec["env"] = {**(spec.get("env") or {}), **_pairs(opts["env"], "--env")}
     environment = _environment_flags(spec.get("environment"), opts)
@@ -269,6 +299,7 @@ SPEC_KEYS = (
     "preemptible",
     "max_attempts",
     "priority",
+    "grace_seconds",
     "env",
     "packages",
     "requirements",
@@ -292,6 +323,8 @@ def echo_preview(preview: dict, err: bool = False) -> None:
         ("integration", s["integration"]),
         ("attempts", s["max_attempts"]),
         ("priority", s["priority"]),
+        ("preemption", s.get("preemption", "")),
+        ("resume", s.get("resume", "")),
     ):
         out(f"  {label:<12} {value}")
     for pinned in s.get("inputs", []):

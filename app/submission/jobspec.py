@@ -1,4 +1,5 @@
-"""JobSpec: what a user asks for. Exactly one input kind, resources, fleet, env, attempts, priority.
+"""JobSpec: what a user asks for. Exactly one input kind, resources, fleet, env, attempts, priority,
+preemption and resume.
 
 Unknown fields are errors everywhere. A validation failure becomes a Refusal (HTTP 422) whose fields
 name each offending field by its dotted path (`resources.gpus_per_node`).
@@ -227,6 +228,16 @@ class EnvironmentSpec(StrictModel):
         return self.base or ("isolated" if self.builds else "node")
 
 
+class PreemptionSpec(StrictModel):
+    """How the job is asked to stop (docs/preemption.md): its grace (capped by the fleet's maximum; unset:
+    the installation's default), the signal its workload gets besides the file and the SDK, and how many
+    preemptions it accepts (unset: the installation's default)."""
+
+    grace_seconds: int | None = Field(None, ge=0, le=86400)
+    signal: Literal["SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"] = "SIGTERM"
+    max_preemptions: int | None = Field(None, ge=0, le=1000)
+
+
 class JobSpec(StrictModel):
     recipe: RecipeInput | None = None
     source: SourceInput | None = None
@@ -235,13 +246,19 @@ class JobSpec(StrictModel):
     fleet: str | None = None
     # The team the job belongs to (docs/teams.md); None: the user's default team.
     team: str | None = None
-    # May be preempted; only preemptible jobs borrow idle GPUs above their team's guarantee.
-    preemptible: bool = False
     env: dict[str, Annotated[str, Field(max_length=32768)]] = Field(
         default_factory=dict, max_length=MAX_ENV_VARS
     )
     max_attempts: int = Field(1, ge=1, le=20)
-    priority: int = Field(0, ge=-1000, le=1000)
+    # A priority class (scavenger, low, normal, high, urgent: priority_classes, an operator may re-map
+    # their integers) or an integer from -1000 to 1000 (docs/preemption.md).
+    priority: (
+        Annotated[int, Field(ge=-1000, le=1000)] | Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
+    ) = "normal"
+    # Whether the planner may preempt it; unset: the class decides (normal and below are preemptible).
+    # Only preemptible jobs borrow idle GPUs above their team's guarantee (docs/teams.md).
+    preemptible: bool | None = None
+    preemption: PreemptionSpec = Field(default_factory=PreemptionSpec)
     inputs: list[InputRef] = Field(default_factory=list, max_length=64)
     outputs: list[OutputSpec] = Field(default_factory=list, max_length=64)
     environment: EnvironmentSpec | None = None

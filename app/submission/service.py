@@ -144,6 +144,23 @@ def describe_runtime(runtime: dict) -> str:
     return f"python {runtime.get('python')}" + (f" with {packages}" if packages else "")
 
 
+def describe_priority(resolved: dict) -> str | int | None:
+    name = resolved.get("priority_class")
+    return f"{name} ({resolved.get('priority')})" if name else resolved.get("priority")
+
+
+def describe_preemption(resolved: dict) -> str:
+    rules = resolved.get("preemption") or {}
+    if "preemptible" not in resolved:
+        return "not preemptible"
+    if not resolved.get("preemptible"):
+        return "not preemptible: runs only within its team's guarantee"
+    return (
+        f"preemptible: asked to checkpoint and stop with {rules.get('signal', 'SIGTERM')} and a grace of "
+        f"{rules.get('grace_seconds')} s; at most {rules.get('max_preemptions')} preemptions"
+    )
+
+
 def describe_resume(resume: dict) -> str:
     if resume.get("mode") == "none":
         return "never: every attempt starts from scratch"
@@ -180,7 +197,8 @@ def summary(resolved: dict) -> dict:
         "runtime": describe_runtime(resolved.get("runtime", {})),
         "integration": f"{integration.get('name')} sha256:{integration.get('sha256', '')[:16]}…",
         "max_attempts": resolved.get("max_attempts"),
-        "priority": resolved.get("priority"),
+        "priority": describe_priority(resolved),
+        "preemption": describe_preemption(resolved),
         "resume": describe_resume(resolved.get("resume") or {}),
         "warnings": list(resolved.get("warnings", [])),
         "inputs": [

@@ -121,9 +121,12 @@ def spec_from_form(form: MultiDict, files: MultiDict | None = None) -> dict[str,
         spec["team"] = value("team")
     if value("preemptible"):
         spec["preemptible"] = True
-    for name in ("max_attempts", "priority"):
-        if value(name):
-            spec[name] = _form_int(value(name), name)
+    if value("max_attempts"):
+        spec["max_attempts"] = _form_int(value("max_attempts"), "max_attempts")
+    if value("priority"):
+        # A class name (urgent, …) or a whole number.
+        text = value("priority")
+        spec["priority"] = _form_int(text, "priority") if text.lstrip("+-").isdigit() else text
     env = _pairs(form.get("env", ""), "env")
     if env:
         spec["env"] = env

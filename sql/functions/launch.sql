@@ -39,6 +39,8 @@ DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 --            reserved | preparing → stopping                 decide_abort (ABORT)
 --            running → stopping                              stop_attempt
 --            any live → succeeded | failed | aborted | cancelled   finish_attempt_if_done
+--            any live → preempted | timed_out                finish_attempt_if_done (asked to stop:
+--                                                            request_preemption, preemption.sql)
 --   member   reserved → preparing                            begin_prepare
 --            preparing → prepared                            member_prepared
 --            prepared → starting                             member_prepared (COMMIT)
@@ -155,7 +157,7 @@ SELECT 'attempt', f, t, w FROM (VALUES
 UNION ALL
 SELECT 'attempt', f, t, '{finish_attempt_if_done}'
   FROM unnest('{reserved,preparing,running,stopping}'::text[]) f,
-       unnest('{succeeded,failed,aborted,cancelled}'::text[]) t
+       unnest('{succeeded,failed,aborted,cancelled,preempted,timed_out}'::text[]) t
 UNION ALL
 SELECT 'member', f, t, w FROM (VALUES
     ('reserved', 'preparing', '{begin_prepare}'::text[]),
@@ -372,7 +374,7 @@ RETURNS void
 LANGUAGE sql AS $$
     UPDATE tuneplane.attempts
        SET state = p_state, reason = coalesce(p_reason, reason),
-           ended_at = CASE WHEN p_state IN ('succeeded', 'failed', 'aborted', 'cancelled')
+           ended_at = CASE WHEN p_state IN ('succeeded', 'failed', 'aborted', 'cancelled', 'preempted', 'timed_out')
                            THEN clock_timestamp() ELSE ended_at END,
            committed_at = CASE WHEN p_state = 'running' THEN coalesce(committed_at, clock_timestamp())
                                ELSE committed_at END
@@ -975,7 +977,7 @@ DECLARE
     v_counted integer;
 BEGIN
     a := tuneplane.lock_attempt(p_attempt_id);
-    IF a.state IN ('succeeded', 'failed', 'aborted', 'cancelled') THEN
+    IF a.state IN ('succeeded', 'failed', 'aborted', 'cancelled', 'preempted', 'timed_out') THEN
         RETURN a.state;
     END IF;
     IF EXISTS (SELECT 1 FROM tuneplane.members m WHERE m.attempt_id = a.id
@@ -987,6 +989,9 @@ BEGIN
      WHERE m.attempt_id = a.id AND m.state <> 'exited' ORDER BY m.rank LIMIT 1;
     IF a.cancel_requested_at IS NOT NULL THEN
         v_state := 'cancelled'; v_reason := 'cancelled';
+    ELSIF a.stop_kind IS NOT NULL THEN
+        -- Asked to checkpoint and stop: preempted or timed out whatever the exit status (preemption.sql).
+        v_state := a.stop_kind; v_reason := tuneplane.settle_stopped_attempt(a.id);
     ELSIF d.decision = 'abort' THEN
         v_state := 'aborted'; v_reason := 'launch aborted: ' || d.reason;
     ELSIF v_bad.id IS NULL THEN
@@ -1001,12 +1006,19 @@ BEGIN
 
     SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
     SELECT free_relaunches INTO v_free FROM tuneplane.launch_settings;
-    v_counted := a.number - j.free_relaunches_used;
+    v_counted := a.number - j.free_relaunches_used - j.preemptions_used;
     IF v_state = 'succeeded' THEN
         PERFORM tuneplane.set_job_state(j.id, 'succeeded', format('attempt %s: %s', a.number, v_reason));
     ELSIF v_state = 'cancelled' THEN
         PERFORM tuneplane.set_job_state(j.id, 'cancelled',
             format('cancelled; every member of attempt %s stopped and its resources were released', a.number));
+    ELSIF v_state = 'preempted' THEN
+        -- Preemptions have their own budget (max_preemptions, kept by the planner), not max_attempts.
+        UPDATE tuneplane.jobs SET preemptions_used = preemptions_used + 1 WHERE id = j.id;
+        PERFORM tuneplane.set_job_state(j.id, 'queued',
+            format('attempt %s %s; queued for attempt %s (preemptions do not count against max_attempts)',
+                   a.number, v_reason, a.number + 1));
+        PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
     ELSIF v_state = 'aborted' AND j.free_relaunches_used < v_free AND a.capsule_digest IS NOT NULL
           AND (SELECT f.backend FROM tuneplane.fleets f WHERE f.id = a.fleet_id) = 'node' THEN
         -- Nothing was started (no COMMIT): the user's attempts are not spent on what the nodes met while
@@ -1020,12 +1032,13 @@ BEGIN
         PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
     ELSIF v_counted < j.max_attempts THEN
         PERFORM tuneplane.set_job_state(j.id, 'queued',
-            format('attempt %s of %s failed (%s); queued for attempt %s', v_counted, j.max_attempts, v_reason,
-                   v_counted + 1));
+            format('attempt %s of %s %s (%s); queued for attempt %s', v_counted, j.max_attempts,
+                   CASE WHEN v_state = 'timed_out' THEN 'timed out' ELSE 'failed' END, v_reason, v_counted + 1));
         PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
     ELSE
         PERFORM tuneplane.set_job_state(j.id, 'failed',
-            format('attempt %s of %s failed: %s', v_counted, j.max_attempts, v_reason));
+            format('attempt %s of %s %s: %s', v_counted, j.max_attempts,
+                   CASE WHEN v_state = 'timed_out' THEN 'timed out' ELSE 'failed' END, v_reason));
     END IF;
     RETURN v_state;
 END;

@@ -1,5 +1,7 @@
 -- sql/functions/preemption.sql — the current definition of every preemption and resume function.
--- Resume: the checkpoint each new attempt starts from (docs/preemption.md).
+-- Resume: the checkpoint each new attempt starts from. The checkpoint grace protocol: an attempt asked to
+-- checkpoint and stop (a preemption, its time limit, an idle reclaim), its deadline, and how it ends
+-- (`preempted` or `timed_out`, naming the checkpoint and the work lost). docs/preemption.md.
 --
 -- Repeatable file (ADR 0012): `tuneplane db migrate` re-applies every file of sql/functions/ (in the order
 -- of order.txt, one transaction) whenever one changes. Edit definitions here, never in a migration.
@@ -50,4 +52,225 @@ LANGUAGE sql STABLE AS $$
                       to_char(a.completed_at, 'HH24:MI:SS'))
           FROM tuneplane.attempts t JOIN tuneplane.artifacts a ON a.id = t.resume_artifact_id
          WHERE t.id = p_attempt_id), '');
+$$;
+
+-- ==== The checkpoint grace protocol ===================================================================
+--
+--   request_preemption       running attempt → asked to stop (attempts.stop_kind, grace_deadline); PREEMPT
+--                            to every running member's node (the agent writes .tuneplane/preempt.json under
+--                            the output directory and sends the job's signal to the workload)
+--   expire_grace_deadlines   the grace ended while members still run → stop_attempt (STOP, SIGKILL after
+--                            launch_settings.stop_grace)
+--   expire_time_limits       a running attempt past its JobSpec time_limit_minutes → request_preemption
+--                            (kind timed_out)
+--   settle_stopped_attempt   finish_attempt_if_done (launch.sql) of an attempt asked to stop: the checkpoint
+--                            it ends with, the work lost, the words of the timeline
+-- The attempt then ends `preempted` (the job is queued again without spending max_attempts) or `timed_out`
+-- (it counts like a failed attempt); the next attempt resumes from the checkpoint named (begin_prepare).
+
+-- preemption_grace_of: the grace a job gets: its JobSpec's preemption.grace_seconds (else the
+-- installation default), at most the fleet's (else the installation's) maximum.
+CREATE OR REPLACE FUNCTION tuneplane.preemption_grace_of(p_job_id bigint)
+RETURNS interval
+LANGUAGE sql STABLE AS $$
+    SELECT least(coalesce(make_interval(secs => (j.spec -> 'preemption' ->> 'grace_seconds')::double precision),
+                          s.default_grace),
+                 coalesce(f.max_preemption_grace, s.max_grace))
+      FROM tuneplane.jobs j JOIN tuneplane.fleets f ON f.id = j.fleet_id, tuneplane.preemption_settings s
+     WHERE j.id = p_job_id;
+$$;
+
+-- request_preemption: ask the job's live attempt to checkpoint and stop within a grace. The one entry
+-- point of every stop that should cost at most the work since the last verified checkpoint: the planner
+-- (preemptor job), an admin (`tuneplane jobs preempt`), time limits (kind 'timed_out') and idle reclaim.
+--   p_grace NULL: the job's own grace (preemption_grace_of); a given grace is capped by the same maximum.
+-- Running attempt: records stop_kind, stop_cause (p_reason), stop_requested_at, grace_deadline and the
+--   preemptor, sends PREEMPT to the node of every running member, writes a job event with the numbers.
+-- Reserved or preparing attempt (nothing started): records the same with a deadline of now and aborts the
+--   launch (decide_abort); it ends `preempted`, nothing lost.
+-- A second request while one stands changes nothing (the first deadline holds) and returns the attempt.
+-- Refuses: an unknown job (404), a job without a live attempt (409, naming its state), an attempt being
+-- cancelled (409), a kind other than preempted/timed_out (400, field kind), a negative grace (422, grace).
+-- Locks: the job, then its attempt (lock_attempt), then its members; leaf rows (node_commands, events).
+CREATE OR REPLACE FUNCTION tuneplane.request_preemption(p_job_id bigint, p_reason text,
+                                                        p_grace interval DEFAULT NULL,
+                                                        p_kind text DEFAULT 'preempted',
+                                                        p_preemptor_job_id bigint DEFAULT NULL)
+RETURNS tuneplane.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    j        tuneplane.jobs;
+    a        tuneplane.attempts;
+    m        tuneplane.members;
+    v_grace  interval;
+    v_max    interval;
+    v_signal text;
+    v_sent   integer := 0;
+BEGIN
+    IF p_kind IS NULL OR p_kind NOT IN ('preempted', 'timed_out') THEN
+        RAISE EXCEPTION 'kind must be preempted or timed_out' USING ERRCODE = 'TP400', COLUMN = 'kind';
+    END IF;
+    IF p_grace < interval '0' THEN
+        RAISE EXCEPTION 'grace cannot be negative' USING ERRCODE = 'TP422', COLUMN = 'grace';
+    END IF;
+    IF coalesce(btrim(p_reason), '') = '' THEN
+        RAISE EXCEPTION 'a preemption needs a reason' USING ERRCODE = 'TP400', COLUMN = 'reason';
+    END IF;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id FOR UPDATE;
+    IF j.id IS NULL THEN
+        RAISE EXCEPTION 'no job %', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job_id';
+    END IF;
+    SELECT t.* INTO a FROM tuneplane.attempts t
+     WHERE t.job_id = j.id AND t.state IN ('reserved', 'preparing', 'running', 'stopping');
+    IF a.id IS NULL THEN
+        RAISE EXCEPTION 'job % has no running attempt (it is %)', j.id, j.state
+            USING ERRCODE = 'TP409', COLUMN = 'job_id';
+    END IF;
+    a := tuneplane.lock_attempt(a.id);
+    IF a.stop_kind IS NOT NULL THEN
+        RETURN a;  -- asked already: the first deadline stands
+    END IF;
+    IF a.cancel_requested_at IS NOT NULL OR a.state = 'stopping' THEN
+        RAISE EXCEPTION 'attempt % of job % is already stopping (%)', a.number, j.id, a.reason
+            USING ERRCODE = 'TP409', COLUMN = 'job_id';
+    END IF;
+    v_max := (SELECT least(coalesce(f.max_preemption_grace, s.max_grace), s.max_grace)
+                FROM tuneplane.fleets f, tuneplane.preemption_settings s WHERE f.id = j.fleet_id);
+    v_grace := CASE WHEN p_grace IS NULL THEN tuneplane.preemption_grace_of(j.id) ELSE least(p_grace, v_max) END;
+    IF a.state IN ('reserved', 'preparing') THEN
+        v_grace := interval '0';
+    END IF;
+    UPDATE tuneplane.attempts
+       SET stop_kind = p_kind, stop_cause = p_reason, stop_requested_at = clock_timestamp(),
+           grace_deadline = clock_timestamp() + v_grace, preempted_by_job_id = p_preemptor_job_id
+     WHERE id = a.id
+    RETURNING * INTO a;
+    IF a.state IN ('reserved', 'preparing') THEN
+        PERFORM tuneplane.decide_abort(a.id, p_reason || ' before anything started');
+        SELECT * INTO a FROM tuneplane.attempts WHERE id = a.id;
+        RETURN a;
+    END IF;
+    v_signal := coalesce(j.spec -> 'preemption' ->> 'signal', 'SIGTERM');
+    FOR m IN SELECT * FROM tuneplane.members
+              WHERE attempt_id = a.id AND state IN ('starting', 'running') ORDER BY id FOR UPDATE LOOP
+        IF tuneplane.node_takes_commands(m.node_id) THEN
+            PERFORM tuneplane.enqueue_node_command(m.node_id, 'preempt', jsonb_build_object(
+                'member_id', m.id, 'attempt_id', a.id, 'kind', p_kind, 'reason', p_reason,
+                'signal', v_signal, 'grace_seconds', extract(epoch FROM v_grace),
+                'deadline', extract(epoch FROM a.grace_deadline)));
+            v_sent := v_sent + 1;
+        END IF;
+    END LOOP;
+    INSERT INTO tuneplane.job_events (job_id, from_state, to_state, reason, detail)
+    VALUES (j.id, j.state, j.state,
+            format('attempt %s asked to checkpoint and stop: %s; grace %s s (until %s), %s to %s member(s)',
+                   a.number, p_reason, round(extract(epoch FROM v_grace)),
+                   to_char(a.grace_deadline, 'HH24:MI:SS'), v_signal, v_sent),
+            jsonb_build_object('kind', 'stop_request', 'stop_kind', p_kind, 'attempt', a.number,
+                               'grace_seconds', extract(epoch FROM v_grace),
+                               'preemptor_job_id', p_preemptor_job_id));
+    RETURN a;
+END;
+$$;
+
+-- expire_grace_deadlines: attempts asked to stop whose grace ended while they still run → stop_attempt
+-- (STOP: SIGTERM, then SIGKILL after launch_settings.stop_grace). Jobs locked SKIP LOCKED (next pass
+-- takes the rest). Returns how many attempts it stopped.
+CREATE OR REPLACE FUNCTION tuneplane.expire_grace_deadlines()
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    n integer := 0;
+BEGIN
+    FOR r IN SELECT t.id, t.job_id FROM tuneplane.attempts t JOIN tuneplane.jobs j ON j.id = t.job_id
+              WHERE t.stop_kind IS NOT NULL AND t.state = 'running' AND t.grace_deadline <= now()
+              ORDER BY j.id FOR UPDATE OF j SKIP LOCKED LOOP
+        PERFORM tuneplane.stop_attempt(r.id, 'the grace to checkpoint ended; stopping');
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END;
+$$;
+
+-- expire_time_limits: running attempts on node fleets past their JobSpec's time_limit_minutes (counted
+-- from the moment the attempt ran) get the same request as a preemption, kind timed_out. Slurm enforces
+-- the limit itself (sbatch --time). Returns how many it asked.
+CREATE OR REPLACE FUNCTION tuneplane.expire_time_limits()
+RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    r record;
+    n integer := 0;
+BEGIN
+    FOR r IN SELECT t.id, t.job_id, (j.spec -> 'resources' ->> 'time_limit_minutes')::integer AS minutes
+               FROM tuneplane.attempts t
+               JOIN tuneplane.jobs j ON j.id = t.job_id
+               JOIN tuneplane.fleets f ON f.id = t.fleet_id AND f.backend = 'node'
+              WHERE t.state = 'running' AND t.stop_kind IS NULL AND t.cancel_requested_at IS NULL
+                AND j.spec -> 'resources' ? 'time_limit_minutes'
+                AND coalesce(t.running_at, t.committed_at)
+                    + make_interval(mins => (j.spec -> 'resources' ->> 'time_limit_minutes')::integer) <= now()
+              ORDER BY j.id FOR UPDATE OF j SKIP LOCKED LOOP
+        PERFORM tuneplane.request_preemption(r.job_id, format('its time limit of %s min was reached', r.minutes),
+                                             NULL, 'timed_out');
+        n := n + 1;
+    END LOOP;
+    RETURN n;
+END;
+$$;
+
+-- settle_stopped_attempt: how an attempt asked to stop ends, called by finish_attempt_if_done once every
+-- member has ended. Records the checkpoint the next attempt resumes from (the job's newest verified one:
+-- end_checkpoint_id) and the work lost since it: nothing when a checkpoint of this attempt became complete
+-- after the request (within the grace), else the wall time from that checkpoint's verification (or the
+-- attempt's start, if it made none) to now, and GPUs × that time. Returns the timeline's words.
+CREATE OR REPLACE FUNCTION tuneplane.settle_stopped_attempt(p_attempt_id bigint)
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    a       tuneplane.attempts;
+    j       tuneplane.jobs;
+    ck      tuneplane.artifacts;
+    v_start timestamptz;
+    v_saved boolean;
+    v_lost  double precision := 0;
+    v_gpus  integer;
+    v_cause text;
+    v_what  text;
+BEGIN
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
+    ck := tuneplane.resume_checkpoint_of(j.id);
+    v_start := coalesce(a.running_at, a.committed_at);
+    v_saved := ck.id IS NOT NULL AND ck.attempt_id = a.id AND ck.completed_at >= a.stop_requested_at;
+    v_gpus := coalesce((SELECT sum(coalesce(cardinality(m.gpu_indices), 0))::integer
+                          FROM tuneplane.members m WHERE m.attempt_id = a.id), 0);
+    IF v_start IS NOT NULL AND NOT v_saved THEN
+        v_lost := greatest(extract(epoch FROM clock_timestamp()
+                                   - greatest(v_start, coalesce(ck.completed_at, v_start))), 0);
+    END IF;
+    UPDATE tuneplane.attempts
+       SET end_checkpoint_id = ck.id, lost_seconds = v_lost, lost_gpu_seconds = v_lost * v_gpus
+     WHERE id = a.id;
+    v_cause := CASE WHEN a.preempted_by_job_id IS NOT NULL
+                    THEN format('preempted by job %s (%s)', a.preempted_by_job_id, a.stop_cause)
+                    ELSE a.stop_cause END;
+    IF v_start IS NULL THEN
+        v_what := 'stopped before it started; nothing lost';
+    ELSIF v_saved THEN
+        v_what := format('checkpoint %s verified %s s into a %s s grace; lost 0 GPU-s', ck.name,
+                         round(extract(epoch FROM ck.completed_at - a.stop_requested_at)),
+                         round(extract(epoch FROM a.grace_deadline - a.stop_requested_at)));
+    ELSE
+        v_what := format('%s; %s; lost %s GPU-s (%s s)',
+                         CASE WHEN clock_timestamp() >= a.grace_deadline THEN 'stopped at the end of its grace'
+                              ELSE 'stopped within its grace without a new verified checkpoint' END,
+                         CASE WHEN ck.id IS NULL THEN 'no verified checkpoint: the next attempt starts from scratch'
+                              ELSE format('resumes from %s', ck.name) END,
+                         to_char(round((v_lost * v_gpus)::numeric), 'FM999,999,999,990'),
+                         round(v_lost::numeric));
+    END IF;
+    RETURN format('%s at %s; %s', v_cause, to_char(a.stop_requested_at, 'HH24:MI:SS'), v_what);
+END;
 $$;

@@ -268,6 +268,91 @@ BEGIN
 END;
 $$;
 
+-- resolve_preemption: the JobSpec's priority and preemption settings as the preview pins them
+-- (docs/preemption.md): {"priority": integer, "priority_class": name, "preemptible": boolean,
+--  "preemption": {"grace_seconds", "signal", "max_preemptions"}}.
+--   priority: a class name (priority_classes: scavenger, low, normal, high, urgent — an operator may
+--             re-map their integers) or an integer (its class: the highest whose value is at most it);
+--             absent: normal;
+--   preemptible: as given, else the class's preemptible_by_default (normal and below); a scavenger job is
+--             always preemptible;
+--   preemption.grace_seconds: as given (capped when a preemption is requested), else the installation's
+--             default; preemption.signal: SIGTERM unless given; max_preemptions: as given, else the default.
+-- Refuses (422) an unknown class name (field priority, listing the names), an integer outside
+-- -1000..1000, a non-preemptible scavenger job (field preemptible), a bad signal or negative numbers.
+CREATE OR REPLACE FUNCTION tuneplane.resolve_preemption(p_spec jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_raw    jsonb := p_spec -> 'priority';
+    c        tuneplane.priority_classes;
+    v_value  integer;
+    v_pre    jsonb := coalesce(p_spec -> 'preemption', '{}'::jsonb);
+    v_preemptible boolean;
+    v_names  text;
+    s        tuneplane.preemption_settings;
+BEGIN
+    SELECT * INTO s FROM tuneplane.preemption_settings;
+    SELECT string_agg(format('%s (%s)', name, value), ', ' ORDER BY value) INTO v_names FROM tuneplane.priority_classes;
+    IF v_raw IS NULL OR v_raw = 'null'::jsonb THEN
+        v_raw := '"normal"'::jsonb;
+    END IF;
+    IF jsonb_typeof(v_raw) = 'string' THEN
+        SELECT * INTO c FROM tuneplane.priority_classes WHERE name = v_raw ->> 0;
+        IF c.name IS NULL THEN
+            RAISE EXCEPTION 'priority: no class named %; the classes are %', v_raw ->> 0, v_names
+                USING ERRCODE = 'TP422', COLUMN = 'priority';
+        END IF;
+        v_value := c.value;
+    ELSIF jsonb_typeof(v_raw) = 'number' AND (v_raw::text)::numeric = trunc((v_raw::text)::numeric)
+          AND (v_raw::text)::numeric BETWEEN -1000 AND 1000 THEN
+        v_value := (v_raw::text)::integer;
+        SELECT * INTO c FROM tuneplane.priority_classes WHERE value <= v_value ORDER BY value DESC LIMIT 1;
+        IF c.name IS NULL THEN
+            SELECT * INTO c FROM tuneplane.priority_classes ORDER BY value LIMIT 1;
+        END IF;
+    ELSE
+        RAISE EXCEPTION 'priority must be a class name (%) or an integer from -1000 to 1000', v_names
+            USING ERRCODE = 'TP422', COLUMN = 'priority';
+    END IF;
+    IF jsonb_typeof(p_spec -> 'preemptible') = 'boolean' THEN
+        v_preemptible := (p_spec ->> 'preemptible')::boolean;
+    ELSIF p_spec -> 'preemptible' IS NOT NULL AND p_spec -> 'preemptible' <> 'null'::jsonb THEN
+        RAISE EXCEPTION 'preemptible must be true or false' USING ERRCODE = 'TP422', COLUMN = 'preemptible';
+    ELSE
+        v_preemptible := coalesce(c.preemptible_by_default, true);
+    END IF;
+    IF c.scavenger AND NOT v_preemptible THEN
+        RAISE EXCEPTION 'a % job runs on idle capacity only and is always preemptible', c.name
+            USING ERRCODE = 'TP422', COLUMN = 'preemptible';
+    END IF;
+    IF jsonb_typeof(v_pre) <> 'object' THEN
+        RAISE EXCEPTION 'preemption must be an object' USING ERRCODE = 'TP422', COLUMN = 'preemption';
+    END IF;
+    IF coalesce(v_pre ->> 'signal', 'SIGTERM') NOT IN ('SIGTERM', 'SIGINT', 'SIGHUP', 'SIGUSR1', 'SIGUSR2') THEN
+        RAISE EXCEPTION 'preemption.signal must be one of SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2'
+            USING ERRCODE = 'TP422', COLUMN = 'preemption.signal';
+    END IF;
+    IF jsonb_typeof(v_pre -> 'grace_seconds') IS DISTINCT FROM 'number' AND v_pre ? 'grace_seconds'
+       OR (v_pre ->> 'grace_seconds')::numeric < 0 THEN
+        RAISE EXCEPTION 'preemption.grace_seconds must be a number of seconds, 0 or more'
+            USING ERRCODE = 'TP422', COLUMN = 'preemption.grace_seconds';
+    END IF;
+    IF jsonb_typeof(v_pre -> 'max_preemptions') IS DISTINCT FROM 'number' AND v_pre ? 'max_preemptions'
+       OR (v_pre ->> 'max_preemptions')::numeric < 0 THEN
+        RAISE EXCEPTION 'preemption.max_preemptions must be 0 or more'
+            USING ERRCODE = 'TP422', COLUMN = 'preemption.max_preemptions';
+    END IF;
+    RETURN jsonb_build_object(
+        'priority', v_value, 'priority_class', c.name, 'preemptible', v_preemptible,
+        'preemption', jsonb_build_object(
+            'grace_seconds', coalesce((v_pre ->> 'grace_seconds')::numeric,
+                                      extract(epoch FROM s.default_grace)),
+            'signal', coalesce(v_pre ->> 'signal', 'SIGTERM'),
+            'max_preemptions', coalesce((v_pre ->> 'max_preemptions')::integer, s.max_preemptions)));
+END;
+$$;
+
 -- resolve_resume: the JobSpec's `resume` as the preview pins it:
 --   absent or "latest" → {"mode": "latest"}: every later attempt starts from the job's newest verified checkpoint;
 --   "none"             → {"mode": "none"}: every attempt starts from scratch;
@@ -571,7 +656,6 @@ BEGIN
         'schema', 'tuneplane.preview/v1',
         'owner', owner.username,
         'team', jsonb_build_object('id', v_team.id, 'name', v_team.name),
-        'preemptible', coalesce((p_spec ->> 'preemptible')::boolean, false),
         'input', v_input,
         'integration', p_pins -> 'integration',
         'runtime', p_pins -> 'runtime',
@@ -584,13 +668,13 @@ BEGIN
                              ELSE '{}'::jsonb END,
         'env', coalesce(p_spec -> 'env', '{}'::jsonb),
         'max_attempts', coalesce((p_spec ->> 'max_attempts')::integer, 1),
-        'priority', coalesce((p_spec ->> 'priority')::integer, 0),
         'inputs', v_inputs,
         'outputs', coalesce(p_spec -> 'outputs', '[]'::jsonb),
         'resume', tuneplane.resolve_resume(owner.id, p_spec -> 'resume'),
         'policy', jsonb_build_object('max_gpus_per_job', v_limits.max_gpus_per_job,
                                      'max_nodes_per_job', v_limits.max_nodes_per_job),
-        'warnings', v_warnings);
+        'warnings', v_warnings)
+        || tuneplane.resolve_preemption(p_spec);
     v_canonical := tuneplane.canonical_json(v_resolved);
 
     INSERT INTO tuneplane.previews (owner_id, fleet_id, spec, resolved, canonical, digest, observed, expires_at,
@@ -738,7 +822,7 @@ BEGIN
             v_res := v_preview.resolved -> 'resources';
             INSERT INTO tuneplane.jobs (id, owner_id, preview_id, fleet_id, state, state_reason, priority,
                                         nodes, gpus_per_node, cpus_per_node, memory_per_node, max_attempts, spec,
-                                        team_id, preemptible)
+                                        team_id, preemptible, priority_class)
             VALUES (v_job_id, p_actor_id, p_preview_id, v_preview.fleet_id, 'queued',
                     format('waiting for resources: %s × (%s GPU, %s CPU, %s) on fleet %s',
                            (v_res ->> 'nodes')::integer, (v_res ->> 'gpus_per_node')::integer,
@@ -749,7 +833,10 @@ BEGIN
                     (v_res ->> 'nodes')::integer, (v_res ->> 'gpus_per_node')::integer,
                     (v_res ->> 'cpus_per_node')::integer, (v_res ->> 'memory_per_node')::bigint,
                     (v_preview.resolved ->> 'max_attempts')::integer, v_preview.resolved,
-                    v_preview.team_id, coalesce((v_preview.resolved ->> 'preemptible')::boolean, false))
+                    v_preview.team_id,
+                    -- Previews made before priority classes (0191) have neither: not preemptible, no class.
+                    coalesce((v_preview.resolved ->> 'preemptible')::boolean, false),
+                    v_preview.resolved ->> 'priority_class')
             ON CONFLICT (preview_id) DO NOTHING;
             IF NOT FOUND THEN
                 SELECT j.id, c.retry_key INTO v_other

@@ -13,7 +13,8 @@ Modules, by what they hold:
   image pulls) and `probe` (peer network and shared storage checks);
   `member_records`: the agent's durable record of each member (one JSON file per member).
 - While and after a member runs: `collectors` (its metrics collector process), `logship` (its stdout and
-  stderr to the server), `checkpoints` (checkpoints published while it runs), `outputs` (one delivery try
+  stderr to the server), `checkpoints` (checkpoints published while it runs), `preemption` (PREEMPT: ask it
+  to checkpoint and stop within its grace), `outputs` (one delivery try
   of one output), `delivery` (the durable, retried delivery of all its outputs after it ended).
 - `disk_cleanup`: what the agent removes from the node's disk (caches, abandoned downloads, finished
   members' directories) and the cache sizes it reports.

@@ -3,10 +3,11 @@
 A handler gets the agent context and the command's payload and returns a JSON-able dict (the result
 stored with the acknowledgement) or raises CommandFailed (stored as the error). Delivery is at least once
 and in order per node: a handler must be idempotent per command id. The kinds: `ping` (here),
-`prepare`, `start`, `stop`, `abort` and `kill` (workers.agent.launch, keyed on member and epoch) and
-`checkpoint` (workers.agent.checkpoints); each module adds its kinds with `@command("kind")` and is
-imported by workers.agent.main. SESSION_HOOKS run whenever a control session opens: the reconcile report
-(launch), the workload directory check (workload_dir_check) and the cache sizes (disk_cleanup).
+`prepare`, `start`, `stop`, `abort` and `kill` (workers.agent.launch, keyed on member and epoch),
+`checkpoint` (workers.agent.checkpoints) and `preempt` (workers.agent.preemption); each module adds its
+kinds with `@command("kind")` and is imported by workers.agent.main. SESSION_HOOKS run whenever a
+control session opens: the reconcile report (launch), the workload directory check (workload_dir_check)
+and the cache sizes (disk_cleanup).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from tuneplane.workers.agent.session import ControlSession, Refused, enroll
 from tuneplane.workers.agent.workload_dir_check import check_workload_dirs
 
 # Modules that register more command handlers (the launch issue adds its own here).
-HANDLER_MODULES: list[str] = ["tuneplane.workers.agent.launch"]
+HANDLER_MODULES: list[str] = ["tuneplane.workers.agent.launch", "tuneplane.workers.agent.preemption"]
 
 
 class AgentError(Exception):

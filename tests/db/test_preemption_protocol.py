@@ -1,0 +1,244 @@
+"""The checkpoint grace protocol in SQL (docs/preemption.md): request_preemption asks a running attempt to
+checkpoint and stop within its grace; the attempt ends `preempted` (or `timed_out`) whatever its exit
+status, naming the checkpoint the next attempt resumes from and the work lost since it; preemptions do
+not spend max_attempts; the grace's end sends STOP; time limits use the same request."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.artifact_fixtures import (
+    MemberSetup,
+    give_credential,
+    make_fleet_with,
+    recorded_complete,
+    write_tree,
+)
+from tests.launch_fixtures import make_job, make_node, make_user, members_of, report, run_to_running
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+
+
+def execute(db: Database, query: str, params: tuple | dict = ()) -> None:
+    with db.transaction() as conn:
+        conn.execute(query, params)
+
+
+def running_job(
+    db: Database, *, gpus: int = 2, max_attempts: int = 1, spec: dict | None = None
+) -> MemberSetup:
+    user_id = make_user(db)
+    fleet_id = make_fleet_with(db, "gpu", {"object_delivery": True})
+    node_id = make_node(db, fleet_id, "gpu-node", gpus=4)
+    credential, credential_hash = give_credential(db, node_id)
+    job_id = make_job(db, user_id, fleet_id, gpus_per_node=gpus, max_attempts=max_attempts)
+    if spec:
+        execute(db, "UPDATE jobs SET spec = spec || %s WHERE id = %s", (Jsonb(spec), job_id))
+    db.call("reserve_next", fleet_id, 1000)
+    member = run_to_running(db, job_id)[0]
+    return MemberSetup(user_id, fleet_id, node_id, job_id, member, credential, credential_hash)
+
+
+def checkpoint(db: Database, setup: MemberSetup, tmp_path: Path, name: str) -> dict:
+    manifest = write_tree(tmp_path / name, {"model.npz": name.encode()})
+    return recorded_complete(db, setup, name, manifest, kind="checkpoint")
+
+
+def attempt(db: Database, job_id: int, number: int = 1) -> dict:
+    return db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = %s", (job_id, number))
+
+
+def backdate(db: Database, setup: MemberSetup, seconds: float) -> None:
+    """The attempt started `seconds` ago (test setup: time passing)."""
+    execute(
+        db,
+        "UPDATE attempts SET running_at = running_at - %(ago)s, committed_at = committed_at - %(ago)s"
+        " WHERE job_id = %(job)s",
+        {"ago": dt.timedelta(seconds=seconds), "job": setup.job_id},
+    )
+
+
+def verified_ago(db: Database, artifact_id: int, seconds: float) -> None:
+    """The checkpoint was verified `seconds` ago (test setup: a complete artifact is immutable, so its
+    guard triggers are off for this one statement)."""
+    with db.transaction() as conn:
+        conn.execute("ALTER TABLE artifacts DISABLE TRIGGER USER")
+        conn.execute(
+            "UPDATE artifacts SET completed_at = now() - %s WHERE id = %s",
+            (dt.timedelta(seconds=seconds), artifact_id),
+        )
+        conn.execute("ALTER TABLE artifacts ENABLE TRIGGER USER")
+
+
+def preempt_commands(db: Database, setup: MemberSetup) -> list[dict]:
+    return db.fetch_all(
+        "SELECT payload FROM node_commands WHERE kind = 'preempt' AND node_id = %s ORDER BY id",
+        (setup.node_id,),
+    )
+
+
+def test_a_request_sends_preempt_with_the_grace_and_the_jobs_signal(db: Database) -> None:
+    setup = running_job(db, spec={"preemption": {"grace_seconds": 45, "signal": "SIGUSR1"}})
+    row = db.call(
+        "request_preemption", setup.job_id, "an urgent job needs the GPUs", None, "preempted", None
+    )[0]
+    assert row["stop_kind"] == "preempted"
+    assert row["grace_deadline"] - row["stop_requested_at"] == dt.timedelta(seconds=45)
+    (command,) = preempt_commands(db, setup)
+    assert command["payload"]["signal"] == "SIGUSR1"
+    assert command["payload"]["grace_seconds"] == 45
+    assert command["payload"]["member_id"] == setup.member["id"]
+    event = db.fetch_one(
+        "SELECT reason FROM job_events WHERE job_id = %s ORDER BY id DESC LIMIT 1", (setup.job_id,)
+    )
+    assert "asked to checkpoint and stop: an urgent job needs the GPUs; grace 45 s" in event["reason"]
+    # Asked again: nothing changes, the first deadline holds.
+    again = db.call("request_preemption", setup.job_id, "again", dt.timedelta(seconds=1), "preempted", None)[
+        0
+    ]
+    assert again["grace_deadline"] == row["grace_deadline"]
+    assert len(preempt_commands(db, setup)) == 1
+
+
+def test_the_grace_is_capped_by_the_fleets_maximum(db: Database) -> None:
+    setup = running_job(db, spec={"preemption": {"grace_seconds": 3600}})
+    execute(
+        db, "UPDATE fleets SET max_preemption_grace = interval '90 seconds' WHERE id = %s", (setup.fleet_id,)
+    )
+    row = db.call("request_preemption", setup.job_id, "admin", dt.timedelta(hours=5), "preempted", None)[0]
+    assert row["grace_deadline"] - row["stop_requested_at"] == dt.timedelta(seconds=90)
+
+
+def test_a_checkpoint_verified_within_the_grace_ends_the_attempt_preempted_with_nothing_lost(
+    db: Database, tmp_path: Path
+) -> None:
+    setup = running_job(db, max_attempts=1)
+    checkpoint(db, setup, tmp_path, "checkpoint.1")
+    db.call("request_preemption", setup.job_id, "urgent work", None, "preempted", None)
+    saved = checkpoint(db, setup, tmp_path, "checkpoint.2")
+    report(db, "member_exited", setup.member, exit_code=0)  # exit 0: still preempted, never succeeded
+    a = attempt(db, setup.job_id)
+    assert a["state"] == "preempted"
+    assert a["end_checkpoint_id"] == saved["id"]
+    assert a["lost_gpu_seconds"] == 0 and a["lost_seconds"] == 0
+    assert "checkpoint checkpoint.2 verified" in a["reason"] and "lost 0 GPU-s" in a["reason"]
+    job = db.fetch_one("SELECT * FROM jobs WHERE id = %s", (setup.job_id,))
+    # max_attempts is 1 and the job is queued again: a preemption does not spend an attempt.
+    assert job["state"] == "queued" and job["preemptions_used"] == 1
+    assert "preemptions do not count against max_attempts" in job["state_reason"]
+
+
+def test_a_victim_without_a_new_checkpoint_loses_the_work_since_its_last_one(
+    db: Database, tmp_path: Path
+) -> None:
+    setup = running_job(db, gpus=2)
+    backdate(db, setup, 600)
+    before = checkpoint(db, setup, tmp_path, "checkpoint.1")
+    verified_ago(db, before["id"], 100)
+    db.call("request_preemption", setup.job_id, "urgent work", dt.timedelta(seconds=0), "preempted", None)
+    assert db.call("expire_grace_deadlines")[0]["expire_grace_deadlines"] == 1
+    stop = db.fetch_one(
+        "SELECT payload FROM node_commands WHERE kind = 'stop' AND node_id = %s", (setup.node_id,)
+    )
+    assert stop is not None
+    report(db, "member_exited", setup.member, exit_code=-15)
+    a = attempt(db, setup.job_id)
+    assert a["state"] == "preempted" and a["end_checkpoint_id"] == before["id"]
+    # 2 GPUs × the ~100 s since checkpoint.1 was verified (not the 600 s since the attempt started).
+    assert 100 <= a["lost_seconds"] < 130
+    assert a["lost_gpu_seconds"] == pytest.approx(2 * a["lost_seconds"])
+    assert "stopped at the end of its grace; resumes from checkpoint.1" in a["reason"]
+    # The retry resumes from it.
+    db.call("reserve_next", setup.fleet_id, 1000)
+    run_to_running(db, setup.job_id)
+    assert attempt(db, setup.job_id, 2)["resume_artifact_id"] == before["id"]
+
+
+def test_without_any_checkpoint_everything_since_the_start_is_lost(db: Database) -> None:
+    setup = running_job(db, gpus=1)
+    backdate(db, setup, 50)
+    db.call("request_preemption", setup.job_id, "urgent", None, "preempted", None)
+    report(db, "member_exited", setup.member, exit_code=1)
+    a = attempt(db, setup.job_id)
+    assert a["state"] == "preempted" and a["end_checkpoint_id"] is None
+    assert 50 <= a["lost_gpu_seconds"] < 80
+    assert "no verified checkpoint: the next attempt starts from scratch" in a["reason"]
+
+
+def test_a_time_limit_asks_the_same_and_ends_timed_out_spending_an_attempt(
+    db: Database, tmp_path: Path
+) -> None:
+    setup = running_job(db, max_attempts=2, spec={"resources": {"time_limit_minutes": 1}})
+    assert db.call("expire_time_limits")[0]["expire_time_limits"] == 0  # not yet
+    backdate(db, setup, 61)
+    assert db.call("expire_time_limits")[0]["expire_time_limits"] == 1
+    assert db.call("expire_time_limits")[0]["expire_time_limits"] == 0  # asked once
+    (command,) = preempt_commands(db, setup)
+    assert command["payload"]["kind"] == "timed_out"
+    saved = checkpoint(db, setup, tmp_path, "checkpoint.1")
+    report(db, "member_exited", setup.member, exit_code=0)
+    a = attempt(db, setup.job_id)
+    assert a["state"] == "timed_out" and a["end_checkpoint_id"] == saved["id"]
+    assert "its time limit of 1 min was reached" in a["reason"]
+    job = db.fetch_one(
+        "SELECT state, state_reason, preemptions_used FROM jobs WHERE id = %s", (setup.job_id,)
+    )
+    assert job["state"] == "queued" and job["preemptions_used"] == 0
+    assert job["state_reason"].startswith("attempt 1 of 2 timed out")
+
+
+def test_a_request_before_anything_started_aborts_the_launch_and_ends_preempted(db: Database) -> None:
+    user_id = make_user(db)
+    fleet_id = make_fleet_with(db, "gpu", {"object_delivery": True})
+    make_node(db, fleet_id, "gpu-node", gpus=4)
+    job_id = make_job(db, user_id, fleet_id)
+    db.call("reserve_next", fleet_id, 1000)
+    db.call("request_preemption", job_id, "urgent", None, "preempted", None)
+    a = attempt(db, job_id)
+    assert a["state"] == "preempted" and a["lost_gpu_seconds"] == 0
+    assert "stopped before it started" in a["reason"]
+    assert db.fetch_one("SELECT state FROM jobs WHERE id = %s", (job_id,))["state"] == "queued"
+    assert all(m["released_at"] is not None for m in members_of(db, job_id))
+
+
+def test_cancel_during_the_grace_wins(db: Database) -> None:
+    setup = running_job(db)
+    db.call("request_preemption", setup.job_id, "urgent", None, "preempted", None)
+    db.call("cancel_job", setup.job_id, setup.user_id, "changed my mind")
+    report(db, "member_exited", setup.member, exit_code=-15)
+    assert attempt(db, setup.job_id)["state"] == "cancelled"
+    assert db.fetch_one("SELECT state FROM jobs WHERE id = %s", (setup.job_id,))["state"] == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "field"),
+    [
+        (("reason", None, "finished"), 400, "kind"),
+        (("reason", dt.timedelta(seconds=-1), "preempted"), 422, "grace"),
+        (("", None, "preempted"), 400, "reason"),
+    ],
+)
+def test_bad_requests_are_refused_naming_the_field(
+    db: Database, args: tuple, status: int, field: str
+) -> None:
+    setup = running_job(db)
+    with pytest.raises(Refusal) as refused:
+        db.call("request_preemption", setup.job_id, *args, None)
+    assert (refused.value.status, refused.value.field) == (status, field)
+    assert attempt(db, setup.job_id)["stop_kind"] is None
+
+
+def test_a_job_without_a_live_attempt_is_refused(db: Database) -> None:
+    user_id = make_user(db)
+    fleet_id = make_fleet_with(db, "gpu", {"object_delivery": True})
+    job_id = make_job(db, user_id, fleet_id)
+    with pytest.raises(Refusal) as refused:
+        db.call("request_preemption", job_id, "urgent", None, "preempted", None)
+    assert refused.value.status == 409 and "has no running attempt (it is queued)" in refused.value.message
+    with pytest.raises(Refusal) as unknown:
+        db.call("request_preemption", 987654, "urgent", None, "preempted", None)
+    assert unknown.value.status == 404
