@@ -252,9 +252,7 @@ class JobSpec(StrictModel):
     max_attempts: int = Field(1, ge=1, le=20)
     # A priority class (scavenger, low, normal, high, urgent: priority_classes, an operator may re-map
     # their integers) or an integer from -1000 to 1000 (docs/preemption.md).
-    priority: (
-        Annotated[int, Field(ge=-1000, le=1000)] | Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
-    ) = "normal"
+    priority: int | str = "normal"
     # Whether the planner may preempt it; unset: the class decides (normal and below are preemptible).
     # Only preemptible jobs borrow idle GPUs above their team's guarantee (docs/teams.md).
     preemptible: bool | None = None
@@ -273,6 +271,20 @@ class JobSpec(StrictModel):
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ValueError(f"output names must be unique ({', '.join(twice)} given twice)")
+        return value
+
+    @field_validator("priority", mode="wrap")
+    @classmethod
+    def _priority(cls, value: Any, handler: Any) -> int | str:
+        # One message for one field (a plain union would name each branch: priority.int, priority.str).
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise ValueError(
+                "must be a priority class name (scavenger, low, normal, high, urgent) or an integer"
+            )
+        if isinstance(value, int) and not -1000 <= value <= 1000:
+            raise ValueError("must be an integer from -1000 to 1000")
+        if isinstance(value, str) and not re.match(r"^[a-z][a-z0-9_-]{0,31}$", value):
+            raise ValueError("must be a priority class name such as normal or urgent")
         return value
 
     @field_validator("fleet")

@@ -346,8 +346,8 @@ BEGIN
     RETURN jsonb_build_object(
         'priority', v_value, 'priority_class', c.name, 'preemptible', v_preemptible,
         'preemption', jsonb_build_object(
-            'grace_seconds', coalesce((v_pre ->> 'grace_seconds')::numeric,
-                                      extract(epoch FROM s.default_grace)),
+            'grace_seconds', coalesce(round((v_pre ->> 'grace_seconds')::numeric)::integer,
+                                      round(extract(epoch FROM s.default_grace))::integer),
             'signal', coalesce(v_pre ->> 'signal', 'SIGTERM'),
             'max_preemptions', coalesce((v_pre ->> 'max_preemptions')::integer, s.max_preemptions)));
 END;

@@ -313,7 +313,8 @@ GARBAGE = [
     ("post", "/previews", {"json": {"recipe": {"name": "demo", "params": {"steps": {"a": 1}}}}}),
     ("post", "/previews", {"json": {"recipe": {"name": "demo"}, "resources": {"nodes": 10**20}}}),
     ("post", "/previews", {"json": {"recipe": {"name": "demo"}, "env": {"A": 1}}}),
-    ("post", "/previews", {"json": {"recipe": {"name": "demo"}, "priority": "high"}}),
+    ("post", "/previews", {"json": {"recipe": {"name": "demo"}, "priority": "highest"}}),  # no such class
+    ("post", "/previews", {"json": {"recipe": {"name": "demo"}, "priority": 1.5}}),
     ("post", "/previews", {"json": {"source": {"archive": "sha256:" + "0" * 64, "entrypoint": "x"}}}),
     ("post", "/previews", {"json": {"image": {"ref": "UPPER/Case:tag", "command": "x"}}}),
     ("post", "/previews", {"data": {"input_kind": "teleport"}}),

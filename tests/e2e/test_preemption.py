@@ -1,0 +1,194 @@
+"""The checkpoint grace protocol end to end with real agents (issue 21): a running fine-tune is asked to
+checkpoint and stop (request_preemption, what the planner, `tuneplane jobs preempt` and time limits call).
+
+* A cooperative victim (the demo recipe, which polls sdk.preempting()) publishes a verified checkpoint
+  within its grace and stops: the attempt ends `preempted` naming it, nothing lost, and the next attempt
+  resumes from exactly that step and ends after exactly the job's steps, no step stored twice.
+* A victim that ignores the request (SIGTERM ignored, no SDK check) is stopped at the deadline: the
+  attempt ends `preempted` naming its previous verified checkpoint, the lost GPU-seconds are GPUs × the
+  time since that checkpoint was verified, and the retry resumes from it.
+* A job past its time limit gets the same request and ends `timed_out` with its checkpoint named.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import pytest
+
+from tests.e2e.launch_cluster import MIB, Cluster
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+STEPS, EVERY = 400, 50
+
+# A workload that ignores every request: SIGTERM ignored, no look at sdk.preempting(). It saves and
+# publishes (waiting for the verification) a checkpoint every EVERY steps and resumes from one.
+STUBBORN = """
+import json, os, pathlib, signal, sys, time
+from tuneplane import sdk
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
+steps, every = int(os.environ["STEPS"]), int(os.environ["EVERY"])
+first = 1
+if sdk.resume_dir() is not None:
+    first = json.loads((sdk.resume_dir() / "state.json").read_text())["step"] + 1
+    print(f"resumed from {os.environ['TUNEPLANE_RESUME_FROM']} at step {first - 1}", flush=True)
+with open(out / "metrics.jsonl", "a") as metrics:
+    for step in range(first, steps + 1):
+        metrics.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\\n"); metrics.flush()
+        if step % every == 0:
+            d = out / "ckpt" / f"step-{step:06d}"
+            d.mkdir(parents=True)
+            (d / "state.json").write_text(json.dumps({"step": step}))
+            result = sdk.checkpoint(d, name="ckpt", wait=True)
+            print(f"step {step}: {result['artifact']} {result['state']}", flush=True)
+        time.sleep(float(os.environ.get("STEP_SECONDS", "0.05")))
+print(f"done: {steps} steps", flush=True)
+"""
+
+
+def _attempt(cluster: Cluster, job_id: int, number: int) -> dict | None:
+    return cluster.db.fetch_one(
+        """SELECT t.*, a.name AS end_checkpoint, a.completed_at AS end_checkpoint_at
+             FROM attempts t LEFT JOIN artifacts a ON a.id = t.end_checkpoint_id
+            WHERE t.job_id = %s AND t.number = %s""",
+        (job_id, number),
+    )
+
+
+def _checkpoints(cluster: Cluster, job_id: int) -> list[dict]:
+    return cluster.db.fetch_all(
+        "SELECT * FROM artifacts WHERE job_id = %s AND kind = 'checkpoint' AND state = 'complete'"
+        " ORDER BY completed_at, id",
+        (job_id,),
+    )
+
+
+def _steps(cluster: Cluster, member: dict) -> list[int]:
+    path = cluster.member_dir(member["node"], member["id"]) / "output" / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()]
+
+
+def _members_of_attempt(cluster: Cluster, job_id: int, number: int) -> list[dict]:
+    attempt = _attempt(cluster, job_id, number)
+    assert attempt is not None
+    return [m for m in cluster.members(job_id) if m["attempt_id"] == attempt["id"]]
+
+
+def test_a_cooperative_victim_checkpoints_within_its_grace_and_resumes_from_it(cluster: Cluster) -> None:
+    cluster.start_agent("a", "--simulate-gpus", "2")
+    cluster.start_worker()
+    job_id = cluster.submit(
+        {
+            "recipe": {
+                "name": "demo",
+                "params": {"steps": STEPS, "step_seconds": 0.05, "checkpoint_every": EVERY},
+            },
+            "resources": {"gpus_per_node": 1, "cpus_per_node": 1, "memory_per_node": 256 * MIB},
+            "preemption": {"grace_seconds": 60},
+        }
+    )
+    cluster.wait_members(job_id, "running", timeout=60)
+    wait_for(lambda: _checkpoints(cluster, job_id), timeout=60, what="a first verified checkpoint")
+    cluster.db.call("request_preemption", job_id, "e2e: an urgent job needs the GPU", None, "preempted", None)
+    first = wait_for(
+        lambda: (a := _attempt(cluster, job_id, 1)) and a["state"] == "preempted" and a,
+        timeout=60,
+        what="attempt 1 preempted",
+    )
+    assert first["lost_gpu_seconds"] == 0, first["reason"]
+    assert first["end_checkpoint_at"] >= first["stop_requested_at"]  # verified within the grace
+    assert first["end_checkpoint_at"] <= first["grace_deadline"]
+    assert f"checkpoint {first['end_checkpoint']} verified" in first["reason"]
+    done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
+    assert done["state"] == "succeeded", cluster.diagnose(job_id)
+    second = _attempt(cluster, job_id, 2)
+    assert second["resume_artifact_id"] == first["end_checkpoint_id"]
+    (member,) = _members_of_attempt(cluster, job_id, 2)
+    member_dir = cluster.member_dir(member["node"], member["id"])
+    resumed = json.loads((member_dir / "resume" / "state.json").read_text())["step"]
+    (victim,) = _members_of_attempt(cluster, job_id, 1)
+    assert _steps(cluster, victim)[-1] == resumed  # it stopped at the step it saved
+    assert resumed % EVERY != 0 or resumed > 0
+    stdout = (member_dir / "logs" / "stdout.log").read_text()
+    assert f"resumed from {first['end_checkpoint']} at step {resumed}" in stdout
+    assert _steps(cluster, member) == list(range(resumed + 1, STEPS + 1))  # exact, no step twice
+
+
+def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_the_work_since(
+    cluster: Cluster,
+) -> None:
+    cluster.start_agent("a", "--simulate-gpus", "2")
+    cluster.start_worker()
+    archive = cluster.upload_source({"job.py": STUBBORN})
+    job_id = cluster.submit(
+        {
+            "source": {"archive": archive, "entrypoint": "python job.py", "integration": "script"},
+            "resources": {"gpus_per_node": 2, "cpus_per_node": 1, "memory_per_node": 64 * MIB},
+            "env": {"STEPS": "300", "EVERY": "40", "STEP_SECONDS": "0.05"},
+            "preemption": {"grace_seconds": 2},
+        }
+    )
+    cluster.wait_members(job_id, "running", timeout=60)
+    wait_for(lambda: _checkpoints(cluster, job_id), timeout=60, what="a first verified checkpoint")
+    cluster.db.call("request_preemption", job_id, "e2e: ignored", None, "preempted", None)
+    first = wait_for(
+        lambda: (a := _attempt(cluster, job_id, 1)) and a["state"] == "preempted" and a,
+        timeout=60,
+        what="attempt 1 preempted",
+    )
+    assert "stopped at the end of its grace" in first["reason"], first["reason"]
+    assert first["end_checkpoint_at"] < first["stop_requested_at"]  # the one before the request
+    newest_before = [c for c in _checkpoints(cluster, job_id) if c["completed_at"] <= first["ended_at"]][-1]
+    assert first["end_checkpoint_id"] == newest_before["id"]
+    # GPUs × the time since that checkpoint was verified, within one report interval.
+    since = (first["ended_at"] - first["end_checkpoint_at"]).total_seconds()
+    assert first["lost_gpu_seconds"] == pytest.approx(2 * since, abs=2 * 1.0)
+    assert first["ended_at"] >= first["grace_deadline"]
+    done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
+    assert done["state"] == "succeeded", cluster.diagnose(job_id)
+    (member,) = _members_of_attempt(cluster, job_id, 2)
+    stdout = (cluster.member_dir(member["node"], member["id"]) / "logs" / "stdout.log").read_text()
+    assert f"resumed from {first['end_checkpoint']}" in stdout
+    resumed = int(stdout.split(" at step ")[1].split()[0])
+    assert _steps(cluster, member) == list(range(resumed + 1, 301))
+
+
+def test_a_job_past_its_time_limit_ends_timed_out_with_its_checkpoint_named(cluster: Cluster) -> None:
+    cluster.start_agent("a", "--simulate-gpus", "2")
+    cluster.start_worker()
+    job_id = cluster.submit(
+        {
+            "recipe": {
+                "name": "demo",
+                "params": {"steps": STEPS, "step_seconds": 0.05, "checkpoint_every": EVERY},
+            },
+            "resources": {
+                "gpus_per_node": 1,
+                "cpus_per_node": 1,
+                "memory_per_node": 256 * MIB,
+                "time_limit_minutes": 1,
+            },
+            "max_attempts": 2,
+        }
+    )
+    cluster.wait_members(job_id, "running", timeout=60)
+    wait_for(lambda: _checkpoints(cluster, job_id), timeout=60, what="a first verified checkpoint")
+    # Time passes (test setup): the attempt has run for its minute.
+    cluster.db.fetch_all(
+        "UPDATE attempts SET running_at = running_at - %s WHERE job_id = %s RETURNING 1",
+        (dt.timedelta(minutes=1), job_id),
+    )
+    first = wait_for(
+        lambda: (a := _attempt(cluster, job_id, 1)) and a["state"] == "timed_out" and a,
+        timeout=60,
+        what="attempt 1 timed out",
+    )
+    assert "its time limit of 1 min was reached" in first["reason"]
+    assert f"checkpoint {first['end_checkpoint']} verified" in first["reason"]
+    done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
+    assert done["state"] == "succeeded", cluster.diagnose(job_id)
+    assert _attempt(cluster, job_id, 2)["resume_artifact_id"] == first["end_checkpoint_id"]
