@@ -344,6 +344,12 @@ DECLARE
     p_borrow    boolean[] := '{}';
     v_queue     refcursor;
     v_decay     boolean;
+    -- Preemption (preemption.sql): nodes held for waiting preemptors (h_node[i] for job h_job[i]).
+    h_node      bigint[];
+    h_job       bigint[];
+    v_held_nodes bigint[] := '{}';
+    v_searched  boolean;
+    v_plan      text;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
     SELECT * INTO v_settings FROM tuneplane.launch_settings;
@@ -366,6 +372,7 @@ BEGIN
          WHERE u.fleet_id = p_fleet_id AND n.scheduling_state = 'active' AND n.fenced_at IS NULL
            AND n.last_heartbeat_at > v_fresh;
     END IF;
+    SELECT array_agg(h.node_id), array_agg(h.job_id) INTO h_node, h_job FROM tuneplane.preemption_holds(p_fleet_id) h;
 
     -- Queue order: plain (priority, then age) on a fleet without quotas, admission_queue's with them.
     IF v_managed THEN
@@ -397,7 +404,9 @@ BEGIN
         v_shape := format('%s/%s/%s/%s', v_job.nodes, v_job.gpus_per_node, v_job.cpus_per_node,
                           v_job.memory_per_node);
         v_nodes := '{}';
-        IF NOT v_shape = ANY (v_failed) THEN
+        v_held_nodes := CASE WHEN h_node IS NULL THEN '{}' ELSE tuneplane.held_from(h_node, h_job, v_job.id) END;
+        v_searched := NOT v_shape = ANY (v_failed) OR cardinality(v_held_nodes) > 0;
+        IF v_searched THEN
             -- Best fit (fewest free GPUs first), an index range scan on node_usage_fit that sees this pass's
             -- own allocations; the picked node rows are locked and re-checked (see above).
             SELECT coalesce(array_agg(c.node_id ORDER BY c.free_gpus, c.node_id), '{}'),
@@ -412,6 +421,7 @@ BEGIN
                        AND n.cpus - u.used_cpus >= v_job.cpus_per_node
                        AND n.memory_bytes - u.used_memory >= v_job.memory_per_node
                        AND n.scheduling_state = 'active' AND n.fenced_at IS NULL AND n.last_heartbeat_at > v_fresh
+                       AND NOT u.node_id = ANY (v_held_nodes)
                        AND (v_head_id IS NULL
                             OR NOT u.node_id = ANY (v_claim)
                             OR (u.free_gpus - v_job.gpus_per_node >= v_head.gpus_per_node
@@ -521,6 +531,13 @@ BEGIN
         ELSE
             v_reason := v_reason || format('; behind job %s at the head of the queue', v_head_id);
         END IF;
+        IF v_searched THEN
+            -- Would preempting lower-priority work make it fit? (One plan per shape and pass.)
+            v_plan := tuneplane.plan_preemption(v_job, v_fresh, v_held_nodes);
+            IF v_plan IS NOT NULL THEN
+                v_reason := v_reason || '; ' || v_plan;
+            END IF;
+        END IF;
         IF v_managed THEN
             v_reason := v_reason || CASE WHEN v_borrow THEN '; to borrow idle GPUs: ' ELSE '; within its guarantee: ' END
                         || tuneplane.team_standing(t_name[v_t], v_fleet, t_guar[v_t], t_limit[v_t], t_weight[v_t]);
@@ -589,6 +606,7 @@ BEGIN
     -- The usage ledger opens in the transaction that reserved the members (usage.sql).
     PERFORM tuneplane.open_usage(v_attempts, v_reserved_at);
 
+    PERFORM tuneplane.preemptors_placed(p_job);
     -- The one writer of job state (each change is a job_events row with its detail).
     PERFORM tuneplane.set_job_state(r.job_id, 'reserved', r.reason, r.detail)
        FROM unnest(p_job, p_reason, p_detail) AS r (job_id, reason, detail);

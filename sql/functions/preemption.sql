@@ -164,7 +164,10 @@ BEGIN
     INSERT INTO tuneplane.job_events (job_id, from_state, to_state, reason, detail)
     VALUES (j.id, j.state, j.state,
             format('attempt %s asked to checkpoint and stop: %s; grace %s s (until %s), %s to %s member(s)',
-                   a.number, p_reason, round(extract(epoch FROM v_grace)),
+                   a.number,
+                   CASE WHEN p_preemptor_job_id IS NULL THEN p_reason
+                        ELSE format('preempted by job %s (%s)', p_preemptor_job_id, p_reason) END,
+                   round(extract(epoch FROM v_grace)),
                    to_char(a.grace_deadline, 'HH24:MI:SS'), v_signal, v_sent),
             jsonb_build_object('kind', 'stop_request', 'stop_kind', p_kind, 'attempt', a.number,
                                'grace_seconds', extract(epoch FROM v_grace),
@@ -223,7 +226,7 @@ $$;
 -- settle_stopped_attempt: how an attempt asked to stop ends, called by finish_attempt_if_done once every
 -- member has ended. Records the checkpoint the next attempt resumes from (the job's newest verified one:
 -- end_checkpoint_id) and the work lost since it: nothing when a checkpoint of this attempt became complete
--- after the request (within the grace), else the wall time from that checkpoint's verification (or the
+-- between the request and the grace's end, else the wall time from that checkpoint's verification (or the
 -- attempt's start, if it made none) to now, and GPUs × that time. Returns the timeline's words.
 CREATE OR REPLACE FUNCTION tuneplane.settle_stopped_attempt(p_attempt_id bigint)
 RETURNS text
@@ -243,7 +246,8 @@ BEGIN
     SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
     ck := tuneplane.resume_checkpoint_of(j.id);
     v_start := coalesce(a.running_at, a.committed_at);
-    v_saved := ck.id IS NOT NULL AND ck.attempt_id = a.id AND ck.completed_at >= a.stop_requested_at;
+    v_saved := ck.id IS NOT NULL AND ck.attempt_id = a.id
+               AND ck.completed_at BETWEEN a.stop_requested_at AND a.grace_deadline;
     v_gpus := coalesce((SELECT sum(coalesce(cardinality(m.gpu_indices), 0))::integer
                           FROM tuneplane.members m WHERE m.attempt_id = a.id), 0);
     IF v_start IS NOT NULL AND NOT v_saved THEN
@@ -272,5 +276,197 @@ BEGIN
                          round(v_lost::numeric));
     END IF;
     RETURN format('%s at %s; %s', v_cause, to_char(a.stop_requested_at, 'HH24:MI:SS'), v_what);
+END;
+$$;
+
+-- ==== The preemption planner (called by reserve_next, placement.sql, under the fleet's placement lock) ====
+--
+--   preemption_holds   at the start of a pass: the nodes held for each waiting preemptor (decisions whose
+--                      preemptor left the queue are dropped first)
+--   held_from          the held nodes a given job may not use (held for another preemptor)
+--   plan_preemption    a job that does not fit: pick victims, hold their nodes, ask them to stop
+--   preemptors_placed  after a pass: the decisions of the preemptors it reserved are done
+--
+-- Rules (docs/preemption.md, "The planner"): a victim is a running attempt not already asked to stop, of
+-- a preemptible job of strictly lower priority (two jobs of equal priority never preempt each other),
+-- that has run at least preemption_settings.min_runtime and has been preempted fewer than its
+-- max_preemptions times. On each node the victims are taken in this order until the preemptor's member
+-- fits (GPUs, CPUs and memory): scavenger first, then attempts on borrowed capacity, then the fewest
+-- GPU-seconds since their last verified checkpoint, then the lowest priority. The preemptor's `nodes`
+-- cheapest nodes (by those GPU-seconds) are chosen; a node that fits without a victim costs nothing.
+
+-- preemption_holds: the nodes each holding decision of the fleet keeps for its preemptor. A decision
+-- whose preemptor is no longer queued (cancelled, placed by another path) is dropped here first.
+CREATE OR REPLACE FUNCTION tuneplane.preemption_holds(p_fleet_id bigint)
+RETURNS TABLE (node_id bigint, job_id bigint)
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE tuneplane.preemptions p SET state = 'dropped', resolved_at = now()
+     WHERE p.fleet_id = p_fleet_id AND p.state = 'holding'
+       AND NOT EXISTS (SELECT 1 FROM tuneplane.jobs j WHERE j.id = p.preemptor_job_id AND j.state = 'queued');
+    RETURN QUERY
+    SELECT unnest(p.held_node_ids), p.preemptor_job_id
+      FROM tuneplane.preemptions p WHERE p.fleet_id = p_fleet_id AND p.state = 'holding';
+END;
+$$;
+
+-- held_from: of the held nodes (h_node[i] held for job h_job[i]), those job p_job_id may not use.
+CREATE OR REPLACE FUNCTION tuneplane.held_from(h_node bigint[], h_job bigint[], p_job_id bigint)
+RETURNS bigint[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(array_agg(h.node ORDER BY h.node), '{}')
+      FROM unnest(h_node, h_job) AS h (node, job) WHERE h.job IS DISTINCT FROM p_job_id;
+$$;
+
+-- preemptors_placed: the pass reserved these jobs; their holding decisions are done.
+CREATE OR REPLACE FUNCTION tuneplane.preemptors_placed(p_job_ids bigint[])
+RETURNS void
+LANGUAGE sql AS $$
+    UPDATE tuneplane.preemptions SET state = 'done', resolved_at = now()
+     WHERE state = 'holding' AND preemptor_job_id = ANY (p_job_ids);
+$$;
+
+-- plan_preemption: p_job does not fit now. If preempting lower-priority work makes its whole envelope fit,
+-- record one decision (preemptions + preemption_victims), hold the nodes for it and ask every victim to
+-- checkpoint and stop (request_preemption). Returns the words for the preemptor's reason, or NULL when no
+-- preemption helps. While its decision holds and a victim still runs, it plans nothing new. p_fresh: the
+-- pass's connectivity bound; p_held: nodes held for other preemptors (never considered).
+-- Locks: under the fleet's placement lock; each victim's job, attempt and members (request_preemption).
+CREATE OR REPLACE FUNCTION tuneplane.plan_preemption(p_job tuneplane.jobs, p_fresh timestamptz, p_held bigint[])
+RETURNS text
+LANGUAGE plpgsql AS $$
+DECLARE
+    s        tuneplane.preemption_settings;
+    p        tuneplane.preemptions;
+    v_left   integer;
+    v_nodes  bigint[];
+    v_names  text[];
+    v_victims bigint[];
+    v_cost   double precision;
+    v_rule   text;
+    v_team   text;
+    v_words  text;
+    v       record;
+BEGIN
+    SELECT * INTO p FROM tuneplane.preemptions
+     WHERE preemptor_job_id = p_job.id AND state = 'holding' ORDER BY id DESC LIMIT 1;
+    IF p.id IS NOT NULL THEN
+        SELECT count(*) INTO v_left FROM tuneplane.preemption_victims pv
+          JOIN tuneplane.attempts t ON t.id = pv.attempt_id
+         WHERE pv.preemption_id = p.id AND t.state IN ('reserved', 'preparing', 'running', 'stopping');
+        IF v_left > 0 THEN
+            RETURN format('preempting: %s victim(s) are checkpointing and stopping (decision %s)', v_left, p.id);
+        END IF;
+        -- Every victim ended and it still does not fit (the room went away: a node lost, fenced): plan anew.
+        UPDATE tuneplane.preemptions SET state = 'dropped', resolved_at = now() WHERE id = p.id;
+    END IF;
+    -- The common case costs one index probe: nothing preemptible of lower priority runs in this fleet.
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.attempts t JOIN tuneplane.jobs j ON j.id = t.job_id
+                    WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL
+                      AND j.preemptible AND j.priority < p_job.priority) THEN
+        RETURN NULL;
+    END IF;
+    SELECT * INTO s FROM tuneplane.preemption_settings;
+
+    WITH cand AS (
+        SELECT t.id AS attempt_id, j.id AS job_id, j.priority, coalesce(pc.scavenger, false) AS scavenger,
+               t.borrowing,
+               (SELECT coalesce(sum(cardinality(m.gpu_indices)), 0) FROM tuneplane.members m
+                 WHERE m.attempt_id = t.id)::integer AS gpus,
+               greatest(extract(epoch FROM now() - greatest(coalesce(t.running_at, t.committed_at),
+                                                            coalesce(ck.completed_at, '-infinity'))), 0) AS lost_s
+          FROM tuneplane.attempts t
+          JOIN tuneplane.jobs j ON j.id = t.job_id
+          LEFT JOIN tuneplane.priority_classes pc ON pc.name = j.priority_class
+          LEFT JOIN LATERAL (SELECT a.completed_at FROM tuneplane.artifacts a
+                              WHERE a.job_id = j.id AND a.kind = 'checkpoint' AND a.state = 'complete'
+                              ORDER BY a.completed_at DESC LIMIT 1) ck ON true
+         WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL
+           AND t.cancel_requested_at IS NULL
+           AND j.preemptible AND j.priority < p_job.priority
+           AND coalesce(t.running_at, t.committed_at) <= now() - s.min_runtime
+           AND j.preemptions_used < coalesce((j.spec -> 'preemption' ->> 'max_preemptions')::integer,
+                                             s.max_preemptions)
+    ), on_node AS (
+        SELECT m.node_id, c.attempt_id, c.gpus * c.lost_s AS lost_gs, cardinality(m.gpu_indices) AS g,
+               m.cpus AS c, m.memory_bytes AS mem,
+               row_number() OVER (PARTITION BY m.node_id
+                                  ORDER BY c.scavenger DESC, c.borrowing DESC, c.gpus * c.lost_s, c.priority,
+                                           c.attempt_id) AS k
+          FROM cand c JOIN tuneplane.members m ON m.attempt_id = c.attempt_id AND m.released_at IS NULL
+    ), prefix AS (
+        SELECT o.node_id, o.k, sum(o.g) OVER w AS g, sum(o.c) OVER w AS c, sum(o.mem) OVER w AS mem,
+               sum(o.lost_gs) OVER w AS cost, array_agg(o.attempt_id) OVER w AS victims
+          FROM on_node o WINDOW w AS (PARTITION BY o.node_id ORDER BY o.k)
+    ), eligible AS (
+        SELECT u.node_id, n.name, u.total_gpus - u.used_gpus AS free_g, n.cpus - u.used_cpus AS free_c,
+               n.memory_bytes - u.used_memory AS free_m
+          FROM tuneplane.node_usage u JOIN tuneplane.nodes n ON n.id = u.node_id
+         WHERE u.fleet_id = p_job.fleet_id AND n.scheduling_state = 'active' AND n.fenced_at IS NULL
+           AND n.last_heartbeat_at > p_fresh AND NOT u.node_id = ANY (p_held)
+           AND u.total_gpus >= p_job.gpus_per_node AND n.cpus >= p_job.cpus_per_node
+           AND n.memory_bytes >= p_job.memory_per_node
+    ), options AS (
+        SELECT e.node_id, e.name, '{}'::bigint[] AS victims, 0::double precision AS cost
+          FROM eligible e
+         WHERE e.free_g >= p_job.gpus_per_node AND e.free_c >= p_job.cpus_per_node
+           AND e.free_m >= p_job.memory_per_node
+        UNION ALL
+        (SELECT DISTINCT ON (e.node_id) e.node_id, e.name, x.victims, x.cost
+           FROM eligible e JOIN prefix x ON x.node_id = e.node_id
+          WHERE NOT (e.free_g >= p_job.gpus_per_node AND e.free_c >= p_job.cpus_per_node
+                     AND e.free_m >= p_job.memory_per_node)
+            AND e.free_g + x.g >= p_job.gpus_per_node AND e.free_c + x.c >= p_job.cpus_per_node
+            AND e.free_m + x.mem >= p_job.memory_per_node
+          ORDER BY e.node_id, x.k)
+    ), chosen AS (
+        SELECT * FROM options ORDER BY cost, node_id LIMIT p_job.nodes
+    )
+    SELECT array_agg(ch.node_id ORDER BY ch.node_id) FILTER (WHERE cardinality(ch.victims) > 0),
+           array_agg(ch.name ORDER BY ch.node_id) FILTER (WHERE cardinality(ch.victims) > 0),
+           (SELECT array_agg(DISTINCT u.victim) FROM chosen c2, unnest(c2.victims) AS u (victim)),
+           count(*)
+      INTO v_nodes, v_names, v_victims, v_left
+      FROM chosen ch;
+    IF v_left < p_job.nodes OR coalesce(cardinality(v_victims), 0) = 0 THEN
+        RETURN NULL;  -- even preempting every candidate would not make it fit
+    END IF;
+
+    SELECT CASE WHEN bool_and(t.borrowing) THEN 'borrowed' ELSE 'priority' END INTO v_rule
+      FROM tuneplane.attempts t WHERE t.id = ANY (v_victims);
+    SELECT tm.name INTO v_team FROM tuneplane.teams tm WHERE tm.id = p_job.team_id;
+    v_words := format('team %s, priority %s', coalesce(v_team, '?'),
+                      coalesce(p_job.priority_class || ' (' || p_job.priority || ')', p_job.priority::text));
+    INSERT INTO tuneplane.preemptions (fleet_id, preemptor_job_id, rule, held_node_ids, reason, numbers)
+    VALUES (p_job.fleet_id, p_job.id, v_rule, v_nodes,
+            format('job %s (%s) needs %s; preempting %s attempt(s) on %s', p_job.id, v_words,
+                   tuneplane.describe_request(p_job), cardinality(v_victims), array_to_string(v_names, ', ')),
+            jsonb_build_object('preemptor_priority', p_job.priority, 'nodes', to_jsonb(v_nodes)))
+    RETURNING * INTO p;
+    v_cost := 0;
+    FOR v IN
+        SELECT t.id AS attempt_id, t.job_id, j.priority,
+               (SELECT coalesce(sum(cardinality(m.gpu_indices)), 0) FROM tuneplane.members m
+                 WHERE m.attempt_id = t.id)::integer AS gpus,
+               greatest(extract(epoch FROM now() - greatest(coalesce(t.running_at, t.committed_at),
+                        coalesce((tuneplane.resume_checkpoint_of(j.id)).completed_at, '-infinity'))), 0) AS lost_s
+          FROM tuneplane.attempts t JOIN tuneplane.jobs j ON j.id = t.job_id
+         WHERE t.id = ANY (v_victims) ORDER BY t.job_id
+    LOOP
+        INSERT INTO tuneplane.preemption_victims (preemption_id, attempt_id, job_id, priority, gpus,
+                                                  expected_lost_gpu_seconds)
+        VALUES (p.id, v.attempt_id, v.job_id, v.priority, v.gpus, v.gpus * v.lost_s);
+        v_cost := v_cost + v.gpus * v.lost_s;
+        PERFORM tuneplane.request_preemption(v.job_id, v_words, NULL, 'preempted', p_job.id);
+    END LOOP;
+    UPDATE tuneplane.preemptions
+       SET numbers = numbers || jsonb_build_object('victims', cardinality(v_victims),
+                                                   'expected_lost_gpu_seconds', round(v_cost::numeric))
+     WHERE id = p.id;
+    RETURN format('preempting job(s) %s on %s (rule %s; %s GPU-s since their last verified checkpoints); '
+                  'their resources are held for this job (decision %s)',
+                  (SELECT string_agg(pv.job_id::text, ', ' ORDER BY pv.job_id) FROM tuneplane.preemption_victims pv
+                    WHERE pv.preemption_id = p.id),
+                  array_to_string(v_names, ', '), v_rule, round(v_cost::numeric), p.id);
 END;
 $$;

@@ -128,7 +128,8 @@ def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_
         {
             "source": {"archive": archive, "entrypoint": "python job.py", "integration": "script"},
             "resources": {"gpus_per_node": 2, "cpus_per_node": 1, "memory_per_node": 64 * MIB},
-            "env": {"STEPS": "300", "EVERY": "40", "STEP_SECONDS": "0.05"},
+            # A checkpoint every 7.5 s: none can come between the request and the kill (2 s + 3 s).
+            "env": {"STEPS": "450", "EVERY": "150", "STEP_SECONDS": "0.05"},
             "preemption": {"grace_seconds": 2},
         }
     )
@@ -141,7 +142,7 @@ def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_
         what="attempt 1 preempted",
     )
     assert "stopped at the end of its grace" in first["reason"], first["reason"]
-    assert first["end_checkpoint_at"] < first["stop_requested_at"]  # the one before the request
+    assert first["end_checkpoint_at"] < first["stop_requested_at"], first  # the one before the request
     newest_before = [c for c in _checkpoints(cluster, job_id) if c["completed_at"] <= first["ended_at"]][-1]
     assert first["end_checkpoint_id"] == newest_before["id"]
     # GPUs × the time since that checkpoint was verified, within one report interval.
@@ -154,7 +155,7 @@ def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_
     stdout = (cluster.member_dir(member["node"], member["id"]) / "logs" / "stdout.log").read_text()
     assert f"resumed from {first['end_checkpoint']}" in stdout
     resumed = int(stdout.split(" at step ")[1].split()[0])
-    assert _steps(cluster, member) == list(range(resumed + 1, 301))
+    assert _steps(cluster, member) == list(range(resumed + 1, 451))
 
 
 def test_a_job_past_its_time_limit_ends_timed_out_with_its_checkpoint_named(cluster: Cluster) -> None:
