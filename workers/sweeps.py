@@ -67,11 +67,11 @@ def requeue_stalled_launches(ctx: SweepContext) -> str | None:
 
 
 def expire_grace_deadlines(ctx: SweepContext) -> str | None:
-    return _counted(ctx, "expire_grace_deadlines", "attempt(s) whose grace to checkpoint ended sent STOP")
+    return _counted(ctx, fn.expire_grace_deadlines, "attempt(s) whose grace to checkpoint ended sent STOP")
 
 
 def expire_time_limits(ctx: SweepContext) -> str | None:
-    return _counted(ctx, "expire_time_limits", "attempt(s) past their time limit asked to stop")
+    return _counted(ctx, fn.expire_time_limits, "attempt(s) past their time limit asked to stop")
 
 
 # ---- nodes (sql/functions/nodes.sql) ----------------------------------------------------------------------

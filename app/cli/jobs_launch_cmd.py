@@ -1,5 +1,5 @@
-"""`tuneplane jobs cancel|logs` and the launch part of `tuneplane jobs show` (members, attempts, why it
-waits), all over the HTTP API. The `jobs` group itself lives in app/cli/submit_cmd.py."""
+"""`tuneplane jobs cancel|preempt|logs` and the launch part of `tuneplane jobs show` (members, attempts,
+why it waits), all over the HTTP API. The `jobs` group itself lives in app/cli/submit_cmd.py."""
 
 from __future__ import annotations
 
@@ -50,6 +50,16 @@ def echo_launch(job: dict) -> None:
     for a in attempts:
         decision = f"{a['decision']}: {a['decision_reason']}" if a.get("decision") else "no decision yet"
         click.echo(f"  #{a['number']:<3} {a['state']:<10} {a['reason']}  [{decision}]")
+        p = a.get("preemption") or {}
+        if p.get("resumed_from"):
+            click.echo(f"       resumed from {p['resumed_from']}")
+        if p.get("in_grace"):
+            until = humanize.utc_minute(str(p["grace_deadline"]))
+            click.echo(f"       in its grace until {until}: {p['stop_cause']}")
+        if p.get("lost_gpu_seconds") is not None:
+            click.echo(
+                f"       lost {round(p['lost_gpu_seconds']):,} GPU-s since its last verified checkpoint"
+            )
     click.echo("members:")
     rows = [
         {
@@ -90,6 +100,29 @@ def jobs_cancel(job_id: str, reason: str | None, as_json: bool, server, token, c
         print_json(job)
         return
     click.echo(f"job {job['id']} {job['state']}: {job['state_reason']}")
+
+
+@jobs_group.command("preempt")
+@click.argument("job_id")
+@click.option(
+    "--grace", type=click.IntRange(0, 86400), default=None, help="Seconds to checkpoint (default: the job's)."
+)
+@json_option
+@client_options
+def jobs_preempt(job_id: str, grace: int | None, as_json: bool, server, token, ca_bundle) -> None:
+    """Ask a running job to checkpoint and stop (installation admins): it is queued again and resumes from
+    its newest verified checkpoint; a preemption does not spend one of its max_attempts."""
+    with api_client(server, token, ca_bundle) as client:
+        attempt = client.post(f"/jobs/{job_id}/preempt", json={} if grace is None else {"grace": grace})[
+            "attempt"
+        ]
+    if as_json:
+        print_json(attempt)
+        return
+    click.echo(
+        f"job {job_id} attempt {attempt['number']}: asked to checkpoint and stop "
+        f"({attempt['stop_cause']}); grace until {humanize.utc_minute(str(attempt['grace_deadline']))}"
+    )
 
 
 @jobs_group.command("exempt-idle")

@@ -60,6 +60,9 @@ def waiting_text(row: dict) -> str:
 def launch_details(db: Database, user_id: int, job_id: int, state: str) -> dict:
     """Members, attempts and (while queued) the queue position of a job the user may see."""
     attempts = db.call(fn.job_attempts_of, user_id, job_id)
+    # What the grace protocol recorded per attempt (docs/preemption.md), merged into each attempt's row.
+    protocol = {row["number"]: row for row in db.call(fn.job_attempt_preemption_of, user_id, job_id)}
+    attempts = [{**a, "preemption": protocol.get(a["number"])} for a in attempts]
     members = db.call(fn.job_members_of, user_id, job_id)
     waiting = None
     if state == "queued":
@@ -91,6 +94,7 @@ def launch_details(db: Database, user_id: int, job_id: int, state: str) -> dict:
         "latest_attempt": latest,
         "waiting": waiting,
         "idle": idle_details(db, user_id, job_id),
+        "preemptions": db.call(fn.job_preemptions_of, user_id, job_id),
     }
 
 
@@ -169,6 +173,29 @@ def exempt_idle(job_id: str):
     if wants_json():
         return json_response({"idle": row})
     flash(f"Job {jid} is exempt from the idle policy", "ok")
+    return redirect(url_for("jobs.job_page", job_id=jid), 303)
+
+
+@bp.post("/jobs/<job_id>/preempt")
+@login_required
+def preempt(job_id: str):
+    """Installation admins: ask the job to checkpoint and stop (docs/preemption.md); it resumes later."""
+    jid = service.parse_job_id(job_id)
+    grace = body_dict().get("grace")
+    if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int)):
+        raise Refusal("grace must be a whole number of seconds", status=422, field="grace")
+    row = get_db().call_retrying(fn.admin_preempt_job, current_user().id, jid, grace)[0]
+    attempt = {
+        k: row[k]
+        for k in ("number", "state", "stop_kind", "stop_cause", "stop_requested_at", "grace_deadline")
+    }
+    if wants_json():
+        return json_response({"attempt": attempt})
+    flash(
+        f"Job {jid}: attempt {row['number']} asked to checkpoint and stop by "
+        f"{row['grace_deadline']:%H:%M:%S}",
+        "ok",
+    )
     return redirect(url_for("jobs.job_page", job_id=jid), 303)
 
 

@@ -1003,6 +1003,9 @@ BEGIN
         v_reason := format('member rank %s %s: %s', v_bad.rank, v_bad.state, v_bad.reason);
     END IF;
     PERFORM tuneplane.set_attempt_state(a.id, v_state, v_reason);
+    IF v_state = 'failed' THEN
+        PERFORM tuneplane.lost_work_of_failed(a.id);  -- the work since its last checkpoint (preemption.sql)
+    END IF;
 
     SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
     SELECT free_relaunches INTO v_free FROM tuneplane.launch_settings;

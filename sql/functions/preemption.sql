@@ -223,6 +223,43 @@ BEGIN
 END;
 $$;
 
+-- record_lost_work: the usage ledger's lost GPU-seconds of every member of the attempt (usage.sql: the
+-- column is this lifecycle's to write): its GPUs × the wall time lost since the last verified checkpoint.
+CREATE OR REPLACE FUNCTION tuneplane.record_lost_work(p_attempt_id bigint, p_lost_seconds double precision)
+RETURNS void
+LANGUAGE sql AS $$
+    UPDATE tuneplane.usage_ledger SET lost_gpu_seconds = gpus * p_lost_seconds::numeric
+     WHERE attempt_id = p_attempt_id;
+$$;
+
+-- lost_work_of_failed: a failed attempt (a member failed, its node lost or fenced) loses the work since the
+-- job's last verified checkpoint too: recorded on the attempt and in the usage ledger, the next attempt
+-- resumes from that checkpoint (begin_prepare).
+CREATE OR REPLACE FUNCTION tuneplane.lost_work_of_failed(p_attempt_id bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    a      tuneplane.attempts;
+    ck     tuneplane.artifacts;
+    v_lost double precision;
+BEGIN
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id;
+    IF coalesce(a.running_at, a.committed_at) IS NULL THEN
+        RETURN;  -- nothing ran
+    END IF;
+    ck := tuneplane.resume_checkpoint_of(a.job_id);
+    v_lost := greatest(extract(epoch FROM clock_timestamp()
+                               - greatest(coalesce(a.running_at, a.committed_at),
+                                          coalesce(ck.completed_at, '-infinity'))), 0);
+    UPDATE tuneplane.attempts
+       SET end_checkpoint_id = ck.id, lost_seconds = v_lost,
+           lost_gpu_seconds = v_lost * (SELECT coalesce(sum(cardinality(m.gpu_indices)), 0)
+                                          FROM tuneplane.members m WHERE m.attempt_id = a.id)
+     WHERE id = a.id;
+    PERFORM tuneplane.record_lost_work(a.id, v_lost);
+END;
+$$;
+
 -- settle_stopped_attempt: how an attempt asked to stop ends, called by finish_attempt_if_done once every
 -- member has ended. Records the checkpoint the next attempt resumes from (the job's newest verified one:
 -- end_checkpoint_id) and the work lost since it: nothing when a checkpoint of this attempt became complete
@@ -257,6 +294,7 @@ BEGIN
     UPDATE tuneplane.attempts
        SET end_checkpoint_id = ck.id, lost_seconds = v_lost, lost_gpu_seconds = v_lost * v_gpus
      WHERE id = a.id;
+    PERFORM tuneplane.record_lost_work(a.id, v_lost);
     v_cause := CASE WHEN a.preempted_by_job_id IS NOT NULL
                     THEN format('preempted by job %s (%s)', a.preempted_by_job_id, a.stop_cause)
                     ELSE a.stop_cause END;
@@ -276,6 +314,51 @@ BEGIN
                          round(v_lost::numeric));
     END IF;
     RETURN format('%s at %s; %s', v_cause, to_char(a.stop_requested_at, 'HH24:MI:SS'), v_what);
+END;
+$$;
+
+-- admin_preempt_job: `tuneplane jobs preempt JOB [--grace S]` (POST /jobs/<id>/preempt): an installation
+-- admin asks a job to checkpoint and stop; one `preemptions` row (rule admin, no preemptor, nothing held)
+-- and request_preemption. The job is queued again and resumes from its checkpoint. Refuses a non-admin
+-- (403, actor), a grace outside 0..86400 s (422, grace), and what request_preemption refuses.
+CREATE OR REPLACE FUNCTION tuneplane.admin_preempt_job(p_actor_id bigint, p_job_id bigint,
+                                                       p_grace_seconds integer DEFAULT NULL)
+RETURNS tuneplane.attempts
+LANGUAGE plpgsql AS $$
+DECLARE
+    actor tuneplane.users;
+    j     tuneplane.jobs;
+    a     tuneplane.attempts;
+    p_id  bigint;
+BEGIN
+    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
+    IF actor.id IS NULL OR actor.role <> 'admin' THEN
+        RAISE EXCEPTION 'preempting a job needs the admin role' USING ERRCODE = 'TP403', COLUMN = 'actor';
+    END IF;
+    IF p_grace_seconds IS NOT NULL AND p_grace_seconds NOT BETWEEN 0 AND 86400 THEN
+        RAISE EXCEPTION 'grace must be 0 to 86400 seconds' USING ERRCODE = 'TP422', COLUMN = 'grace';
+    END IF;
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id;
+    IF j.id IS NULL THEN
+        RAISE EXCEPTION 'no job %', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job_id';
+    END IF;
+    a := tuneplane.request_preemption(p_job_id, format('preempted by admin %s', actor.username),
+                                      make_interval(secs => p_grace_seconds), 'preempted', NULL);
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.preemption_victims v WHERE v.attempt_id = a.id) THEN
+        INSERT INTO tuneplane.preemptions (fleet_id, rule, state, reason, actor, resolved_at, numbers)
+        VALUES (j.fleet_id, 'admin', 'done', format('admin %s preempted job %s', actor.username, j.id),
+                actor.username, now(), jsonb_build_object('grace_seconds',
+                    round(extract(epoch FROM a.grace_deadline - a.stop_requested_at))))
+        RETURNING id INTO p_id;
+        INSERT INTO tuneplane.preemption_victims (preemption_id, attempt_id, job_id, priority, gpus,
+                                                  expected_lost_gpu_seconds)
+        SELECT p_id, a.id, j.id, j.priority, coalesce(sum(cardinality(m.gpu_indices)), 0),
+               coalesce(sum(cardinality(m.gpu_indices)), 0)
+               * greatest(extract(epoch FROM now() - greatest(coalesce(a.running_at, a.committed_at, now()),
+                          coalesce((tuneplane.resume_checkpoint_of(j.id)).completed_at, '-infinity'))), 0)
+          FROM tuneplane.members m WHERE m.attempt_id = a.id;
+    END IF;
+    RETURN a;
 END;
 $$;
 
@@ -470,3 +553,66 @@ BEGIN
                   array_to_string(v_names, ', '), v_rule, round(v_cost::numeric), p.id);
 END;
 $$;
+
+-- ==== Reads ============================================================================================
+
+-- job_attempt_preemption_of: per attempt of a visible job, what the protocol recorded: the checkpoint it
+-- resumed from, a standing or past request to stop (kind, cause, grace deadline, preemptor), the
+-- checkpoint it ended with and the work lost (the job page's attempts table, `tuneplane jobs show`).
+CREATE OR REPLACE FUNCTION tuneplane.job_attempt_preemption_of(p_actor_id bigint, p_job_id bigint)
+RETURNS TABLE (number integer, resumed_from text, stop_kind text, stop_cause text, preempted_by_job_id bigint,
+               stop_requested_at timestamptz, grace_deadline timestamptz, in_grace boolean,
+               end_checkpoint text, lost_seconds double precision, lost_gpu_seconds double precision)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    RETURN QUERY
+        SELECT t.number, r.name, t.stop_kind, t.stop_cause, t.preempted_by_job_id, t.stop_requested_at,
+               t.grace_deadline,
+               t.stop_kind IS NOT NULL AND t.state IN ('running', 'stopping') AND t.grace_deadline > now(),
+               e.name, t.lost_seconds, t.lost_gpu_seconds
+          FROM tuneplane.attempts t
+          LEFT JOIN tuneplane.artifacts r ON r.id = t.resume_artifact_id
+          LEFT JOIN tuneplane.artifacts e ON e.id = t.end_checkpoint_id
+         WHERE t.job_id = p_job_id
+         ORDER BY t.number DESC;
+END;
+$$;
+
+-- job_preemptions_of: the planner's and admins' decisions that concern a visible job, as preemptor or as
+-- victim, newest first, with the victims' numbers.
+CREATE OR REPLACE FUNCTION tuneplane.job_preemptions_of(p_actor_id bigint, p_job_id bigint)
+RETURNS TABLE (id bigint, role text, preemptor_job_id bigint, rule text, state text, reason text,
+               victims jsonb, created_at timestamptz, resolved_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    RETURN QUERY
+        SELECT p.id, CASE WHEN p.preemptor_job_id = p_job_id THEN 'preemptor' ELSE 'victim' END,
+               p.preemptor_job_id, p.rule, p.state, p.reason,
+               coalesce((SELECT jsonb_agg(jsonb_build_object('job_id', v.job_id, 'gpus', v.gpus,
+                                                            'priority', v.priority,
+                                                            'expected_lost_gpu_seconds',
+                                                            round(v.expected_lost_gpu_seconds::numeric))
+                                          ORDER BY v.job_id)
+                           FROM tuneplane.preemption_victims v WHERE v.preemption_id = p.id), '[]'::jsonb),
+               p.created_at, p.resolved_at
+          FROM tuneplane.preemptions p
+         WHERE p.preemptor_job_id = p_job_id
+            OR EXISTS (SELECT 1 FROM tuneplane.preemption_victims v WHERE v.preemption_id = p.id
+                                                                      AND v.job_id = p_job_id)
+         ORDER BY p.id DESC
+         LIMIT 50;
+END;
+$$;
+
+-- v_in_grace: operators and the Fleet page: attempts asked to checkpoint and stop that still run, with
+-- the time left (docs/runbook.md, "Which jobs are in their grace").
+CREATE OR REPLACE VIEW tuneplane.v_in_grace AS
+SELECT t.job_id, t.number AS attempt, f.name AS fleet, t.stop_kind, t.stop_cause, t.preempted_by_job_id,
+       t.stop_requested_at, t.grace_deadline,
+       greatest(extract(epoch FROM t.grace_deadline - now()), 0)::integer AS seconds_left,
+       (SELECT string_agg(DISTINCT n.name, ', ') FROM tuneplane.members m JOIN tuneplane.nodes n ON n.id = m.node_id
+         WHERE m.attempt_id = t.id) AS nodes
+  FROM tuneplane.attempts t JOIN tuneplane.fleets f ON f.id = t.fleet_id
+ WHERE t.stop_kind IS NOT NULL AND t.state IN ('running', 'stopping');

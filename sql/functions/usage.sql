@@ -25,12 +25,16 @@ RETURNS integer
 LANGUAGE sql AS $$
     WITH added AS (
         INSERT INTO tuneplane.usage_ledger (member_id, job_id, attempt_id, attempt, rank, team_id, user_id, fleet_id,
-                                            node_id, node_name, gpu_model, gpus, cpus, memory_bytes, started_at)
+                                            node_id, node_name, gpu_model, gpus, cpus, memory_bytes, started_at,
+                                            charge_factor)
         SELECT m.id, m.job_id, a.id, a.number, m.rank, j.team_id, j.owner_id, a.fleet_id,
                n.id, n.name, g.model,
                -- Slurm members hold their GPUs through Slurm (no indices here): the job's request.
                CASE WHEN f.backend = 'node' THEN cardinality(m.gpu_indices) ELSE j.gpus_per_node END,
-               m.cpus, m.memory_bytes, p_at
+               m.cpus, m.memory_bytes, p_at,
+               -- Scavenger work runs on idle capacity and is charged nothing (docs/preemption.md).
+               CASE WHEN EXISTS (SELECT 1 FROM tuneplane.priority_classes pc
+                                  WHERE pc.name = j.priority_class AND pc.scavenger) THEN 0 ELSE 1 END
           FROM tuneplane.members m
           JOIN tuneplane.attempts a ON a.id = m.attempt_id
           JOIN tuneplane.jobs j ON j.id = m.job_id

@@ -151,6 +151,11 @@ def test_a_victim_without_a_new_checkpoint_loses_the_work_since_its_last_one(
     # 2 GPUs × the ~100 s since checkpoint.1 was verified (not the 600 s since the attempt started).
     assert 100 <= a["lost_seconds"] < 130
     assert a["lost_gpu_seconds"] == pytest.approx(2 * a["lost_seconds"])
+    # The usage ledger records the same lost GPU-seconds for the attempt.
+    ledger = db.fetch_one(
+        "SELECT sum(lost_gpu_seconds) AS lost FROM usage_ledger WHERE attempt_id = %s", (a["id"],)
+    )
+    assert float(ledger["lost"]) == pytest.approx(a["lost_gpu_seconds"])
     assert "stopped at the end of its grace; resumes from checkpoint.1" in a["reason"]
     # The retry resumes from it.
     db.call("reserve_next", setup.fleet_id, 1000)
@@ -242,3 +247,32 @@ def test_a_job_without_a_live_attempt_is_refused(db: Database) -> None:
     with pytest.raises(Refusal) as unknown:
         db.call("request_preemption", 987654, "urgent", None, "preempted", None)
     assert unknown.value.status == 404
+
+
+def test_a_failed_attempt_records_the_work_lost_since_the_last_checkpoint(
+    db: Database, tmp_path: Path
+) -> None:
+    setup = running_job(db, gpus=2, max_attempts=2)
+    backdate(db, setup, 300)
+    ckpt = checkpoint(db, setup, tmp_path, "checkpoint.1")
+    verified_ago(db, ckpt["id"], 40)
+    report(db, "member_exited", setup.member, exit_code=1)
+    a = attempt(db, setup.job_id)
+    assert a["state"] == "failed" and a["end_checkpoint_id"] == ckpt["id"]
+    assert 40 <= a["lost_seconds"] < 70 and a["lost_gpu_seconds"] == pytest.approx(2 * a["lost_seconds"])
+    ledger = db.fetch_one(
+        "SELECT sum(lost_gpu_seconds) AS lost FROM usage_ledger WHERE attempt_id = %s", (a["id"],)
+    )
+    assert float(ledger["lost"]) == pytest.approx(a["lost_gpu_seconds"])
+
+
+def test_scavenger_work_is_charged_nothing(db: Database) -> None:
+    user_id = make_user(db)
+    fleet_id = make_fleet_with(db, "gpu", {"object_delivery": True})
+    make_node(db, fleet_id, "gpu-node", gpus=4)
+    scavenger = make_job(db, user_id, fleet_id, priority=-100)
+    normal = make_job(db, user_id, fleet_id)
+    execute(db, "UPDATE jobs SET priority_class = 'scavenger' WHERE id = %s", (scavenger,))
+    db.call("reserve_next", fleet_id, 1000)
+    rows = db.fetch_all("SELECT job_id, charge_factor FROM usage_ledger ORDER BY job_id")
+    assert {r["job_id"]: float(r["charge_factor"]) for r in rows} == {scavenger: 0.0, normal: 1.0}
