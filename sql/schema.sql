@@ -153,15 +153,30 @@ CREATE TABLE tuneplane.attempts (
     ended_at timestamp with time zone,
     borrowing boolean DEFAULT false NOT NULL,
     resume_artifact_id bigint,
+    stop_kind text,
+    stop_cause text,
+    stop_requested_at timestamp with time zone,
+    grace_deadline timestamp with time zone,
+    preempted_by_job_id bigint,
+    end_checkpoint_id bigint,
+    lost_seconds double precision,
+    lost_gpu_seconds double precision,
     CONSTRAINT attempts_pkey PRIMARY KEY (id),
     CONSTRAINT attempts_job_id_number_key UNIQUE (job_id, number),
+    CONSTRAINT attempts_end_checkpoint_id_fkey FOREIGN KEY (end_checkpoint_id) REFERENCES tuneplane.artifacts(id),
     CONSTRAINT attempts_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id),
     CONSTRAINT attempts_job_id_fkey FOREIGN KEY (job_id) REFERENCES tuneplane.jobs(id),
+    CONSTRAINT attempts_preempted_by_job_id_fkey FOREIGN KEY (preempted_by_job_id) REFERENCES tuneplane.jobs(id),
     CONSTRAINT attempts_resume_artifact_id_fkey FOREIGN KEY (resume_artifact_id) REFERENCES tuneplane.artifacts(id),
     CONSTRAINT attempts_capsule_digest_check CHECK (capsule_digest ~ '^[0-9a-f]{64}$'::text),
+    CONSTRAINT attempts_lost_gpu_seconds_check CHECK (lost_gpu_seconds >= 0::double precision),
+    CONSTRAINT attempts_lost_seconds_check CHECK (lost_seconds >= 0::double precision),
     CONSTRAINT attempts_number_check CHECK (number >= 1),
-    CONSTRAINT attempts_state_check CHECK (state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'running'::text, 'stopping'::text, 'succeeded'::text, 'failed'::text, 'aborted'::text, 'cancelled'::text]))
+    CONSTRAINT attempts_state_check CHECK (state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'running'::text, 'stopping'::text, 'succeeded'::text, 'failed'::text, 'aborted'::text, 'cancelled'::text, 'preempted'::text, 'timed_out'::text])),
+    CONSTRAINT attempts_stop_kind_check CHECK (stop_kind = ANY (ARRAY['preempted'::text, 'timed_out'::text])),
+    CONSTRAINT attempts_stop_request_whole CHECK ((stop_kind IS NULL) = (stop_requested_at IS NULL) AND (stop_kind IS NULL) = (grace_deadline IS NULL) AND (stop_kind IS NULL) = (stop_cause IS NULL))
 );
+CREATE INDEX attempts_in_grace ON tuneplane.attempts USING btree (grace_deadline) WHERE ((stop_kind IS NOT NULL) AND (state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'running'::text, 'stopping'::text])));
 CREATE UNIQUE INDEX attempts_one_live ON tuneplane.attempts USING btree (job_id) WHERE (state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'running'::text, 'stopping'::text]));
 CREATE INDEX attempts_preparing ON tuneplane.attempts USING btree (prepare_deadline) WHERE (state = 'preparing'::text);
 CREATE UNIQUE INDEX attempts_rendezvous_live ON tuneplane.attempts USING btree (master_addr, master_port) WHERE (state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'running'::text, 'stopping'::text]));
@@ -221,9 +236,11 @@ CREATE TABLE tuneplane.fleets (
     created_by bigint,
     team_access text DEFAULT 'open'::text NOT NULL,
     usage_half_life interval,
+    max_preemption_grace interval,
     CONSTRAINT fleets_pkey PRIMARY KEY (id),
     CONSTRAINT fleets_name_key UNIQUE (name),
     CONSTRAINT fleets_created_by_fkey FOREIGN KEY (created_by) REFERENCES tuneplane.users(id),
+    CONSTRAINT fleets_max_preemption_grace_check CHECK (max_preemption_grace >= '00:00:00'::interval),
     CONSTRAINT fleets_name_check CHECK (name ~ '^[a-z0-9][a-z0-9-]{0,62}$'::text),
     CONSTRAINT fleets_team_access_check CHECK (team_access = ANY (ARRAY['open'::text, 'listed'::text])),
     CONSTRAINT fleets_usage_half_life_check CHECK (usage_half_life > '00:00:00'::interval)
@@ -335,6 +352,8 @@ CREATE TABLE tuneplane.jobs (
     free_relaunches_used integer DEFAULT 0 NOT NULL,
     team_id bigint NOT NULL,
     preemptible boolean DEFAULT false NOT NULL,
+    preemptions_used integer DEFAULT 0 NOT NULL,
+    priority_class text,
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
     CONSTRAINT jobs_preview_id_key UNIQUE (preview_id),
     CONSTRAINT jobs_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id),
@@ -347,6 +366,7 @@ CREATE TABLE tuneplane.jobs (
     CONSTRAINT jobs_max_attempts_check CHECK (max_attempts >= 1),
     CONSTRAINT jobs_memory_per_node_check CHECK (memory_per_node >= 0),
     CONSTRAINT jobs_nodes_check CHECK (nodes >= 1),
+    CONSTRAINT jobs_preemptions_used_check CHECK (preemptions_used >= 0),
     CONSTRAINT jobs_state_check CHECK (state = ANY (ARRAY['queued'::text, 'reserved'::text, 'preparing'::text, 'running'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text])),
     CONSTRAINT jobs_state_reason_check CHECK (state_reason <> ''::text)
 );
@@ -591,6 +611,58 @@ CREATE TABLE tuneplane.nodes (
     CONSTRAINT nodes_scheduling_state_check CHECK (scheduling_state = ANY (ARRAY['active'::text, 'cordoned'::text, 'draining'::text, 'retired'::text]))
 );
 
+CREATE TABLE tuneplane.preemption_settings (
+    singleton boolean DEFAULT true NOT NULL,
+    default_grace interval DEFAULT '00:02:00'::interval NOT NULL,
+    max_grace interval DEFAULT '00:30:00'::interval NOT NULL,
+    min_runtime interval DEFAULT '00:05:00'::interval NOT NULL,
+    backoff interval DEFAULT '00:10:00'::interval NOT NULL,
+    max_preemptions integer DEFAULT 5 NOT NULL,
+    CONSTRAINT preemption_settings_pkey PRIMARY KEY (singleton),
+    CONSTRAINT preemption_settings_backoff_check CHECK (backoff >= '00:00:00'::interval),
+    CONSTRAINT preemption_settings_default_grace_check CHECK (default_grace >= '00:00:00'::interval),
+    CONSTRAINT preemption_settings_max_grace_check CHECK (max_grace >= '00:00:00'::interval),
+    CONSTRAINT preemption_settings_max_preemptions_check CHECK (max_preemptions >= 0),
+    CONSTRAINT preemption_settings_min_runtime_check CHECK (min_runtime >= '00:00:00'::interval),
+    CONSTRAINT preemption_settings_singleton_check CHECK (singleton)
+);
+
+CREATE TABLE tuneplane.preemption_victims (
+    preemption_id bigint NOT NULL,
+    attempt_id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    priority integer NOT NULL,
+    gpus integer NOT NULL,
+    expected_lost_gpu_seconds double precision NOT NULL,
+    CONSTRAINT preemption_victims_pkey PRIMARY KEY (preemption_id, attempt_id),
+    CONSTRAINT preemption_victims_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES tuneplane.attempts(id),
+    CONSTRAINT preemption_victims_job_id_fkey FOREIGN KEY (job_id) REFERENCES tuneplane.jobs(id),
+    CONSTRAINT preemption_victims_preemption_id_fkey FOREIGN KEY (preemption_id) REFERENCES tuneplane.preemptions(id)
+);
+CREATE INDEX preemption_victims_job ON tuneplane.preemption_victims USING btree (job_id);
+
+CREATE TABLE tuneplane.preemptions (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    fleet_id bigint NOT NULL,
+    preemptor_job_id bigint,
+    rule text NOT NULL,
+    state text DEFAULT 'holding'::text NOT NULL,
+    held_node_ids bigint[] DEFAULT '{}'::bigint[] NOT NULL,
+    reason text NOT NULL,
+    numbers jsonb DEFAULT '{}'::jsonb NOT NULL,
+    actor text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    resolved_at timestamp with time zone,
+    CONSTRAINT preemptions_pkey PRIMARY KEY (id),
+    CONSTRAINT preemptions_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id),
+    CONSTRAINT preemptions_preemptor_job_id_fkey FOREIGN KEY (preemptor_job_id) REFERENCES tuneplane.jobs(id),
+    CONSTRAINT preemptions_check CHECK ((state = 'holding'::text) = (resolved_at IS NULL)),
+    CONSTRAINT preemptions_rule_check CHECK (rule = ANY (ARRAY['priority'::text, 'borrowed'::text, 'admin'::text, 'time_limit'::text, 'idle'::text])),
+    CONSTRAINT preemptions_state_check CHECK (state = ANY (ARRAY['holding'::text, 'done'::text, 'dropped'::text]))
+);
+CREATE INDEX preemptions_holding ON tuneplane.preemptions USING btree (fleet_id) WHERE (state = 'holding'::text);
+CREATE INDEX preemptions_preemptor ON tuneplane.preemptions USING btree (preemptor_job_id);
+
 CREATE TABLE tuneplane.previews (
     id uuid DEFAULT gen_random_uuid() NOT NULL,
     owner_id bigint NOT NULL,
@@ -609,6 +681,17 @@ CREATE TABLE tuneplane.previews (
     CONSTRAINT previews_digest_check CHECK (digest ~ '^[0-9a-f]{64}$'::text)
 );
 CREATE INDEX previews_owner ON tuneplane.previews USING btree (owner_id, created_at DESC);
+
+CREATE TABLE tuneplane.priority_classes (
+    name text NOT NULL,
+    value integer NOT NULL,
+    preemptible_by_default boolean NOT NULL,
+    scavenger boolean DEFAULT false NOT NULL,
+    CONSTRAINT priority_classes_pkey PRIMARY KEY (name),
+    CONSTRAINT priority_classes_value_key UNIQUE (value),
+    CONSTRAINT priority_classes_name_check CHECK (name ~ '^[a-z][a-z0-9_-]{0,31}$'::text),
+    CONSTRAINT priority_classes_value_check CHECK (value >= '-1000'::integer AND value <= 1000)
+);
 
 CREATE TABLE tuneplane.schema_components (
     name text NOT NULL,
@@ -1180,6 +1263,24 @@ CREATE VIEW tuneplane.v_idle_jobs AS
      JOIN tuneplane.jobs j ON j.id = w.job_id
      JOIN tuneplane.fleets f ON f.id = j.fleet_id
   WHERE j.state <> ALL (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text]);
+
+CREATE VIEW tuneplane.v_in_grace AS
+ SELECT t.job_id,
+    t.number AS attempt,
+    f.name AS fleet,
+    t.stop_kind,
+    t.stop_cause,
+    t.preempted_by_job_id,
+    t.stop_requested_at,
+    t.grace_deadline,
+    GREATEST(EXTRACT(epoch FROM t.grace_deadline - now()), 0::numeric)::integer AS seconds_left,
+    ( SELECT string_agg(DISTINCT n.name, ', '::text) AS string_agg
+           FROM tuneplane.members m
+             JOIN tuneplane.nodes n ON n.id = m.node_id
+          WHERE m.attempt_id = t.id) AS nodes
+   FROM tuneplane.attempts t
+     JOIN tuneplane.fleets f ON f.id = t.fleet_id
+  WHERE t.stop_kind IS NOT NULL AND (t.state = ANY (ARRAY['running'::text, 'stopping'::text]));
 
 CREATE VIEW tuneplane.v_jobs AS
  SELECT j.id,

@@ -6,6 +6,13 @@ the corpus is the Python standard library's own source files, read as bytes (a b
 256 + end-of-text, so no tokenizer is downloaded either). Trainer reports to TensorBoard in
 $TUNEPLANE_OUTPUT_DIR/tensorboard (the collector ships train/loss, train/learning_rate, train/grad_norm)
 and saves a checkpoint every --save-steps in $TUNEPLANE_OUTPUT_DIR/checkpoints (the job's output).
+
+Preemption and resume (docs/preemption.md): every checkpoint Trainer saves is published while training
+goes on (tuneplane.sdk.checkpoint: artifacts ckpt.1, ckpt.2, …). When TunePlane asks the member to stop
+(sdk.preempting()), Trainer saves a checkpoint of the step it reached, it is published and verified, and
+the script exits; a later attempt finds the newest verified checkpoint in sdk.resume_dir() and continues
+with `trainer.train(resume_from_checkpoint=…)` (weights, optimizer, scheduler, RNG and step), so the job
+ends with the same number of optimizer steps as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -17,7 +24,12 @@ import sysconfig
 from pathlib import Path
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+try:
+    from tuneplane import sdk
+except ImportError:  # run outside TunePlane: no publishing, no resuming
+    sdk = None
 
 EOS = 256
 
@@ -52,6 +64,27 @@ def latest_checkpoint(directory: Path) -> Path:
     """A Trainer output directory's newest checkpoint-N, or the directory itself if it holds a model."""
     found = sorted(directory.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1]))
     return found[-1] if found else directory
+
+
+class TunePlaneCheckpoints(TrainerCallback):
+    """Publish each checkpoint Trainer saves; on a preemption request save one now and stop training."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if sdk is not None and sdk.preempting() and state.global_step < state.max_steps:
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+    def on_save(self, args, state, control, **kwargs):
+        directory = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if sdk is not None and directory.is_dir():
+            result = sdk.checkpoint(directory, name="ckpt", wait=True)
+            if isinstance(result, dict):
+                print(
+                    f"checkpoint-{state.global_step}: {result.get('artifact')} {result.get('state')}",
+                    flush=True,
+                )
+        return control
 
 
 def main() -> None:
@@ -107,8 +140,15 @@ def main() -> None:
         model=model,
         args=TrainingArguments(**options),
         train_dataset=Blocks(corpus(args.corpus_bytes), args.block_size),
+        callbacks=[TunePlaneCheckpoints()],
     )
-    result = trainer.train()
+    resume = sdk.resume_dir() if sdk is not None else None
+    if resume is not None:
+        print(f"resuming from {os.environ.get('TUNEPLANE_RESUME_FROM')} ({resume})", flush=True)
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
+    if sdk is not None and sdk.preempting() and result.global_step < args.steps:
+        print(f"stopped at step {result.global_step}: asked to checkpoint and stop", flush=True)
+        return
     final = out / "checkpoints" / f"checkpoint-{args.steps}"
     if not final.exists():  # save_steps did not land on the last step
         trainer.save_model(str(final))

@@ -12,6 +12,12 @@ checks the guarantees TunePlane promises:
   no team ever holds more GPUs than its limit_gpus; after a placement pass the first job within its
   team's guarantee waits only when no free GPUs fit it; every job a pass leaves waiting has a reason that
   names its team's numbers.
+- preemption (priorities 0/50/100, preemptible or not, max_preemptions 1 or 2, victims that checkpoint
+  and stop, ignore the request until their grace ends, or publish checkpoints): a non-preemptible job is
+  never a victim; a victim always has a strictly lower priority than its preemptor (two equal-priority
+  teams never preempt each other); the nodes held for a preemptor are never given to another job while
+  held; no job is preempted more than its max_preemptions; every attempt resumes from the job's newest
+  checkpoint verified before it was prepared, and from none when there was none.
 
 The agents are simulated (named so: SimAgent), the database and its functions are the real ones. Each
 example works in a fleet of its own, so examples share one database without resetting it.
@@ -59,6 +65,7 @@ class SimAgent:
     unreported_exits: dict[int, int] = field(default_factory=dict)
     inflight: list[dict] = field(default_factory=list)  # received, not yet handled (the connection dropped)
     preparing: set[int] = field(default_factory=set)
+    asked_to_stop: set[int] = field(default_factory=set)  # PREEMPT received, workload still running
     credentials: list[tuple[int, str]] = field(default_factory=list)  # (id, hash), oldest first
 
 
@@ -92,6 +99,8 @@ class LaunchModel(RuleBasedStateMachine):
         self.limits = {self.teams[0]: 4, self.teams[1]: None}
         set_quota(self.db, self.admin, self.teams[0], self.fleet, guaranteed=2, limit=4, weight=1)
         set_quota(self.db, self.admin, self.teams[1], self.fleet, guaranteed=0, weight=2)
+        # Preemption without waiting: victims of any age (the installation setting, one per database).
+        self.db.fetch_all("UPDATE preemption_settings SET min_runtime = interval '0' RETURNING 1")
 
     # ---- helpers -------------------------------------------------------------------------------------
 
@@ -179,6 +188,9 @@ class LaunchModel(RuleBasedStateMachine):
                 agent.running.pop(mid, None)
         elif kind == "abort":
             agent.preparing.discard(payload["member_id"])
+        elif kind == "preempt":
+            if payload["member_id"] in agent.running:
+                agent.asked_to_stop.add(payload["member_id"])
         if agent.epoch is not None:
             try:
                 self._call(
@@ -198,9 +210,20 @@ class LaunchModel(RuleBasedStateMachine):
         attempts=st.integers(1, 2),
         team=st.sampled_from([0, 0, 1]),
         preemptible=st.booleans(),
+        priority=st.sampled_from([0, 0, 50, 100]),
+        max_preemptions=st.sampled_from([1, 2]),
     )
-    def confirm(self, nodes: int, gpus: int, attempts: int, team: int, preemptible: bool) -> None:
-        make_job(
+    def confirm(
+        self,
+        nodes: int,
+        gpus: int,
+        attempts: int,
+        team: int,
+        preemptible: bool,
+        priority: int,
+        max_preemptions: int,
+    ) -> None:
+        job_id = make_job(
             self.db,
             self.user,
             self.fleet,
@@ -209,6 +232,11 @@ class LaunchModel(RuleBasedStateMachine):
             max_attempts=attempts,
             team_id=self.teams[team],
             preemptible=preemptible,
+            priority=priority,
+        )
+        self.db.fetch_all(  # test setup: the JobSpec's preemption settings as a preview resolves them
+            "UPDATE jobs SET spec = spec || %s WHERE id = %s RETURNING 1",
+            (json.dumps({"preemption": {"max_preemptions": max_preemptions, "grace_seconds": 60}}), job_id),
         )
 
     def placement_pass(self) -> None:
@@ -238,6 +266,11 @@ class LaunchModel(RuleBasedStateMachine):
         first_within = next(
             (j for j in queued if held.get(j["team_id"], 0) + j["gpus"] <= j["guaranteed_gpus"]), None
         )
+        holding = self.db.fetch_one(
+            "SELECT count(*) AS n FROM preemptions WHERE fleet_id = %s AND state = 'holding'", (self.fleet,)
+        )["n"]
+        if holding:
+            first_within = None  # free GPUs on nodes held for a preemptor are not free for it
         for j in queued:
             assert f"team {j['name']} " in j["state_reason"], j
         if first_within is not None:
@@ -323,6 +356,51 @@ class LaunchModel(RuleBasedStateMachine):
         for cmd in commands[:handled]:
             self._handle(agent, cmd, start_error and cmd["kind"] in ("start", "stop"))
         agent.inflight.extend(commands[handled:])
+
+    @rule(data=st.data(), publish=st.booleans())
+    def victim_checkpoints_and_stops(self, data: st.DataObject, publish: bool) -> None:
+        """A workload asked to stop publishes a checkpoint (or not) and exits 0."""
+        asked = [(a, m) for a in self.agents.values() for m in sorted(a.asked_to_stop) if m in a.running]
+        if asked:
+            agent, mid = data.draw(st.sampled_from(asked))
+            if publish:
+                self._publish_checkpoint(agent, mid)
+            agent.asked_to_stop.discard(mid)
+            self._end(agent, mid, 0)
+
+    @rule(data=st.data())
+    def workload_checkpoints(self, data: st.DataObject) -> None:
+        """A running workload publishes a checkpoint (complete at once: an empty manifest)."""
+        running = [(a, m) for a in self._live_agents() if a.epoch is not None for m in sorted(a.running)]
+        if running:
+            self._publish_checkpoint(*data.draw(st.sampled_from(running)))
+
+    def _publish_checkpoint(self, agent: SimAgent, member_id: int) -> None:
+        manifest = {"files": [], "version": 1}
+        digest = hashlib.sha256(
+            json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode()
+        ).hexdigest()
+        name = f"ckpt.{next(self._checkpoints)}"
+        try:
+            self._call(
+                "register_artifact", agent.credentials[-1][1], member_id, name, "checkpoint", "object",
+                json.dumps(manifest), digest, None,
+            )  # fmt: skip
+        except Refusal as refusal:
+            assert refusal.status in (403, 404, 409, 410, 422), refusal  # the member is no longer live here
+
+    _checkpoints = itertools.count(1)
+
+    @rule()
+    def grace_ends(self) -> None:
+        """Time passes (test setup): every standing grace ends, and the sweep stops what still runs."""
+        self.db.fetch_all(
+            """UPDATE attempts SET grace_deadline = least(grace_deadline, now() - interval '1 second')
+                WHERE fleet_id = %s AND stop_kind IS NOT NULL AND state IN ('running', 'stopping')
+            RETURNING 1""",
+            (self.fleet,),
+        )
+        self._call("expire_grace_deadlines")
 
     @rule(data=st.data(), code=st.sampled_from([0, 0, 1]))
     def workload_exits(self, data: st.DataObject, code: int) -> None:
@@ -515,6 +593,52 @@ class LaunchModel(RuleBasedStateMachine):
             assert row["state_reason"], row
             if row["state"] in ("succeeded", "failed", "cancelled", "queued"):
                 assert row["held"] == 0, row
+
+    @invariant()
+    def preemption_keeps_its_promises(self) -> None:
+        victims = self.db.fetch_all(
+            """SELECT v.job_id, v.priority, j.preemptible, p.preemptor_job_id,
+                      pj.priority AS preemptor_priority
+                 FROM preemption_victims v JOIN preemptions p ON p.id = v.preemption_id
+                 JOIN jobs j ON j.id = v.job_id JOIN jobs pj ON pj.id = p.preemptor_job_id
+                WHERE p.fleet_id = %s""",
+            (self.fleet,),
+        )
+        for v in victims:
+            assert v["preemptible"], f"a non-preemptible job was a victim: {v}"
+            assert v["priority"] < v["preemptor_priority"], f"equal or higher priority preempted: {v}"
+        stolen = self.db.fetch_all(
+            """SELECT p.id, p.preemptor_job_id, m.job_id, m.node_id FROM preemptions p
+                 JOIN members m ON m.node_id = ANY (p.held_node_ids) AND m.job_id <> p.preemptor_job_id
+                 JOIN attempts a ON a.id = m.attempt_id
+                WHERE p.fleet_id = %s AND a.created_at > p.created_at
+                  AND (p.resolved_at IS NULL OR a.created_at < p.resolved_at)""",
+            (self.fleet,),
+        )
+        assert not stolen, f"nodes held for a preemptor were given to another job: {stolen}"
+        over = self.db.fetch_all(
+            """SELECT j.id, count(*) AS n, (j.spec -> 'preemption' ->> 'max_preemptions')::int AS max
+                 FROM attempts a JOIN jobs j ON j.id = a.job_id
+                WHERE a.fleet_id = %s AND a.preempted_by_job_id IS NOT NULL
+                GROUP BY j.id HAVING count(*) > (j.spec -> 'preemption' ->> 'max_preemptions')::int""",
+            (self.fleet,),
+        )
+        assert not over, f"preempted more than max_preemptions: {over}"
+
+    @invariant()
+    def every_attempt_resumes_from_the_newest_verified_checkpoint(self) -> None:
+        wrong = self.db.fetch_all(
+            """SELECT a.job_id, a.number, a.resume_artifact_id,
+                      (SELECT c.id FROM artifacts c
+                        WHERE c.job_id = a.job_id AND c.kind = 'checkpoint' AND c.completed_at IS NOT NULL
+                          AND c.completed_at < a.prepare_deadline - s.prepare_timeout
+                        ORDER BY c.completed_at DESC, c.id DESC LIMIT 1) AS newest
+                 FROM attempts a, launch_settings s
+                WHERE a.fleet_id = %s AND a.prepare_deadline IS NOT NULL""",
+            (self.fleet,),
+        )
+        for row in wrong:
+            assert row["resume_artifact_id"] == row["newest"], row
 
     def teardown(self) -> None:
         STEPS.append(self.steps)
