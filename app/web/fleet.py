@@ -162,17 +162,21 @@ def _render(name: str | None, status: int = 200):
     for fleet in fleets:  # each team's share of the fleet now (team_reads.sql)
         fleet["team_shares"] = get_db().call(fn.fleet_team_share_of, fleet["fleet"])
     events = _events(name)
+    # Jobs asked to checkpoint and stop that still run (docs/preemption.md).
+    where, params = ("WHERE fleet = %s", (name,)) if name is not None else ("", ())
+    in_grace = get_db().fetch_all(f"SELECT * FROM v_in_grace {where} ORDER BY grace_deadline", params)
     data = {
         "fleets": fleets,
         "events": events,
+        "in_grace": in_grace,
         "fleet_name": name,
         "gateway_url": _gateway_url(),
         "actions": SCHEDULING_ACTIONS,
     }
     if wants_json():
         if name is not None:
-            return json_response({"fleet": fleets[0], "events": events}, status)
-        return json_response({"fleets": fleets}, status)
+            return json_response({"fleet": fleets[0], "events": events, "in_grace": in_grace}, status)
+        return json_response({"fleets": fleets, "in_grace": in_grace}, status)
     if request.headers.get("HX-Request") and request.headers.get("HX-Target") == "fleet-live":
         return render_template("_fleet_live.html", **data), status
     return render_template("fleet.html", title="Fleet", **data), status

@@ -188,9 +188,8 @@ class LaunchModel(RuleBasedStateMachine):
                 agent.running.pop(mid, None)
         elif kind == "abort":
             agent.preparing.discard(payload["member_id"])
-        elif kind == "preempt":
-            if payload["member_id"] in agent.running:
-                agent.asked_to_stop.add(payload["member_id"])
+        elif kind == "preempt" and payload["member_id"] in agent.running:
+            agent.asked_to_stop.add(payload["member_id"])
         if agent.epoch is not None:
             try:
                 self._call(

@@ -66,6 +66,13 @@ def test_an_admin_preempts_a_job_and_its_page_shows_the_grace_then_the_outcome(
     page = client.get(f"/jobs/{job_id}", headers=users["alice"]).get_json()
     (shown,) = page["attempts"]
     assert shown["preemption"]["in_grace"] is True
+    # The Fleet page lists the jobs in their grace.
+    fleet = client.get("/fleets", headers=users["root"]).get_json()
+    assert [(g["job_id"], g["stop_kind"]) for g in fleet["in_grace"]] == [(job_id, "preempted")]
+    html = client.get("/fleets", headers={"Authorization": users["root"]["Authorization"]}).get_data(
+        as_text=True
+    )
+    assert "In their grace" in html and f"job {job_id}" in html
     (decision,) = page["preemptions"]
     assert decision["rule"] == "admin" and decision["role"] == "victim"
     assert decision["victims"][0]["job_id"] == job_id
