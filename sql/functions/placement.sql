@@ -172,13 +172,15 @@ LANGUAGE sql AS $$
        SET decayed_gpu_secs = EXCLUDED.decayed_gpu_secs, decayed_at = EXCLUDED.decayed_at;
 $$;
 
--- admission_queue: the queued jobs of a fleet with quotas in the order reserve_next considers them (a
+-- admission_order: the queued jobs of a fleet with quotas in the order reserve_next considers them (a
 -- fleet without quotas keeps plain queue order: priority, then age): first the jobs within their team's guarantee (the team's GPUs held plus
 -- its queued jobs ahead of this one plus this one fit its guaranteed_gpus), by priority then age; then
 -- every other job by weighted fair share as it would stand when the job is admitted — (the team's share
 -- GPUs + its queued jobs' GPUs ahead of it) ÷ weight, lowest first (virtual-time fair queuing: a team with
 -- weight 3 gets three jobs' turns for one of a weight-1 team), then priority and age.
-CREATE OR REPLACE FUNCTION tuneplane.admission_queue(p_fleet_id bigint)
+CREATE OR REPLACE FUNCTION tuneplane.admission_order(p_fleet_id bigint, p_team bigint[], p_used integer[],
+                                                     p_guaranteed integer[], p_share double precision[],
+                                                     p_weight double precision[])
 RETURNS TABLE (job_id bigint, ord bigint)
 LANGUAGE sql STABLE AS $$
     WITH q AS (
@@ -189,7 +191,8 @@ LANGUAGE sql STABLE AS $$
           FROM tuneplane.jobs j
          WHERE j.fleet_id = p_fleet_id AND j.state = 'queued'
     ), s AS (
-        SELECT * FROM tuneplane.fleet_team_shares(p_fleet_id)
+        SELECT * FROM unnest(p_team, p_used, p_guaranteed, p_share, p_weight)
+                      AS s (team_id, used_gpus, guaranteed_gpus, share_gpus, weight)
     )
     SELECT q.id, row_number() OVER (ORDER BY
                CASE WHEN s.team_id IS NULL OR q.gpus = 0
@@ -199,6 +202,18 @@ LANGUAGE sql STABLE AS $$
                     THEN (s.share_gpus + q.ahead) / s.weight END NULLS FIRST,
                q.priority DESC, q.created_at, q.id)
       FROM q LEFT JOIN s ON s.team_id = q.team_id;
+$$;
+
+-- admission_queue: admission_order with the fleet's team shares as they stand (for reads: v_queue, the
+-- reasons; reserve_next passes the shares it already holds).
+CREATE OR REPLACE FUNCTION tuneplane.admission_queue(p_fleet_id bigint)
+RETURNS TABLE (job_id bigint, ord bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT o.* FROM (SELECT array_agg(s.team_id) AS t, array_agg(s.used_gpus) AS u,
+                            array_agg(s.guaranteed_gpus) AS g, array_agg(s.share_gpus) AS sh,
+                            array_agg(s.weight) AS w
+                       FROM tuneplane.fleet_team_shares(p_fleet_id) s) x,
+           LATERAL tuneplane.admission_order(p_fleet_id, x.t, x.u, x.g, x.sh, x.w) o;
 $$;
 
 -- team_standing: a team's quota on a fleet, the words every stored quota reason uses. Stable numbers only
@@ -279,7 +294,7 @@ $$;
 --     the pgqueuer jobs (its NOTIFY trigger is per statement); per placement only the candidate search, the
 --     job lock, the port probe and the node_usage update (later searches must see it) run in the loop.
 --     Job state and reasons go through set_job_state, which writes (and makes an event) only on change.
---   * Admission (team quotas): the walk follows admission_queue's order; on a fleet with quotas each job
+--   * Admission (team quotas): the walk follows admission_order's order; on a fleet with quotas each job
 --     first gets admission_verdict (limit, guarantee, preemptible borrowing, GPUs owed to waiting
 --     within-guarantee jobs) with its team's numbers as this pass moves them; a job refused there claims
 --     nothing and its reason says the numbers. attempts.borrowing records an admission above the guarantee.
@@ -327,7 +342,7 @@ DECLARE
     m_cpus      integer[] := '{}';
     m_memory    bigint[] := '{}';
     v_attempts  bigint[];
-    -- Team quotas (admission_queue, admission_verdict): each team's numbers in this pass, by slot.
+    -- Team quotas (admission_order, admission_verdict): each team's numbers in this pass, by slot.
     v_managed   boolean;
     v_fleet     text;
     t_team      bigint[];
@@ -337,6 +352,7 @@ DECLARE
     t_limit     integer[];
     t_weight    double precision[];
     t_waiting   boolean[];
+    t_share     double precision[];
     v_t         integer;
     v_free      integer;
     v_held      integer := 0;
@@ -363,8 +379,8 @@ BEGIN
             PERFORM tuneplane.record_team_usage(p_fleet_id);
         END IF;
         SELECT array_agg(s.team_id), array_agg(s.team), array_agg(s.used_gpus), array_agg(s.guaranteed_gpus),
-               array_agg(s.limit_gpus), array_agg(s.weight), array_agg(false)
-          INTO t_team, t_name, t_used, t_guar, t_limit, t_weight, t_waiting
+               array_agg(s.limit_gpus), array_agg(s.weight), array_agg(false), array_agg(s.share_gpus)
+          INTO t_team, t_name, t_used, t_guar, t_limit, t_weight, t_waiting, t_share
           FROM tuneplane.fleet_team_shares(p_fleet_id) s;
         -- Free GPUs on the nodes this pass may use (the candidate search's eligibility rule).
         SELECT coalesce(sum(u.free_gpus), 0) INTO v_free
@@ -374,9 +390,10 @@ BEGIN
     END IF;
     SELECT array_agg(h.node_id), array_agg(h.job_id) INTO h_node, h_job FROM tuneplane.preemption_holds(p_fleet_id) h;
 
-    -- Queue order: plain (priority, then age) on a fleet without quotas, admission_queue's with them.
+    -- Queue order: plain (priority, then age) on a fleet without quotas, admission_order's with them.
     IF v_managed THEN
-        OPEN v_queue FOR SELECT j.* FROM tuneplane.admission_queue(p_fleet_id) q
+        OPEN v_queue FOR SELECT j.* FROM tuneplane.admission_order(p_fleet_id, t_team, t_used, t_guar, t_share,
+                                                                    t_weight) q
                            JOIN tuneplane.jobs j ON j.id = q.job_id
                           ORDER BY q.ord;
     ELSE
