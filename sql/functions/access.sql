@@ -12,42 +12,64 @@
 -- in its own file's lock order, after (or instead of) asking here.
 --
 -- Drops (signature changes):
+-- job_access_allowed takes the team role and the request token's scope (issue 20).
+DROP FUNCTION IF EXISTS tuneplane.job_access_allowed(tuneplane.users, tuneplane.jobs, text);
 
 -- job_access_allowed: the rule, as a boolean over a users row and a jobs row, for filters over many jobs
--- (the jobs list, its owner filter, a digest search) and for require_job_access below. Today, for every
--- action: the user exists (p_user is not the NULL row), is not disabled, and owns the job or is an admin.
---   p_action  'read'  see the job: its page, events, attempts, members, logs, artifacts, telemetry
+-- (the jobs list, its owner filter, a digest search) and for require_job_access below. The job belongs to
+-- a team (docs/teams.md): the user exists (p_user is not the NULL row), is not disabled, and is an
+-- installation admin or has a role in the job's team (p_role, the caller's join of team_members) — any
+-- role may 'read', admin and member may 'act' — and the request's API token reaches the team for that
+-- action: p_token_read_only / p_token_teams are request_token_scope() (both NULL without a token; teams
+-- NULL = every team), so a read-only token never acts and a token scoped to teams reaches only those.
+--   p_action  'read'  see the job: its page, events, attempts, members, logs, artifacts, telemetry, usage
 --             'act'   change it: cancel, request a checkpoint
 -- An unknown action is never allowed. It reads nothing but its arguments, so PostgreSQL inlines it into a
--- list's WHERE clause (no call per row): whatever a new rule needs (a team membership, a token's scope)
--- is passed in, not looked up here.
-CREATE OR REPLACE FUNCTION tuneplane.job_access_allowed(p_user tuneplane.users, p_job tuneplane.jobs, p_action text)
+-- list's WHERE clause (no call per row): whatever the rule needs is passed in, not looked up here.
+CREATE OR REPLACE FUNCTION tuneplane.job_access_allowed(p_user tuneplane.users, p_job tuneplane.jobs, p_action text,
+                                                        p_role text, p_token_read_only boolean,
+                                                        p_token_teams bigint[])
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(p_action IN ('read', 'act')
-                    AND (p_user).id IS NOT NULL AND (p_user).disabled_at IS NULL
-                    AND ((p_user).role = 'admin' OR (p_user).id = (p_job).owner_id), false);
+    SELECT (p_job).id IS NOT NULL
+       AND tuneplane.team_rule(p_user, p_role, (p_job).team_id, p_action, p_token_read_only, p_token_teams);
 $$;
 
--- require_job_access(principal, job, action): the jobs row when user p_user_id may do p_action ('read' or
--- 'act', see job_access_allowed) to job p_job_id; otherwise refuses 404 "no job N of yours" naming
--- job_id — the same answer for a job that does not exist, so job ids cannot be probed. A disabled user
+-- require_job_access(principal, job, action): the jobs row when user p_user_id, under the request's API
+-- token if any (the principal), may do p_action ('read' or 'act', see job_access_allowed) to job p_job_id.
+-- A job the principal may not read is refused 404 "no job N of yours" naming job_id — the same answer as
+-- for a job that does not exist, so job ids cannot be probed. A job it may read but not act on is refused
+-- 403 saying why (a viewer of the team, or a read-only token or one scoped to other teams). A disabled user
 -- may do nothing. An unknown action is a programming error (SQLSTATE P0001, a logged 500), not a refusal.
 -- Locks nothing (a caller that changes the job locks it next, in its own lock order).
 CREATE OR REPLACE FUNCTION tuneplane.require_job_access(p_user_id bigint, p_job_id bigint, p_action text)
 RETURNS tuneplane.jobs
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    u tuneplane.users;
-    j tuneplane.jobs;
+    u       tuneplane.users;
+    j       tuneplane.jobs;
+    v_role  text;
+    v_scope record;
 BEGIN
     IF p_action IS NULL OR p_action NOT IN ('read', 'act') THEN
         RAISE EXCEPTION 'require_job_access: unknown action %', coalesce(p_action, 'NULL');
     END IF;
     SELECT * INTO u FROM tuneplane.users WHERE id = p_user_id;
     SELECT * INTO j FROM tuneplane.jobs WHERE id = p_job_id;
-    IF j.id IS NULL OR NOT tuneplane.job_access_allowed(u, j, p_action) THEN
+    v_role := tuneplane.team_role(p_user_id, j.team_id);
+    SELECT * INTO v_scope FROM tuneplane.request_token_scope();
+    IF j.id IS NULL OR NOT tuneplane.job_access_allowed(u, j, 'read', v_role, v_scope.read_only, v_scope.teams) THEN
         RAISE EXCEPTION 'no job % of yours', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job_id';
+    END IF;
+    IF NOT tuneplane.job_access_allowed(u, j, p_action, v_role, v_scope.read_only, v_scope.teams) THEN
+        RAISE EXCEPTION '%', CASE WHEN NOT tuneplane.token_scope_allows(v_scope.read_only, v_scope.teams, j.team_id,
+                                                                       p_action)
+                                  THEN format('job %s: this API token may only read it (read-only, or scoped to '
+                                              'other teams)', p_job_id)
+                                  ELSE format('job %s belongs to team %s, of which you are a viewer: viewers '
+                                              'cannot change its jobs', p_job_id,
+                                              (SELECT t.name FROM tuneplane.teams t WHERE t.id = j.team_id)) END
+            USING ERRCODE = 'TP403', COLUMN = 'job_id';
     END IF;
     RETURN j;
 END;

@@ -244,7 +244,10 @@ BEGIN
         SELECT ar.* INTO a FROM tuneplane.artifacts ar
           JOIN tuneplane.jobs j ON j.id = ar.job_id
           JOIN tuneplane.users u ON u.id = p_owner_id
-         WHERE ar.manifest_digest = v_digest AND tuneplane.job_access_allowed(u, j, 'read')
+          LEFT JOIN tuneplane.team_members tm ON tm.team_id = j.team_id AND tm.user_id = u.id
+          CROSS JOIN tuneplane.request_token_scope() ts
+         WHERE ar.manifest_digest = v_digest
+           AND tuneplane.job_access_allowed(u, j, 'read', tm.role, ts.read_only, ts.teams)
          ORDER BY (ar.state = 'complete') DESC, ar.completed_at DESC NULLS LAST, ar.id DESC
          LIMIT 1;
         IF a.id IS NULL THEN
@@ -890,7 +893,9 @@ BEGIN
     END IF;
     RETURN QUERY
         SELECT v.* FROM tuneplane.v_jobs v JOIN tuneplane.jobs j ON j.id = v.id
-         WHERE tuneplane.job_access_allowed(actor, j, 'read')
+          LEFT JOIN tuneplane.team_members tm ON tm.team_id = j.team_id AND tm.user_id = actor.id
+          CROSS JOIN tuneplane.request_token_scope() ts
+         WHERE tuneplane.job_access_allowed(actor, j, 'read', tm.role, ts.read_only, ts.teams)
            AND (p_state IS NULL OR v.state = p_state)
            AND (p_owner IS NULL OR v.owner = p_owner)
            AND (p_fleet IS NULL OR v.fleet = p_fleet)
@@ -910,7 +915,10 @@ LANGUAGE sql STABLE AS $$
       JOIN tuneplane.users actor ON actor.id = p_actor_id AND actor.disabled_at IS NULL
      WHERE u.id = actor.id
         OR EXISTS (SELECT 1 FROM tuneplane.jobs j
-                    WHERE j.owner_id = u.id AND tuneplane.job_access_allowed(actor, j, 'read'))
+                     LEFT JOIN tuneplane.team_members tm ON tm.team_id = j.team_id AND tm.user_id = actor.id
+                     CROSS JOIN tuneplane.request_token_scope() ts
+                    WHERE j.owner_id = u.id
+                      AND tuneplane.job_access_allowed(actor, j, 'read', tm.role, ts.read_only, ts.teams))
      ORDER BY 1;
 $$;
 

@@ -230,34 +230,58 @@ BEGIN
 END;
 $$;
 
--- token_allows: whether the request's token (if any) reaches team p_team_id for p_action ('read' or
--- 'act'): a read-only token never acts; a token with api_token_teams rows reaches only those teams.
+-- request_token_scope: the request token's scope as values (job_access_allowed takes them as arguments):
+-- read_only, and the teams it is narrowed to (NULL: every team); both NULL without a token.
+CREATE OR REPLACE FUNCTION tuneplane.request_token_scope()
+RETURNS TABLE (read_only boolean, teams bigint[])
+LANGUAGE sql STABLE AS $$
+    SELECT t.read_only, (SELECT array_agg(s.team_id) FROM tuneplane.api_token_teams s WHERE s.token_id = t.id)
+      FROM (SELECT 1) one LEFT JOIN tuneplane.api_tokens t ON t.id = tuneplane.request_token();
+$$;
+
+-- token_scope_allows: whether a token scope (read_only, teams; both NULL: no token) reaches team p_team_id
+-- for p_action ('read' or 'act'): a read-only token never acts, a token scoped to teams reaches only those.
+CREATE OR REPLACE FUNCTION tuneplane.token_scope_allows(p_read_only boolean, p_teams bigint[], p_team_id bigint,
+                                                        p_action text)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT (p_action = 'read' OR NOT coalesce(p_read_only, false))
+       AND (p_teams IS NULL OR p_team_id = ANY (p_teams));
+$$;
+
+-- token_allows: whether the request's token (if any) reaches team p_team_id for p_action.
 CREATE OR REPLACE FUNCTION tuneplane.token_allows(p_team_id bigint, p_action text)
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT tuneplane.request_token() IS NULL
-        OR EXISTS (SELECT 1 FROM tuneplane.api_tokens t
-                    WHERE t.id = tuneplane.request_token()
-                      AND (p_action = 'read' OR NOT t.read_only)
-                      AND (NOT EXISTS (SELECT 1 FROM tuneplane.api_token_teams s WHERE s.token_id = t.id)
-                           OR EXISTS (SELECT 1 FROM tuneplane.api_token_teams s
-                                       WHERE s.token_id = t.id AND s.team_id = p_team_id)));
+    SELECT tuneplane.token_scope_allows(s.read_only, s.teams, p_team_id, p_action)
+      FROM tuneplane.request_token_scope() s;
 $$;
 
--- team_access_allowed: the rule for a team's jobs, as a boolean: an enabled user who is an installation
--- admin or has a role in the team — any role may 'read', admin and member may 'act' (submit into the
--- team, cancel its jobs) — and whose request token (if any) reaches the team for that action.
--- p_role is the user's role in the team (team_role), passed in so list filters can join it.
-CREATE OR REPLACE FUNCTION tuneplane.team_access_allowed(p_user tuneplane.users, p_role text, p_team_id bigint,
-                                                         p_action text)
+-- team_rule: THE rule for a team and its jobs, as a boolean over values only (PostgreSQL inlines it into a
+-- list's WHERE clause): an enabled user who is an installation admin or has a role in the team (p_role) —
+-- any role may 'read', admin and member may 'act' (submit into the team, cancel and change its jobs) —
+-- narrowed by the request token's scope (token_scope_allows). Effective right = role ∩ token scope.
+-- job_access_allowed (access.sql) is this rule for a job's team; team_access_allowed for a team.
+CREATE OR REPLACE FUNCTION tuneplane.team_rule(p_user tuneplane.users, p_role text, p_team_id bigint, p_action text,
+                                               p_token_read_only boolean, p_token_teams bigint[])
 RETURNS boolean
-LANGUAGE sql STABLE AS $$
+LANGUAGE sql IMMUTABLE AS $$
     SELECT coalesce(p_action IN ('read', 'act')
                     AND (p_user).id IS NOT NULL AND (p_user).disabled_at IS NULL
                     AND ((p_user).role = 'admin'
                          OR p_role IN ('admin', 'member')
                          OR (p_role = 'viewer' AND p_action = 'read'))
-                    AND tuneplane.token_allows(p_team_id, p_action), false);
+                    AND tuneplane.token_scope_allows(p_token_read_only, p_token_teams, p_team_id, p_action), false);
+$$;
+
+-- team_access_allowed: team_rule for a team, under the request's token. p_role is the user's role in the
+-- team (team_role), passed in so list filters can join it.
+CREATE OR REPLACE FUNCTION tuneplane.team_access_allowed(p_user tuneplane.users, p_role text, p_team_id bigint,
+                                                         p_action text)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT tuneplane.team_rule(p_user, p_role, p_team_id, p_action, s.read_only, s.teams)
+      FROM tuneplane.request_token_scope() s;
 $$;
 
 -- require_team_submit: the team a preview of p_actor_id goes to: p_team (a name) or the user's default

@@ -110,7 +110,9 @@ def test_a_listed_fleet_refuses_teams_it_does_not_list(client: FlaskClient, crew
     assert _preview(client, crew["bob"], team="vision").status_code == 201
 
 
-def test_a_read_only_token_cannot_preview_or_confirm(client: FlaskClient, crew: dict, db: Database) -> None:
+def test_a_read_only_token_cannot_preview_confirm_or_cancel(
+    client: FlaskClient, crew: dict, db: Database
+) -> None:
     receipt = _submit(client, crew["bob"], "k1", team="vision")
     body = _preview(client, crew["bob"], team="vision").get_json()
     read_only = _bearer(db, crew["ids"]["bob"], read_only=True)
@@ -122,6 +124,9 @@ def test_a_read_only_token_cannot_preview_or_confirm(client: FlaskClient, crew: 
         headers=read_only,
     )
     assert confirm.status_code == 403
+    cancel = client.post(f"/jobs/{receipt['job_id']}/cancel", json={}, headers=read_only)
+    assert cancel.status_code == 403 and "may only read" in cancel.get_json()["error"]
+    assert db.fetch_one("SELECT state FROM jobs WHERE id = %s", (receipt["job_id"],))["state"] == "queued"
     assert client.get(f"/jobs/{receipt['job_id']}", headers=read_only).status_code == 200  # it may read
     made = client.post("/tokens", json={"name": "wider"}, headers=read_only)
     assert made.status_code == 403
