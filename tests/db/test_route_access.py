@@ -20,6 +20,7 @@ from flask.testing import FlaskClient
 from tests.artifact_fixtures import api_token, make_member, recorded_complete, write_tree
 from tests.launch_fixtures import make_user
 from tuneplane.app.db import Database
+from tuneplane.app.security import new_token
 from tuneplane.app.web import create_app
 
 SCOPE_ARGS = {"job_id", "artifact_id", "preview_id"}
@@ -66,6 +67,7 @@ NOT_JOB_SCOPED = {
     "/teams/<name>/webhooks/<int:webhook_id>/remove": TEAM,
     "/usage": "usage of the teams the caller may see (usage_report/usage_teams_of, team-scoped)",
     "/usage.csv": "the same table as /usage, as CSV",
+    "/usage/prices": "prices per GPU-hour per fleet (installation admins set them: set_usage_price)",
     "/tokens": "the caller's own API tokens (tokens_of, issue_scoped_api_token)",
     "/tokens/<int:token_id>/revoke": "one of the caller's own tokens (revoke_api_token: 404 for another's)",
     "/api/artifacts": NODE,
@@ -77,6 +79,8 @@ NOT_JOB_SCOPED = {
     "/api/input-artifacts/<int:artifact_id>": NODE,
     "/api/input-artifacts/<int:artifact_id>/files/<int:file_index>": NODE,
 }
+# POST routes that only read the job (its 'read' right is enough).
+READ_BY_POST = {"/artifacts/<int:artifact_id>/verify": "checks the stored files against the manifest"}
 TELEMETRY = "a member's telemetry token: it writes or reads only its own member's scope " \
             "(tests/db/test_telemetry_gateway.py)"  # fmt: skip
 GATEWAY_NOT_JOB_SCOPED = {
@@ -221,3 +225,34 @@ def test_every_gateway_route_is_explained(db_url: str, tmp_path: Path) -> None:
         receiver = apps["node"].get(RECEIVER_KEY)
         if receiver is not None:
             receiver.db.close()
+
+
+def test_a_viewer_and_a_read_only_token_read_every_job_scoped_route_and_change_nothing(
+    app: Flask, world: dict, db: Database
+) -> None:
+    """Teams and token scopes through the same walk: a viewer of the job's team and the owner's read-only
+    token are answered on every read, and every request that would change something is refused (403)."""
+    client = app.test_client()
+    owner = db.fetch_one("SELECT owner_id, team_id FROM jobs WHERE id = %s", (world["values"]["job_id"],))
+    carol = make_user(db, "carol")
+    db.call("set_team_member", owner["owner_id"], owner["team_id"], carol, "viewer")
+    plaintext, digest = new_token("tpu")
+    db.call("issue_scoped_api_token", owner["owner_id"], "ro", digest, None, [], True)
+    read_only = {"Authorization": f"Bearer {plaintext}", "Accept": "application/json"}
+    viewer = {"Authorization": f"Bearer {api_token(db, carol)}", "Accept": "application/json"}
+    wrong = []
+    for who, headers in (("viewer", viewer), ("read-only token", read_only)):
+        for rule in _job_scoped(app):
+            if rule.rule in OWNER_404 or ("preview_id" in rule.arguments and who == "viewer"):
+                continue  # a preview is its owner's alone (get_preview); the viewer is refused it (404)
+            method, path, answer = _request(client, rule, world["values"], headers, world["digest"])
+            expected_ok = method == "GET" or rule.rule in READ_BY_POST
+            if (expected_ok and answer.status_code == 404) or (not expected_ok and answer.status_code != 403):
+                wrong.append(
+                    f"{who}: {method} {path} -> {answer.status_code} {answer.get_data(as_text=True)[:150]}"
+                )
+    assert wrong == []
+    assert (
+        db.fetch_one("SELECT state FROM jobs WHERE id = %s", (world["values"]["job_id"],))["state"]
+        != "cancelled"
+    )
