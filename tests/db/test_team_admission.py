@@ -90,9 +90,9 @@ def test_weights_1_and_3_share_a_full_fleet_1_to_3_and_a_late_guarantee_is_serve
         "within its guarantee: team late on fleet gpu: 4 guaranteed GPUs" in job(db, late[0])["state_reason"]
     )
     now = db.call("team_waiting_now", late[0])[0]["team_waiting_now"]
-    assert now.startswith(
-        "team late uses 0 of its 4 guaranteed GPUs on fleet gpu (limit none, weight 1)"
-    ), now
+    assert now.startswith("team late uses 0 of its 4 guaranteed GPUs on fleet gpu (limit none, weight 1)"), (
+        now
+    )
     assert "fair share: team late holds 0 GPUs at weight 1, team big holds 12 GPUs at weight 3" in now, now
     for expected in range(1, 5):
         _end, j = heapq.heappop(running)
@@ -201,3 +201,28 @@ def test_a_borrower_never_takes_the_gpus_a_waiting_guarantee_is_owed(
     assert (
         "within its guarantee: team owed on fleet gpu: 8 guaranteed GPUs" in job(db, waiting)["state_reason"]
     )
+
+
+def test_with_a_half_life_a_team_that_held_much_recently_waits_behind_one_that_did_not(
+    db: Database, shared_fleet: dict
+) -> None:
+    admin, fleet = shared_fleet["admin"], shared_fleet["fleet"]
+    user = make_user(db, "vera")
+    heavy, light = make_team(db, user, "heavy"), make_team(db, user, "light")
+    for team in (heavy, light):
+        set_quota(db, admin, team, fleet, guaranteed=0, weight=1)
+    db.fetch_all("UPDATE fleets SET usage_half_life = interval '1 hour' WHERE id = %s RETURNING id", (fleet,))
+    # heavy held 16 GPUs on average lately (as if for a long time); light nothing. Both hold nothing now.
+    db.fetch_all(
+        """INSERT INTO team_fleet_usage (fleet_id, team_id, decayed_gpu_secs, decayed_at)
+           VALUES (%s, %s, 16 * 3600 / ln(2), now()) RETURNING 1""",
+        (fleet, heavy),
+    )
+    first = make_job(db, user, fleet, gpus_per_node=8, nodes=2, team_id=heavy, preemptible=True)
+    second = make_job(db, user, fleet, gpus_per_node=8, nodes=2, team_id=light, preemptible=True)
+    assert _placed(db, fleet) == [second]  # older, but its team's decayed share is 16 against 0
+    assert job(db, first)["state"] == "queued"
+    usage = db.fetch_all(
+        "SELECT team_id, decayed_gpu_secs FROM team_fleet_usage WHERE fleet_id = %s", (fleet,)
+    )
+    assert {u["team_id"] for u in usage} == {heavy, light}  # the pass brought every team's usage up to now
