@@ -31,7 +31,10 @@ QUERY = {"/jobs/<int:job_id>/metrics/raw": {"series": "1"}}
 # A body a job-scoped route needs to reach its access check (what a real client always sends).
 BODY = {"/jobs/<job_id>/exempt-idle": {"reason": "route walk"}}
 # Admin-only job routes answer 403 to every non-admin, whatever the job (so nothing about the job leaks).
-ADMIN_ONLY = {"/jobs/<job_id>/exempt-idle": "exempt_job_idle asks require_admin first"}
+ADMIN_ONLY = {
+    "/jobs/<job_id>/exempt-idle": "exempt_job_idle asks require_admin first",
+    "/jobs/<job_id>/preempt": "preempting a job asks require_admin first",
+}
 # The owner's own request may answer 404 for a reason that is not access; said here.
 OWNER_404 = {
     "/jobs/<int:job_id>/metrics/raw": "series 1 does not exist: the job has no telemetry in this test",

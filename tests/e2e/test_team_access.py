@@ -76,8 +76,8 @@ def test_viewer_outsider_and_read_only_token_over_real_http_with_a_real_agent(cl
                 json={"reason": "e2e"},
                 params={"series": "1"},  # what a client of the raw scalar inspector always sends
             )
-            # exempt-idle is for installation admins only: 403 to every other user, whatever the job.
-            expected = 403 if template.endswith("/exempt-idle") else 404
+            # exempt-idle and preempt are for installation admins only: 403 to any other user, any job.
+            expected = 403 if template.endswith(("/exempt-idle", "/preempt")) else 404
             assert answer.status_code == expected, (method, template, answer.status_code, answer.text[:200])
         assert http.get("/usage", params={"team": "vision"}, headers=outsider).status_code == 404
         assert http.get(f"/charts/compare?jobs={job_id}", headers=outsider).status_code == 404
