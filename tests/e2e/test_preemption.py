@@ -1,6 +1,9 @@
 """The checkpoint grace protocol end to end with real agents (issue 21): a running fine-tune is asked to
 checkpoint and stop (request_preemption, what the planner, `tuneplane jobs preempt` and time limits call).
 
+* An urgent job arrives in a full fleet: the planner preempts the demo fine-tune, the urgent job runs on
+  the GPU held for it, and the fine-tune resumes afterwards from the checkpoint of its grace.
+
 * A cooperative victim (the demo recipe, which polls sdk.preempting()) publishes a verified checkpoint
   within its grace and stops: the attempt ends `preempted` naming it, nothing lost, and the next attempt
   resumes from exactly that step and ends after exactly the job's steps, no step stored twice.
@@ -78,21 +81,33 @@ def _members_of_attempt(cluster: Cluster, job_id: int, number: int) -> list[dict
     return [m for m in cluster.members(job_id) if m["attempt_id"] == attempt["id"]]
 
 
-def test_a_cooperative_victim_checkpoints_within_its_grace_and_resumes_from_it(cluster: Cluster) -> None:
-    cluster.start_agent("a", "--simulate-gpus", "2")
-    cluster.start_worker()
+def _fine_tune(cluster: Cluster, **extra) -> int:
+    """The demo fine-tune of these tests (STEPS steps, a checkpoint every EVERY), running with a first
+    verified checkpoint."""
     job_id = cluster.submit(
         {
             "recipe": {
                 "name": "demo",
                 "params": {"steps": STEPS, "step_seconds": 0.05, "checkpoint_every": EVERY},
             },
-            "resources": {"gpus_per_node": 1, "cpus_per_node": 1, "memory_per_node": 256 * MIB},
-            "preemption": {"grace_seconds": 60},
+            "resources": {
+                "gpus_per_node": 1,
+                "cpus_per_node": 1,
+                "memory_per_node": 256 * MIB,
+                **extra.pop("resources", {}),
+            },
+            **extra,
         }
     )
     cluster.wait_members(job_id, "running", timeout=60)
     wait_for(lambda: _checkpoints(cluster, job_id), timeout=60, what="a first verified checkpoint")
+    return job_id
+
+
+def test_a_cooperative_victim_checkpoints_within_its_grace_and_resumes_from_it(cluster: Cluster) -> None:
+    cluster.start_agent("a", "--simulate-gpus", "2")
+    cluster.start_worker()
+    job_id = _fine_tune(cluster, preemption={"grace_seconds": 60})
     cluster.db.call("request_preemption", job_id, "e2e: an urgent job needs the GPU", None, "preempted", None)
     first = wait_for(
         lambda: (a := _attempt(cluster, job_id, 1)) and a["state"] == "preempted" and a,
@@ -161,23 +176,7 @@ def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_
 def test_a_job_past_its_time_limit_ends_timed_out_with_its_checkpoint_named(cluster: Cluster) -> None:
     cluster.start_agent("a", "--simulate-gpus", "2")
     cluster.start_worker()
-    job_id = cluster.submit(
-        {
-            "recipe": {
-                "name": "demo",
-                "params": {"steps": STEPS, "step_seconds": 0.05, "checkpoint_every": EVERY},
-            },
-            "resources": {
-                "gpus_per_node": 1,
-                "cpus_per_node": 1,
-                "memory_per_node": 256 * MIB,
-                "time_limit_minutes": 1,
-            },
-            "max_attempts": 2,
-        }
-    )
-    cluster.wait_members(job_id, "running", timeout=60)
-    wait_for(lambda: _checkpoints(cluster, job_id), timeout=60, what="a first verified checkpoint")
+    job_id = _fine_tune(cluster, resources={"time_limit_minutes": 1}, max_attempts=2)
     # Time passes (test setup): the attempt has run for its minute.
     cluster.db.fetch_all(
         "UPDATE attempts SET running_at = running_at - %s WHERE job_id = %s RETURNING 1",
@@ -193,3 +192,53 @@ def test_a_job_past_its_time_limit_ends_timed_out_with_its_checkpoint_named(clus
     done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
     assert done["state"] == "succeeded", cluster.diagnose(job_id)
     assert _attempt(cluster, job_id, 2)["resume_artifact_id"] == first["end_checkpoint_id"]
+
+
+def test_an_urgent_job_preempts_a_running_fine_tune_which_resumes_after_it(cluster: Cluster) -> None:
+    """Acceptance 1: the demo fine-tune fills the fleet, an urgent job arrives; the planner asks the victim
+    to checkpoint and stop, the urgent job starts on the GPU held for it, and when it ends the victim
+    resumes from the checkpoint it published in its grace: exact step count, no step twice, nothing lost."""
+    cluster.db.fetch_all("UPDATE preemption_settings SET min_runtime = interval '0' RETURNING 1")
+    cluster.start_agent("a", "--simulate-gpus", "1")
+    cluster.start_worker()
+    victim = _fine_tune(cluster, priority="normal")
+    urgent = cluster.submit(
+        {
+            "recipe": {"name": "demo", "params": {"steps": 20, "step_seconds": 0.05}},
+            "resources": {"gpus_per_node": 1, "cpus_per_node": 1, "memory_per_node": 256 * MIB},
+            "priority": "urgent",
+        }
+    )
+    first = wait_for(
+        lambda: (a := _attempt(cluster, victim, 1)) and a["state"] == "preempted" and a,
+        timeout=90,
+        what="the victim preempted",
+    )
+    assert first["preempted_by_job_id"] == urgent
+    assert first["lost_gpu_seconds"] == 0, first["reason"]
+    assert f"preempted by job {urgent} (team alice, priority urgent (100))" in first["reason"], first[
+        "reason"
+    ]
+    decision = cluster.db.fetch_one("SELECT * FROM preemptions WHERE preemptor_job_id = %s", (urgent,))
+    assert decision["rule"] == "priority"
+    done = cluster.wait_job(urgent, ("succeeded", "failed"), timeout=90)
+    assert done["state"] == "succeeded", cluster.diagnose(urgent)
+    assert (
+        cluster.db.fetch_one("SELECT state FROM preemptions WHERE id = %s", (decision["id"],))["state"]
+        == "done"
+    )
+    done = cluster.wait_job(victim, ("succeeded", "failed"), timeout=120)
+    assert done["state"] == "succeeded", cluster.diagnose(victim)
+    second = _attempt(cluster, victim, 2)
+    assert second["resume_artifact_id"] == first["end_checkpoint_id"]
+    # One GPU: the victim was placed again only once the urgent job had let go of it.
+    urgent_end = cluster.db.fetch_one("SELECT ended_at FROM attempts WHERE job_id = %s", (urgent,))[
+        "ended_at"
+    ]
+    assert second["created_at"] >= urgent_end
+    (member,) = _members_of_attempt(cluster, victim, 2)
+    member_dir = cluster.member_dir(member["node"], member["id"])
+    resumed = json.loads((member_dir / "resume" / "state.json").read_text())["step"]
+    stdout = (member_dir / "logs" / "stdout.log").read_text()
+    assert f"resumed from {first['end_checkpoint']} at step {resumed}" in stdout
+    assert _steps(cluster, member) == list(range(resumed + 1, STEPS + 1))
