@@ -33,6 +33,27 @@ LANGUAGE sql STABLE AS $$
     FROM tuneplane.node_settings s;
 $$;
 
+-- node_fresh_since: the oldest heartbeat that still counts as connected (now - node_settings.stale_after).
+-- Read it once per statement — `(SELECT tuneplane.node_fresh_since())` is evaluated once — and pass it to
+-- node_is_connected.
+CREATE OR REPLACE FUNCTION tuneplane.node_fresh_since()
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT now() - s.stale_after FROM tuneplane.node_settings s;
+$$;
+
+-- node_is_connected: the one rule for a node that may take new work now: connected (its agent heard
+-- after p_fresh_since, node_fresh_since(); the same line node_connectivity draws for 'connected'),
+-- active (not cordoned, draining or retired) and not fenced. Placement, its free-capacity and best-fit
+-- reads all ask this. It reads only its arguments, so PostgreSQL inlines it: a row lock or an index on
+-- the node's columns works as if the condition were written out.
+CREATE OR REPLACE FUNCTION tuneplane.node_is_connected(p_node tuneplane.nodes, p_fresh_since timestamptz)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((p_node).scheduling_state = 'active' AND (p_node).fenced_at IS NULL
+                    AND (p_node).last_heartbeat_at > p_fresh_since, false);
+$$;
+
 -- configure_node_settings: change thresholds; NULL keeps a value. Refuses an inconsistent set
 -- (stale must exceed the heartbeat interval, lost must exceed stale).
 CREATE OR REPLACE FUNCTION tuneplane.configure_node_settings(

@@ -62,9 +62,7 @@ LANGUAGE sql STABLE AS $$
       FROM tuneplane.nodes n
       JOIN tuneplane.node_usage u ON u.node_id = n.id
      WHERE n.fleet_id = p_fleet_id
-       AND n.scheduling_state = 'active'
-       AND n.fenced_at IS NULL
-       AND tuneplane.node_connectivity(n.last_heartbeat_at) = 'connected';
+       AND tuneplane.node_is_connected(n, (SELECT tuneplane.node_fresh_since()));
 $$;
 
 -- Human-readable resource request of a job.
@@ -370,7 +368,7 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
     SELECT * INTO v_settings FROM tuneplane.launch_settings;
     -- Connected = heartbeat younger than stale_after (the same rule as node_connectivity()).
-    SELECT now() - s.stale_after INTO v_fresh FROM tuneplane.node_settings s;
+    v_fresh := tuneplane.node_fresh_since();
     v_managed := tuneplane.fleet_has_quotas(p_fleet_id);
     IF v_managed THEN
         SELECT f.name, f.usage_half_life IS NOT NULL INTO v_fleet, v_decay
@@ -385,8 +383,7 @@ BEGIN
         -- Free GPUs on the nodes this pass may use (the candidate search's eligibility rule).
         SELECT coalesce(sum(u.free_gpus), 0) INTO v_free
           FROM tuneplane.node_usage u JOIN tuneplane.nodes n ON n.id = u.node_id
-         WHERE u.fleet_id = p_fleet_id AND n.scheduling_state = 'active' AND n.fenced_at IS NULL
-           AND n.last_heartbeat_at > v_fresh;
+         WHERE u.fleet_id = p_fleet_id AND tuneplane.node_is_connected(n, v_fresh);
     END IF;
     SELECT array_agg(h.node_id), array_agg(h.job_id) INTO h_node, h_job FROM tuneplane.preemption_holds(p_fleet_id) h;
 
@@ -437,7 +434,7 @@ BEGIN
                        AND u.free_gpus >= v_job.gpus_per_node
                        AND n.cpus - u.used_cpus >= v_job.cpus_per_node
                        AND n.memory_bytes - u.used_memory >= v_job.memory_per_node
-                       AND n.scheduling_state = 'active' AND n.fenced_at IS NULL AND n.last_heartbeat_at > v_fresh
+                       AND tuneplane.node_is_connected(n, v_fresh)
                        AND NOT u.node_id = ANY (v_held_nodes)
                        AND (v_head_id IS NULL
                             OR NOT u.node_id = ANY (v_claim)
@@ -529,7 +526,7 @@ BEGIN
             SELECT coalesce(array_agg(x.node_id), '{}') INTO v_claim
               FROM (SELECT u.node_id FROM tuneplane.node_usage u JOIN tuneplane.nodes n ON n.id = u.node_id
                      WHERE u.fleet_id = p_fleet_id
-                       AND n.scheduling_state = 'active' AND n.fenced_at IS NULL AND n.last_heartbeat_at > v_fresh
+                       AND tuneplane.node_is_connected(n, v_fresh)
                        AND u.total_gpus >= v_job.gpus_per_node
                        AND n.cpus >= v_job.cpus_per_node
                        AND n.memory_bytes >= v_job.memory_per_node
@@ -652,8 +649,7 @@ LANGUAGE sql STABLE AS $$
                n.memory_bytes - u.used_memory AS free_memory
           FROM j JOIN tuneplane.node_usage u ON u.fleet_id = j.fleet_id
           JOIN tuneplane.nodes n ON n.id = u.node_id
-         WHERE n.scheduling_state = 'active' AND n.fenced_at IS NULL
-           AND tuneplane.node_connectivity(n.last_heartbeat_at) = 'connected'
+         WHERE tuneplane.node_is_connected(n, (SELECT tuneplane.node_fresh_since()))
     )
     SELECT format('best fit now: %s node%s can take a member (%s)', fit, CASE WHEN fit = 1 THEN '' ELSE 's' END,
                   coalesce((SELECT format('largest free: %s GPUs, %s CPUs on %s', e.free_gpus, e.free_cpus, e.name)
