@@ -29,21 +29,21 @@ DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 --            queued → failed | cancelled                     finish_attempt_if_done (a Slurm attempt ended
 --                                                            before its allocation started)
 --            reserved → preparing                            begin_prepare
---            reserved | preparing → running                  member_prepared (COMMIT)
+--            reserved | preparing → running                  record_commit (COMMIT)
 --            reserved | preparing | running → queued         finish_attempt_if_done (retry by max_attempts;
 --                                                            a free re-launch after an ABORT in prepare)
 --            reserved | preparing | running → succeeded | failed | cancelled   finish_attempt_if_done
 --            queued → cancelled                              cancel_job
 --   attempt  reserved → preparing                            begin_prepare
---            preparing → running                             member_prepared (COMMIT)
+--            preparing → running                             record_commit (COMMIT)
 --            reserved | preparing → stopping                 decide_abort (ABORT)
 --            running → stopping                              stop_attempt
 --            any live → succeeded | failed | aborted | cancelled   finish_attempt_if_done
 --            any live → preempted | timed_out                finish_attempt_if_done (asked to stop:
 --                                                            request_preemption, preemption.sql)
 --   member   reserved → preparing                            begin_prepare
---            preparing → prepared                            member_prepared
---            prepared → starting                             member_prepared (COMMIT)
+--            preparing → prepared                            member_prepared, slurm_member_prepared
+--            prepared → starting                             record_commit (COMMIT)
 --            starting → running                              member_started
 --            starting | running → stopping                   stop_attempt
 --            reserved | preparing | prepared → aborted       decide_abort
@@ -135,8 +135,8 @@ INSERT INTO tuneplane.state_transitions (entity, from_state, to_state, writers)
 SELECT 'job', f, t, w || '{job_transition}' FROM (VALUES
     ('queued', 'reserved', '{reserve_next}'::text[]),
     ('reserved', 'preparing', '{begin_prepare}'),
-    ('reserved', 'running', '{member_prepared}'),
-    ('preparing', 'running', '{member_prepared,slurm_member_prepared}'),
+    ('reserved', 'running', '{record_commit}'),
+    ('preparing', 'running', '{record_commit}'),
     ('queued', 'cancelled', '{cancel_job,finish_attempt_if_done}'),
     -- Slurm (slurm.sql): the job stays queued while Slurm keeps it pending; its attempt ends there if
     -- Slurm ends it before the allocation starts.
@@ -149,7 +149,7 @@ SELECT 'job', f, t, '{finish_attempt_if_done,job_transition}'
 UNION ALL
 SELECT 'attempt', f, t, w FROM (VALUES
     ('reserved', 'preparing', '{begin_prepare,slurm_allocation_started}'::text[]),
-    ('preparing', 'running', '{member_prepared,slurm_member_prepared}'),
+    ('preparing', 'running', '{record_commit}'),
     ('reserved', 'stopping', '{decide_abort}'),
     ('preparing', 'stopping', '{decide_abort}'),
     ('running', 'stopping', '{stop_attempt}')
@@ -162,7 +162,7 @@ UNION ALL
 SELECT 'member', f, t, w FROM (VALUES
     ('reserved', 'preparing', '{begin_prepare}'::text[]),
     ('preparing', 'prepared', '{member_prepared,slurm_member_prepared}'),
-    ('prepared', 'starting', '{member_prepared,slurm_member_prepared}'),
+    ('prepared', 'starting', '{record_commit}'),
     ('starting', 'running', '{member_started,slurm_member_started}'),
     ('starting', 'stopping', '{stop_attempt}'),
     ('running', 'stopping', '{stop_attempt}')
@@ -575,8 +575,52 @@ $$;
 
 -- ---- node reports: prepared, started, exited, probes, tokens, reconcile, acknowledgements --------------
 
+-- record_commit: the COMMIT decision, the same for every backend (member_prepared here, slurm_member_prepared
+-- in slurm.sql). When every member of the attempt is prepared, the attempt is reserved or preparing and no
+-- decision exists: records COMMIT ('all N member(s) prepared'), the attempt becomes running (committed_at),
+-- every member starting, the job running, and — on a node fleet, whose agents read an outbox — each
+-- member's node gets START, all in the caller's transaction. Otherwise changes nothing and returns false.
+-- Locks: the caller holds the job and the attempt (lock_attempt); the members by id (FOR UPDATE), then leaf
+-- rows (launch_decisions, node_commands, job_events).
+CREATE OR REPLACE FUNCTION tuneplane.record_commit(p_attempt_id bigint)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    a        tuneplane.attempts;
+    v_count  integer;
+    v_start  boolean;
+    v_member tuneplane.members;
+BEGIN
+    SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id;
+    IF a.state NOT IN ('reserved', 'preparing')
+       OR EXISTS (SELECT 1 FROM tuneplane.members WHERE attempt_id = a.id AND state <> 'prepared') THEN
+        RETURN false;
+    END IF;
+    SELECT count(*) INTO v_count FROM tuneplane.members WHERE attempt_id = a.id;
+    INSERT INTO tuneplane.launch_decisions (attempt_id, decision, reason)
+    VALUES (a.id, 'commit', format('all %s member(s) prepared', v_count))
+    ON CONFLICT (attempt_id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    SELECT f.backend = 'node' INTO v_start
+      FROM tuneplane.jobs j JOIN tuneplane.fleets f ON f.id = j.fleet_id WHERE j.id = a.job_id;
+    PERFORM tuneplane.set_attempt_state(a.id, 'running', 'committed');
+    FOR v_member IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY id FOR UPDATE LOOP
+        PERFORM tuneplane.set_member_state(v_member.id, 'starting', 'commit recorded; starting');
+        IF v_start THEN
+            PERFORM tuneplane.enqueue_node_command(v_member.node_id, 'start',
+                jsonb_build_object('member_id', v_member.id, 'attempt_id', a.id));
+        END IF;
+    END LOOP;
+    PERFORM tuneplane.set_job_state(a.job_id, 'running',
+        format('attempt %s: commit recorded; starting %s member(s)', a.number, v_count));
+    RETURN true;
+END;
+$$;
+
 -- member_prepared (report kind `member_prepared`): preparing → prepared. When it is the last member to
--- prepare, records COMMIT and sends START to every member's node in the same transaction. A report from
+-- prepare, records COMMIT and sends START to every member's node in the same transaction (record_commit). A report from
 -- a fenced node is ignored (its members are lost).
 -- p_payload: {"member_id": 1, "peer_check": {...}, "storage_check": {...}}
 CREATE OR REPLACE FUNCTION tuneplane.member_prepared(p_node_id bigint, p_epoch bigint, p_payload jsonb)
@@ -605,22 +649,9 @@ BEGIN
     IF v_left > 0 THEN
         RETURN jsonb_build_object('committed', false, 'waiting_for', v_left);
     END IF;
-    INSERT INTO tuneplane.launch_decisions (attempt_id, decision, reason)
-    VALUES (a.id, 'commit', format('all %s member(s) prepared',
-                                   (SELECT count(*) FROM tuneplane.members WHERE attempt_id = a.id)))
-    ON CONFLICT (attempt_id) DO NOTHING;
-    IF NOT FOUND THEN
+    IF NOT tuneplane.record_commit(a.id) THEN
         RETURN jsonb_build_object('ignored', true, 'state', 'decided');
     END IF;
-    PERFORM tuneplane.set_attempt_state(a.id, 'running', 'committed');
-    FOR v_member IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY id FOR UPDATE LOOP
-        PERFORM tuneplane.set_member_state(v_member.id, 'starting', 'commit recorded; starting');
-        PERFORM tuneplane.enqueue_node_command(v_member.node_id, 'start',
-            jsonb_build_object('member_id', v_member.id, 'attempt_id', a.id));
-    END LOOP;
-    PERFORM tuneplane.set_job_state(a.job_id, 'running',
-        format('attempt %s: commit recorded; starting %s member(s)', a.number,
-               (SELECT count(*) FROM tuneplane.members WHERE attempt_id = a.id)));
     RETURN jsonb_build_object('committed', true);
 END;
 $$;

@@ -308,18 +308,8 @@ BEGIN
     IF m.state = 'preparing' THEN
         PERFORM tuneplane.set_member_state(m.id, 'prepared', 'prepared inside the Slurm allocation');
     END IF;
-    IF a.state = 'preparing'
-       AND NOT EXISTS (SELECT 1 FROM tuneplane.members WHERE attempt_id = a.id AND state <> 'prepared')
-       AND NOT EXISTS (SELECT 1 FROM tuneplane.launch_decisions WHERE attempt_id = a.id) THEN
-        INSERT INTO tuneplane.launch_decisions (attempt_id, decision, reason)
-        VALUES (a.id, 'commit', 'every member prepared inside the Slurm allocation');
-        UPDATE tuneplane.attempts SET committed_at = clock_timestamp() WHERE id = a.id;
-        PERFORM tuneplane.set_member_state(x.id, 'starting', 'COMMIT recorded; the workload step starts')
-           FROM tuneplane.members x WHERE x.attempt_id = a.id ORDER BY x.id;
-        PERFORM tuneplane.set_attempt_state(a.id, 'running', 'COMMIT: every member prepared');
-        PERFORM tuneplane.set_job_state(a.job_id, 'running',
-            format('attempt %s committed: every member prepared; the workload step starts', a.number));
-    END IF;
+    -- The last one records COMMIT (record_commit, launch.sql: the one COMMIT decision of every backend).
+    PERFORM tuneplane.record_commit(a.id);
     RETURN (SELECT decision FROM tuneplane.launch_decisions WHERE attempt_id = a.id);
 END;
 $$;
