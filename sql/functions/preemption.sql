@@ -485,8 +485,8 @@ BEGIN
         SELECT u.node_id, n.name, u.total_gpus - u.used_gpus AS free_g, n.cpus - u.used_cpus AS free_c,
                n.memory_bytes - u.used_memory AS free_m
           FROM tuneplane.node_usage u JOIN tuneplane.nodes n ON n.id = u.node_id
-         WHERE u.fleet_id = p_job.fleet_id AND n.scheduling_state = 'active' AND n.fenced_at IS NULL
-           AND n.last_heartbeat_at > p_fresh AND NOT u.node_id = ANY (p_held)
+         WHERE u.fleet_id = p_job.fleet_id AND tuneplane.node_is_connected(n, p_fresh)
+           AND NOT u.node_id = ANY (p_held)
            AND u.total_gpus >= p_job.gpus_per_node AND n.cpus >= p_job.cpus_per_node
            AND n.memory_bytes >= p_job.memory_per_node
     ), options AS (
