@@ -415,6 +415,16 @@ BEGIN
                 CONTINUE;
             END IF;
         END IF;
+        IF v_job.preemptions_used > 0 THEN
+            -- Just preempted, while a job that outranks it still waits: it backs off (preemption.sql).
+            v_reason := tuneplane.preemption_backoff_reason(v_job);
+            IF v_reason IS NOT NULL THEN
+                IF v_job.state_reason IS DISTINCT FROM v_reason THEN
+                    PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
+                END IF;
+                CONTINUE;
+            END IF;
+        END IF;
         v_shape := format('%s/%s/%s/%s', v_job.nodes, v_job.gpus_per_node, v_job.cpus_per_node,
                           v_job.memory_per_node);
         v_nodes := '{}';

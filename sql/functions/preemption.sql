@@ -369,6 +369,7 @@ $$;
 --   held_from          the held nodes a given job may not use (held for another preemptor)
 --   plan_preemption    a job that does not fit: pick victims, hold their nodes, ask them to stop
 --   preemptors_placed  after a pass: the decisions of the preemptors it reserved are done
+--   preemption_backoff_reason  a job just preempted waits while a job that outranks it is queued
 --
 -- Rules (docs/preemption.md, "The planner"): a victim is a running attempt not already asked to stop, of
 -- a preemptible job of strictly lower priority (two jobs of equal priority never preempt each other),
@@ -399,6 +400,24 @@ RETURNS bigint[]
 LANGUAGE sql IMMUTABLE AS $$
     SELECT coalesce(array_agg(h.node ORDER BY h.node), '{}')
       FROM unnest(h_node, h_job) AS h (node, job) WHERE h.job IS DISTINCT FROM p_job_id;
+$$;
+
+-- preemption_backoff_reason: a job preempted less than preemption_settings.backoff ago is not placed while
+-- a queued job of its fleet with a higher priority waits (it would only be preempted again: no thrash);
+-- the words of its reason, or NULL when it may be placed.
+CREATE OR REPLACE FUNCTION tuneplane.preemption_backoff_reason(p_job tuneplane.jobs)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT format('preempted at %s; backing off until %s while job %s (priority %s) waits, so that it is '
+                  'not placed where it would be preempted again', to_char(t.ended_at, 'HH24:MI:SS'),
+                  to_char(t.ended_at + s.backoff, 'HH24:MI:SS'), w.id, w.priority)
+      FROM tuneplane.attempts t, tuneplane.preemption_settings s,
+           LATERAL (SELECT q.id, q.priority FROM tuneplane.jobs q
+                     WHERE q.fleet_id = p_job.fleet_id AND q.state = 'queued' AND q.priority > p_job.priority
+                     ORDER BY q.priority DESC, q.id LIMIT 1) w
+     WHERE t.job_id = p_job.id AND t.state = 'preempted' AND t.ended_at > now() - s.backoff
+     ORDER BY t.number DESC
+     LIMIT 1;
 $$;
 
 -- preemptors_placed: the pass reserved these jobs; their holding decisions are done.

@@ -178,3 +178,27 @@ def test_a_cancelled_preemptor_releases_its_hold(db: Database) -> None:
     assert db.fetch_one("SELECT state FROM preemptions")["state"] == "dropped"
     assert db.fetch_one("SELECT state FROM jobs WHERE id = %s", (victim,))["state"] == "reserved"
     assert node
+
+
+def test_a_preempted_job_backs_off_while_a_job_that_outranks_it_waits(db: Database) -> None:
+    user, fleet, _ = setup(db)
+    victim = job_with(db, user, fleet, 1, 0, True)
+    member = run(db, fleet, victim)
+    blocker = job_with(db, user, fleet, 2, 0, False)
+    run(db, fleet, blocker)
+    make_node(db, fleet, "n2", gpus=1)  # room for the victim alone, not for the urgent job
+    urgent = job_with(db, user, fleet, 2, 100, False)
+    db.call("reserve_next", fleet, 1000)
+    assert asked(db, victim)
+    report(db, "member_exited", member, exit_code=0)  # preempted; n1 is held for the urgent job
+    with psycopg.connect(db.url, autocommit=False) as other:  # the urgent job is skipped in this pass
+        other.execute("SELECT 1 FROM tuneplane.jobs WHERE id = %s FOR UPDATE", (urgent,))
+        db.call("reserve_next", fleet, 1000)
+        other.rollback()
+    job = db.fetch_one("SELECT state, state_reason FROM jobs WHERE id = %s", (victim,))
+    assert job["state"] == "queued" and "backing off until" in job["state_reason"], job
+    assert f"while job {urgent} (priority 100) waits" in job["state_reason"]
+    assert len(members_of(db, victim)) == 1  # not placed on n2, where it would be preempted again
+    db.call("reserve_next", fleet, 1000)  # the urgent job is placed; the victim may go to n2 now
+    db.call("reserve_next", fleet, 1000)
+    assert db.fetch_one("SELECT state FROM jobs WHERE id = %s", (victim,))["state"] == "reserved"
