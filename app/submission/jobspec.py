@@ -263,6 +263,9 @@ class JobSpec(StrictModel):
     # Where every later attempt starts (docs/preemption.md): "latest" (the job's newest verified
     # checkpoint), "none" (from scratch), or a checkpoint reference pinned at preview (JOB/NAME, sha256:…).
     resume: str = Field("latest", min_length=1, max_length=256)
+    # After an idle-GPU reclaim (docs/idle.md) the job ends unless this is set: then it is queued again
+    # and resumes from its checkpoint, as after any preemption.
+    resume_when_idle_reclaimed: bool = False
 
     @field_validator("outputs")
     @classmethod

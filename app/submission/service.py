@@ -199,7 +199,8 @@ def summary(resolved: dict) -> dict:
         "max_attempts": resolved.get("max_attempts"),
         "priority": describe_priority(resolved),
         "preemption": describe_preemption(resolved),
-        "resume": describe_resume(resolved.get("resume") or {}),
+        "resume": describe_resume(resolved.get("resume") or {})
+        + ("; queued again after an idle-GPU reclaim" if resolved.get("resume_when_idle_reclaimed") else ""),
         "warnings": list(resolved.get("warnings", [])),
         "inputs": [
             f"{i.get('name')}: {i.get('artifact_name')} of job {i.get('job_id')}"

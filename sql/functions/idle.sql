@@ -186,26 +186,49 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT trim_scale(round(p_value::numeric, 1))::text || ' %';
 $$;
 
--- idle_minutes: a duration as the timeline writes it ("34 min").
+-- idle_minutes: a duration as the timeline writes it ("34 min"; under 90 s in seconds: "45 s").
 CREATE OR REPLACE FUNCTION tuneplane.idle_minutes(p_span interval)
 RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT round(extract(epoch FROM p_span) / 60)::bigint::text || ' min';
+    SELECT CASE WHEN extract(epoch FROM p_span) < 90 THEN round(extract(epoch FROM p_span))::bigint::text || ' s'
+                ELSE round(extract(epoch FROM p_span) / 60)::bigint::text || ' min' END;
 $$;
 
--- idle_reclaim: stop a warned job whose GPUs are still idle at its deadline. Caller holds the job lock.
--- Until the preemption protocol (issue 21) lands this stops the attempt as a cancel does, with the reason.
+-- idle_reclaim: a warned job whose GPUs are still idle at its deadline is asked to checkpoint and stop
+-- through the preemption protocol (request_preemption, preemption.sql: PREEMPT to every member, the job's
+-- grace and signal); its attempt ends `preempted` naming its checkpoint, and the job then ends — or is
+-- queued again only when it was submitted with resume_when_idle_reclaimed (finish_attempt_if_done asks
+-- idle_reclaim_ends_job). Caller holds the job lock.
 CREATE OR REPLACE FUNCTION tuneplane.idle_reclaim(p_job tuneplane.jobs, p_attempt_id bigint, p_reason text)
 RETURNS void
 LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.attempts;
 BEGIN
-    PERFORM tuneplane.lock_attempt(p_attempt_id);
-    UPDATE tuneplane.attempts SET cancel_requested_at = coalesce(cancel_requested_at, clock_timestamp())
-     WHERE id = p_attempt_id;
-    PERFORM tuneplane.stop_attempt(p_attempt_id, p_reason);
-    PERFORM tuneplane.set_job_state(p_job.id, p_job.state, p_reason, jsonb_build_object('kind', 'idle_reclaim'));
-    PERFORM tuneplane.finish_attempt_if_done(p_attempt_id);
+    a := tuneplane.request_preemption(p_job.id, p_reason, NULL, 'preempted', NULL);
+    PERFORM tuneplane.set_job_state(p_job.id, p_job.state,
+        format('reclaimed (idle): %s; asked to checkpoint and stop by %s UTC', p_reason,
+               to_char(a.grace_deadline AT TIME ZONE 'UTC', 'HH24:MI:SS')),
+        jsonb_build_object('kind', 'idle_reclaim', 'attempt', a.number, 'grace_deadline', a.grace_deadline));
 END;
+$$;
+
+-- idle_reclaim_ends_job: whether an attempt that ended preempted was an idle reclaim after which the job
+-- ends instead of being queued again (it was not submitted with resume_when_idle_reclaimed). Asked by
+-- finish_attempt_if_done (launch.sql).
+CREATE OR REPLACE FUNCTION tuneplane.idle_reclaim_ends_job(p_attempt_id bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM tuneplane.job_idle w JOIN tuneplane.jobs j ON j.id = w.job_id
+                    WHERE w.attempt_id = p_attempt_id AND w.reclaimed_at IS NOT NULL
+                      AND NOT coalesce((j.spec ->> 'resume_when_idle_reclaimed')::boolean, false));
+$$;
+
+-- idle_reclaimed: whether the attempt was stopped by an idle reclaim (the job's reason says `preempted (idle)`).
+CREATE OR REPLACE FUNCTION tuneplane.idle_reclaimed(p_attempt_id bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM tuneplane.job_idle w WHERE w.attempt_id = p_attempt_id AND w.reclaimed_at IS NOT NULL);
 $$;
 
 -- watch_idle_job: one evaluation of one running job (the sweep's body). Caller holds the job's row lock.
@@ -294,7 +317,7 @@ BEGIN
     ELSIF v_status = 'idle' AND w.exempt_at IS NULL AND pol.action = 'reclaim' AND w.deadline IS NOT NULL
           AND w.deadline <= p_now AND w.reclaimed_at IS NULL THEN
         w.reclaimed_at := p_now;
-        v_msg := format('reclaimed (idle): GPUs idle for %s (utilization < %s, power < %s on all %s GPUs); '
+        v_msg := format('GPUs idle for %s (utilization < %s, power < %s on all %s GPUs); '
                         'warned at %s UTC, still idle at the end of the %s grace',
                         tuneplane.idle_minutes(p_now - v_since), tuneplane.idle_percent(pol.utilization_below),
                         tuneplane.idle_percent(pol.power_below * 100), v_gpus,

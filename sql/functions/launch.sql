@@ -1046,12 +1046,19 @@ BEGIN
     ELSIF v_state = 'cancelled' THEN
         PERFORM tuneplane.set_job_state(j.id, 'cancelled',
             format('cancelled; every member of attempt %s stopped and its resources were released', a.number));
+    ELSIF v_state = 'preempted' AND tuneplane.idle_reclaim_ends_job(a.id) THEN
+        -- Reclaimed for idle GPUs (idle.sql): the job ends; it runs again only if its owner resubmits it
+        -- (or it was submitted with resume_when_idle_reclaimed: the branch below).
+        PERFORM tuneplane.set_job_state(j.id, 'cancelled',
+            format('attempt %s preempted (idle): %s; not resumed: resubmit the job to run it again (or submit it '
+                   'with resume_when_idle_reclaimed)', a.number, v_reason));
     ELSIF v_state = 'preempted' THEN
         -- Preemptions have their own budget (max_preemptions, kept by the planner), not max_attempts.
         UPDATE tuneplane.jobs SET preemptions_used = preemptions_used + 1 WHERE id = j.id;
         PERFORM tuneplane.set_job_state(j.id, 'queued',
-            format('attempt %s %s; queued for attempt %s (preemptions do not count against max_attempts)',
-                   a.number, v_reason, a.number + 1));
+            format('attempt %s %s%s; queued for attempt %s (preemptions do not count against max_attempts)',
+                   a.number, CASE WHEN tuneplane.idle_reclaimed(a.id) THEN 'preempted (idle): ' ELSE '' END,
+                   v_reason, a.number + 1));
         PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
     ELSIF v_state = 'aborted' AND j.free_relaunches_used < v_free AND a.capsule_digest IS NOT NULL
           AND (SELECT f.backend FROM tuneplane.fleets f WHERE f.id = a.fleet_id) = 'node' THEN

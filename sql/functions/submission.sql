@@ -677,7 +677,10 @@ BEGIN
         'policy', jsonb_build_object('max_gpus_per_job', v_limits.max_gpus_per_job,
                                      'max_nodes_per_job', v_limits.max_nodes_per_job),
         'warnings', v_warnings)
-        || tuneplane.resolve_preemption(p_spec);
+        || tuneplane.resolve_preemption(p_spec)
+        -- Only when set, so the digests of previews that do not use it stay as they were (docs/idle.md).
+        || CASE WHEN p_spec ->> 'resume_when_idle_reclaimed' = 'true'
+                THEN jsonb_build_object('resume_when_idle_reclaimed', true) ELSE '{}'::jsonb END;
     v_canonical := tuneplane.canonical_json(v_resolved);
 
     INSERT INTO tuneplane.previews (owner_id, fleet_id, spec, resolved, canonical, digest, observed, expires_at,

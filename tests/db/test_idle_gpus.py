@@ -15,7 +15,6 @@ from tests.launch_fixtures import (
     make_node,
     make_team,
     make_user,
-    members_of,
     report,
     run_to_running,
 )
@@ -39,7 +38,11 @@ def admin(db: Database) -> int:
 
 
 def two_member_job(
-    db: Database, admin: int, action: str = "reclaim", grace: str = "10 minutes", team: str | None = None
+    db: Database,
+    admin: int,
+    action: str = "reclaim",
+    grace: dt.timedelta = dt.timedelta(minutes=10),
+    team: str | None = None,
 ) -> dict:
     """A running job of 2 members × 2 GPUs on two nodes of a fleet whose policy is `action` (of `team`,
     when given: a team whose override turns the policy off)."""
@@ -55,7 +58,7 @@ def two_member_job(
         5.0,
         0.2,
         action,
-        dt.timedelta(minutes=10) if grace == "10 minutes" else grace,
+        grace,
     )
     owner = make_user(db, "alice")
     team_id = None
@@ -150,20 +153,52 @@ def test_two_member_job_whose_four_gpus_are_idle_is_warned_then_reclaimed_after_
     # Still idle within the grace: nothing more happens.
     feed(db, gateway, job, all_gpus(job, IDLE), t0.timestamp() + 10, t0.timestamp() + 11 * MIN)
     assert sweep(db, t0 + dt.timedelta(minutes=5))["reclaimed"] == 0
-    # Still idle at the deadline: reclaimed; every member is asked to stop.
+    # Still idle at the deadline: reclaimed through the preemption protocol: every member is asked to
+    # checkpoint and stop (PREEMPT to its node) within the job's grace.
     assert sweep(db, t0 + dt.timedelta(minutes=11))["reclaimed"] == 1
-    assert {m["state"] for m in members_of(db, job["id"])} == {"stopping"}
-    assert db.fetch_one("SELECT state FROM attempts WHERE job_id = %s", (job["id"],))["state"] == "stopping"
+    attempt = db.fetch_one("SELECT * FROM attempts WHERE job_id = %s", (job["id"],))
+    assert (attempt["state"], attempt["stop_kind"]) == ("running", "preempted")
+    assert attempt["stop_cause"].startswith(
+        "GPUs idle for 41 min (utilization < 5 %, power < 20 % on all 4 GPUs)"
+    )
+    preempts = db.fetch_all("SELECT node_id FROM node_commands WHERE kind = 'preempt' ORDER BY node_id")
+    assert [p["node_id"] for p in preempts] == sorted(m["node_id"] for m in job["members"])
     assert reasons(db, job["id"])[-1].startswith(
         "reclaimed (idle): GPUs idle for 41 min (utilization < 5 %, power < 20 % on all 4 GPUs); warned at "
     )
     assert watch(db, job["id"])["idle_gpu_seconds"] == pytest.approx(4 * 41 * MIN)
-    # The members stop; the job has ended and is no longer watched.
+    # The members stop: the attempt is preempted, and the job ends (it was not submitted with
+    # resume_when_idle_reclaimed); it is no longer watched.
     for member in job["members"]:
-        report(db, "member_exited", member, exit_code=143)
-    assert db.fetch_one("SELECT state FROM jobs WHERE id = %s", (job["id"],))["state"] == "cancelled"
+        report(db, "member_exited", member, exit_code=0)
+    ended = db.fetch_one("SELECT state, state_reason FROM jobs WHERE id = %s", (job["id"],))
+    assert ended["state"] == "cancelled"
+    assert ended["state_reason"].startswith("attempt 1 preempted (idle): GPUs idle for 41 min")
+    assert "not resumed: resubmit the job" in ended["state_reason"]
+    assert db.fetch_one("SELECT state FROM attempts WHERE job_id = %s", (job["id"],))["state"] == "preempted"
     assert watch(db, job["id"])["watching"] is False
     assert sweep(db, t0 + dt.timedelta(minutes=20))["checked"] == 0
+
+
+def test_a_job_submitted_with_resume_when_idle_reclaimed_is_queued_again_after_the_reclaim(
+    db: Database, gateway: GatewayThread, admin: int
+) -> None:
+    job = two_member_job(db, admin, grace=dt.timedelta(0))
+    db.fetch_all(
+        "UPDATE jobs SET spec = spec || '{\"resume_when_idle_reclaimed\": true}' WHERE id = %s RETURNING 1",
+        (job["id"],),
+    )  # as confirm_preview copies it from the preview's resolved document
+    t0, swept = idle_then_swept(db, gateway, job, after=5 * MIN)
+    assert swept["warned"] == 1
+    assert sweep(db, t0 + dt.timedelta(minutes=1))["reclaimed"] == 1
+    for member in job["members"]:
+        report(db, "member_exited", member, exit_code=0)
+    queued = db.fetch_one("SELECT state, state_reason FROM jobs WHERE id = %s", (job["id"],))
+    assert queued["state"] == "queued"
+    assert queued["state_reason"].startswith("attempt 1 preempted (idle): GPUs idle for 31 min")
+    assert queued["state_reason"].endswith(
+        "queued for attempt 2 (preemptions do not count against max_attempts)"
+    )
 
 
 def test_one_busy_gpu_anywhere_in_the_job_keeps_it_unwarned(
