@@ -59,7 +59,8 @@ def test_no_other_module_runs_a_sweep() -> None:
     found = []
     for folder in ("app", "workers"):
         for path in sorted((REPO / folder).rglob("*.py")):
-            if path == REPO / "workers" / "sweeps.py":
+            # sweeps.py runs them; app/db_functions.py only declares every stored function Python calls.
+            if path in (REPO / "workers" / "sweeps.py", REPO / "app" / "db_functions.py"):
                 continue
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 if pattern.search(line) and not line.lstrip().startswith("#"):
