@@ -156,7 +156,8 @@ def describe_preemption(resolved: dict) -> str:
     if not resolved.get("preemptible"):
         return "not preemptible: runs only within its team's guarantee"
     return (
-        f"preemptible: asked to checkpoint and stop with {rules.get('signal', 'SIGTERM')} and a grace of "
+        "preemptible: may borrow idle GPUs above the team's guarantee; "
+        f"asked to checkpoint and stop with {rules.get('signal', 'SIGTERM')} and a grace of "
         f"{rules.get('grace_seconds')} s; at most {rules.get('max_preemptions')} preemptions"
     )
 
@@ -182,12 +183,8 @@ def summary(resolved: dict) -> dict:
     memory = format_bytes(res.get("memory_per_node", 0))
     return {
         "input": describe_input(resolved.get("input", {})),
-        "team": (resolved.get("team") or {}).get("name", "(the owner's)")
-        + (
-            "; preemptible: may borrow idle GPUs above the team's guarantee"
-            if resolved.get("preemptible")
-            else ""
-        ),
+        # Whether the job may borrow above the guarantee is the preemption line's to say (one place).
+        "team": (resolved.get("team") or {}).get("name", "(the owner's)"),
         "fleet": f"{fleet.get('name')} ({chosen})",
         "backend": fleet.get("backend"),
         "nodes": res.get("nodes"),
