@@ -40,7 +40,11 @@ def test_isolation_spec_matches_expected(db_url: str, spec: str, tmp_path: Path)
         conn.execute((HERE / "fixture.sql").read_text())
     try:
         result = subprocess.run(
-            [tester, db_url], stdin=(HERE / f"{spec}.spec").open(), capture_output=True, text=True, timeout=120
+            [tester, db_url],
+            stdin=(HERE / f"{spec}.spec").open(),
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     except subprocess.TimeoutExpired as exc:  # say where it hung: the steps printed so far
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
