@@ -69,7 +69,8 @@ def test_a_job_belongs_to_the_named_team_or_the_users_personal_team(
     }
     assert teams[mine["job_id"]] == "bob" and teams[theirs["job_id"]] == "vision"
     summary = _preview(client, crew["bob"], team="vision", preemptible=True).get_json()["summary"]
-    assert summary["team"].startswith("vision; preemptible")
+    assert summary["team"] == "vision"
+    assert summary["preemption"].startswith("preemptible: may borrow idle GPUs above the team's guarantee")
 
 
 def test_viewers_and_outsiders_cannot_submit_into_a_team(
