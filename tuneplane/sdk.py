@@ -286,7 +286,38 @@ def resume_dir() -> Path | None:
 # before (docs/preemption.md).
 
 PREEMPT_FILE = "preempt.json"
+ENV_PREEMPTION_SIGNAL = "TUNEPLANE_PREEMPTION_SIGNAL"
 _watchers: list[threading.Thread] = []
+_signal_received = threading.Event()
+_trap_lock = threading.Lock()
+_trapped: str | None = None
+
+
+def trap_preemption_signal() -> str | None:
+    """Catch the signal a preemption request sends (the job's preemption.signal, SIGTERM by default) so
+    that it marks the request instead of ending the process: Python's default action for SIGTERM kills a
+    workload before it can save the checkpoint it was asked for. Called by `preempting()` and
+    `on_preemption()` (a workload that asks is one that cooperates); call it first thing to be safe from a
+    request that arrives before the first poll. Only the main thread may install a handler, and a handler
+    the workload installed itself is kept. Returns the signal's name, or None when nothing was trapped."""
+    global _trapped
+    import signal as signals
+
+    name = os.environ.get(ENV_PREEMPTION_SIGNAL)
+    if not name or _trapped or threading.current_thread() is not threading.main_thread():
+        return _trapped
+    number = getattr(signals, name, None)
+    if not isinstance(number, int):
+        return None
+    with _trap_lock:
+        if _trapped:
+            return _trapped
+        current = signals.getsignal(number)
+        if current not in (signals.SIG_DFL, signals.default_int_handler):
+            return None  # the workload handles it itself (or ignores it): its choice
+        signals.signal(number, lambda _signum, _frame: _signal_received.set())
+        _trapped = name
+    return name
 
 
 def preemption() -> dict | None:
@@ -304,6 +335,9 @@ def preemption() -> dict | None:
 
 def preempting() -> bool:
     """True once TunePlane asked this member to checkpoint and stop (cheap: one stat; call it every step)."""
+    trap_preemption_signal()
+    if _signal_received.is_set():
+        return True
     control = _control_dir()
     return control is not None and (control / PREEMPT_FILE).is_file()
 
@@ -319,6 +353,7 @@ def seconds_left() -> float | None:
 def on_preemption(callback, interval: float = 0.5) -> None:
     """Call `callback(request)` once, from a daemon thread, when a request arrives (for loops that cannot
     poll `preempting()` themselves). The callback runs beside the training loop: make it set a flag."""
+    trap_preemption_signal()
 
     def watch() -> None:
         while True:

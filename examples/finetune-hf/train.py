@@ -88,6 +88,8 @@ class TunePlaneCheckpoints(TrainerCallback):
 
 
 def main() -> None:
+    if sdk is not None:
+        sdk.trap_preemption_signal()  # a preemption's SIGTERM marks the request instead of ending training
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--save-steps", type=int, default=20)

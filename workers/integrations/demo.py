@@ -207,6 +207,15 @@ def stop_asked() -> bool:
     return bool(getattr(sdk, "preempting", lambda: False)())
 
 
+def trap_stop_signal() -> None:
+    """Hear the preemption signal as a request to checkpoint and stop (it would otherwise end the process)."""
+    try:
+        from tuneplane import sdk
+    except ImportError:
+        return
+    sdk.trap_preemption_signal()
+
+
 def resume_from() -> Path | None:
     try:
         from tuneplane import sdk
@@ -219,6 +228,7 @@ def resume_from() -> Path | None:
 def train(args: argparse.Namespace) -> float:
     from tensorboardX import SummaryWriter
 
+    trap_stop_signal()
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rank = int(os.environ.get("RANK", "0"))

@@ -98,6 +98,10 @@ def member_variables(member: dict, spec: dict, paths: MemberPaths) -> dict[str, 
         "TUNEPLANE_GPUS_PER_NODE": str(resources.get("gpus_per_node", len(member.get("gpu_indices") or []))),
         "PYTHONUNBUFFERED": "1",
     }
+    # The signal a request to checkpoint and stop sends (a preemption, the time limit, an idle reclaim:
+    # any job may get one, docs/preemption.md). The SDK traps it for a workload that cooperates
+    # (sdk.preempting()); Python's default action for SIGTERM would end it before it saved anything.
+    values["TUNEPLANE_PREEMPTION_SIGNAL"] = str((spec.get("preemption") or {}).get("signal") or "SIGTERM")
     if member.get("resume"):
         # The verified checkpoint this attempt resumes from (docs/preemption.md); unset: start fresh.
         values["TUNEPLANE_RESUME_DIR"] = str(paths.resume)
