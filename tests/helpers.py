@@ -11,15 +11,23 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> T:
-    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds."""
+def wait_for(
+    predicate: Callable[[], T],
+    timeout: float = 20.0,
+    interval: float = 0.05,
+    what: str = "",
+    explain: Callable[[], str] | None = None,
+) -> T:
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout` seconds, with what
+    `explain()` says about the state then (an e2e test's processes and events)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+            detail = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}{detail}")
         time.sleep(interval)
 
 

@@ -81,6 +81,17 @@ def _members_of_attempt(cluster: Cluster, job_id: int, number: int) -> list[dict
     return [m for m in cluster.members(job_id) if m["attempt_id"] == attempt["id"]]
 
 
+def _explain(cluster: Cluster, job_id: int) -> str:
+    """The job's events and processes, and what each member printed (for a test that timed out)."""
+    lines = [cluster.diagnose(job_id)]
+    for member in cluster.members(job_id):
+        for name in ("stdout.log", "stderr.log", "runner.log"):
+            path = cluster.member_dir(member["node"], member["id"]) / "logs" / name
+            if path.is_file():
+                lines.append(f"--- member {member['id']} {name}:\n{path.read_text(errors='replace')[-2000:]}")
+    return "\n".join(lines)
+
+
 def _fine_tune(cluster: Cluster, **extra) -> int:
     """The demo fine-tune of these tests (STEPS steps, a checkpoint every EVERY), running with a first
     verified checkpoint."""
@@ -100,7 +111,12 @@ def _fine_tune(cluster: Cluster, **extra) -> int:
         }
     )
     cluster.wait_members(job_id, "running", timeout=60)
-    wait_for(lambda: _checkpoints(cluster, job_id), timeout=60, what="a first verified checkpoint")
+    wait_for(
+        lambda: _checkpoints(cluster, job_id),
+        timeout=60,
+        what="a first verified checkpoint",
+        explain=lambda: _explain(cluster, job_id),
+    )
     return job_id
 
 
@@ -149,7 +165,12 @@ def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_
         }
     )
     cluster.wait_members(job_id, "running", timeout=60)
-    wait_for(lambda: _checkpoints(cluster, job_id), timeout=60, what="a first verified checkpoint")
+    wait_for(
+        lambda: _checkpoints(cluster, job_id),
+        timeout=60,
+        what="a first verified checkpoint",
+        explain=lambda: _explain(cluster, job_id),
+    )
     cluster.db.call("request_preemption", job_id, "e2e: ignored", None, "preempted", None)
     first = wait_for(
         lambda: (a := _attempt(cluster, job_id, 1)) and a["state"] == "preempted" and a,
