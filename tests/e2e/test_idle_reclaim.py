@@ -2,9 +2,9 @@
 (NVML-shaped samples the test writes through the real telemetry gateway, tests/simulated_gpus.py: there is
 no GPU here and the policy reads only stored samples), warns, and at the end of the idle grace reclaims it
 through the preemption protocol: the workload is asked to checkpoint and stop (PREEMPT: sdk.preempting(),
-SIGTERM) and exits; the attempt ends `preempted (idle)` saying which checkpoint it ends on (none here), and
-the job ends (it was not submitted with resume_when_idle_reclaimed). A real HTTP receiver gets the warning
-and the reclaim once each, the first retried after it answered 500."""
+SIGTERM), publishes a checkpoint and exits; the attempt ends `preempted (idle)` naming it, and the job
+ends (it was not submitted with resume_when_idle_reclaimed). A real HTTP receiver gets the warning and
+the reclaim once each, the first retried after it answered 500."""
 
 from __future__ import annotations
 
@@ -25,17 +25,22 @@ pytestmark = pytest.mark.e2e
 
 SECRET = "e2e-idle-webhook-secret-01"
 
-# Holds its GPUs doing nothing until asked to checkpoint and stop (sdk.preempting()), then exits.
+# Holds its GPUs doing nothing until asked to checkpoint and stop (sdk.preempting(), which also traps the
+# SIGTERM that comes with the request), then publishes a checkpoint, waits for its verification and exits.
 # Started as `exec <this interpreter> idle.py`: a `python` found on PATH may be a wrapper script (pyenv's
 # shim here) that the preemption signal would end before the workload could checkpoint.
 HOLDER = """
-import signal, time
+import json, os, pathlib, time
 from tuneplane import sdk
-signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the request, not the end
+sdk.trap_preemption_signal()
 print("holding", flush=True)
 while not sdk.preempting():
     time.sleep(0.2)
-print("asked to stop:", sdk.preemption()["reason"], flush=True)
+ckpt = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"]) / "ckpt"
+ckpt.mkdir()
+(ckpt / "state.json").write_text(json.dumps({"step": 1}))
+result = sdk.checkpoint(ckpt, name="ckpt", wait=True)
+print("asked to stop:", sdk.preemption()["reason"], result["artifact"], result["state"], flush=True)
 """
 
 
@@ -57,7 +62,7 @@ def test_idle_job_is_warned_then_reclaimed_and_the_team_webhook_hears_both_once(
         cluster.start_agent("a", "--simulate-gpus", "2")
         cluster.start_worker()
         archive = cluster.upload_source(
-            {"idle.py": "import time\nprint('holding', flush=True)\ntime.sleep(600)\n"}
+            {"idle.py": HOLDER}
         )
         job_id = cluster.submit(
             {
@@ -106,8 +111,10 @@ def test_idle_job_is_warned_then_reclaimed_and_the_team_webhook_hears_both_once(
         )
         assert (attempt["state"], attempt["stop_kind"]) == ("preempted", "preempted")
         assert job["state_reason"].startswith("attempt 1 preempted (idle): GPUs idle for 30 min"), job
-        # It published no checkpoint: the reason says so (with one, it names it: settle_stopped_attempt).
-        assert "no verified checkpoint" in job["state_reason"] and "not resumed" in job["state_reason"]
+        # It published a checkpoint within the grace: the reason names it, and nothing was lost.
+        assert attempt["end_checkpoint_id"] is not None, cluster.diagnose(job_id)
+        assert "checkpoint ckpt.1 verified" in job["state_reason"], job["state_reason"]
+        assert "lost 0 GPU-s" in job["state_reason"] and "not resumed" in job["state_reason"]
         reasons = [
             e["reason"] for e in db.fetch_all("SELECT reason FROM job_events WHERE job_id = %s", (job_id,))
         ]
