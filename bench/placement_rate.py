@@ -122,18 +122,30 @@ def bare_inserts(conn: psycopg.Connection, pass_sizes: list[int]) -> tuple[float
     return took, backend_cpu(conn) - cpu0
 
 
-def batch(conn: psycopg.Connection, fleet: int, pass_size: int) -> tuple[list[tuple[int, float]], float]:
-    """reserve_next passes over the fleet until two in a row place nothing: [(placed, seconds)], CPU."""
-    passes: list[tuple[int, float]] = []
-    cpu0 = backend_cpu(conn)
-    while True:
-        t0 = time.perf_counter()
-        n = conn.execute(
-            "SELECT count(*) FROM tuneplane.reserve_next(%s, %s)", (fleet, pass_size)
-        ).fetchone()[0]
-        passes.append((n, time.perf_counter() - t0))
-        if n == 0 and len(passes) > 1 and passes[-2][0] == 0:
-            return passes, backend_cpu(conn) - cpu0
+def alternating(
+    conn: psycopg.Connection, fleets: tuple[int, ...], pass_size: int
+) -> dict[int, tuple[list[tuple[int, float]], float]]:
+    """reserve_next passes over the fleets in turn (one pass of each, again), each fleet until two of its
+    passes in a row place nothing: {fleet: ([(placed, seconds)], backend CPU seconds)}. Taking turns gives
+    every fleet the same neighbours' load, the same table sizes and the same cached plans, so the ratio of
+    two fleets' rates compares their placement logic, not the moment or the order they were measured in."""
+    passes: dict[int, list[tuple[int, float]]] = {f: [] for f in fleets}
+    cpu = dict.fromkeys(fleets, 0.0)
+    done: set[int] = set()
+    while len(done) < len(fleets):
+        for fleet in fleets:
+            if fleet in done:
+                continue
+            cpu0 = backend_cpu(conn)
+            t0 = time.perf_counter()
+            n = conn.execute(
+                "SELECT count(*) FROM tuneplane.reserve_next(%s, %s)", (fleet, pass_size)
+            ).fetchone()[0]
+            passes[fleet].append((n, time.perf_counter() - t0))
+            cpu[fleet] += backend_cpu(conn) - cpu0
+            if n == 0 and len(passes[fleet]) > 1 and passes[fleet][-2][0] == 0:
+                done.add(fleet)
+    return {f: (passes[f], cpu[f]) for f in fleets}
 
 
 def measure(url: str, args: argparse.Namespace) -> None:
@@ -143,11 +155,18 @@ def measure(url: str, args: argparse.Namespace) -> None:
         conn.execute(TEAMS.format(teams=int(args.teams), nodes=int(args.nodes)))
         conn.execute(JOBS.format(jobs=int(args.jobs), **{**MIXED, "fleet": 3}), {"tag": "t"})
         conn.execute(TEAM_JOBS.format(teams=int(args.teams)))
+        # History first, as a live database has: placements on the single fleet, then statistics. Measured
+        # from empty tables, every plan a connection caches (reserve_next's generic plans, the foreign-key
+        # checks') is the plan for an empty attempts table, a sequential scan that grows with each placement.
+        conn.execute(JOBS.format(jobs=int(args.history), **SINGLE), {"tag": "h"})
+        conn.execute("SELECT count(*) FROM tuneplane.reserve_next(2, NULL)")
         conn.execute("ANALYZE")
-        passes, placing_cpu = batch(conn, 1, args.pass_size)
+    with psycopg.connect(url, autocommit=True) as conn:
+        measured = alternating(conn, (1, 3), args.pass_size)
+        passes, placing_cpu = measured[1]
         placed = sum(n for n, _ in passes)
         placing_time = sum(t for n, t in passes if n)
-        team_passes, team_cpu = batch(conn, 3, args.pass_size)
+        team_passes, team_cpu = measured[3]
         team_placed = sum(n for n, _ in team_passes)
         team_time = sum(t for n, t in team_passes if n)
         over_limit = conn.execute(OVER_LIMIT).fetchone()[0]
@@ -208,6 +227,7 @@ def main() -> None:
     parser.add_argument("--pass-size", type=int, default=250)
     parser.add_argument("--single", type=int, default=500)
     parser.add_argument("--teams", type=int, default=50)
+    parser.add_argument("--history", type=int, default=500)
     args = parser.parse_args()
     with migrated_database() as url:
         measure(url, args)
