@@ -149,6 +149,7 @@ def alternating(
 
 
 def measure(url: str, args: argparse.Namespace) -> None:
+    load_start = os.getloadavg()[0]
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(SETUP.format(nodes=int(args.nodes)))
         conn.execute(JOBS.format(jobs=int(args.jobs), **MIXED), {"tag": "b"})
@@ -185,7 +186,8 @@ def measure(url: str, args: argparse.Namespace) -> None:
     p50, p99 = single[len(single) // 2] * 1000, single[int(len(single) * 0.99) - 1] * 1000
     print(
         f"{args.nodes} nodes × 8 GPUs, {args.jobs} queued jobs, passes of {args.pass_size} "
-        f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs)"
+        f"(load average {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, "
+        f"on {os.cpu_count()} CPUs)"
     )
     print(
         f"batch:  {placed} placements in {placing_time:.2f} s = {batch_rate:,.0f}/s "
