@@ -201,6 +201,7 @@ requeue_stalled_launches = StoredFunction("requeue_stalled_launches")
 require_admin = StoredFunction("require_admin", "bigint", "text")
 reserve_next = StoredFunction("reserve_next", "bigint", "integer")
 resolve_node = StoredFunction("resolve_node", "text")
+resume_pin = StoredFunction("resume_pin", "bigint")
 revoke_api_token = StoredFunction("revoke_api_token", "bigint", "bigint")
 rotate_node_credential = StoredFunction("rotate_node_credential", "bigint", "bigint", "text")
 server_secret = StoredFunction("server_secret", "text", "text")
@@ -229,6 +230,7 @@ slurm_member_exited = StoredFunction(
     "text",
     "boolean",
     "text",
+    "double precision",
 )
 slurm_member_log = StoredFunction("slurm_member_log", "bigint", "integer", "jsonb")
 slurm_member_prepare_failed = StoredFunction("slurm_member_prepare_failed", "bigint", "integer", "text")
@@ -236,6 +238,8 @@ slurm_member_prepared = StoredFunction("slurm_member_prepared", "bigint", "integ
 slurm_member_started = StoredFunction("slurm_member_started", "bigint", "integer", "integer")
 slurm_node_credential = StoredFunction("slurm_node_credential", "bigint", "text")
 slurm_pending = StoredFunction("slurm_pending", "bigint", "text", "integer")
+slurm_preemption_signalled = StoredFunction("slurm_preemption_signalled", "bigint", "text", "integer")
+slurm_preemptions_due = StoredFunction("slurm_preemptions_due", "bigint")
 slurm_scancel_due = StoredFunction("slurm_scancel_due", "bigint")
 slurm_submissions_due = StoredFunction("slurm_submissions_due", "bigint")
 slurm_submitted = StoredFunction("slurm_submitted", "bigint", "bigint")

@@ -85,7 +85,8 @@ $$;
 -- (preemptor job), an admin (`tuneplane jobs preempt`), time limits (kind 'timed_out') and idle reclaim.
 --   p_grace NULL: the job's own grace (preemption_grace_of); a given grace is capped by the same maximum.
 -- Running attempt: records stop_kind, stop_cause (p_reason), stop_requested_at, grace_deadline and the
---   preemptor, sends PREEMPT to the node of every running member, writes a job event with the numbers.
+--   preemptor, sends PREEMPT to the node of every running member (on a Slurm fleet the worker delivers it
+--   to the job's steps instead: slurm_preemptions_due), writes a job event with the numbers.
 -- Reserved or preparing attempt (nothing started): records the same with a deadline of now and aborts the
 --   launch (decide_abort); it ends `preempted`, nothing lost.
 -- A second request while one stands changes nothing (the first deadline holds) and returns the attempt.
@@ -159,6 +160,8 @@ BEGIN
                 'signal', v_signal, 'grace_seconds', extract(epoch FROM v_grace),
                 'deadline', extract(epoch FROM a.grace_deadline)));
             v_sent := v_sent + 1;
+        ELSIF (SELECT f.backend FROM tuneplane.fleets f WHERE f.id = a.fleet_id) = 'slurm' THEN
+            v_sent := v_sent + 1;  -- the Slurm worker tells the job's steps (slurm_preemptions_due, slurm.sql)
         END IF;
     END LOOP;
     INSERT INTO tuneplane.job_events (job_id, from_state, to_state, reason, detail)

@@ -11,6 +11,8 @@
 DROP FUNCTION IF EXISTS tuneplane.slurm_followed(bigint);
 -- slurm_submissions_due returns the account of the job's team (fleet_team_access.slurm_account).
 DROP FUNCTION IF EXISTS tuneplane.slurm_submissions_due(bigint);
+-- slurm_member_exited gained p_signalled_at (when Slurm's signal reached the step: a stop Slurm began).
+DROP FUNCTION IF EXISTS tuneplane.slurm_member_exited(bigint, integer, integer, text, boolean, text);
 
 -- slurm_reason_words: a Slurm pending reason in TunePlane's words (the raw code is shown beside it).
 CREATE OR REPLACE FUNCTION tuneplane.slurm_reason_words(p_code text)
@@ -221,8 +223,9 @@ $$;
 
 -- slurm_allocation_started: Slurm started the allocation on p_nodes (in rank order). Members are created
 -- there (rank i on p_nodes[i], `preparing`, their CPUs and memory counted as used), rank 0's node is the
--- rendezvous, the attempt and the job become `preparing` with the prepare deadline. A second call changes
--- nothing. Returns the members.
+-- rendezvous, the attempt and the job become `preparing` with the prepare deadline, and the checkpoint
+-- the attempt resumes from is chosen (attempts.resume_artifact_id). A second call changes nothing. Returns
+-- the members.
 CREATE OR REPLACE FUNCTION tuneplane.slurm_allocation_started(p_attempt_id bigint, p_nodes text[],
                                                                 p_master_port integer, p_capsule_digest text)
 RETURNS TABLE (member_id bigint, rank integer, node text, address text)
@@ -260,15 +263,18 @@ BEGIN
            SET master_addr = (SELECT coalesce(n.address, n.name) FROM tuneplane.nodes n WHERE n.id = v_ids[1]),
                master_port = p_master_port, capsule_digest = p_capsule_digest,
                prepare_deadline = clock_timestamp()
-                   + (SELECT prepare_timeout FROM tuneplane.launch_settings)
+                   + (SELECT prepare_timeout FROM tuneplane.launch_settings),
+               -- The checkpoint this attempt resumes from, chosen as late as possible (as begin_prepare does
+               -- on node fleets); plan.json carries it to the steps (resume_pin, preemption.sql).
+               resume_artifact_id = (tuneplane.resume_checkpoint_of(a.job_id)).id
          WHERE id = a.id;
         UPDATE tuneplane.slurm_jobs SET started_at = clock_timestamp(), node_list = p_nodes, slurm_state = 'RUNNING',
                                         slurm_reason = NULL, jobs_ahead = NULL
          WHERE attempt_id = a.id;
         PERFORM tuneplane.set_attempt_state(a.id, 'preparing', 'Slurm allocation started; preparing');
         PERFORM tuneplane.set_job_state(j.id, 'preparing',
-            format('attempt %s: Slurm allocated %s; preparing %s member(s)', a.number,
-                   array_to_string(p_nodes, ','), j.nodes));
+            format('attempt %s: Slurm allocated %s; preparing %s member(s)%s', a.number,
+                   array_to_string(p_nodes, ','), j.nodes, tuneplane.resume_words(a.id)));
     END IF;
     RETURN QUERY SELECT m.id, m.rank, n.name, coalesce(n.address, n.name)
                    FROM tuneplane.members m JOIN tuneplane.nodes n ON n.id = m.node_id
@@ -348,13 +354,22 @@ BEGIN
 END;
 $$;
 
--- slurm_member_exited: rank p_rank's runner ended and wrote its exit status. A runner that was signalled
--- (p_signalled: it got SIGTERM/SIGKILL) while TunePlane asked nothing to stop was ended by Slurm
--- (preemption, time limit): it is recorded as failed with that reason even when the workload exited 0
--- (Slurm itself records a preempted job whose script exits 0 as COMPLETED).
+-- slurm_member_exited: rank p_rank's runner ended and wrote its exit status. p_signalled: a signal reached
+-- the step (reports/<rank>.signalled, p_signalled_at its epoch); the worker then waits for Slurm's end state
+-- (p_slurm_state) before it calls this.
+--   TunePlane asked the attempt to checkpoint and stop (request_preemption: stop_kind), or asked nothing but
+--   Slurm itself preempted the job or ended it at its time limit (slurm_stop_from_end records that as the
+--   same request): the exit is recorded as the workload reported it — a workload that trapped the signal,
+--   saved and exited 0 has `exited` — and the attempt ends preempted / timed_out whatever the status
+--   (finish_attempt_if_done), never succeeded.
+--   Any other signal TunePlane did not send (a node failure, the memory limit, a job past its
+--   max_preemptions): failed with Slurm's reason even when the workload exited 0 (Slurm itself records a
+--   preempted job whose script exits 0 as COMPLETED).
+-- Locks: the job, the attempt, the member (slurm_member), then record_member_exit's.
 CREATE OR REPLACE FUNCTION tuneplane.slurm_member_exited(p_attempt_id bigint, p_rank integer, p_exit_code integer,
                                                           p_reason text, p_signalled boolean,
-                                                          p_slurm_state text DEFAULT NULL)
+                                                          p_slurm_state text DEFAULT NULL,
+                                                          p_signalled_at double precision DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -364,10 +379,22 @@ DECLARE
     v_reason text := p_reason;
 BEGIN
     m := tuneplane.slurm_member(p_attempt_id, p_rank);
+    IF p_signalled AND p_slurm_state IS NOT NULL THEN
+        PERFORM tuneplane.slurm_stop_from_end(p_attempt_id,
+            CASE WHEN split_part(p_slurm_state, ' ', 1) IN ('COMPLETED', 'FAILED') THEN 'SIGNALLED'
+                 ELSE p_slurm_state END,
+            to_timestamp(p_signalled_at));
+    END IF;
     SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id;
+    IF p_signalled AND a.cancel_requested_at IS NULL AND a.stop_kind IS NOT NULL THEN
+        -- The signal of a stop the attempt records: the workload's own status stands (0: exited).
+        IF coalesce(v_code, 0) <> 0 THEN
+            v_reason := format('%s after the request to checkpoint and stop (%s)',
+                               coalesce(nullif(p_reason, ''), format('exit status %s', v_code)), a.stop_cause);
+        END IF;
     -- A member stopping because another one failed was still ended by Slurm's signal when Slurm says why
-    -- (preemption, node failure, time or memory limit): that is its reason, not TunePlane's stop.
-    IF p_signalled AND a.cancel_requested_at IS NULL
+    -- (node failure, time or memory limit): that is its reason, not TunePlane's stop.
+    ELSIF p_signalled AND a.cancel_requested_at IS NULL
        AND (m.state <> 'stopping'
             OR split_part(p_slurm_state, ' ', 1) IN ('PREEMPTED', 'NODE_FAIL', 'TIMEOUT', 'OUT_OF_MEMORY', 'DEADLINE')) THEN
         -- A preempted job whose batch script exits 0 is COMPLETED to Slurm: the signal is what counts.
@@ -380,6 +407,49 @@ BEGIN
     END IF;
     PERFORM tuneplane.record_member_exit(m, v_code, v_reason);
     RETURN (SELECT state FROM tuneplane.members WHERE id = m.id);
+END;
+$$;
+
+-- slurm_stop_from_end: Slurm itself stopped a job TunePlane had not asked to stop — PREEMPTED (its own
+-- preemption), TIMEOUT or DEADLINE (its time limit), or SIGNALLED (a step got a signal TunePlane did not
+-- send and the job still ended COMPLETED or FAILED: what Slurm records for a preempted job whose script
+-- trapped the signal and exited). The attempt is recorded as asked to checkpoint and stop — stop_kind
+-- preempted (PREEMPTED, SIGNALLED) or timed_out (TIMEOUT, DEADLINE), stop_cause Slurm's words,
+-- stop_requested_at when the signal reached the step (p_signalled_at, else now), grace_deadline now — so it
+-- ends preempted / timed_out naming its checkpoint and the work lost (settle_stopped_attempt) and the next
+-- attempt resumes from it, exactly as after TunePlane's own request. Nothing when a request or a cancel
+-- stands, for any other state, or for a preemption of a job that used up its max_preemptions (that one
+-- fails and counts against max_attempts, so a job Slurm keeps preempting cannot loop). Returns whether it
+-- recorded a stop. Locks: the job, then the attempt (lock_attempt).
+CREATE OR REPLACE FUNCTION tuneplane.slurm_stop_from_end(p_attempt_id bigint, p_slurm_state text,
+                                                          p_signalled_at timestamptz DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    a      tuneplane.attempts;
+    j      tuneplane.jobs;
+    v_kind text;
+    v_at   timestamptz := least(coalesce(p_signalled_at, clock_timestamp()), clock_timestamp());
+BEGIN
+    a := tuneplane.lock_attempt(p_attempt_id);
+    SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
+    v_kind := CASE split_part(coalesce(p_slurm_state, ''), ' ', 1)
+                  WHEN 'PREEMPTED' THEN 'preempted' WHEN 'SIGNALLED' THEN 'preempted'
+                  WHEN 'TIMEOUT' THEN 'timed_out' WHEN 'DEADLINE' THEN 'timed_out' END;
+    IF v_kind IS NULL OR a.stop_kind IS NOT NULL OR a.cancel_requested_at IS NOT NULL
+       OR a.state NOT IN ('reserved', 'preparing', 'running', 'stopping') THEN
+        RETURN false;
+    END IF;
+    IF v_kind = 'preempted'
+       AND j.preemptions_used >= coalesce((j.spec -> 'preemption' ->> 'max_preemptions')::integer,
+                                          (SELECT max_preemptions FROM tuneplane.preemption_settings)) THEN
+        RETURN false;
+    END IF;
+    UPDATE tuneplane.attempts
+       SET stop_kind = v_kind, stop_cause = tuneplane.slurm_end_words(p_slurm_state),
+           stop_requested_at = least(v_at, clock_timestamp()), grace_deadline = clock_timestamp()
+     WHERE id = a.id;
+    RETURN true;
 END;
 $$;
 
@@ -405,8 +475,9 @@ $$;
 -- slurm_job_ended: the Slurm job is gone (it left squeue; its end state from scontrol/sacct/jobcomp).
 -- Every member still live ended with it: one that never started → ABORT; a started one → failed with the
 -- Slurm end state as its reason (NODE_FAIL, TIMEOUT, OUT_OF_MEMORY, PREEMPTED, CANCELLED). A job that never
--- got an allocation is aborted. The attempt then finishes (retried by max_attempts). Returns the attempt
--- state.
+-- got an allocation is aborted. The attempt then finishes (retried by max_attempts); one Slurm preempted or
+-- timed out ends preempted / timed_out (slurm_stop_from_end) and resumes from its checkpoint. Returns the
+-- attempt state.
 CREATE OR REPLACE FUNCTION tuneplane.slurm_job_ended(p_attempt_id bigint, p_slurm_state text, p_detail text)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -418,6 +489,8 @@ BEGIN
     a := tuneplane.lock_attempt(p_attempt_id);
     UPDATE tuneplane.slurm_jobs SET slurm_state = p_slurm_state, gone_at = coalesce(gone_at, clock_timestamp())
      WHERE attempt_id = p_attempt_id;
+    -- Slurm preempted it or ended it at its time limit: preempted / timed_out, never failed (or succeeded).
+    PERFORM tuneplane.slurm_stop_from_end(a.id, p_slurm_state);
     IF NOT EXISTS (SELECT 1 FROM tuneplane.launch_decisions WHERE attempt_id = a.id) THEN
         PERFORM tuneplane.decide_abort(a.id, 'the Slurm job ended before every member prepared: ' || v_why);
     END IF;
@@ -440,6 +513,63 @@ LANGUAGE sql AS $$
        AND s.slurm_job_id IS NOT NULL
        AND (a.state IN ('stopping', 'aborted', 'cancelled', 'failed') OR a.cancel_requested_at IS NOT NULL)
     RETURNING s.attempt_id, s.slurm_job_id, a.reason;
+$$;
+
+-- slurm_preemptions_due: attempts of a fleet asked to checkpoint and stop (request_preemption recorded
+-- stop_kind: an admin, idle reclaim, the planner) whose Slurm job has not been told yet, once every member
+-- runs (a step that has not started its runner yet could not pass the signal on). The worker writes the
+-- request into each member's output directory (.tuneplane/preempt.json, as the node agent does), sends the
+-- job's signal to the job's steps (`scancel --signal`) and calls slurm_preemption_signalled. `request`:
+-- {kind, reason, signal, deadline (epoch s), grace_seconds}. At the grace's end expire_grace_deadlines
+-- stops the attempt and slurm_scancel_due cancels the job. Reads only.
+CREATE OR REPLACE FUNCTION tuneplane.slurm_preemptions_due(p_fleet_id bigint)
+RETURNS TABLE (attempt_id bigint, job_id bigint, slurm_job_id bigint, request jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT s.attempt_id, s.job_id, s.slurm_job_id,
+           jsonb_build_object(
+               'kind', a.stop_kind,
+               'reason', CASE WHEN a.preempted_by_job_id IS NULL THEN a.stop_cause
+                              ELSE format('preempted by job %s (%s)', a.preempted_by_job_id, a.stop_cause) END,
+               'signal', coalesce(j.spec -> 'preemption' ->> 'signal', 'SIGTERM'),
+               'deadline', extract(epoch FROM a.grace_deadline)::double precision,
+               'grace_seconds', extract(epoch FROM a.grace_deadline - a.stop_requested_at)::double precision)
+      FROM tuneplane.slurm_jobs s
+      JOIN tuneplane.attempts a ON a.id = s.attempt_id
+      JOIN tuneplane.jobs j ON j.id = s.job_id
+     WHERE s.fleet_id = p_fleet_id AND s.gone_at IS NULL AND s.slurm_job_id IS NOT NULL
+       AND s.preempt_signalled_at IS NULL
+       AND a.stop_kind IS NOT NULL AND a.state = 'running' AND a.cancel_requested_at IS NULL
+       AND NOT EXISTS (SELECT 1 FROM tuneplane.members m WHERE m.attempt_id = a.id AND m.state = 'starting')
+     ORDER BY s.attempt_id;
+$$;
+
+-- slurm_preemption_signalled: the worker told the job's steps (slurm_preemptions_due): recorded once, with
+-- a job event saying what reached them. A second call changes nothing. Locks: the job, the attempt, then
+-- the slurm_jobs row.
+CREATE OR REPLACE FUNCTION tuneplane.slurm_preemption_signalled(p_attempt_id bigint, p_signal text,
+                                                                 p_files integer)
+RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.attempts;
+    s tuneplane.slurm_jobs;
+BEGIN
+    a := tuneplane.lock_attempt(p_attempt_id);
+    UPDATE tuneplane.slurm_jobs SET preempt_signalled_at = clock_timestamp()
+     WHERE attempt_id = p_attempt_id AND preempt_signalled_at IS NULL
+    RETURNING * INTO s;
+    IF s.attempt_id IS NULL THEN
+        RETURN;
+    END IF;
+    INSERT INTO tuneplane.job_events (job_id, from_state, to_state, reason, detail)
+    SELECT j.id, j.state, j.state,
+           format('attempt %s: %s sent to the steps of Slurm job %s (scancel --signal); the request written for '
+                  '%s member(s); grace until %s', a.number, p_signal, s.slurm_job_id, p_files,
+                  to_char(a.grace_deadline, 'HH24:MI:SS')),
+           jsonb_build_object('kind', 'stop_request_delivered', 'attempt', a.number,
+                              'slurm_job_id', s.slurm_job_id, 'signal', p_signal)
+      FROM tuneplane.jobs j WHERE j.id = a.job_id;
+END;
 $$;
 
 -- slurm_followed: the Slurm jobs a worker follows in a fleet (not yet gone), with their attempt's state.
