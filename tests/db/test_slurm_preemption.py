@@ -47,7 +47,7 @@ def slurm_fleet(db: Database) -> int:
 
 def run_attempt(db: Database, fleet_id: int, job_id: int, slurm_job_id: int) -> int:
     """The next attempt of a queued job, submitted, allocated on s1, committed and running."""
-    due = [d for d in db.call("slurm_submissions_due", fleet_id) if d["job_id"] == job_id][0]
+    due = next(d for d in db.call("slurm_submissions_due", fleet_id) if d["job_id"] == job_id)
     attempt_id = due["attempt_id"]
     db.call("slurm_submitted", attempt_id, slurm_job_id)
     db.call("slurm_allocation_started", attempt_id, ["s1"], 29500, "0" * 64)
@@ -90,7 +90,9 @@ def complete_checkpoint(db: Database, r: Running, name: str) -> dict:
         Jsonb(manifest.as_json()), manifest.digest, path,
     )[0]  # fmt: skip
     for index, entry in enumerate(manifest.files):
-        art = db.call("record_artifact_file", r.credential_hash, art["id"], index, entry.sha256, entry.size)[0]
+        art = db.call("record_artifact_file", r.credential_hash, art["id"], index, entry.sha256, entry.size)[
+            0
+        ]
     assert art["state"] == "complete", art
     return art
 
@@ -102,7 +104,11 @@ def test_a_request_is_due_for_the_worker_once_every_member_runs_and_delivered_on
     due = db.call("slurm_preemptions_due", r.fleet_id)
     assert [(d["attempt_id"], d["slurm_job_id"]) for d in due] == [(r.attempt_id, 100)]
     request = due[0]["request"]
-    assert (request["kind"], request["signal"], request["reason"]) == ("preempted", "SIGUSR1", "preempted by admin root")
+    assert (request["kind"], request["signal"], request["reason"]) == (
+        "preempted",
+        "SIGUSR1",
+        "preempted by admin root",
+    )
     assert request["grace_seconds"] == pytest.approx(90)
     assert request["deadline"] == pytest.approx(attempt(db, r.attempt_id)["grace_deadline"].timestamp())
     # The request event counts the member the worker will tell (no node agent: no PREEMPT command).
@@ -130,12 +136,16 @@ def test_a_member_still_starting_holds_the_delivery_back(db: Database) -> None:
     db.call("slurm_allocation_started", due["attempt_id"], ["s1"], 29500, "0" * 64)
     db.call("slurm_member_prepared", due["attempt_id"], 0)
     assert member_of(db, due["attempt_id"])["state"] == "starting"
-    execute(db, "UPDATE attempts SET state = 'running' WHERE id = %s", (due["attempt_id"],))  # racing the step
+    execute(
+        db, "UPDATE attempts SET state = 'running' WHERE id = %s", (due["attempt_id"],)
+    )  # racing the step
     db.call("request_preemption", job_id, "preempted by admin root", None, "preempted", None)
     assert db.call("slurm_preemptions_due", fleet_id) == []
 
 
-def test_an_attempt_asked_to_stop_whose_workload_trapped_the_signal_and_exited_0_is_preempted(db: Database) -> None:
+def test_an_attempt_asked_to_stop_whose_workload_trapped_the_signal_and_exited_0_is_preempted(
+    db: Database,
+) -> None:
     r = running(db)
     db.call("request_preemption", r.job_id, "preempted by admin root", None, "preempted", None)
     db.call("slurm_preemption_signalled", r.attempt_id, "SIGTERM", 1)
@@ -157,14 +167,20 @@ def test_an_attempt_asked_to_stop_whose_workload_trapped_the_signal_and_exited_0
     second = run_attempt(db, r.fleet_id, r.job_id, 101)
     assert attempt(db, second)["resume_artifact_id"] == ck["id"]
     pin = db.call("resume_pin", second)[0]["resume_pin"]
-    assert (pin["name"], pin["delivery"], pin["manifest_digest"]) == ("checkpoint.1", "shared", ck["manifest_digest"])
+    assert (pin["name"], pin["delivery"], pin["manifest_digest"]) == (
+        "checkpoint.1",
+        "shared",
+        ck["manifest_digest"],
+    )
     assert pin["shared_path"].endswith("/members/0/output/checkpoints/checkpoint.1")
     events = [e["reason"] for e in db.fetch_all("SELECT reason FROM job_events WHERE job_id = %s ORDER BY id",
                                                 (r.job_id,))]  # fmt: skip
     assert any("Slurm allocated s1" in e and "resumes from checkpoint.1" in e for e in events), events
 
 
-def test_a_workload_that_fails_after_the_request_still_ends_preempted_naming_the_request(db: Database) -> None:
+def test_a_workload_that_fails_after_the_request_still_ends_preempted_naming_the_request(
+    db: Database,
+) -> None:
     r = running(db)
     db.call("request_preemption", r.job_id, "preempted by admin root", None, "preempted", None)
     db.call("slurm_member_exited", r.attempt_id, 0, -15, "killed by SIGTERM", True, "CANCELLED", None)
@@ -186,7 +202,9 @@ def test_slurms_own_stop_of_a_workload_that_trapped_it_and_exited_0_is_preempted
 ) -> None:
     r = running(db, max_attempts=2)
     signalled_at = time.time() - 5
-    db.call("slurm_member_exited", r.attempt_id, 0, 0, "exited with status 0", True, slurm_state, signalled_at)
+    db.call(
+        "slurm_member_exited", r.attempt_id, 0, 0, "exited with status 0", True, slurm_state, signalled_at
+    )
     a = attempt(db, r.attempt_id)
     assert a["state"] == kind, a["reason"]
     assert a["stop_kind"] == kind and words in a["stop_cause"]
@@ -197,9 +215,14 @@ def test_slurms_own_stop_of_a_workload_that_trapped_it_and_exited_0_is_preempted
     assert j["preemptions_used"] == (1 if kind == "preempted" else 0)
 
 
-def test_slurms_timeout_of_a_member_that_never_wrote_its_status_ends_timed_out_and_counts(db: Database) -> None:
+def test_slurms_timeout_of_a_member_that_never_wrote_its_status_ends_timed_out_and_counts(
+    db: Database,
+) -> None:
     r = running(db, max_attempts=1)
-    assert db.call("slurm_job_ended", r.attempt_id, "TIMEOUT", "Slurm job 100 TIMEOUT")[0]["slurm_job_ended"] == "timed_out"
+    assert (
+        db.call("slurm_job_ended", r.attempt_id, "TIMEOUT", "Slurm job 100 TIMEOUT")[0]["slurm_job_ended"]
+        == "timed_out"
+    )
     m = member_of(db, r.attempt_id)
     assert m["state"] == "failed" and "time limit reached" in m["reason"]
     j = job(db, r.job_id)
@@ -224,9 +247,13 @@ def test_a_node_failure_still_fails_the_attempt(db: Database) -> None:
 
 def test_the_grace_ending_stops_the_attempt_and_the_worker_then_cancels_the_slurm_job(db: Database) -> None:
     r = running(db)
-    db.call("request_preemption", r.job_id, "preempted by admin root", dt.timedelta(seconds=30), "preempted", None)
+    db.call(
+        "request_preemption", r.job_id, "preempted by admin root", dt.timedelta(seconds=30), "preempted", None
+    )
     assert db.call("slurm_scancel_due", r.fleet_id) == []
-    execute(db, "UPDATE attempts SET grace_deadline = now() - interval '1 second' WHERE id = %s", (r.attempt_id,))
+    execute(
+        db, "UPDATE attempts SET grace_deadline = now() - interval '1 second' WHERE id = %s", (r.attempt_id,)
+    )
     assert db.call("expire_grace_deadlines")[0]["expire_grace_deadlines"] == 1
     assert [row["slurm_job_id"] for row in db.call("slurm_scancel_due", r.fleet_id)] == [100]
     db.call("slurm_member_exited", r.attempt_id, 0, -15, "killed by SIGTERM", True, "CANCELLED", None)

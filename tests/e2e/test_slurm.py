@@ -81,6 +81,7 @@ class Harness:
         batch_env: dict | None = None,
         telemetry_url: str | None = None,
         submit_grace: float = 30.0,
+        files: dict[str, bytes] | None = None,
     ) -> None:
         self.db, self.cluster, self.db_url = db, cluster, db_url
         self.shared = cluster.shared / uuid.uuid4().hex[:8]
@@ -91,13 +92,16 @@ class Harness:
             capabilities["telemetry_url"] = telemetry_url
         db.call("create_slurm_fleet", "hpc", "batch", str(cluster.conf), json.dumps(capabilities))
         self.blobs = FilesystemBlobStore(tmp / "blobs")
-        data = archive({"main.py": MEMBER, "train.py": TRAIN})
+        files = {"main.py": MEMBER, "train.py": TRAIN, **(files or {})}
+        data = archive(files)
         self.sha = hashlib.sha256(data).hexdigest()
         with self.blobs.stage() as (staged, handle):
             handle.write(data)
             handle.flush()
             self.blobs.commit_staged(staged, self.sha)
-        db.call("record_source_archive", self.user, self.sha, len(data), 2, len(MEMBER) + len(TRAIN))
+        db.call(
+            "record_source_archive", self.user, self.sha, len(data), len(files), sum(map(len, files.values()))
+        )
         self.lines: list[str] = []
         self.worker = SlurmWorker(
             SlurmWorkerOptions(
@@ -138,6 +142,7 @@ class Harness:
         source: dict | None = None,
         outputs: list | None = None,
         time_limit_minutes: int | None = None,
+        preemption: dict | None = None,
     ) -> int:
         spec = {
             "source": source or {"archive": f"sha256:{self.sha}", "entrypoint": "python main.py"},
@@ -147,7 +152,7 @@ class Harness:
             "env": env or {},
             "max_attempts": max_attempts,
             "outputs": outputs or [],
-        }
+        } | ({"preemption": preemption} if preemption else {})
         preview = service.create_preview(self.db, self.user, spec)
         return service.confirm(self.db, self.user, preview["id"], preview["digest"], uuid.uuid4().hex)[
             "job_id"
@@ -548,9 +553,11 @@ def test_kill_9_of_one_slurmd_fails_the_member_with_the_node_failure_and_retries
     cluster.wait_idle(60)
 
 
-def test_a_preempted_job_is_recorded_as_preempted_not_succeeded(harness: Harness) -> None:
+def test_a_job_slurm_preempted_is_recorded_as_preempted_not_succeeded_and_runs_again(
+    harness: Harness,
+) -> None:
     cluster = harness.cluster
-    job_id = harness.submit(gpus=2, env={"SLEEP": "60", "TRAP": "1"})
+    job_id = harness.submit(gpus=2, env={"SLEEP": "60", "TRAP": "1", "SLEEP_ON_ATTEMPT": "1"})
     harness.wait(lambda: len([m for m in harness.members(job_id) if m["state"] == "running"]) == 2, "running")
     stdout = harness.shared / "attempts" / "1" / "members" / "0" / "logs" / "stdout.log"
     harness.wait(lambda: stdout.is_file() and "rank 0 of 2" in stdout.read_text(), "the workload running")
@@ -567,16 +574,28 @@ def test_a_preempted_job_is_recorded_as_preempted_not_succeeded(harness: Harness
         "--wrap",
         "sleep 1",
     ).strip()
-    job = harness.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=90)
-    assert job["state"] == "failed", job["state_reason"]
-    assert "preempted" in job["state_reason"], job["state_reason"]
-    members = harness.members(job_id)
-    assert all("preempted" in m["reason"] for m in members), [m["reason"] for m in members]
-    attempt = harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s", (job_id,))
+    harness.wait(
+        lambda: (
+            harness.db.fetch_one("SELECT state FROM attempts WHERE job_id = %s AND number = 1", (job_id,))[
+                "state"
+            ]
+            not in ("reserved", "preparing", "running", "stopping")
+        ),
+        "attempt 1 ended",
+        90,
+    )
+    attempt = harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 1", (job_id,))
+    # Slurm's preemption (its job state PREEMPTED, or COMPLETED since the script exited 0): never failed or
+    # succeeded, and it spends no attempt of max_attempts 1.
+    assert attempt["state"] == "preempted", attempt["reason"]
+    assert attempt["stop_kind"] == "preempted" and "preempted" in attempt["stop_cause"], attempt["stop_cause"]
     logs = (
         harness.shared / "attempts" / str(attempt["id"]) / "members" / "0" / "logs" / "stdout.log"
     ).read_text()
     assert "SIGTERM: saved, exiting 0" in logs, logs  # the workload itself exited 0
+    job = harness.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=90)
+    assert job["state"] == "succeeded" and "attempt 2" in job["state_reason"], job["state_reason"]
+    assert any("preemptions do not count against max_attempts" in e for e in harness.events(job_id))
     harness.wait(lambda: urgent not in cluster.squeue_ids(), "the urgent job done")
 
 

@@ -122,6 +122,31 @@ def publish_pending(
     stops retrying): then the checkpoint is failed with the reason instead of being left unpublished."""
     from tuneplane.workers.artifacts.checkpoint import publish_checkpoint
     from tuneplane.workers.artifacts.deliver import node_http
+
+    if not _left_to_publish(directory):
+        return 0
+    with node_http(access.server, access.credential(), ca_bundle=access.ca_bundle) as http:
+        return publish_each(
+            directory,
+            say,
+            lambda member_id, name, root: publish_checkpoint(
+                http, member_id, name, root, retry_later=not final
+            ),
+            final=final,
+        )
+
+
+# publish(member_id, artifact name, directory) → the artifact as the server last reported it ({"id",
+# "state", "reason"}); raises UploadError (a retryable status: the next scan tries again) or OSError.
+Publish = Callable[[int, str, Path], dict]
+
+
+def publish_each(
+    directory: Path, say: Callable[[str], None], publish: Publish, *, final: bool = False
+) -> int:
+    """Every pending checkpoint of the member in `directory`, each through `publish`, numbered per name and
+    remembered in `checkpoints.json` (with its result for the SDK). The node agent publishes over HTTP
+    (publish_pending); the Slurm worker registers them where they lie on the shared path."""
     from tuneplane.workers.artifacts.upload import UploadError
 
     state_path = directory / "checkpoints.json"
@@ -131,42 +156,39 @@ def publish_pending(
         return 0
     member = json.loads((directory / "member.json").read_text())
     done = 0
-    with node_http(access.server, access.credential(), ca_bundle=access.ca_bundle) as http:
-        for key, name, root, refused in todo:
-            if root is None:
-                result = {"state": "failed", "artifact": None, "reason": refused}
-            else:
-                number = int(state["counts"].get(name, 0)) + 1
-                artifact_name = f"{name}.{number}"
-                try:
-                    artifact = publish_checkpoint(
-                        http, int(member["member_id"]), artifact_name, root, retry_later=not final
-                    )
-                except (UploadError, OSError) as exc:
-                    status = getattr(exc, "status", None)
-                    if not final and retryable_status(status):
-                        say(f"member {member['member_id']}: {artifact_name} not yet published: {exc}")
-                        break  # the server is unreachable or busy: the next scan tries again
-                    # Refused for good (e.g. a fleet without object delivery), or the last try after the
-                    # member ended: say so, do not retry.
-                    artifact = {"id": None, "state": "failed", "reason": str(exc)}
-                state["counts"][name] = number
-                result = {
-                    "state": artifact.get("state"),
-                    "artifact": artifact_name,
-                    "artifact_id": artifact.get("id"),
-                    "reason": artifact.get("reason") or "",
-                }
-            state["published"][key] = result
-            _write_json(state_path, state)
-            if key.startswith("request:"):
-                results = control_dir(directory) / "checkpoints" / "results"
-                _write_json(results / f"{key.split(':', 1)[1]}.json", result)
-            say(
-                f"member {member['member_id']}: checkpoint {result['artifact'] or name} {result['state']}"
-                + (f" ({result['reason']})" if result["state"] != "complete" else "")
-            )
-            done += 1
+    for key, name, root, refused in todo:
+        if root is None:
+            result = {"state": "failed", "artifact": None, "reason": refused}
+        else:
+            number = int(state["counts"].get(name, 0)) + 1
+            artifact_name = f"{name}.{number}"
+            try:
+                artifact = publish(int(member["member_id"]), artifact_name, root)
+            except (UploadError, OSError) as exc:
+                status = getattr(exc, "status", None)
+                if not final and retryable_status(status):
+                    say(f"member {member['member_id']}: {artifact_name} not yet published: {exc}")
+                    break  # the server is unreachable or busy: the next scan tries again
+                # Refused for good (e.g. a fleet without object delivery), or the last try after the
+                # member ended: say so, do not retry.
+                artifact = {"id": None, "state": "failed", "reason": str(exc)}
+            state["counts"][name] = number
+            result = {
+                "state": artifact.get("state"),
+                "artifact": artifact_name,
+                "artifact_id": artifact.get("id"),
+                "reason": artifact.get("reason") or "",
+            }
+        state["published"][key] = result
+        _write_json(state_path, state)
+        if key.startswith("request:"):
+            results = control_dir(directory) / "checkpoints" / "results"
+            _write_json(results / f"{key.split(':', 1)[1]}.json", result)
+        say(
+            f"member {member['member_id']}: checkpoint {result['artifact'] or name} {result['state']}"
+            + (f" ({result['reason']})" if result["state"] != "complete" else "")
+        )
+        done += 1
     return done
 
 

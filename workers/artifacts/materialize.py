@@ -75,8 +75,44 @@ def _download(http: httpx.Client, artifact_id: int, index: int, entry_sha: str, 
 
 def materialize_input(http: httpx.Client, pinned: dict[str, Any], dest: Path | str) -> VerifyReport:
     """Place one pinned input at dest and verify it; raises MaterializeError naming every bad file."""
-    dest = Path(dest)
     manifest = fetch_manifest(http, pinned)
+    return _place(
+        manifest,
+        pinned,
+        Path(dest),
+        lambda index, entry, target: _download(http, pinned["artifact_id"], index, entry.sha256, target),
+    )
+
+
+def materialize_shared(pinned: dict[str, Any], manifest_json: dict, dest: Path | str) -> VerifyReport:
+    """Place one pinned artifact that lies on the fleet's shared path (delivery `shared`) at dest and verify
+    it, without the server: the manifest comes with the pin (a Slurm job step holds no credential) and must
+    hash to the pinned digest. Raises MaterializeError naming the artifact and every bad file."""
+    try:
+        manifest = Manifest.from_json(manifest_json)
+    except (ManifestError, KeyError, TypeError, ValueError) as exc:
+        raise MaterializeError(f"input {pinned['name']}: unusable manifest ({exc})") from exc
+    if manifest.digest != pinned["manifest_digest"]:
+        raise MaterializeError(
+            f"input {pinned['name']}: the manifest hashes to {manifest.digest}, "
+            f"the job pinned {pinned['manifest_digest']}; refusing it"
+        )
+    shared = pinned.get("shared_path")
+    if pinned.get("delivery") != "shared" or not shared or not Path(shared).is_dir():
+        raise MaterializeError(
+            f"input {pinned['name']}: not on the shared path here (delivery {pinned.get('delivery')}, "
+            f"path {shared}); it cannot be read without the server"
+        )
+
+    def unreachable(_index: int, _entry: Any, _target: Path) -> None:
+        raise MaterializeError("not on the shared path")
+
+    return _place(manifest, pinned, Path(dest), unreachable)
+
+
+def _place(manifest: Manifest, pinned: dict[str, Any], dest: Path, download) -> VerifyReport:
+    """Every file of the manifest at dest (a copy from the shared path when the artifact lies there and is
+    visible, else `download(index, entry, target)`), then the whole directory verified against it."""
     if dest.is_dir():
         report = verify_directory(dest, manifest)
         if report.ok:
@@ -93,7 +129,7 @@ def materialize_input(http: httpx.Client, pinned: dict[str, Any], dest: Path | s
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(Path(shared) / entry.path, target)
             else:
-                _download(http, pinned["artifact_id"], index, entry.sha256, target)
+                download(index, entry, target)
         except (MaterializeError, OSError) as exc:
             problems.append(f"{entry.path}: {exc}")
     if problems:

@@ -35,6 +35,8 @@ REFUSED_EXIT = 126
 # Another runner holds this member directory: nothing was started, nothing was written.
 LOCKED_EXIT = 125
 PR_SET_CHILD_SUBREAPER = 36
+# Signals a job may choose for its preemption (JobSpec preemption.signal) that stop nothing of TunePlane's.
+PREEMPTION_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
 LOCK_FILE = "runner.lock"
 PIDS_FILE = "runner.json"
 # The agent probes the lock (a shared lock for an instant): the runner retries its exclusive lock a while.
@@ -173,6 +175,11 @@ def run_member(member_dir: Path) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # A job's preemption signal (SIGUSR1/SIGUSR2, docs/preemption.md) is the workload's. The node agent
+    # never sends it here, but Slurm's `scancel --signal` reaches every process of the job step: it must
+    # not end the runner (their default action), and it goes on to the workload as SIGTERM does.
+    for sig in PREEMPTION_ONLY:
+        signal.signal(sig, forward)
     while True:
         try:
             _, status = os.waitpid(keeper, 0)
@@ -203,9 +210,16 @@ def _keep(paths: MemberPaths, member: dict, launch, stdout_log, stderr_log) -> i
         stop_requested["signal"] = signum
         signal_all(descendants(os.getpid()), signum)
 
+    def pass_on(signum: int, _frame: object) -> None:
+        # A preemption signal asks the workload to checkpoint; it is no stop of the keeper's (the handler,
+        # unlike SIG_IGN, is not inherited by the workload: it gets the default action or its own trap).
+        signal_all(descendants(os.getpid()), signum)
+
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    for sig in PREEMPTION_ONLY:
+        signal.signal(sig, pass_on)
     try:
         child = subprocess.Popen(
             launch.argv,

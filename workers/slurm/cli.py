@@ -230,6 +230,11 @@ class SlurmCli:
             # Already gone, or it left the running state meanwhile: cancel it outright.
             self.run("scancel", str(slurm_job_id))
 
+    def signal_steps(self, slurm_job_id: int, name: str) -> None:
+        """The job's steps (not its batch script, TunePlane's own: neither --batch nor --full) get the signal
+        `name` (SIGTERM, SIGUSR1 …): a request to checkpoint and stop (docs/preemption.md)."""
+        self.run("scancel", f"--signal={name.removeprefix('SIG')}", str(slurm_job_id))
+
 
 def parse_key_values(text: str) -> dict[str, str]:
     """`scontrol … -o` output: Key=Value pairs separated by spaces (values have no spaces, except the

@@ -14,6 +14,7 @@ instead of two. `prepare` and `run` stay as modes for batch scripts written befo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -58,10 +59,12 @@ def wait_for_file(path: Path) -> str:
 
 
 def prepare(attempt_dir: Path, rank: int) -> int:
+    from tuneplane.workers.artifacts.materialize import MaterializeError, materialize_shared
     from tuneplane.workers.capsule import CapsuleError, unpack_capsule
     from tuneplane.workers.member_setup import MEMBER_FIELDS, PrepareFailed, unpack_source
     from tuneplane.workers.runner.runtime import RuntimeRefused, check_runtime
 
+    refused = (PrepareFailed, CapsuleError, RuntimeRefused, MaterializeError)
     directory = attempt_dir / "members" / str(rank)
     node = os.environ.get("SLURMD_NODENAME", "")
     try:
@@ -83,6 +86,11 @@ def prepare(attempt_dir: Path, rank: int) -> int:
         if plan["capsule_digest"] != digest:
             raise PrepareFailed(f"plan.json names capsule {plan['capsule_digest']}, not {digest}")
         member = plan["members"][rank]
+        if plan.get("resume"):
+            # The verified checkpoint this attempt resumes from ($TUNEPLANE_RESUME_DIR, docs/preemption.md):
+            # copied from where it lies on the shared path and verified against its pinned manifest.
+            pinned = {**plan["resume"], "name": f"resume ({plan['resume']['name']})"}
+            materialize_shared(pinned, plan["resume_manifest"], directory / "resume")
         config = {key: member.get(key, plan.get(key)) for key in MEMBER_FIELDS}
         config.update(local_rank=0, node_rank=rank, simulated_gpus=False, node=node)
         (directory / "output").mkdir(exist_ok=True)
@@ -90,7 +98,7 @@ def prepare(attempt_dir: Path, rank: int) -> int:
         tmp = directory / "member.json.tmp"
         tmp.write_text(json.dumps(config, indent=2))
         os.replace(tmp, directory / "member.json")
-    except (PrepareFailed, CapsuleError, RuntimeRefused, OSError, ValueError, KeyError, IndexError) as exc:
+    except (*refused, OSError, ValueError, KeyError, IndexError) as exc:
         report(attempt_dir, rank, "prepare_failed", {"node": node, "reason": str(exc)})
         return 1
     report(attempt_dir, rank, "prepared", {"node": node})
@@ -119,6 +127,21 @@ def run(attempt_dir: Path, rank: int) -> int:
     node, _, delay = os.environ.get(DELAY_START_ENV, "").partition(":")
     if node and node == os.environ.get("SLURMD_NODENAME"):
         time.sleep(float(delay))
+    started: dict[str, subprocess.Popen] = {}
+
+    def forward(signum: int, _frame: object) -> None:
+        # Slurm signals the step on scancel (TunePlane's cancel, its request to checkpoint and stop:
+        # `scancel --signal`), its own preemption or time limit; whether TunePlane asked for it is the
+        # database's call (slurm_member_exited): this records only that it happened, and when.
+        report(attempt_dir, rank, "signalled", {"signal": signum, "at": time.time()})
+        if "runner" in started:
+            with contextlib.suppress(ProcessLookupError):
+                started["runner"].send_signal(signum)
+
+    # Before the runner starts: every signal a job may choose for its preemption reaches this process too,
+    # and none may end it (the step would end and Slurm would kill the workload with it).
+    for sig in STEP_SIGNALS:
+        signal.signal(sig, forward)
     collector = start_collector(plan, member, directory, env)
     runner = subprocess.Popen(
         [sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(directory)],
@@ -126,19 +149,8 @@ def run(attempt_dir: Path, rank: int) -> int:
         stdout=open(directory / "logs" / "runner.log", "ab"),  # noqa: SIM115 - the child's
         stderr=subprocess.STDOUT,
     )
+    started["runner"] = runner
     report(attempt_dir, rank, "started", {"pid": runner.pid, "node": os.environ.get("SLURMD_NODENAME")})
-
-    def forward(signum: int, _frame: object) -> None:
-        # Slurm signals the step on scancel, preemption or time limit; whether TunePlane asked for it is
-        # the database's call (slurm_member_exited): this records only that it happened.
-        report(attempt_dir, rank, "signalled", {"signal": signum, "at": time.time()})
-        try:
-            runner.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        signal.signal(sig, forward)
     while True:
         try:
             code = runner.wait()
@@ -151,6 +163,11 @@ def run(attempt_dir: Path, rank: int) -> int:
     if collector is not None:
         drain_collector(*collector)
     return code
+
+
+# Signals that reach the step: TunePlane's cancel (SIGTERM), a request to checkpoint and stop (the job's
+# preemption.signal), Slurm's own preemption and time limit.
+STEP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def spool_dir(plan: dict, member: dict) -> Path:

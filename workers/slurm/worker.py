@@ -242,6 +242,10 @@ class SlurmWorker:
         queue = fleet.cli.queue()
         for row in self.call(fn.slurm_followed, fleet.fleet_id):
             self.follow(fleet, row, queue)
+        self.deliver_preemptions(fleet)
+        # A grace that ended stops its attempt (a sweep of every node worker too; this worker may run
+        # alone): slurm_scancel_due below then cancels its Slurm job.
+        self.call(fn.expire_grace_deadlines)
         for row in self.call(fn.slurm_scancel_due, fleet.fleet_id):
             queued = queue.get(row["slurm_job_id"])
             running = queued is not None and queued.state != "PENDING"
@@ -258,6 +262,35 @@ class SlurmWorker:
                 fleet.terminating.pop(attempt_id)
                 if job and job["slurm_job_id"] in queue:
                     fleet.cli.run("scancel", str(job["slurm_job_id"]))
+
+    def deliver_preemptions(self, fleet: FleetState) -> None:
+        """Attempts asked to checkpoint and stop (request_preemption): the request file in each member's
+        output directory (the node agent's own writer: .tuneplane/preempt.json, which the SDK reads), then the
+        job's signal to its steps (`scancel --signal`, never to the batch script), recorded once."""
+        from tuneplane.workers.agent.preemption import write_request
+
+        for row in self.call(fn.slurm_preemptions_due, fleet.fleet_id):
+            request = row["request"]
+            files = 0
+            for member in sorted((self.attempt_dir(fleet, row["attempt_id"]) / "members").glob("*")):
+                try:
+                    if (member / "output").is_dir():
+                        write_request(member, request)
+                        files += 1
+                except OSError as exc:  # the signal still goes out: a trapped signal is enough for the SDK
+                    self.say(f"attempt {row['attempt_id']}: the request file in {member} not written: {exc}")
+            try:
+                fleet.cli.signal_steps(row["slurm_job_id"], request["signal"])
+            except ControllerUnreachable:
+                raise
+            except SlurmError as exc:  # gone meanwhile (follow records its end) or refused: next pass
+                self.say(f"attempt {row['attempt_id']}: scancel --signal failed: {exc}")
+                continue
+            self.call(fn.slurm_preemption_signalled, row["attempt_id"], request["signal"], files)
+            self.say(
+                f"attempt {row['attempt_id']}: asked to checkpoint and stop ({request['reason']}); "
+                f"{request['signal']} to the steps of Slurm job {row['slurm_job_id']}"
+            )
 
     def stop_grace(self) -> float:
         row = self.db.fetch_one(
@@ -386,6 +419,14 @@ class SlurmWorker:
                 for m in members
             ],
         }
+        resume = self.call(fn.resume_pin, row["attempt_id"])[0]["resume_pin"]
+        if resume:
+            # The checkpoint this attempt resumes from (chosen by slurm_allocation_started): each step copies
+            # it from the shared path into its member's resume/ and verifies it against this manifest.
+            plan["resume"] = resume
+            plan["resume_manifest"] = self.db.fetch_one(
+                "SELECT manifest FROM tuneplane.artifacts WHERE id = %s", (resume["artifact_id"],)
+            )["manifest"]
         tmp = directory / "plan.json.tmp"
         tmp.write_text(json.dumps(plan, indent=2))
         os.replace(tmp, directory / "plan.json")
@@ -434,6 +475,8 @@ class SlurmWorker:
             os.replace(tmp, directory / "decision")
         for rank in range(world):
             self.ship_logs(fleet, attempt_id, rank, directory / "members" / str(rank) / "logs", final=False)
+            if (attempt_id, rank, "started") in fleet.done and (attempt_id, rank, "exited") not in fleet.done:
+                self.publish_checkpoints(directory / "members" / str(rank), final=False)
         for rank in range(world):
             key = (attempt_id, rank, "exited")
             if key in fleet.done:
@@ -444,8 +487,10 @@ class SlurmWorker:
             signalled = (reports / f"{rank}.signalled").is_file()
             if signalled and final_state is None:
                 continue  # wait for Slurm's end state: it says why the signal came (preempted, timeout …)
-            # Every line the member wrote is stored before its end is recorded (as the node agent drains).
+            # Every line the member wrote is stored, and every checkpoint it published registered, before
+            # its end is recorded (as the node agent drains): the attempt's end names its last checkpoint.
             self.ship_logs(fleet, attempt_id, rank, directory / "members" / str(rank) / "logs", final=True)
+            self.publish_checkpoints(directory / "members" / str(rank), final=True)
             status = json.loads(status_file.read_text())
             self.call(
                 fn.slurm_member_exited,
@@ -455,6 +500,7 @@ class SlurmWorker:
                 status.get("reason"),
                 signalled,
                 final_state,
+                signalled_at(reports / f"{rank}.signalled") if signalled else None,
             )
             if status.get("exit_code") == 0 and not signalled:
                 self.deliver_outputs(attempt_id, rank, directory / "members" / str(rank))
@@ -486,35 +532,62 @@ class SlurmWorker:
         """A member that exited 0: each output the spec asks for becomes an artifact delivered `shared` where
         it already is (its output directory on the shared path); the receiver verifies every file there
         against the manifest before the artifact is complete."""
-        from tuneplane.app.artifacts.receiver import ArtifactReceiver, Registration
         from tuneplane.workers.agent.outputs import planned_outputs
-        from tuneplane.workers.artifacts.manifest import ManifestError, build_manifest
+        from tuneplane.workers.artifacts.manifest import ManifestError
 
         outputs = planned_outputs(member_dir)
         if not outputs:
             return
-        member = self.db.fetch_one(
-            "SELECT id, node_id FROM tuneplane.members WHERE attempt_id = %s AND rank = %s",
-            (attempt_id, rank),
-        )
-        credential = self.node_credential(member["node_id"])
-        receiver = ArtifactReceiver(self.db, self.options.blob_dir)
+        member = json.loads((member_dir / "member.json").read_text())
         for output in outputs:
             root = member_dir / "output" / output["path"]
             try:
-                manifest = build_manifest(root)
-                artifact = receiver.register(
-                    credential,
-                    Registration(
-                        member_id=member["id"], name=output["name"], manifest=manifest.as_json(),
-                        manifest_digest=manifest.digest, kind="output", delivery="shared",
-                        shared_path=str(root),
-                    ),
-                )  # fmt: skip
+                artifact = self.register_shared(int(member["member_id"]), output["name"], "output", root)
             except (ManifestError, OSError, Refusal) as exc:
                 self.say(f"attempt {attempt_id} rank {rank}: output {output['name']} not delivered: {exc}")
                 continue
             self.say(f"attempt {attempt_id} rank {rank}: output {output['name']} {artifact['state']}")
+
+    def publish_checkpoints(self, member_dir: Path, final: bool) -> None:
+        """Checkpoints the member published while it runs (sdk.checkpoint's request files and
+        `.tuneplane-complete` markers: the node agent's rules, workers/agent/checkpoints.py), each registered
+        `shared` where it lies and verified there by the receiver; its result file answers the SDK."""
+        from tuneplane.workers.agent.checkpoints import publish_each
+
+        if not (member_dir / "member.json").is_file():
+            return
+        try:
+            publish_each(member_dir, self.say, self.register_checkpoint, final=final)
+        except (OSError, ValueError) as exc:  # a half-written file: the next pass looks again
+            self.say(f"{member_dir}: checkpoint scan failed: {exc}")
+
+    def register_checkpoint(self, member_id: int, name: str, root: Path) -> dict:
+        from tuneplane.workers.artifacts.manifest import ManifestError
+
+        try:
+            return self.register_shared(member_id, name, "checkpoint", root)
+        except ManifestError as exc:
+            return {"id": None, "state": "failed", "reason": f"not a readable checkpoint: {exc}"}
+        except Refusal as exc:
+            return {"id": None, "state": "failed", "reason": exc.message}
+
+    def register_shared(self, member_id: int, name: str, kind: str, root: Path) -> dict:
+        """One artifact of the member delivered `shared` at `root` (on the shared path), as the member's node
+        (its credential); the receiver verifies every file there against the manifest."""
+        from tuneplane.app.artifacts.receiver import ArtifactReceiver, Registration
+        from tuneplane.workers.artifacts.manifest import build_manifest
+
+        root = Path(os.path.normpath(root))
+        manifest = build_manifest(root)
+        node = self.db.fetch_one("SELECT node_id FROM tuneplane.members WHERE id = %s", (member_id,))
+        receiver = ArtifactReceiver(self.db, self.options.blob_dir)
+        return receiver.register(
+            self.node_credential(node["node_id"]),
+            Registration(
+                member_id=member_id, name=name, manifest=manifest.as_json(), manifest_digest=manifest.digest,
+                kind=kind, delivery="shared", shared_path=str(root),
+            ),
+        )  # fmt: skip
 
     def node_credential(self, node_id: int) -> str:
         """This worker's credential hash for a Slurm node (made once per node and process)."""
@@ -648,6 +721,14 @@ def batch_script(fleet: FleetState, due: dict, directory: Path, extra_env: dict)
         f'{step} "$PY" -P -m tuneplane.workers.slurm.step launch "$D"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def signalled_at(path: Path) -> float | None:
+    """When the signal reached the step (its `signalled` report), in epoch seconds."""
+    try:
+        return float(json.loads(path.read_text())["at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def job_name(attempt_id: int) -> str:

@@ -1,0 +1,120 @@
+"""TunePlane's request to checkpoint and stop on a Slurm fleet, end to end on the session's real cluster
+(docs/preemption.md, "Slurm fleets"): the worker writes the request file and sends the job's signal to the
+steps (`scancel --signal`); a workload that traps it, publishes a checkpoint (registered where it lies on
+the shared path) and exits 0 is `preempted`, not `succeeded`; the retry, a new Slurm job, resumes from
+that checkpoint."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_slurm import Harness
+from tuneplane.app.db import Database
+
+# Traps the job's preemption signal itself (SIGUSR1 here: Slurm sends it to every process of the step, so
+# the step, the runner and its keeper must live through it), then saves its step, publishes the checkpoint,
+# waits until TunePlane verified it and exits 0. A later attempt resumes from $TUNEPLANE_RESUME_DIR.
+WORKLOAD = b"""import json, os, signal, sys, time
+from pathlib import Path
+from tuneplane import sdk
+
+name = os.environ["TUNEPLANE_PREEMPTION_SIGNAL"]
+asked = []
+signal.signal(getattr(signal, name), lambda *_: asked.append(time.time()))
+out = Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
+step = 0
+resume = sdk.resume_dir()
+if resume is not None:
+    step = json.loads((resume / "state.json").read_text())["step"]
+    print(f"resumed from {os.environ['TUNEPLANE_RESUME_FROM']} at step {step}", flush=True)
+print(f"attempt {os.environ['TUNEPLANE_ATTEMPT']} trapping {name}", flush=True)
+last = step + 5 if resume is not None else 10**9
+while step < last:
+    step += 1
+    if asked:
+        saved = out / "checkpoints" / f"step-{step}"
+        saved.mkdir(parents=True)
+        (saved / "state.json").write_text(json.dumps({"step": step}))
+        request = sdk.preemption() or {}
+        result = sdk.checkpoint(saved, wait=True, timeout=60)
+        print(f"{name} at step {step}; request file kind {request.get('kind')}; "
+              f"checkpoint {result['artifact']} {result['state']}; exiting 0", flush=True)
+        sys.exit(0)
+    time.sleep(0.05)
+print(f"finished at step {step}", flush=True)
+"""
+
+
+@pytest.fixture
+def harness(db: Database, db_url: str, slurm_cluster, tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(db, db_url, slurm_cluster, tmp_path, files={"ckpt.py": WORKLOAD})
+    h.start()
+    yield h
+    h.stop()
+    slurm_cluster.run("scancel", "--full", "-u", "root", check=False)
+
+
+def stdout_of(harness: Harness, job_id: int, number: int) -> str:
+    attempt = harness.db.fetch_one(
+        "SELECT id FROM attempts WHERE job_id = %s AND number = %s", (job_id, number)
+    )
+    if attempt is None:
+        return ""
+    path = harness.shared / "attempts" / str(attempt["id"]) / "members" / "0" / "logs" / "stdout.log"
+    return path.read_text() if path.is_file() else ""
+
+
+def test_a_preempted_job_that_traps_the_signal_and_exits_0_is_preempted_and_its_retry_resumes(
+    harness: Harness,
+) -> None:
+    job_id = harness.submit(
+        nodes=1,
+        source={"archive": f"sha256:{harness.sha}", "entrypoint": f"exec {sys.executable} ckpt.py"},
+        preemption={"signal": "SIGUSR1", "grace_seconds": 60},
+    )
+    harness.wait(
+        lambda: "attempt 1 trapping SIGUSR1" in stdout_of(harness, job_id, 1), "the workload running"
+    )
+    harness.db.call("request_preemption", job_id, "preempted by the test", None, "preempted", None)
+
+    def first_ended() -> bool:
+        row = harness.db.fetch_one("SELECT state FROM attempts WHERE job_id = %s AND number = 1", (job_id,))
+        return row["state"] not in ("running", "stopping")
+
+    harness.wait(first_ended, "attempt 1 ended", 60)
+    first = harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 1", (job_id,))
+    log = stdout_of(harness, job_id, 1)
+    # The workload got the signal and the file, published its checkpoint and exited 0 ...
+    assert "SIGUSR1 at step" in log and "request file kind preempted" in log, log
+    assert "checkpoint checkpoint.1 complete; exiting 0" in log, log
+    member = harness.db.fetch_one("SELECT * FROM members WHERE attempt_id = %s", (first["id"],))
+    assert member["state"] == "exited" and member["exit_code"] == 0, member["reason"]
+    # ... and the attempt is preempted, not succeeded, naming that checkpoint: nothing lost.
+    assert first["state"] == "preempted", first["reason"]
+    assert "checkpoint checkpoint.1 verified" in first["reason"] and "lost 0 GPU-s" in first["reason"]
+    checkpoint = harness.db.fetch_one("SELECT * FROM artifacts WHERE id = %s", (first["end_checkpoint_id"],))
+    assert (checkpoint["name"], checkpoint["state"], checkpoint["delivery"]) == (
+        "checkpoint.1",
+        "complete",
+        "shared",
+    )
+    events = harness.events(job_id)
+    assert any("SIGUSR1 sent to the steps of Slurm job" in e for e in events), events
+    assert any("queued for attempt 2" in e for e in events), events
+
+    # The retry is a new attempt (a new Slurm job) that starts from exactly that checkpoint.
+    job = harness.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=90)
+    assert job["state"] == "succeeded", job["state_reason"]
+    second = harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 2", (job_id,))
+    assert second["resume_artifact_id"] == checkpoint["id"]
+    saved = json.loads((Path(checkpoint["shared_path"]) / "state.json").read_text())["step"]
+    log = stdout_of(harness, job_id, 2)
+    assert f"resumed from checkpoint.1 at step {saved}" in log, log
+    assert f"finished at step {saved + 5}" in log, log
+    assert any("resumes from checkpoint.1" in e for e in harness.events(job_id))
+    harness.cluster.wait_idle(60)
