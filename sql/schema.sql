@@ -757,6 +757,7 @@ CREATE TABLE tuneplane.slurm_jobs (
     scancel_at timestamp with time zone,
     gone_at timestamp with time zone,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    preempt_signalled_at timestamp with time zone,
     CONSTRAINT slurm_jobs_pkey PRIMARY KEY (attempt_id),
     CONSTRAINT slurm_jobs_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES tuneplane.attempts(id),
     CONSTRAINT slurm_jobs_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id),
