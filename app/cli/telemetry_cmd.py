@@ -130,6 +130,10 @@ def collector_cmd(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    # A job's preemption signal (SIGUSR1/SIGUSR2) is the workload's; on a Slurm fleet `scancel --signal`
+    # reaches every process of the step, this one too, and their default action would end it.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
 
     from tuneplane.app.client.transport import ClientError
