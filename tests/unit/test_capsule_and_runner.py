@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tarfile
@@ -166,9 +167,11 @@ def test_the_workload_environment_has_the_member_variables_and_no_credentials(tm
     assert not any(v.startswith(("tpn_", "tpe_", "tpu_")) for v in env.values())
 
 
-def _prepared_member(built, tmp_path: Path, exit_code: int = 0) -> Path:
+def _prepared_member(built, tmp_path: Path, exit_code: int = 0, entrypoint: str | None = None) -> Path:
     blobs, spec, _ = built
     spec = {**spec, "env": {"EXIT": str(exit_code)}}
+    if entrypoint:
+        spec = {**spec, "input": {**spec["input"], "entrypoint": entrypoint}}
     digest = build_capsule(spec, blobs)
     root = tmp_path / "member"
     root.mkdir()
@@ -268,3 +271,33 @@ def test_a_second_runner_for_a_live_member_refuses_without_touching_it(built, tm
     assert json.loads((root / "exit_status.json").read_text())["exit_code"] == 0
     assert (root / "logs" / "stdout.log").read_text().count("starting member") == 0
     assert "starting member" in first.stdout.read()  # type: ignore[union-attr]
+
+
+TRAP_USR1 = """import os, pathlib, signal, sys, time
+out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
+got = []
+signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
+(out / "started").write_text(str(os.getpid()))
+while not got:
+    time.sleep(0.02)
+(out / "saved").write_text(str(len(got)))
+sys.exit(0)
+"""
+
+
+def test_a_preemption_signal_sent_to_the_runner_and_keeper_ends_neither_and_reaches_the_workload(
+    built, tmp_path: Path
+) -> None:
+    # As on a Slurm step: `scancel --signal=USR1` reaches every process, the runner and its keeper too.
+    # The interpreter itself (exec), not a `python` on PATH that may be a wrapper script the signal ends.
+    root = _prepared_member(built, tmp_path, entrypoint=f"exec {sys.executable} main.py")
+    (root / "src" / "main.py").write_text(TRAP_USR1)
+    runner = _start_runner(root)
+    wait_for(lambda: (root / "output" / "started").exists(), timeout=30, what="the workload to start")
+    pids = read_runner_pids(root)
+    os.kill(pids["keeper"], signal.SIGUSR1)
+    os.kill(runner.pid, signal.SIGUSR1)
+    assert runner.wait(30) == 0
+    status = json.loads((root / "exit_status.json").read_text())
+    assert status["exit_code"] == 0 and status["reason"] == "exited with status 0", status
+    assert (root / "output" / "saved").exists()
