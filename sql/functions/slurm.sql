@@ -418,7 +418,8 @@ $$;
 -- stop_requested_at when the signal reached the step (p_signalled_at, else now), grace_deadline now — so it
 -- ends preempted / timed_out naming its checkpoint and the work lost (settle_stopped_attempt) and the next
 -- attempt resumes from it, exactly as after TunePlane's own request. Nothing when a request or a cancel
--- stands, for any other state, or for a preemption of a job that used up its max_preemptions (that one
+-- stands, for any other state, for SIGNALLED while TunePlane was stopping the attempt (its own scancel's
+-- signal), or for a preemption of a job that used up its max_preemptions (that one
 -- fails and counts against max_attempts, so a job Slurm keeps preempting cannot loop). Returns whether it
 -- recorded a stop. Locks: the job, then the attempt (lock_attempt).
 CREATE OR REPLACE FUNCTION tuneplane.slurm_stop_from_end(p_attempt_id bigint, p_slurm_state text,
@@ -438,6 +439,13 @@ BEGIN
                   WHEN 'TIMEOUT' THEN 'timed_out' WHEN 'DEADLINE' THEN 'timed_out' END;
     IF v_kind IS NULL OR a.stop_kind IS NOT NULL OR a.cancel_requested_at IS NOT NULL
        OR a.state NOT IN ('reserved', 'preparing', 'running', 'stopping') THEN
+        RETURN false;
+    END IF;
+    -- A signal without Slurm's word for it is TunePlane's own when TunePlane was stopping the attempt (a
+    -- member failed: stop_attempt, then the worker's scancel --full --signal=TERM).
+    IF split_part(p_slurm_state, ' ', 1) = 'SIGNALLED'
+       AND (a.state = 'stopping'
+            OR (SELECT s.scancel_at FROM tuneplane.slurm_jobs s WHERE s.attempt_id = a.id) IS NOT NULL) THEN
         RETURN false;
     END IF;
     IF v_kind = 'preempted'

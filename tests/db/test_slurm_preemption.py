@@ -36,11 +36,11 @@ def execute(db: Database, query: str, params: tuple = ()) -> None:
         conn.execute(query, params)
 
 
-def slurm_fleet(db: Database) -> int:
+def slurm_fleet(db: Database, nodes: tuple[str, ...] = ("s1",)) -> int:
     fleet = db.call("create_slurm_fleet", "hpc", "batch", None, json.dumps({"shared_path": SHARED}))[0]["id"]
     status = {"version": "22.05.8", "partition": {"max_nodes": 2, "max_time_minutes": 60},
-              "nodes": [{"name": "s1", "address": "127.0.0.1", "state": "idle", "reason": None, "cpus": 8,
-                         "memory_mb": 1000, "gpus": 2, "gpu_model": "gpu"}]}  # fmt: skip
+              "nodes": [{"name": n, "address": "127.0.0.1", "state": "idle", "reason": None, "cpus": 8,
+                         "memory_mb": 1000, "gpus": 2, "gpu_model": "gpu"} for n in nodes]}  # fmt: skip
     db.call("slurm_sync_fleet", fleet, json.dumps(status))
     return fleet
 
@@ -260,3 +260,22 @@ def test_the_grace_ending_stops_the_attempt_and_the_worker_then_cancels_the_slur
     db.call("slurm_job_ended", r.attempt_id, "CANCELLED", "Slurm job 100 CANCELLED")
     a = attempt(db, r.attempt_id)
     assert a["state"] == "preempted" and "stopped at the end of its grace" in a["reason"], a["reason"]
+
+
+def test_the_signal_of_tuneplanes_own_stop_after_a_member_failed_is_no_preemption(db: Database) -> None:
+    fleet_id = slurm_fleet(db, ("s1", "s2"))
+    make_job(db, make_user(db), fleet_id, nodes=2, gpus_per_node=1)
+    attempt_id = db.call("slurm_submissions_due", fleet_id)[0]["attempt_id"]
+    db.call("slurm_submitted", attempt_id, 9)
+    db.call("slurm_allocation_started", attempt_id, ["s1", "s2"], 29500, "0" * 64)
+    for rank in (0, 1):
+        db.call("slurm_member_prepared", attempt_id, rank)
+        db.call("slurm_member_started", attempt_id, rank, 100 + rank)
+    db.call("slurm_member_exited", attempt_id, 1, 3, "exited with status 3", False, None, None)
+    assert attempt(db, attempt_id)["state"] == "stopping"
+    assert [r["attempt_id"] for r in db.call("slurm_scancel_due", fleet_id)] == [attempt_id]
+    # Rank 0 got the worker's SIGTERM, exited 0, and the Slurm job ended COMPLETED.
+    db.call("slurm_member_exited", attempt_id, 0, 0, "exited with status 0", True, "COMPLETED", time.time())
+    a = attempt(db, attempt_id)
+    assert a["state"] == "failed" and a["stop_kind"] is None, a["reason"]
+    assert "member rank 1 failed" in a["reason"]
