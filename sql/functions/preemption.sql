@@ -235,6 +235,21 @@ LANGUAGE sql AS $$
      WHERE attempt_id = p_attempt_id;
 $$;
 
+-- attempt_gpus: the GPUs an attempt's members hold, for its lost GPU-seconds: on node fleets the indices
+-- placement gave each member; on Slurm fleets, which allocate by count (--gres=gpu:G) and record no
+-- indices, the job's gpus_per_node per member (the usage ledger's rule, usage.sql).
+CREATE OR REPLACE FUNCTION tuneplane.attempt_gpus(p_attempt_id bigint)
+RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(CASE WHEN f.backend = 'node' THEN coalesce(cardinality(m.gpu_indices), 0)
+                             ELSE j.gpus_per_node END), 0)::integer
+      FROM tuneplane.members m
+      JOIN tuneplane.jobs j ON j.id = m.job_id
+      JOIN tuneplane.attempts t ON t.id = m.attempt_id
+      JOIN tuneplane.fleets f ON f.id = t.fleet_id
+     WHERE m.attempt_id = p_attempt_id;
+$$;
+
 -- lost_work_of_failed: a failed attempt (a member failed, its node lost or fenced) loses the work since the
 -- job's last verified checkpoint too: recorded on the attempt and in the usage ledger, the next attempt
 -- resumes from that checkpoint (begin_prepare).
@@ -256,8 +271,7 @@ BEGIN
                                           coalesce(ck.completed_at, '-infinity'))), 0);
     UPDATE tuneplane.attempts
        SET end_checkpoint_id = ck.id, lost_seconds = v_lost,
-           lost_gpu_seconds = v_lost * (SELECT coalesce(sum(cardinality(m.gpu_indices)), 0)
-                                          FROM tuneplane.members m WHERE m.attempt_id = a.id)
+           lost_gpu_seconds = v_lost * tuneplane.attempt_gpus(a.id)
      WHERE id = a.id;
     PERFORM tuneplane.record_lost_work(a.id, v_lost);
 END;
@@ -288,8 +302,7 @@ BEGIN
     v_start := coalesce(a.running_at, a.committed_at);
     v_saved := ck.id IS NOT NULL AND ck.attempt_id = a.id
                AND ck.completed_at BETWEEN a.stop_requested_at AND a.grace_deadline;
-    v_gpus := coalesce((SELECT sum(coalesce(cardinality(m.gpu_indices), 0))::integer
-                          FROM tuneplane.members m WHERE m.attempt_id = a.id), 0);
+    v_gpus := tuneplane.attempt_gpus(a.id);
     IF v_start IS NOT NULL AND NOT v_saved THEN
         v_lost := greatest(extract(epoch FROM clock_timestamp()
                                    - greatest(v_start, coalesce(ck.completed_at, v_start))), 0);
@@ -355,11 +368,10 @@ BEGIN
         RETURNING id INTO p_id;
         INSERT INTO tuneplane.preemption_victims (preemption_id, attempt_id, job_id, priority, gpus,
                                                   expected_lost_gpu_seconds)
-        SELECT p_id, a.id, j.id, j.priority, coalesce(sum(cardinality(m.gpu_indices)), 0),
-               coalesce(sum(cardinality(m.gpu_indices)), 0)
+        SELECT p_id, a.id, j.id, j.priority, tuneplane.attempt_gpus(a.id),
+               tuneplane.attempt_gpus(a.id)
                * greatest(extract(epoch FROM now() - greatest(coalesce(a.running_at, a.committed_at, now()),
-                          coalesce((tuneplane.resume_checkpoint_of(j.id)).completed_at, '-infinity'))), 0)
-          FROM tuneplane.members m WHERE m.attempt_id = a.id;
+                          coalesce((tuneplane.resume_checkpoint_of(j.id)).completed_at, '-infinity'))), 0);
     END IF;
     RETURN a;
 END;

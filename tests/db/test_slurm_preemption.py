@@ -247,6 +247,9 @@ def test_a_node_failure_still_fails_the_attempt(db: Database) -> None:
 
 def test_the_grace_ending_stops_the_attempt_and_the_worker_then_cancels_the_slurm_job(db: Database) -> None:
     r = running(db)
+    execute(
+        db, "UPDATE attempts SET running_at = running_at - interval '100 s' WHERE id = %s", (r.attempt_id,)
+    )
     db.call(
         "request_preemption", r.job_id, "preempted by admin root", dt.timedelta(seconds=30), "preempted", None
     )
@@ -260,6 +263,8 @@ def test_the_grace_ending_stops_the_attempt_and_the_worker_then_cancels_the_slur
     db.call("slurm_job_ended", r.attempt_id, "CANCELLED", "Slurm job 100 CANCELLED")
     a = attempt(db, r.attempt_id)
     assert a["state"] == "preempted" and "stopped at the end of its grace" in a["reason"], a["reason"]
+    # Slurm allocates GPUs by count (no indices on its members): the job's 1 GPU × the time since it ran.
+    assert a["lost_seconds"] >= 100 and a["lost_gpu_seconds"] == pytest.approx(a["lost_seconds"])
 
 
 def test_the_signal_of_tuneplanes_own_stop_after_a_member_failed_is_no_preemption(db: Database) -> None:

@@ -2,7 +2,8 @@
 (docs/preemption.md, "Slurm fleets"): the worker writes the request file and sends the job's signal to the
 steps (`scancel --signal`); a workload that traps it, publishes a checkpoint (registered where it lies on
 the shared path) and exits 0 is `preempted`, not `succeeded`; the retry, a new Slurm job, resumes from
-that checkpoint."""
+that checkpoint. One that ignores the request is stopped at the end of its grace (the Slurm job
+cancelled) and resumes from its previous checkpoint."""
 
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ if resume is not None:
     step = json.loads((resume / "state.json").read_text())["step"]
     print(f"resumed from {os.environ['TUNEPLANE_RESUME_FROM']} at step {step}", flush=True)
 print(f"attempt {os.environ['TUNEPLANE_ATTEMPT']} trapping {name}", flush=True)
+if os.environ.get("IGNORE") == "1" and resume is None:
+    # A workload that saved once and then ignores the request: stopped at the end of its grace.
+    step = 1
+    saved = out / "checkpoints" / "step-1"
+    saved.mkdir(parents=True)
+    (saved / "state.json").write_text(json.dumps({"step": step}))
+    print(f"published step 1: {sdk.checkpoint(saved, wait=True, timeout=60)['state']}; ignoring", flush=True)
+    while True:
+        time.sleep(0.05)
 last = step + 5 if resume is not None else 10**9
 while step < last:
     step += 1
@@ -117,4 +127,36 @@ def test_a_preempted_job_that_traps_the_signal_and_exits_0_is_preempted_and_its_
     assert f"resumed from checkpoint.1 at step {saved}" in log, log
     assert f"finished at step {saved + 5}" in log, log
     assert any("resumes from checkpoint.1" in e for e in harness.events(job_id))
+    harness.cluster.wait_idle(60)
+
+
+def test_a_job_ignoring_the_request_is_cancelled_at_the_end_of_its_grace_and_resumes_from_its_checkpoint(
+    harness: Harness,
+) -> None:
+    job_id = harness.submit(
+        nodes=1,
+        env={"IGNORE": "1"},
+        source={"archive": f"sha256:{harness.sha}", "entrypoint": f"exec {sys.executable} ckpt.py"},
+        preemption={"signal": "SIGUSR1", "grace_seconds": 2},
+    )
+    harness.wait(
+        lambda: "published step 1: complete; ignoring" in stdout_of(harness, job_id, 1), "checkpoint 1"
+    )
+    harness.db.call("request_preemption", job_id, "preempted by the test", None, "preempted", None)
+
+    def first_ended() -> bool:
+        row = harness.db.fetch_one("SELECT state FROM attempts WHERE job_id = %s AND number = 1", (job_id,))
+        return row["state"] not in ("running", "stopping")
+
+    harness.wait(first_ended, "attempt 1 ended", 60)
+    first = harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 1", (job_id,))
+    assert first["state"] == "preempted", first["reason"]
+    assert "stopped at the end of its grace; resumes from checkpoint.1" in first["reason"], first["reason"]
+    assert first["lost_gpu_seconds"] > 0
+    slurm = harness.db.fetch_one("SELECT * FROM slurm_jobs WHERE attempt_id = %s", (first["id"],))
+    assert slurm["preempt_signalled_at"] is not None and slurm["scancel_at"] is not None
+    job = harness.wait_state(job_id, "succeeded", "failed", "cancelled", timeout=90)
+    assert job["state"] == "succeeded", job["state_reason"]
+    log = stdout_of(harness, job_id, 2)
+    assert "resumed from checkpoint.1 at step 1" in log and "finished at step 6" in log, log
     harness.cluster.wait_idle(60)
