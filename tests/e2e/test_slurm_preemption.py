@@ -79,17 +79,19 @@ def stdout_of(harness: Harness, job_id: int, number: int) -> str:
     return path.read_text() if path.is_file() else ""
 
 
-def test_a_preempted_job_that_traps_the_signal_and_exits_0_is_preempted_and_its_retry_resumes(
-    harness: Harness,
-) -> None:
+def preempted_first_attempt(
+    harness: Harness, running: str, grace: int, env: dict | None = None
+) -> tuple[int, dict]:
+    """Submit the workload (SIGUSR1 as its preemption signal, `grace` s), wait until its log says `running`,
+    ask it to checkpoint and stop (request_preemption, as an admin or the planner would) and wait until
+    attempt 1 ended; the job id and that attempt."""
     job_id = harness.submit(
         nodes=1,
+        env=env,
         source={"archive": f"sha256:{harness.sha}", "entrypoint": f"exec {sys.executable} ckpt.py"},
-        preemption={"signal": "SIGUSR1", "grace_seconds": 60},
+        preemption={"signal": "SIGUSR1", "grace_seconds": grace},
     )
-    harness.wait(
-        lambda: "attempt 1 trapping SIGUSR1" in stdout_of(harness, job_id, 1), "the workload running"
-    )
+    harness.wait(lambda: running in stdout_of(harness, job_id, 1), running)
     harness.db.call("request_preemption", job_id, "preempted by the test", None, "preempted", None)
 
     def first_ended() -> bool:
@@ -97,7 +99,13 @@ def test_a_preempted_job_that_traps_the_signal_and_exits_0_is_preempted_and_its_
         return row["state"] not in ("running", "stopping")
 
     harness.wait(first_ended, "attempt 1 ended", 60)
-    first = harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 1", (job_id,))
+    return job_id, harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 1", (job_id,))
+
+
+def test_a_preempted_job_that_traps_the_signal_and_exits_0_is_preempted_and_its_retry_resumes(
+    harness: Harness,
+) -> None:
+    job_id, first = preempted_first_attempt(harness, "attempt 1 trapping SIGUSR1", 60)
     log = stdout_of(harness, job_id, 1)
     # The workload got the signal and the file, published its checkpoint and exited 0 ...
     assert "SIGUSR1 at step" in log and "request file kind preempted" in log, log
@@ -133,23 +141,9 @@ def test_a_preempted_job_that_traps_the_signal_and_exits_0_is_preempted_and_its_
 def test_a_job_ignoring_the_request_is_cancelled_at_the_end_of_its_grace_and_resumes_from_its_checkpoint(
     harness: Harness,
 ) -> None:
-    job_id = harness.submit(
-        nodes=1,
-        env={"IGNORE": "1"},
-        source={"archive": f"sha256:{harness.sha}", "entrypoint": f"exec {sys.executable} ckpt.py"},
-        preemption={"signal": "SIGUSR1", "grace_seconds": 2},
+    job_id, first = preempted_first_attempt(
+        harness, "published step 1: complete; ignoring", 2, {"IGNORE": "1"}
     )
-    harness.wait(
-        lambda: "published step 1: complete; ignoring" in stdout_of(harness, job_id, 1), "checkpoint 1"
-    )
-    harness.db.call("request_preemption", job_id, "preempted by the test", None, "preempted", None)
-
-    def first_ended() -> bool:
-        row = harness.db.fetch_one("SELECT state FROM attempts WHERE job_id = %s AND number = 1", (job_id,))
-        return row["state"] not in ("running", "stopping")
-
-    harness.wait(first_ended, "attempt 1 ended", 60)
-    first = harness.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 1", (job_id,))
     assert first["state"] == "preempted", first["reason"]
     assert "stopped at the end of its grace; resumes from checkpoint.1" in first["reason"], first["reason"]
     assert first["lost_gpu_seconds"] > 0
