@@ -538,11 +538,13 @@ class SlurmWorker:
         outputs = planned_outputs(member_dir)
         if not outputs:
             return
-        member = json.loads((member_dir / "member.json").read_text())
+        member = self.db.fetch_one(
+            "SELECT id FROM tuneplane.members WHERE attempt_id = %s AND rank = %s", (attempt_id, rank)
+        )
         for output in outputs:
             root = member_dir / "output" / output["path"]
             try:
-                artifact = self.register_shared(int(member["member_id"]), output["name"], "output", root)
+                artifact = self.register_shared(member["id"], output["name"], "output", root)
             except (ManifestError, OSError, Refusal) as exc:
                 self.say(f"attempt {attempt_id} rank {rank}: output {output['name']} not delivered: {exc}")
                 continue
