@@ -657,7 +657,7 @@ CREATE TABLE tuneplane.preemptions (
     CONSTRAINT preemptions_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id),
     CONSTRAINT preemptions_preemptor_job_id_fkey FOREIGN KEY (preemptor_job_id) REFERENCES tuneplane.jobs(id),
     CONSTRAINT preemptions_check CHECK ((state = 'holding'::text) = (resolved_at IS NULL)),
-    CONSTRAINT preemptions_rule_check CHECK (rule = ANY (ARRAY['priority'::text, 'borrowed'::text, 'admin'::text, 'time_limit'::text, 'idle'::text])),
+    CONSTRAINT preemptions_rule_check CHECK (rule = ANY (ARRAY['priority'::text, 'borrowed'::text, 'reclaim'::text, 'admin'::text, 'time_limit'::text, 'idle'::text])),
     CONSTRAINT preemptions_state_check CHECK (state = ANY (ARRAY['holding'::text, 'done'::text, 'dropped'::text]))
 );
 CREATE INDEX preemptions_holding ON tuneplane.preemptions USING btree (fleet_id) WHERE (state = 'holding'::text);

@@ -98,9 +98,9 @@ $$;
 -- Admission by team quotas (docs/teams.md, ADR 0170). A fleet with no row in team_quotas is unmanaged:
 -- every job is admitted in plain queue order (priority, then age), as before teams. Once a fleet has a
 -- quota, reserve_next admits in this order: jobs within their team's guarantee (priority, then age), then
--- jobs that borrow idle GPUs above it, ordered by weighted fair share — never past limit_gpus, and (until
--- preemption can take borrowed GPUs back) only preemptible jobs borrow. The helpers below hold every rule;
--- reserve_next calls them.
+-- jobs that borrow idle GPUs above it, ordered by weighted fair share — never past limit_gpus, and only
+-- preemptible jobs borrow (a job within its guarantee takes lent GPUs back by preemption: the planner's
+-- reclaim rule, preemption.sql). The helpers below hold every rule; reserve_next calls them.
 
 -- fleet_has_quotas: whether admission on this fleet goes by team quotas.
 CREATE OR REPLACE FUNCTION tuneplane.fleet_has_quotas(p_fleet_id bigint)
@@ -232,7 +232,7 @@ $$;
 -- teams whose within-guarantee jobs wait? borrowing: NULL = not now (reason says why, with the team's quota),
 -- false = within the guarantee, true = borrowing idle GPUs above it.
 --   * never past limit_gpus;
---   * above the guarantee only a preemptible job (until preemption can take borrowed GPUs back);
+--   * above the guarantee only a preemptible job (what is lent is reclaimed by preempting it);
 --   * a borrower never takes the GPUs a waiting within-guarantee job of another team is owed.
 CREATE OR REPLACE FUNCTION tuneplane.admission_verdict(p_job tuneplane.jobs, p_team text, p_fleet text,
                                                        p_used integer, p_guaranteed integer, p_limit integer,
@@ -296,6 +296,8 @@ $$;
 --     first gets admission_verdict (limit, guarantee, preemptible borrowing, GPUs owed to waiting
 --     within-guarantee jobs) with its team's numbers as this pass moves them; a job refused there claims
 --     nothing and its reason says the numbers. attempts.borrowing records an admission above the guarantee.
+--     A job admitted within its guarantee that does not fit may reclaim GPUs lent to other teams
+--     (plan_preemption, given its team's numbers in this pass).
 -- Reasons of jobs it cannot place are stable words (needs, head or behind which job), never the figures of
 -- the moment, so a pass rewrites a reason only when the job's situation changes; the "best fit now" figures
 -- are computed when read (placement_fit_now).
@@ -364,6 +366,8 @@ DECLARE
     v_held_nodes bigint[] := '{}';
     v_searched  boolean;
     v_plan      text;
+    v_within    boolean;
+    v_planned   text[] := '{}';
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
     SELECT * INTO v_settings FROM tuneplane.launch_settings;
@@ -555,9 +559,19 @@ BEGIN
         ELSE
             v_reason := v_reason || format('; behind job %s at the head of the queue', v_head_id);
         END IF;
-        IF v_searched THEN
-            -- Would preempting lower-priority work make it fit? (One plan per shape and pass.)
-            v_plan := tuneplane.plan_preemption(v_job, v_fresh, v_held_nodes);
+        -- Within its team's guarantee (admission_verdict), a job may also reclaim GPUs lent to other teams.
+        v_within := v_managed AND NOT v_borrow AND v_job.nodes * v_job.gpus_per_node > 0;
+        IF v_searched OR (v_within AND NOT (v_shape || '/' || v_job.team_id || '/' || v_job.priority) = ANY (v_planned))
+        THEN
+            -- Would preempting lower-priority work (or reclaiming lent GPUs) make it fit? One plan per shape
+            -- and pass, and for a job that may reclaim one per shape, team and priority (a reclaim depends on
+            -- them, not on the shape alone).
+            IF v_within THEN
+                v_planned := v_planned || (v_shape || '/' || v_job.team_id || '/' || v_job.priority);
+            END IF;
+            v_plan := tuneplane.plan_preemption(v_job, v_fresh, v_held_nodes,
+                                                CASE WHEN v_within THEN t_used[v_t] END,
+                                                CASE WHEN v_within THEN t_guar[v_t] END);
             IF v_plan IS NOT NULL THEN
                 v_reason := v_reason || '; ' || v_plan;
             END IF;

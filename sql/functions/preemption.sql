@@ -8,6 +8,10 @@
 --
 -- Lock order: the launch contract's (sql/functions/launch.sql): the fleet's placement lock, jobs, attempts,
 -- members, leaf rows. The reads below lock nothing.
+--
+-- Drops (signature changes):
+-- plan_preemption takes the preemptor's team numbers (the reclaim rule).
+DROP FUNCTION IF EXISTS tuneplane.plan_preemption(tuneplane.jobs, timestamptz, bigint[]);
 
 -- resume_checkpoint_of: the checkpoint a new attempt of the job starts from, or NULL:
 --   spec.resume.mode 'none'    → never (the job asked to start from scratch every time);
@@ -387,12 +391,20 @@ $$;
 --   preemption_backoff_reason  a job just preempted waits while a job that outranks it is queued
 --
 -- Rules (docs/preemption.md, "The planner"): a victim is a running attempt not already asked to stop, of
--- a preemptible job of strictly lower priority (two jobs of equal priority never preempt each other),
--- that has run at least preemption_settings.min_runtime and has been preempted fewer than its
--- max_preemptions times. On each node the victims are taken in this order until the preemptor's member
--- fits (GPUs, CPUs and memory): scavenger first, then attempts on borrowed capacity, then the fewest
--- GPU-seconds since their last verified checkpoint, then the lowest priority. The preemptor's `nodes`
--- cheapest nodes (by those GPU-seconds) are chosen; a node that fits without a victim costs nothing.
+-- a preemptible job that has run at least preemption_settings.min_runtime and has been preempted fewer
+-- than its max_preemptions times, and that is either
+--   * of strictly lower priority (rule priority, or borrowed when every victim ran on borrowed capacity), or
+--   * reclaim: the preemptor is within its team's guarantee (its team's GPUs held + its own GPUs <=
+--     guaranteed_gpus: admission_verdict), and the victim, of priority <= the preemptor's, runs on GPUs
+--     another team lends: that team holds more GPUs in the fleet than its guarantee, and only its newest
+--     attempts whose GPUs add up to at most the excess count as lent (lent_attempts).
+-- Two jobs of equal priority never preempt each other except by reclaim; a reclaimer within its guarantee
+-- is never itself lent capacity (its team holds no more than its guarantee), so reclaim cannot loop, and a
+-- higher-priority borrower is never reclaimed (it would win back by priority). On each node the victims are
+-- taken in this order until the preemptor's member fits (GPUs, CPUs and memory): scavenger first, then
+-- reclaimed lent capacity, then attempts on borrowed capacity, then the fewest GPU-seconds since their
+-- last verified checkpoint, then the lowest priority. The preemptor's `nodes` cheapest nodes (by those
+-- GPU-seconds) are chosen; a node that fits without a victim costs nothing.
 
 -- preemption_holds: the nodes each holding decision of the fleet keeps for its preemptor. A decision
 -- whose preemptor is no longer queued (cancelled, placed by another path) is dropped here first.
@@ -443,13 +455,63 @@ LANGUAGE sql AS $$
      WHERE state = 'holding' AND preemptor_job_id = ANY (p_job_ids);
 $$;
 
--- plan_preemption: p_job does not fit now. If preempting lower-priority work makes its whole envelope fit,
+-- lent_attempts: the attempts of the fleet that run on GPUs lent by their team's guarantee — for every
+-- team other than p_team_id that holds more GPUs in the fleet than its guarantee (fleet_team_shares), its
+-- newest attempts (by reservation) whose held GPUs add up to at most that excess: what a job of p_team_id
+-- within its own guarantee may reclaim. An older attempt inside the lender's own guarantee is never lent,
+-- so a team is never reclaimed below its guarantee. With each attempt: its team and the team's numbers.
+CREATE OR REPLACE FUNCTION tuneplane.lent_attempts(p_fleet_id bigint, p_team_id bigint)
+RETURNS TABLE (attempt_id bigint, team_id bigint, team text, held_gpus integer, guaranteed_gpus integer,
+               gpus integer)
+LANGUAGE sql STABLE AS $$
+    WITH lender AS (
+        SELECT s.team_id, s.team, s.used_gpus, s.guaranteed_gpus
+          FROM tuneplane.fleet_team_shares(p_fleet_id) s
+         WHERE s.team_id <> p_team_id AND s.used_gpus > s.guaranteed_gpus
+    ), live AS (
+        SELECT m.attempt_id, l.team_id, l.team, l.used_gpus, l.guaranteed_gpus,
+               sum(cardinality(m.gpu_indices))::integer AS gpus,
+               sum(sum(cardinality(m.gpu_indices))) OVER (PARTITION BY l.team_id
+                                                          ORDER BY t.created_at DESC, t.id DESC) AS newest
+          FROM tuneplane.members m
+          JOIN tuneplane.nodes n ON n.id = m.node_id AND n.fleet_id = p_fleet_id
+          JOIN tuneplane.jobs j ON j.id = m.job_id
+          JOIN lender l ON l.team_id = j.team_id
+          JOIN tuneplane.attempts t ON t.id = m.attempt_id
+         WHERE m.released_at IS NULL
+         GROUP BY m.attempt_id, l.team_id, l.team, l.used_gpus, l.guaranteed_gpus, t.created_at, t.id
+        HAVING sum(cardinality(m.gpu_indices)) > 0
+    )
+    SELECT live.attempt_id, live.team_id, live.team, live.used_gpus, live.guaranteed_gpus, live.gpus
+      FROM live WHERE live.newest <= live.used_gpus - live.guaranteed_gpus;
+$$;
+
+-- reclaim_words: how a reclaim is said — the preemptor's reason, the decision and each victim's stop
+-- cause — in the decision's numbers (fixed when it is made: they are its record, not the moment's).
+CREATE OR REPLACE FUNCTION tuneplane.reclaim_words(p_team text, p_held integer, p_guaranteed integer,
+                                                   p_asks integer, p_lender text, p_reclaimed integer,
+                                                   p_lender_held integer, p_lender_guaranteed integer)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT format('team %s reclaims %s of its %s guaranteed GPU%s lent to team %s (team %s holds %s and this '
+                  'job asks %s; team %s holds %s, %s above its guarantee of %s)',
+                  p_team, p_reclaimed, p_guaranteed, CASE WHEN p_guaranteed = 1 THEN '' ELSE 's' END, p_lender,
+                  p_team, p_held, p_asks, p_lender, p_lender_held, p_lender_held - p_lender_guaranteed,
+                  p_lender_guaranteed);
+$$;
+
+-- plan_preemption: p_job does not fit now. If preempting lower-priority work — or, for a job within its
+-- team's guarantee, reclaiming GPUs its guarantee lent to other teams — makes its whole envelope fit,
 -- record one decision (preemptions + preemption_victims), hold the nodes for it and ask every victim to
 -- checkpoint and stop (request_preemption). Returns the words for the preemptor's reason, or NULL when no
 -- preemption helps. While its decision holds and a victim still runs, it plans nothing new. p_fresh: the
--- pass's connectivity bound; p_held: nodes held for other preemptors (never considered).
+-- pass's connectivity bound; p_held: nodes held for other preemptors (never considered); p_team_used and
+-- p_team_guaranteed: when admission found the job within its team's guarantee, the GPUs its team holds in
+-- this pass and the guarantee (NULL otherwise: no reclaim).
 -- Locks: under the fleet's placement lock; each victim's job, attempt and members (request_preemption).
-CREATE OR REPLACE FUNCTION tuneplane.plan_preemption(p_job tuneplane.jobs, p_fresh timestamptz, p_held bigint[])
+CREATE OR REPLACE FUNCTION tuneplane.plan_preemption(p_job tuneplane.jobs, p_fresh timestamptz, p_held bigint[],
+                                                     p_team_used integer DEFAULT NULL,
+                                                     p_team_guaranteed integer DEFAULT NULL)
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -463,6 +525,11 @@ DECLARE
     v_rule   text;
     v_team   text;
     v_words  text;
+    v_asks   integer := p_job.nodes * p_job.gpus_per_node;
+    v_lent   bigint[] := '{}';
+    v_lenders jsonb := '[]';
+    v_reclaim text;
+    v_cause  text;
     v       record;
 BEGIN
     SELECT * INTO p FROM tuneplane.preemptions
@@ -477,17 +544,26 @@ BEGIN
         -- Every victim ended and it still does not fit (the room went away: a node lost, fenced): plan anew.
         UPDATE tuneplane.preemptions SET state = 'dropped', resolved_at = now() WHERE id = p.id;
     END IF;
-    -- The common case costs one index probe: nothing preemptible of lower priority runs in this fleet.
-    IF NOT EXISTS (SELECT 1 FROM tuneplane.attempts t JOIN tuneplane.jobs j ON j.id = t.job_id
+    -- The common case costs an index probe or two: nothing preemptible of lower priority runs in this fleet,
+    -- and (for a job within its guarantee) nothing preemptible of another team of priority <= its own.
+    IF p_team_used IS NOT NULL AND v_asks > 0
+       AND EXISTS (SELECT 1 FROM tuneplane.attempts t JOIN tuneplane.jobs j ON j.id = t.job_id
                     WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL
-                      AND j.preemptible AND j.priority < p_job.priority) THEN
+                      AND j.preemptible AND j.priority <= p_job.priority AND j.team_id <> p_job.team_id) THEN
+        SELECT coalesce(array_agg(l.attempt_id), '{}') INTO v_lent
+          FROM tuneplane.lent_attempts(p_job.fleet_id, p_job.team_id) l;
+    END IF;
+    IF cardinality(v_lent) = 0
+       AND NOT EXISTS (SELECT 1 FROM tuneplane.attempts t JOIN tuneplane.jobs j ON j.id = t.job_id
+                        WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL
+                          AND j.preemptible AND j.priority < p_job.priority) THEN
         RETURN NULL;
     END IF;
     SELECT * INTO s FROM tuneplane.preemption_settings;
 
     WITH cand AS (
         SELECT t.id AS attempt_id, j.id AS job_id, j.priority, coalesce(pc.scavenger, false) AS scavenger,
-               t.borrowing,
+               t.id = ANY (v_lent) AS reclaim, t.borrowing,
                (SELECT coalesce(sum(cardinality(m.gpu_indices)), 0) FROM tuneplane.members m
                  WHERE m.attempt_id = t.id)::integer AS gpus,
                greatest(extract(epoch FROM now() - greatest(coalesce(t.running_at, t.committed_at),
@@ -500,7 +576,8 @@ BEGIN
                               ORDER BY a.completed_at DESC LIMIT 1) ck ON true
          WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL
            AND t.cancel_requested_at IS NULL
-           AND j.preemptible AND j.priority < p_job.priority
+           AND j.preemptible
+           AND (j.priority < p_job.priority OR (t.id = ANY (v_lent) AND j.priority <= p_job.priority))
            AND coalesce(t.running_at, t.committed_at) <= now() - s.min_runtime
            AND j.preemptions_used < coalesce((j.spec -> 'preemption' ->> 'max_preemptions')::integer,
                                              s.max_preemptions)
@@ -508,8 +585,8 @@ BEGIN
         SELECT m.node_id, c.attempt_id, c.gpus * c.lost_s AS lost_gs, cardinality(m.gpu_indices) AS g,
                m.cpus AS c, m.memory_bytes AS mem,
                row_number() OVER (PARTITION BY m.node_id
-                                  ORDER BY c.scavenger DESC, c.borrowing DESC, c.gpus * c.lost_s, c.priority,
-                                           c.attempt_id) AS k
+                                  ORDER BY c.scavenger DESC, c.reclaim DESC, c.borrowing DESC, c.gpus * c.lost_s,
+                                           c.priority, c.attempt_id) AS k
           FROM cand c JOIN tuneplane.members m ON m.attempt_id = c.attempt_id AND m.released_at IS NULL
     ), prefix AS (
         SELECT o.node_id, o.k, sum(o.g) OVER w AS g, sum(o.c) OVER w AS c, sum(o.mem) OVER w AS mem,
@@ -549,20 +626,44 @@ BEGIN
         RETURN NULL;  -- even preempting every candidate would not make it fit
     END IF;
 
-    SELECT CASE WHEN bool_and(t.borrowing) THEN 'borrowed' ELSE 'priority' END INTO v_rule
-      FROM tuneplane.attempts t WHERE t.id = ANY (v_victims);
     SELECT tm.name INTO v_team FROM tuneplane.teams tm WHERE tm.id = p_job.team_id;
+    -- Reclaim: per lending team, what this decision takes back of the GPUs it borrows (the victims on
+    -- lent capacity), with the team's numbers as lent_attempts found them.
+    IF v_victims && v_lent THEN
+        SELECT jsonb_agg(jsonb_build_object('team_id', x.team_id, 'team', x.team, 'held', x.held_gpus,
+                                            'guaranteed', x.guaranteed_gpus, 'reclaimed', x.gpus,
+                                            'jobs', to_jsonb(x.jobs)) ORDER BY x.team),
+               string_agg(tuneplane.reclaim_words(v_team, p_team_used, p_team_guaranteed, v_asks, x.team, x.gpus,
+                                                  x.held_gpus, x.guaranteed_gpus), '; ' ORDER BY x.team)
+          INTO v_lenders, v_reclaim
+          FROM (SELECT l.team_id, l.team, l.held_gpus, l.guaranteed_gpus, sum(l.gpus)::integer AS gpus,
+                       array_agg(t.job_id ORDER BY t.job_id) AS jobs
+                  FROM tuneplane.lent_attempts(p_job.fleet_id, p_job.team_id) l
+                  JOIN tuneplane.attempts t ON t.id = l.attempt_id
+                 WHERE l.attempt_id = ANY (v_victims)
+                 GROUP BY l.team_id, l.team, l.held_gpus, l.guaranteed_gpus) x;
+        v_rule := 'reclaim';
+    ELSE
+        SELECT CASE WHEN bool_and(t.borrowing) THEN 'borrowed' ELSE 'priority' END INTO v_rule
+          FROM tuneplane.attempts t WHERE t.id = ANY (v_victims);
+    END IF;
     v_words := format('team %s, priority %s', coalesce(v_team, '?'),
                       coalesce(p_job.priority_class || ' (' || p_job.priority || ')', p_job.priority::text));
     INSERT INTO tuneplane.preemptions (fleet_id, preemptor_job_id, rule, held_node_ids, reason, numbers)
     VALUES (p_job.fleet_id, p_job.id, v_rule, v_nodes,
-            format('job %s (%s) needs %s; preempting %s attempt(s) on %s', p_job.id, v_words,
-                   tuneplane.describe_request(p_job), cardinality(v_victims), array_to_string(v_names, ', ')),
-            jsonb_build_object('preemptor_priority', p_job.priority, 'nodes', to_jsonb(v_nodes)))
+            format('job %s (%s) needs %s; %spreempting %s attempt(s) on %s', p_job.id, v_words,
+                   tuneplane.describe_request(p_job), coalesce(v_reclaim || '; ', ''), cardinality(v_victims),
+                   array_to_string(v_names, ', ')),
+            jsonb_build_object('preemptor_priority', p_job.priority, 'nodes', to_jsonb(v_nodes))
+            || CASE WHEN v_rule = 'reclaim'
+                    THEN jsonb_build_object('reclaim', jsonb_build_object(
+                             'team_id', p_job.team_id, 'team', v_team, 'held', p_team_used,
+                             'guaranteed', p_team_guaranteed, 'asks', v_asks, 'lenders', v_lenders))
+                    ELSE '{}'::jsonb END)
     RETURNING * INTO p;
     v_cost := 0;
     FOR v IN
-        SELECT t.id AS attempt_id, t.job_id, j.priority,
+        SELECT t.id AS attempt_id, t.job_id, j.priority, j.team_id,
                (SELECT coalesce(sum(cardinality(m.gpu_indices)), 0) FROM tuneplane.members m
                  WHERE m.attempt_id = t.id)::integer AS gpus,
                greatest(extract(epoch FROM now() - greatest(coalesce(t.running_at, t.committed_at),
@@ -574,14 +675,24 @@ BEGIN
                                                   expected_lost_gpu_seconds)
         VALUES (p.id, v.attempt_id, v.job_id, v.priority, v.gpus, v.gpus * v.lost_s);
         v_cost := v_cost + v.gpus * v.lost_s;
-        PERFORM tuneplane.request_preemption(v.job_id, v_words, NULL, 'preempted', p_job.id);
+        -- A victim on lent capacity is told the reclaim in its team's numbers; any other, who outranks it.
+        v_cause := v_words;
+        IF v.attempt_id = ANY (v_lent) THEN
+            SELECT tuneplane.reclaim_words(v_team, p_team_used, p_team_guaranteed, v_asks, x ->> 'team',
+                                           (x ->> 'reclaimed')::integer, (x ->> 'held')::integer,
+                                           (x ->> 'guaranteed')::integer)
+              INTO v_cause
+              FROM jsonb_array_elements(v_lenders) x WHERE (x ->> 'team_id')::bigint = v.team_id;
+        END IF;
+        PERFORM tuneplane.request_preemption(v.job_id, v_cause, NULL, 'preempted', p_job.id);
     END LOOP;
     UPDATE tuneplane.preemptions
        SET numbers = numbers || jsonb_build_object('victims', cardinality(v_victims),
                                                    'expected_lost_gpu_seconds', round(v_cost::numeric))
      WHERE id = p.id;
-    RETURN format('preempting job(s) %s on %s (rule %s; %s GPU-s since their last verified checkpoints); '
+    RETURN format('%spreempting job(s) %s on %s (rule %s; %s GPU-s since their last verified checkpoints); '
                   'their resources are held for this job (decision %s)',
+                  coalesce(v_reclaim || '; ', ''),
                   (SELECT string_agg(pv.job_id::text, ', ' ORDER BY pv.job_id) FROM tuneplane.preemption_victims pv
                     WHERE pv.preemption_id = p.id),
                   array_to_string(v_names, ', '), v_rule, round(v_cost::numeric), p.id);
