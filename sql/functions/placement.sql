@@ -367,6 +367,7 @@ DECLARE
     v_searched  boolean;
     v_plan      text;
     v_within    boolean;
+    v_standing  text := '';
     v_planned   text[] := '{}';
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
@@ -418,10 +419,13 @@ BEGIN
                 END IF;
                 CONTINUE;
             END IF;
+            -- What every reason of an admitted job that waits ends with: its team's quota (stable words).
+            v_standing := CASE WHEN v_borrow THEN '; to borrow idle GPUs: ' ELSE '; within its guarantee: ' END
+                          || tuneplane.team_standing(t_name[v_t], v_fleet, t_guar[v_t], t_limit[v_t], t_weight[v_t]);
         END IF;
         IF v_job.preemptions_used > 0 THEN
             -- Just preempted, while a job that outranks it still waits: it backs off (preemption.sql).
-            v_reason := tuneplane.preemption_backoff_reason(v_job);
+            v_reason := tuneplane.preemption_backoff_reason(v_job) || v_standing;
             IF v_reason IS NOT NULL THEN
                 IF v_job.state_reason IS DISTINCT FROM v_reason THEN
                     PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
@@ -561,8 +565,8 @@ BEGIN
         END IF;
         -- Within its team's guarantee (admission_verdict), a job may also reclaim GPUs lent to other teams.
         v_within := v_managed AND NOT v_borrow AND v_job.nodes * v_job.gpus_per_node > 0;
-        IF v_searched OR (v_within AND NOT (v_shape || '/' || v_job.team_id || '/' || v_job.priority) = ANY (v_planned))
-        THEN
+        IF v_searched
+           OR (v_within AND NOT (v_shape || '/' || v_job.team_id || '/' || v_job.priority) = ANY (v_planned)) THEN
             -- Would preempting lower-priority work (or reclaiming lent GPUs) make it fit? One plan per shape
             -- and pass, and for a job that may reclaim one per shape, team and priority (a reclaim depends on
             -- them, not on the shape alone).
@@ -576,10 +580,7 @@ BEGIN
                 v_reason := v_reason || '; ' || v_plan;
             END IF;
         END IF;
-        IF v_managed THEN
-            v_reason := v_reason || CASE WHEN v_borrow THEN '; to borrow idle GPUs: ' ELSE '; within its guarantee: ' END
-                        || tuneplane.team_standing(t_name[v_t], v_fleet, t_guar[v_t], t_limit[v_t], t_weight[v_t]);
-        END IF;
+        v_reason := v_reason || v_standing;
         -- Only a changed reason is written (the cursor's row is the job as this pass found it).
         IF v_job.state_reason IS DISTINCT FROM v_reason THEN
             PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);

@@ -6,6 +6,7 @@ guarantee — and the victim, queued again, never preempts the reclaimer back.""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
 from tests.db.test_preemption_planner import asked, run
@@ -258,3 +259,26 @@ def test_a_job_within_its_guarantee_reclaims_even_after_its_shape_failed_earlier
     (decision,) = decisions(db, fleet)
     assert decision["preemptor_job_id"] == within and decision["rule"] == "reclaim"
     assert "preempting" not in job(db, borrower)["state_reason"]
+
+
+def test_on_a_fleet_with_quotas_a_backing_off_job_says_its_team_numbers(db: Database, teams: dict) -> None:
+    t, fleet = teams, teams["fleet"]
+    make_node(db, fleet, "n1", gpus=4)
+    set_quota(db, t["admin"], t["nlp"], fleet, guaranteed=8, overcommit=True)
+    victim = submit(db, t, "nlp", 1)
+    member = run(db, fleet, victim)
+    run(db, fleet, submit(db, t, "nlp", 2, preemptible=False))
+    make_node(db, fleet, "n2", gpus=1)  # room for the victim alone, not for the urgent job
+    urgent = submit(db, t, "nlp", 2, priority=100, preemptible=False)
+    db.call("reserve_next", fleet, 1000)
+    assert asked(db, victim)
+    report(db, "member_exited", member, exit_code=0)
+    with psycopg.connect(db.url, autocommit=False) as other:  # the urgent job is skipped in this pass
+        other.execute("SELECT 1 FROM tuneplane.jobs WHERE id = %s FOR UPDATE", (urgent,))
+        db.call("reserve_next", fleet, 1000)
+        other.rollback()
+    reason = job(db, victim)["state_reason"]
+    assert "backing off until" in reason, reason
+    assert reason.endswith(
+        "; within its guarantee: team nlp on fleet gpu: 8 guaranteed GPUs, limit none, weight 1"
+    )
