@@ -9,6 +9,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
+from tests.conftest import REPO
 from tests.db.test_preemption_planner import asked, run
 from tests.launch_fixtures import (
     assert_no_gpu_allocated_twice,
@@ -46,6 +47,14 @@ def submit(db: Database, t: dict, team: str, gpus: int, priority: int = 0, preem
     )
 
 
+def runbook_reclaimable(db: Database, job_id: int) -> list[dict]:
+    """docs/runbook.md's "what job 42's team could reclaim now", run as written for another job."""
+    text = (REPO / "docs" / "runbook.md").read_text()
+    start = text.index("SELECT l.*, t.job_id")
+    query = text[start : text.index(";", start)].replace("q.id = 42", "q.id = %s")
+    return db.fetch_all(query, (job_id,))
+
+
 def decisions(db: Database, fleet: int) -> list[dict]:
     return db.fetch_all("SELECT * FROM preemptions WHERE fleet_id = %s ORDER BY id", (fleet,))
 
@@ -77,6 +86,7 @@ def test_an_equal_priority_borrower_is_reclaimed_newest_first_and_never_reclaims
     assert member["node_id"] == n2
 
     reclaimer = submit(db, t, "vision", 2, preemptible=False)
+    assert sorted(r["job_id"] for r in runbook_reclaimable(db, reclaimer)) == [third, newest]
     db.call("reserve_next", fleet, 1000)
     assert asked(db, newest)
     assert not any(asked(db, j) for j in (oldest, second, third))
