@@ -857,6 +857,35 @@ CREATE INDEX team_event_deliveries_due ON tuneplane.team_event_deliveries USING 
 CREATE INDEX team_event_deliveries_ended ON tuneplane.team_event_deliveries USING btree (created_at) WHERE (state <> 'pending'::text);
 CREATE INDEX team_event_deliveries_team ON tuneplane.team_event_deliveries USING btree (team_id, id DESC);
 
+CREATE TABLE tuneplane.team_fleet_held (
+    fleet_id bigint NOT NULL,
+    team_id bigint NOT NULL,
+    gpus integer NOT NULL,
+    members integer NOT NULL,
+    CONSTRAINT team_fleet_held_pkey PRIMARY KEY (fleet_id, team_id),
+    CONSTRAINT team_fleet_held_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id),
+    CONSTRAINT team_fleet_held_team_id_fkey FOREIGN KEY (team_id) REFERENCES tuneplane.teams(id),
+    CONSTRAINT team_fleet_held_gpus_check CHECK (gpus >= 0),
+    CONSTRAINT team_fleet_held_members_check CHECK (members >= 0)
+);
+
+CREATE TABLE tuneplane.team_fleet_held_built (
+    fleet_id bigint NOT NULL,
+    built_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT team_fleet_held_built_pkey PRIMARY KEY (fleet_id),
+    CONSTRAINT team_fleet_held_built_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id)
+);
+
+CREATE TABLE tuneplane.team_fleet_held_changes (
+    id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    fleet_id bigint NOT NULL,
+    team_id bigint NOT NULL,
+    gpus integer NOT NULL,
+    members integer NOT NULL,
+    CONSTRAINT team_fleet_held_changes_pkey PRIMARY KEY (id)
+);
+CREATE INDEX team_fleet_held_changes_fleet ON tuneplane.team_fleet_held_changes USING btree (fleet_id);
+
 CREATE TABLE tuneplane.team_fleet_usage (
     team_id bigint NOT NULL,
     fleet_id bigint NOT NULL,

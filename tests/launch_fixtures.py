@@ -9,6 +9,8 @@ import hashlib
 import json
 import uuid
 
+from psycopg.rows import dict_row
+
 from tuneplane.app.db import Database
 
 
@@ -142,6 +144,39 @@ def assert_no_gpu_allocated_twice(db: Database) -> None:
                OR u.used_gpus > u.total_gpus"""
     )
     assert drift == []
+    assert_team_held_counted(db)
+
+
+# The held-GPU count (team_fleet_held, its changes) per fleet whose count exists, every non-zero team, against
+# the recount from the members; and what readers get (team_fleet_held_now) for every fleet.
+_COUNTED = """SELECT x.fleet_id, x.team_id, sum(x.gpus)::int AS gpus, sum(x.members)::int AS members
+  FROM (SELECT fleet_id, team_id, gpus, members FROM tuneplane.team_fleet_held
+        UNION ALL SELECT fleet_id, team_id, gpus, members FROM tuneplane.team_fleet_held_changes) x
+ WHERE x.fleet_id IN (SELECT fleet_id FROM tuneplane.team_fleet_held_built) AND x.fleet_id = ANY (%s)
+ GROUP BY x.fleet_id, x.team_id HAVING sum(x.gpus) <> 0 OR sum(x.members) <> 0"""
+
+
+def assert_team_held_counted(db: Database, fleets: list[int] | None = None) -> None:
+    """The GPUs and members each team holds per fleet (every fleet, or those named), as counted, equal the
+    sum over its live members: read in one snapshot (REPEATABLE READ), so that it holds while other
+    transactions place and release."""
+    with db.pool.connection() as conn, conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        cur = conn.cursor(row_factory=dict_row)
+        if fleets is None:
+            fleets = [f["id"] for f in cur.execute("SELECT id FROM tuneplane.fleets").fetchall()]
+        built = {r["fleet_id"] for r in cur.execute("SELECT fleet_id FROM tuneplane.team_fleet_held_built")}
+        counted = {
+            (r["fleet_id"], r["team_id"]): (r["gpus"], r["members"]) for r in cur.execute(_COUNTED, (fleets,))
+        }
+        recounted, now = {}, {}
+        for f in fleets:
+            for r in cur.execute("SELECT * FROM tuneplane.team_fleet_held_recount(%s)", (f,)).fetchall():
+                recounted[(f, r["team_id"])] = (r["gpus"], r["members"])
+            for r in cur.execute("SELECT * FROM tuneplane.team_fleet_held_now(%s)", (f,)).fetchall():
+                now[(f, r["team_id"])] = (r["gpus"], r["members"])
+    assert counted == {k: v for k, v in recounted.items() if k[0] in built}, (counted, recounted)
+    assert now == recounted, (now, recounted)
 
 
 def agent_returns(db: Database, node_id: int, running: list[int] | None = None) -> int:

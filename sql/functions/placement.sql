@@ -109,6 +109,97 @@ LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM tuneplane.team_quotas q WHERE q.fleet_id = p_fleet_id);
 $$;
 
+-- ---- GPUs held per (fleet, team): a count kept by the transactions that reserve and release (0225) ----
+-- Why: a pass on a fleet with quotas needs each team's GPUs held now; summing every live member of the
+-- fleet on every pass cost as much as the rest of the admission order (docs/teams.md, "GPUs held").
+-- Writers, each in the transaction that writes the members it counts:
+--   * reserve_next (under the fleet's placement lock): its own placements, straight into team_fleet_held;
+--     and, at the start of each pass, team_fleet_held_fold;
+--   * release_member: a team_fleet_held_changes row (−GPUs, −1 member), an insert: it never waits for a
+--     counter row, so it adds no lock to the launch lock order (launch.sql) and no contention;
+--   * slurm_allocation_started (slurm.sql): a changes row (+members, no GPU indices).
+-- Crash between two writes: there is none to crash between. A member row and the count that records it
+-- commit in one transaction, so after a crash (or a rollback, or a deadlock victim) both are there or
+-- neither is; nothing is reconstructed later. A job's team and a node's fleet never change (no function
+-- writes jobs.team_id or nodes.fleet_id; a migration that moves them must move the count too, or delete
+-- the fleet's team_fleet_held_built row so that the next pass counts it again).
+
+-- team_fleet_held_recount: GPUs (cardinality of gpu_indices) and members not yet released on the fleet's
+-- nodes, per team, summed from the members themselves: the truth the count must equal (the launch model
+-- test compares them after every step), and how a fleet's count is first built.
+CREATE OR REPLACE FUNCTION tuneplane.team_fleet_held_recount(p_fleet_id bigint)
+RETURNS TABLE (team_id bigint, gpus integer, members integer)
+LANGUAGE sql STABLE AS $$
+    SELECT j.team_id, coalesce(sum(cardinality(m.gpu_indices)), 0)::integer, count(*)::integer
+      FROM tuneplane.nodes n
+      JOIN tuneplane.members m ON m.node_id = n.id AND m.released_at IS NULL
+      JOIN tuneplane.jobs j ON j.id = m.job_id
+     WHERE n.fleet_id = p_fleet_id
+     GROUP BY j.team_id;
+$$;
+
+-- team_fleet_held_now: the same figures from the count: the folded rows plus the changes not folded yet,
+-- read in one snapshot (a change row commits with the release it records). Teams with no live member on
+-- the fleet are left out, as in the recount. A fleet whose count was never built is recounted.
+CREATE OR REPLACE FUNCTION tuneplane.team_fleet_held_now(p_fleet_id bigint)
+RETURNS TABLE (team_id bigint, gpus integer, members integer)
+LANGUAGE sql STABLE AS $$
+    SELECT x.team_id, sum(x.gpus)::integer, sum(x.members)::integer
+      FROM (SELECT h.team_id, h.gpus, h.members FROM tuneplane.team_fleet_held h WHERE h.fleet_id = p_fleet_id
+            UNION ALL
+            SELECT c.team_id, c.gpus, c.members FROM tuneplane.team_fleet_held_changes c
+             WHERE c.fleet_id = p_fleet_id) x
+     WHERE EXISTS (SELECT 1 FROM tuneplane.team_fleet_held_built b WHERE b.fleet_id = p_fleet_id)
+     GROUP BY x.team_id
+    HAVING sum(x.members) > 0
+    UNION ALL
+    SELECT r.team_id, r.gpus, r.members FROM tuneplane.team_fleet_held_recount(p_fleet_id) r
+     WHERE NOT EXISTS (SELECT 1 FROM tuneplane.team_fleet_held_built b WHERE b.fleet_id = p_fleet_id);
+$$;
+
+-- team_fleet_held_fold: brings the fleet's count rows up to date; called by reserve_next under the fleet's
+-- placement lock (the only writer of team_fleet_held and the only one that deletes changes), before it
+-- reads the teams' shares. The first time on a fleet it builds the count from the members, in one
+-- statement (one snapshot: the changes it deletes are exactly those whose releases the recount sees),
+-- after LOCK TABLE members IN SHARE MODE waited for every transaction writing members: a release by the
+-- previous function files (before migration 0225's functions were applied), which writes no change row,
+-- is then either in the recount or never happens. That lock is taken once per fleet, ever, holding only
+-- the placement lock, which no transaction that writes members waits for afterwards (placement lock comes
+-- before member rows in the lock order). Afterwards: one statement folds the committed changes into the rows.
+CREATE OR REPLACE FUNCTION tuneplane.team_fleet_held_fold(p_fleet_id bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.team_fleet_held_built b WHERE b.fleet_id = p_fleet_id) THEN
+        LOCK TABLE tuneplane.members IN SHARE MODE;
+        WITH gone AS (
+            DELETE FROM tuneplane.team_fleet_held_changes c WHERE c.fleet_id = p_fleet_id
+        ), counted AS (
+            INSERT INTO tuneplane.team_fleet_held (fleet_id, team_id, gpus, members)
+            SELECT p_fleet_id, r.team_id, r.gpus, r.members FROM tuneplane.team_fleet_held_recount(p_fleet_id) r
+        )
+        INSERT INTO tuneplane.team_fleet_held_built (fleet_id) VALUES (p_fleet_id);
+        RETURN;
+    END IF;
+    -- (An UPDATE, then an INSERT of teams without a row: INSERT … ON CONFLICT would check the rows'
+    -- CHECK (gpus >= 0) on the negative sums it proposes before it found the conflict.)
+    WITH folded AS (
+        DELETE FROM tuneplane.team_fleet_held_changes c WHERE c.fleet_id = p_fleet_id
+        RETURNING c.team_id, c.gpus, c.members
+    ), sums AS (
+        SELECT f.team_id, sum(f.gpus)::integer AS gpus, sum(f.members)::integer AS members
+          FROM folded f GROUP BY f.team_id
+    ), updated AS (
+        UPDATE tuneplane.team_fleet_held h SET gpus = h.gpus + s.gpus, members = h.members + s.members
+          FROM sums s WHERE h.fleet_id = p_fleet_id AND h.team_id = s.team_id
+        RETURNING h.team_id
+    )
+    INSERT INTO tuneplane.team_fleet_held (fleet_id, team_id, gpus, members)
+    SELECT p_fleet_id, s.team_id, s.gpus, s.members FROM sums s
+     WHERE NOT EXISTS (SELECT 1 FROM updated u WHERE u.team_id = s.team_id);
+END;
+$$;
+
 -- decayed_gpus: a team's decayed average of GPUs held, brought from p_at to now while it held p_gpus:
 -- avg(now) = avg(at)·d + gpus·(1 − d), d = 2^(−elapsed/half-life); stored as GPU-seconds (avg × H / ln 2,
 -- the integral of the exponentially decayed allocation).
@@ -124,7 +215,7 @@ $$;
 
 -- fleet_team_shares: every team with a quota on the fleet, GPUs held in it or a job queued in it, with its
 -- fleet-wide quota (gpu_model ''; no row: guarantee 0, no limit, weight 1) and GPUs held now (members not
--- yet released). share_gpus is what fair share compares (÷ weight): the GPUs held now or, when the fleet
+-- yet released: team_fleet_held_now, the count). share_gpus is what fair share compares (÷ weight): the GPUs held now or, when the fleet
 -- has a usage_half_life, the team's decayed average of GPUs held (team_fleet_usage brought up to now).
 -- Read by reserve_next under the fleet's placement lock, and by the reasons and the team pages.
 CREATE OR REPLACE FUNCTION tuneplane.fleet_team_shares(p_fleet_id bigint)
@@ -132,12 +223,7 @@ RETURNS TABLE (team_id bigint, team text, used_gpus integer, guaranteed_gpus int
                weight double precision, share_gpus double precision)
 LANGUAGE sql STABLE AS $$
     WITH held AS (
-        SELECT j.team_id, sum(cardinality(m.gpu_indices))::integer AS gpus
-          FROM tuneplane.nodes n
-          JOIN tuneplane.members m ON m.node_id = n.id AND m.released_at IS NULL
-          JOIN tuneplane.jobs j ON j.id = m.job_id
-         WHERE n.fleet_id = p_fleet_id
-         GROUP BY j.team_id
+        SELECT h.team_id, h.gpus FROM tuneplane.team_fleet_held_now(p_fleet_id) h
     ), teams AS (
         SELECT q.team_id FROM tuneplane.team_quotas q WHERE q.fleet_id = p_fleet_id AND q.gpu_model = ''
         UNION SELECT h.team_id FROM held h
@@ -292,6 +378,8 @@ $$;
 --     the pgqueuer jobs (its NOTIFY trigger is per statement); per placement only the candidate search, the
 --     job lock, the port probe and the node_usage update (later searches must see it) run in the loop.
 --     Job state and reasons go through set_job_state, which writes (and makes an event) only on change.
+--   * Held-GPU count (team_fleet_held, migration 0225): folded at the start of the pass
+--     (team_fleet_held_fold), this pass's placements added in the same transaction as their members.
 --   * Admission (team quotas): the walk follows admission_order's order; on a fleet with quotas each job
 --     first gets admission_verdict (limit, guarantee, preemptible borrowing, GPUs owed to waiting
 --     within-guarantee jobs) with its team's numbers as this pass moves them; a job refused there claims
@@ -371,6 +459,8 @@ DECLARE
     v_planned   text[] := '{}';
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
+    -- The teams' held-GPU count, folded under this lock (read by fleet_team_shares below).
+    PERFORM tuneplane.team_fleet_held_fold(p_fleet_id);
     SELECT * INTO v_settings FROM tuneplane.launch_settings;
     -- Connected = heartbeat younger than stale_after (the same rule as node_connectivity()).
     v_fresh := tuneplane.node_fresh_since();
@@ -642,6 +732,14 @@ BEGIN
     IF v_short > 0 THEN
         RAISE EXCEPTION 'a node has fewer free GPUs than its usage row says' USING ERRCODE = 'TP500';
     END IF;
+    -- The count of what each team holds here, in the transaction that reserved it (each member got exactly
+    -- its gpus_per_node indices, or the exception above undid the pass).
+    INSERT INTO tuneplane.team_fleet_held AS h (fleet_id, team_id, gpus, members)
+    SELECT p_fleet_id, j.team_id, sum(x.gpus), count(*)
+      FROM unnest(m_job, m_gpus) AS x (job_id, gpus) JOIN tuneplane.jobs j ON j.id = x.job_id
+     GROUP BY j.team_id
+    ON CONFLICT (fleet_id, team_id) DO UPDATE
+       SET gpus = h.gpus + EXCLUDED.gpus, members = h.members + EXCLUDED.members;
     -- The usage ledger opens in the transaction that reserved the members (usage.sql).
     PERFORM tuneplane.open_usage(v_attempts, v_reserved_at);
 
@@ -686,13 +784,16 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- release_member: give back a member's GPUs, CPUs and memory (idempotent). Called by the lifecycle
--- functions once the member's node has confirmed it stopped, or when nothing ever started.
+-- functions once the member's node has confirmed it stopped, or when nothing ever started. Writes the
+-- member, its gpu_allocations and usage ledger rows, its node_usage row, and a team_fleet_held_changes row
+-- (an insert: the count of what its team holds on the fleet).
 CREATE OR REPLACE FUNCTION tuneplane.release_member(p_member_id bigint)
 RETURNS boolean
 LANGUAGE plpgsql AS $$
 DECLARE
     m tuneplane.members;
     v_gpus integer;
+    v_fleet bigint;
 BEGIN
     UPDATE tuneplane.members SET released_at = clock_timestamp(), updated_at = clock_timestamp()
      WHERE id = p_member_id AND released_at IS NULL
@@ -708,8 +809,13 @@ BEGIN
     UPDATE tuneplane.node_usage
        SET used_gpus = used_gpus - v_gpus, used_cpus = used_cpus - m.cpus, used_memory = used_memory - m.memory_bytes
      WHERE node_id = m.node_id;
+    SELECT n.fleet_id INTO v_fleet FROM tuneplane.nodes n WHERE n.id = m.node_id;
+    -- Its team holds this much less on the fleet: a change row (an insert, no lock waited for), folded into
+    -- team_fleet_held by the fleet's next pass.
+    INSERT INTO tuneplane.team_fleet_held_changes (fleet_id, team_id, gpus, members)
+    SELECT v_fleet, j.team_id, -coalesce(cardinality(m.gpu_indices), 0), -1 FROM tuneplane.jobs j WHERE j.id = m.job_id;
     -- Capacity came free: wake the schedulers (debounced by NOTIFY's per-transaction de-duplication).
-    PERFORM pg_notify('tuneplane_placement', (SELECT fleet_id::text FROM tuneplane.nodes WHERE id = m.node_id));
+    PERFORM pg_notify('tuneplane_placement', v_fleet::text);
     RETURN true;
 END;
 $$;

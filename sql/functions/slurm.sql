@@ -224,8 +224,9 @@ $$;
 -- slurm_allocation_started: Slurm started the allocation on p_nodes (in rank order). Members are created
 -- there (rank i on p_nodes[i], `preparing`, their CPUs and memory counted as used), rank 0's node is the
 -- rendezvous, the attempt and the job become `preparing` with the prepare deadline, and the checkpoint
--- the attempt resumes from is chosen (attempts.resume_artifact_id). A second call changes nothing. Returns
--- the members.
+-- the attempt resumes from is chosen (attempts.resume_artifact_id); the members count for their team on
+-- the fleet (a team_fleet_held_changes row, placement.sql). A second call changes nothing. Returns the
+-- members.
 CREATE OR REPLACE FUNCTION tuneplane.slurm_allocation_started(p_attempt_id bigint, p_nodes text[],
                                                                 p_master_port integer, p_capsule_digest text)
 RETURNS TABLE (member_id bigint, rank integer, node text, address text)
@@ -256,6 +257,10 @@ BEGIN
           FROM unnest(v_ids) WITH ORDINALITY x(node_id, ord);
         -- The usage ledger opens in the transaction that saw the allocation start (usage.sql).
         PERFORM tuneplane.open_usage(ARRAY[a.id], clock_timestamp());
+        -- Its team holds these members on the fleet now (no GPU indices: Slurm picks the GPUs); a change
+        -- row, folded by the fleet's next pass (team_fleet_held_fold, placement.sql).
+        INSERT INTO tuneplane.team_fleet_held_changes (fleet_id, team_id, gpus, members)
+        VALUES (a.fleet_id, j.team_id, 0, j.nodes);
         UPDATE tuneplane.node_usage u
            SET used_cpus = used_cpus + j.cpus_per_node, used_memory = used_memory + j.memory_per_node
          WHERE u.node_id = ANY (v_ids);

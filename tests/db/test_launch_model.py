@@ -11,7 +11,8 @@ checks the guarantees TunePlane promises:
 - teams and quotas (two teams share the fleet: one with a guarantee and a limit, one that only borrows):
   no team ever holds more GPUs than its limit_gpus; after a placement pass the first job within its
   team's guarantee waits only when no free GPUs fit it; every job a pass leaves waiting has a reason that
-  names its team's numbers.
+  names its team's numbers; the GPUs and members each team holds, as counted for placement
+  (team_fleet_held), equal the sum over its live members.
 - preemption (priorities 0/50/100, preemptible or not, max_preemptions 1 or 2, victims that checkpoint
   and stop, ignore the request until their grace ends, or publish checkpoints): a non-preemptible job is
   never a victim; a victim has a strictly lower priority than its preemptor, or the decision's rule is
@@ -46,7 +47,14 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from tests.launch_fixtures import make_job, make_node, make_team, make_user, set_quota
+from tests.launch_fixtures import (
+    assert_team_held_counted,
+    make_job,
+    make_node,
+    make_team,
+    make_user,
+    set_quota,
+)
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
 
@@ -678,6 +686,12 @@ class LaunchModel(RuleBasedStateMachine):
         for team, gpus in self._team_gpus().items():
             limit = self.limits.get(team)
             assert limit is None or gpus <= limit, (team, gpus, limit)
+
+    @invariant()
+    def held_gpus_counted_exactly(self) -> None:
+        # The per-(team, fleet) count that placement reads equals the sum over the live members, after every
+        # reserve, release, cancel, fence and retire (team_fleet_held, migration 0225).
+        assert_team_held_counted(self.db, [self.fleet])
 
     @invariant()
     def reasons_current_and_ended_jobs_released(self) -> None:
