@@ -108,14 +108,16 @@ def job(db: Database, job_id: int) -> dict:
     return db.fetch_one("SELECT * FROM jobs WHERE id = %s", (job_id,))
 
 
-def report(db: Database, kind: str, member: dict, **payload) -> dict:
-    """A node's report about one of its members (epoch 0: nodes made here never opened a session)."""
+def report(db: Database, kind: str, member: dict, epochs: dict[int, int] | None = None, **payload) -> dict:
+    """A node's report about one of its members, on its agent's session in `epochs` (node id -> epoch;
+    epoch 0 otherwise: nodes made here never opened a session)."""
     body = {"member_id": member["id"], **payload}
-    return db.call(kind, member["node_id"], 0, json.dumps(body))[0]
+    return db.call(kind, member["node_id"], (epochs or {}).get(member["node_id"], 0), json.dumps(body))[0]
 
 
-def run_to_running(db: Database, job_id: int) -> list[dict]:
-    """Drive a reserved job through claim, prepare and commit to running, as worker and agents would."""
+def run_to_running(db: Database, job_id: int, epochs: dict[int, int] | None = None) -> list[dict]:
+    """Drive a reserved job through claim, prepare and commit to running, as worker and agents would
+    (their reports on the sessions in `epochs`, as `report`)."""
     attempt = db.fetch_one(
         "SELECT id FROM attempts WHERE job_id = %s ORDER BY number DESC LIMIT 1", (job_id,)
     )
@@ -123,9 +125,9 @@ def run_to_running(db: Database, job_id: int) -> list[dict]:
     db.call("begin_prepare", attempt["id"], claim["epoch"], "0" * 64)
     members = [m for m in members_of(db, job_id) if m["attempt_id"] == attempt["id"]]
     for m in members:
-        report(db, "member_prepared", m)
+        report(db, "member_prepared", m, epochs)
     for m in members:
-        report(db, "member_started", m, pid=1000 + m["rank"])
+        report(db, "member_started", m, epochs, pid=1000 + m["rank"])
     return members
 
 

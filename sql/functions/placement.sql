@@ -583,7 +583,8 @@ BEGIN
                 -- Not placed this pass (nothing was taken yet); the operator widens the port range.
                 v_reason := format('waiting for a rendezvous port: every port of %s..%s is in use at %s '
                                    '(launch_settings.rendezvous_port_span)', v_settings.rendezvous_port_base,
-                                   v_settings.rendezvous_port_base + v_settings.rendezvous_port_span - 1, v_addr);
+                                   v_settings.rendezvous_port_base + v_settings.rendezvous_port_span - 1, v_addr)
+                            || v_standing;
                 IF v_job.state_reason IS DISTINCT FROM v_reason THEN
                     PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
                 END IF;

@@ -10,7 +10,6 @@ see the releases not folded yet).
 from __future__ import annotations
 
 import itertools
-import json
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -23,6 +22,8 @@ from tests.launch_fixtures import (
     make_team,
     make_user,
     members_of,
+    report,
+    run_to_running,
     set_quota,
 )
 from tuneplane.app.db import Database
@@ -56,30 +57,6 @@ def _pass(db: Database, fleet: int) -> list[int]:
     # Simulated agents heartbeat before every pass (a slow run must not make their nodes stale).
     db.fetch_all("UPDATE nodes SET last_heartbeat_at = now() WHERE fleet_id = %s RETURNING id", (fleet,))
     return [r["job_id"] for r in db.call("reserve_next", fleet, 100)]
-
-
-def _report(db: Database, epochs: dict[int, int], kind: str, member: dict, **payload) -> None:
-    """A node's report on one of its members, on its agent's current session; a refused report (the node
-    was fenced, the member is gone) changes nothing."""
-    body = json.dumps({"member_id": member["id"], **payload})
-    try:
-        db.call(kind, member["node_id"], epochs.get(member["node_id"], 0), body)
-    except Refusal:
-        pass
-
-
-def _run(db: Database, job_id: int, epochs: dict[int, int]) -> None:
-    """A reserved job through claim, prepare and commit to running, as the worker and its agents would."""
-    attempt = db.fetch_one(
-        "SELECT id FROM attempts WHERE job_id = %s ORDER BY number DESC LIMIT 1", (job_id,)
-    )
-    claim = db.call("claim_launch", attempt["id"], "test-worker")[0]
-    db.call("begin_prepare", attempt["id"], claim["epoch"], "0" * 64)
-    members = [m for m in members_of(db, job_id) if m["attempt_id"] == attempt["id"]]
-    for m in members:
-        _report(db, epochs, "member_prepared", m)
-    for m in members:
-        _report(db, epochs, "member_started", m, pid=1000 + m["rank"])
 
 
 def _jobs_in(db: Database, fleet: int, states: tuple[str, ...]) -> list[int]:
@@ -132,13 +109,19 @@ def test_the_count_equals_the_members_after_random_reserve_release_cancel_fence(
             elif kind == "run":
                 reserved = _jobs_in(db, fleet, ("reserved",))
                 if reserved:
-                    _run(db, reserved[op[1] % len(reserved)], epochs)
+                    try:
+                        run_to_running(db, reserved[op[1] % len(reserved)], epochs)
+                    except Refusal:
+                        pass  # a report refused (its node was fenced): the launch stops there
             elif kind == "exit":
                 running = _jobs_in(db, fleet, ("running",))
                 if running:
                     for m in members_of(db, running[op[1] % len(running)]):
                         if m["state"] == "running":
-                            _report(db, epochs, "member_exited", m, exit_code=0)
+                            try:
+                                report(db, "member_exited", m, epochs, exit_code=0)
+                            except Refusal:
+                                pass  # its node was fenced: the report is refused
             elif kind == "cancel":
                 live = _jobs_in(db, fleet, ("queued", "reserved", "preparing", "running"))
                 if live:
@@ -167,13 +150,19 @@ def test_the_count_equals_the_members_after_random_reserve_release_cancel_fence(
     assert seen["placed"] > 10 and seen["released"] > 5, seen
 
 
-def test_a_fleet_placed_on_before_the_count_existed_is_counted_by_its_next_pass(db: Database) -> None:
+def _one_team_fleet(db: Database) -> tuple[int, int, int, int]:
+    """(admin, fleet, user, team): one 8-GPU node, one team guaranteed all of it."""
     admin = make_user(db, "root", "admin")
     fleet = db.fetch_one("INSERT INTO fleets (name, backend) VALUES ('gpu', 'node') RETURNING id")["id"]
     make_node(db, fleet, "n1", gpus=8)
     user = make_user(db, "ann")
     team = make_team(db, user, "vision")
     set_quota(db, admin, team, fleet, guaranteed=8)
+    return admin, fleet, user, team
+
+
+def test_a_fleet_placed_on_before_the_count_existed_is_counted_by_its_next_pass(db: Database) -> None:
+    admin, fleet, user, team = _one_team_fleet(db)
     jobs = [make_job(db, user, fleet, gpus_per_node=2, team_id=team) for _ in range(3)]
     assert sorted(_pass(db, fleet)) == jobs
     # A database upgraded to migration 0225 while these jobs held GPUs: no count yet for the fleet (test
@@ -200,12 +189,7 @@ def test_a_fleet_placed_on_before_the_count_existed_is_counted_by_its_next_pass(
 
 
 def test_a_release_is_seen_before_the_next_pass_folds_it(db: Database) -> None:
-    admin = make_user(db, "root", "admin")
-    fleet = db.fetch_one("INSERT INTO fleets (name, backend) VALUES ('gpu', 'node') RETURNING id")["id"]
-    make_node(db, fleet, "n1", gpus=8)
-    user = make_user(db, "ann")
-    team = make_team(db, user, "vision")
-    set_quota(db, admin, team, fleet, guaranteed=8)
+    admin, fleet, user, team = _one_team_fleet(db)
     jobs = [make_job(db, user, fleet, nodes=1, gpus_per_node=3, team_id=team) for _ in range(2)]
     assert sorted(_pass(db, fleet)) == jobs
     db.call("cancel_job", jobs[1], admin, "ended")
