@@ -90,6 +90,10 @@ DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 --     take their rows in node id order; fence and retire hold the placement lock, so never). The victim is
 --     run again where it happens: the worker's placement pass and the gateway's reports (call_retrying,
 --     bounded, logged), the console's calls (Database.call_retrying).
+--   * reserve_next's first pass on a fleet (team_fleet_held_fold, placement.sql) takes LOCK TABLE members IN
+--     SHARE MODE right after the placement lock, once per fleet ever: it waits for every transaction
+--     writing members while it holds only the placement lock, which no transaction waits for after
+--     writing members (step 2 comes before step 5), so the wait closes no cycle.
 -- Entry points: lock_attempt (one attempt: its job, then it), member_of_node (a node's report on one
 -- member: lock_members of it), lock_members (a set of members: their jobs, attempts, every member of those
 -- attempts), lock_node_rows (many jobs on one node: lock_members of every member held there, the node row,

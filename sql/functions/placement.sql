@@ -379,7 +379,9 @@ $$;
 --     job lock, the port probe and the node_usage update (later searches must see it) run in the loop.
 --     Job state and reasons go through set_job_state, which writes (and makes an event) only on change.
 --   * Held-GPU count (team_fleet_held, migration 0225): folded at the start of the pass
---     (team_fleet_held_fold), this pass's placements added in the same transaction as their members.
+--     (team_fleet_held_fold), this pass's placements added in the same transaction as their members. The
+--     first pass on a fleet (after the upgrade, or on a new fleet) builds the count after LOCK TABLE members
+--     IN SHARE MODE, right after the placement lock (it waits for transactions writing members; see there).
 --   * Admission (team quotas): the walk follows admission_order's order; on a fleet with quotas each job
 --     first gets admission_verdict (limit, guarantee, preemptible borrowing, GPUs owed to waiting
 --     within-guarantee jobs) with its team's numbers as this pass moves them; a job refused there claims
