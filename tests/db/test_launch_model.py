@@ -8,7 +8,7 @@ checks the guarantees TunePlane promises:
 - every decision is written once and never changes;
 - every member is started at most once;
 - every non-terminal job has a current reason; the resources of ended jobs are released;
-- teams and quotas (two teams share the fleet: one with a guarantee and a limit, one that only borrows):
+- teams and quotas (two teams share the fleet, each with a guarantee, one with a limit; each borrows):
   no team ever holds more GPUs than its limit_gpus; after a placement pass the first job within its
   team's guarantee waits only when no free GPUs fit it; every job a pass leaves waiting has a reason that
   names its team's numbers; the GPUs and members each team holds, as counted for placement
@@ -28,6 +28,10 @@ checks the guarantees TunePlane promises:
 
 The agents are simulated (named so: SimAgent), the database and its functions are the real ones. Each
 example works in a fleet of its own, so examples share one database without resetting it.
+
+ReclaimModel drives teams, guarantees, borrowing and preemption alone (jobs start as soon as a pass
+reserves them), so that reclaims happen in many of its examples: the same team and preemption checks
+(TeamChecks), and a reclaimer's attempt is never reclaimed back.
 """
 
 from __future__ import annotations
@@ -49,10 +53,13 @@ from hypothesis.stateful import (
 
 from tests.launch_fixtures import (
     assert_team_held_counted,
+    make_fleet,
     make_job,
     make_node,
     make_team,
     make_user,
+    report,
+    run_to_running,
     set_quota,
 )
 from tuneplane.app.db import Database
@@ -85,7 +92,181 @@ class SimAgent:
     credentials: list[tuple[int, str]] = field(default_factory=list)  # (id, hash), oldest first
 
 
-class LaunchModel(RuleBasedStateMachine):
+class TeamChecks:
+    """The teams-and-preemption checks both state machines make, over their fleet's real rows."""
+
+    db: Database
+    fleet: int
+    user: int
+    teams: list[int]
+
+    def _submit(
+        self,
+        team: int,
+        nodes: int,
+        gpus: int,
+        attempts: int,
+        preemptible: bool,
+        priority: int,
+        max_preemptions: int,
+    ) -> None:
+        job_id = make_job(
+            self.db,
+            self.user,
+            self.fleet,
+            nodes=nodes,
+            gpus_per_node=gpus,
+            max_attempts=attempts,
+            team_id=self.teams[team],
+            preemptible=preemptible,
+            priority=priority,
+        )
+        self.db.fetch_all(  # test setup: the JobSpec's preemption settings as a preview resolves them
+            "UPDATE jobs SET spec = spec || %s WHERE id = %s RETURNING 1",
+            (json.dumps({"preemption": {"max_preemptions": max_preemptions, "grace_seconds": 60}}), job_id),
+        )
+
+    def _reserve_checked(self) -> None:
+        """One placement pass (reserve_next), then the checks that hold right after a pass."""
+        before, holding_before = self._team_gpus(), self._holding()
+        last = self.db.fetch_one(
+            "SELECT coalesce(max(id), 0) AS id FROM preemptions WHERE fleet_id = %s", (self.fleet,)
+        )["id"]
+        self.db.call("reserve_next", self.fleet, 1000)
+        self._reclaims_took_only_what_was_lent(before, last)
+        if not holding_before:
+            self._within_guarantee_never_waits_on_a_borrower()
+
+    def _holding(self) -> list[dict]:
+        return self.db.fetch_all(
+            "SELECT id, preemptor_job_id FROM preemptions WHERE fleet_id = %s AND state = 'holding'",
+            (self.fleet,),
+        )
+
+    def _guarantees(self) -> dict[int, int]:
+        rows = self.db.fetch_all(
+            "SELECT team_id, guaranteed_gpus FROM team_quotas WHERE fleet_id = %s AND gpu_model = ''",
+            (self.fleet,),
+        )
+        return {r["team_id"]: r["guaranteed_gpus"] for r in rows}
+
+    def _reclaims_took_only_what_was_lent(self, before: dict[int, int], last: int) -> None:
+        """A reclaim decided in this pass: its preemptor's team held (before the pass, which only adds)
+        little enough for the job to fit its guarantee, and each lender still holds more than its own."""
+        guaranteed, after = self._guarantees(), self._team_gpus()
+        for d in self.db.fetch_all(
+            """SELECT p.numbers, j.team_id, j.nodes * j.gpus_per_node AS gpus FROM preemptions p
+                 JOIN jobs j ON j.id = p.preemptor_job_id
+                WHERE p.fleet_id = %s AND p.id > %s AND p.rule = 'reclaim'""",
+            (self.fleet, last),
+        ):
+            assert before.get(d["team_id"], 0) + d["gpus"] <= guaranteed[d["team_id"]], d
+            for lender in d["numbers"]["reclaim"]["lenders"]:
+                assert lender["team_id"] != d["team_id"], d
+                assert after.get(lender["team_id"], 0) > guaranteed[lender["team_id"]], (d, after)
+
+    def _within_guarantee_never_waits_on_a_borrower(self) -> None:
+        """Issue 20: the first queued job within its team's guarantee does not wait while preemptible
+        borrowers of other teams (priority <= its own, past min_runtime: 0 here) run where preempting them
+        would make it fit — a holding decision is made for it. Checked for every borrower, not only those
+        that started after the job was created (the issue's words): the planner reclaims either, and a
+        borrower placed while the fleet was idle, before the job came, is the common case. Lent: a team
+        holding more than its guarantee lends its newest attempts whose GPUs add up to at most the excess."""
+        held, guaranteed = self._team_gpus(), self._guarantees()
+        holding = self._holding()
+        queued = self.db.fetch_all(
+            """SELECT j.id, j.team_id, j.nodes, j.gpus_per_node, j.nodes * j.gpus_per_node AS gpus,
+                      tuneplane.preemption_backoff_reason(j) AS backoff
+                 FROM jobs j WHERE j.fleet_id = %s AND j.state = 'queued'
+                ORDER BY j.priority DESC, j.created_at, j.id""",
+            (self.fleet,),
+        )
+        first = next(
+            (j for j in queued if held.get(j["team_id"], 0) + j["gpus"] <= guaranteed.get(j["team_id"], 0)),
+            None,
+        )
+        if first is None or first["backoff"] is not None:
+            return
+        if any(h["preemptor_job_id"] == first["id"] for h in holding):
+            return  # its decision holds
+        if holding:
+            return  # nodes held for another preemptor are not its to plan with
+        excess = {t: g - guaranteed.get(t, 0) for t, g in held.items() if t != first["team_id"]}
+        lent: list[int] = []
+        for team, over in excess.items():
+            newest_first = self.db.fetch_all(
+                """SELECT m.attempt_id, sum(cardinality(m.gpu_indices))::int AS gpus FROM members m
+                     JOIN attempts t ON t.id = m.attempt_id JOIN jobs b ON b.id = m.job_id
+                    WHERE t.fleet_id = %s AND b.team_id = %s AND m.released_at IS NULL
+                    GROUP BY m.attempt_id, t.created_at, t.id ORDER BY t.created_at DESC, t.id DESC""",
+                (self.fleet, team),
+            )
+            for row in newest_first:
+                if row["gpus"] > over:
+                    break
+                over -= row["gpus"]
+                lent.append(row["attempt_id"])
+        fit = self.db.fetch_one(
+            """WITH j AS (SELECT * FROM jobs WHERE id = %(job)s),
+               borrowers AS (
+                   SELECT t.id FROM attempts t JOIN jobs b ON b.id = t.job_id, j
+                    WHERE t.id = ANY (%(lent)s) AND t.state = 'running' AND t.stop_kind IS NULL
+                      AND t.cancel_requested_at IS NULL AND b.preemptible AND b.priority <= j.priority
+                      AND b.preemptions_used < (b.spec -> 'preemption' ->> 'max_preemptions')::int),
+               freed AS (
+                   SELECT m.node_id, sum(cardinality(m.gpu_indices)) AS gpus FROM members m
+                    WHERE m.attempt_id IN (SELECT id FROM borrowers) AND m.released_at IS NULL
+                    GROUP BY m.node_id)
+               SELECT count(*) FILTER (WHERE u.free_gpus >= j.gpus_per_node) AS free,
+                      count(*) FILTER (WHERE u.free_gpus + coalesce(f.gpus, 0) >= j.gpus_per_node)
+                          AS reclaimed
+                 FROM j JOIN node_usage u ON u.fleet_id = j.fleet_id JOIN nodes n ON n.id = u.node_id
+                 LEFT JOIN freed f ON f.node_id = u.node_id
+                WHERE tuneplane.node_is_connected(n, tuneplane.node_fresh_since())""",
+            {"job": first["id"], "lent": lent},
+        )
+        if fit["free"] >= first["nodes"]:
+            return  # free GPUs fit it: the check above (within its guarantee it waits only if not fitting)
+        CHECKED.append(first["id"])
+        assert fit["reclaimed"] < first["nodes"], (
+            f"job {first['id']} within its guarantee waits while lent GPUs would fit it: {fit}, "
+            f"teams {held}, guarantees {guaranteed}"
+        )
+
+    def _team_gpus(self) -> dict[int, int]:
+        rows = self.db.fetch_all(
+            """SELECT j.team_id, sum(cardinality(m.gpu_indices))::int AS gpus FROM members m
+                 JOIN jobs j ON j.id = m.job_id WHERE j.fleet_id = %s AND m.released_at IS NULL
+                GROUP BY j.team_id""",
+            (self.fleet,),
+        )
+        return {r["team_id"]: r["gpus"] for r in rows}
+
+    def _victims_outranked_or_reclaimed(self) -> None:
+        """A non-preemptible job is never a victim; a victim has a strictly lower priority than its
+        preemptor, or it is a reclaim: its team held more than its guarantee, the preemptor's team held
+        little enough for the job to fit its own."""
+        victims = self.db.fetch_all(
+            """SELECT v.job_id, v.priority, j.preemptible, j.team_id, p.preemptor_job_id, p.rule, p.numbers,
+                      pj.priority AS preemptor_priority
+                 FROM preemption_victims v JOIN preemptions p ON p.id = v.preemption_id
+                 JOIN jobs j ON j.id = v.job_id JOIN jobs pj ON pj.id = p.preemptor_job_id
+                WHERE p.fleet_id = %s""",
+            (self.fleet,),
+        )
+        for v in victims:
+            assert v["preemptible"], f"a non-preemptible job was a victim: {v}"
+            if v["priority"] < v["preemptor_priority"]:
+                continue
+            # Not outranked: only a reclaim of GPUs its team borrowed, for a job within its guarantee.
+            assert v["rule"] == "reclaim" and v["priority"] <= v["preemptor_priority"], f"not outranked: {v}"
+            reclaim = v["numbers"]["reclaim"]
+            assert reclaim["held"] + reclaim["asks"] <= reclaim["guaranteed"], v
+            lender = [x for x in reclaim["lenders"] if x["team_id"] == v["team_id"]]
+            assert lender and lender[0]["held"] > lender[0]["guaranteed"], v
+
+
+class LaunchModel(TeamChecks, RuleBasedStateMachine):
     db: Database
 
     def __init__(self) -> None:
@@ -110,11 +291,12 @@ class LaunchModel(RuleBasedStateMachine):
             self._open_session(self.agents[node_id], reconcile=True)
         self.decisions: dict[int, str] = {}
         self.steps = 0
-        # Two teams share the 6 GPUs: one is guaranteed 2 (limit 4), the other only borrows (weight 2).
+        # Two teams share the 6 GPUs: one is guaranteed 2 (limit 4), the other 1 (no limit, weight 2); each
+        # lends what it does not use, so each may reclaim from the other.
         self.teams = [make_team(self.db, self.user, f"ta{n}"), make_team(self.db, self.user, f"tb{n}")]
         self.limits = {self.teams[0]: 4, self.teams[1]: None}
         set_quota(self.db, self.admin, self.teams[0], self.fleet, guaranteed=2, limit=4, weight=1)
-        set_quota(self.db, self.admin, self.teams[1], self.fleet, guaranteed=0, weight=2)
+        set_quota(self.db, self.admin, self.teams[1], self.fleet, guaranteed=1, weight=2)
         # Preemption without waiting: victims of any age (the installation setting, one per database).
         self.db.fetch_all("UPDATE preemption_settings SET min_runtime = interval '0' RETURNING 1")
 
@@ -238,125 +420,11 @@ class LaunchModel(RuleBasedStateMachine):
         priority: int,
         max_preemptions: int,
     ) -> None:
-        job_id = make_job(
-            self.db,
-            self.user,
-            self.fleet,
-            nodes=nodes,
-            gpus_per_node=gpus,
-            max_attempts=attempts,
-            team_id=self.teams[team],
-            preemptible=preemptible,
-            priority=priority,
-        )
-        self.db.fetch_all(  # test setup: the JobSpec's preemption settings as a preview resolves them
-            "UPDATE jobs SET spec = spec || %s WHERE id = %s RETURNING 1",
-            (json.dumps({"preemption": {"max_preemptions": max_preemptions, "grace_seconds": 60}}), job_id),
-        )
+        self._submit(team, nodes, gpus, attempts, preemptible, priority, max_preemptions)
 
     def placement_pass(self) -> None:
-        before = self._team_gpus()
-        holding_before = self._holding()
-        last = self.db.fetch_one(
-            "SELECT coalesce(max(id), 0) AS id FROM preemptions WHERE fleet_id = %s", (self.fleet,)
-        )["id"]
-        self._call("reserve_next", self.fleet, 1000)
+        self._reserve_checked()
         self._after_pass_waiting_jobs_are_explained()
-        self._reclaims_took_only_what_was_lent(before, last)
-        if not holding_before:
-            self._within_guarantee_never_waits_on_a_borrower()
-
-    def _holding(self) -> list[dict]:
-        return self.db.fetch_all(
-            "SELECT id, preemptor_job_id FROM preemptions WHERE fleet_id = %s AND state = 'holding'",
-            (self.fleet,),
-        )
-
-    def _guarantees(self) -> dict[int, int]:
-        rows = self.db.fetch_all(
-            "SELECT team_id, guaranteed_gpus FROM team_quotas WHERE fleet_id = %s AND gpu_model = ''",
-            (self.fleet,),
-        )
-        return {r["team_id"]: r["guaranteed_gpus"] for r in rows}
-
-    def _reclaims_took_only_what_was_lent(self, before: dict[int, int], last: int) -> None:
-        """A reclaim decided in this pass: its preemptor's team held (before the pass, which only adds)
-        little enough for the job to fit its guarantee, and each lender still holds more than its own."""
-        guaranteed, after = self._guarantees(), self._team_gpus()
-        for d in self.db.fetch_all(
-            """SELECT p.numbers, j.team_id, j.nodes * j.gpus_per_node AS gpus FROM preemptions p
-                 JOIN jobs j ON j.id = p.preemptor_job_id
-                WHERE p.fleet_id = %s AND p.id > %s AND p.rule = 'reclaim'""",
-            (self.fleet, last),
-        ):
-            assert before.get(d["team_id"], 0) + d["gpus"] <= guaranteed[d["team_id"]], d
-            for lender in d["numbers"]["reclaim"]["lenders"]:
-                assert lender["team_id"] != d["team_id"], d
-                assert after.get(lender["team_id"], 0) > guaranteed[lender["team_id"]], (d, after)
-
-    def _within_guarantee_never_waits_on_a_borrower(self) -> None:
-        """Issue 20: the first queued job within its team's guarantee does not wait while preemptible
-        borrowers of other teams (priority <= its own, past min_runtime: 0 here) run where preempting them
-        would make it fit — a holding decision is made for it. Checked for every borrower, not only those
-        that started after the job was created (the issue's words): the planner reclaims either, and a
-        borrower placed while the fleet was idle, before the job came, is the common case. (In this model
-        only the team without a guarantee lends, so every one of its GPUs is lent.)"""
-        held, guaranteed = self._team_gpus(), self._guarantees()
-        holding = self._holding()
-        queued = self.db.fetch_all(
-            """SELECT j.id, j.team_id, j.nodes, j.gpus_per_node, j.nodes * j.gpus_per_node AS gpus,
-                      tuneplane.preemption_backoff_reason(j) AS backoff
-                 FROM jobs j WHERE j.fleet_id = %s AND j.state = 'queued'
-                ORDER BY j.priority DESC, j.created_at, j.id""",
-            (self.fleet,),
-        )
-        first = next(
-            (j for j in queued if held.get(j["team_id"], 0) + j["gpus"] <= guaranteed.get(j["team_id"], 0)),
-            None,
-        )
-        if first is None or first["backoff"] is not None:
-            return
-        if any(h["preemptor_job_id"] == first["id"] for h in holding):
-            return  # its decision holds
-        if holding:
-            return  # nodes held for another preemptor are not its to plan with
-        lenders = [t for t, g in held.items() if t != first["team_id"] and g > guaranteed.get(t, 0)]
-        fit = self.db.fetch_one(
-            """WITH j AS (SELECT * FROM jobs WHERE id = %(job)s),
-               borrowers AS (
-                   SELECT t.id FROM attempts t JOIN jobs b ON b.id = t.job_id, j
-                    WHERE t.fleet_id = j.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL
-                      AND t.cancel_requested_at IS NULL AND b.preemptible AND b.priority <= j.priority
-                      AND b.team_id = ANY (%(lenders)s)
-                      AND b.preemptions_used < (b.spec -> 'preemption' ->> 'max_preemptions')::int),
-               freed AS (
-                   SELECT m.node_id, sum(cardinality(m.gpu_indices)) AS gpus FROM members m
-                    WHERE m.attempt_id IN (SELECT id FROM borrowers) AND m.released_at IS NULL
-                    GROUP BY m.node_id)
-               SELECT count(*) FILTER (WHERE u.free_gpus >= j.gpus_per_node) AS free,
-                      count(*) FILTER (WHERE u.free_gpus + coalesce(f.gpus, 0) >= j.gpus_per_node)
-                          AS reclaimed
-                 FROM j JOIN node_usage u ON u.fleet_id = j.fleet_id JOIN nodes n ON n.id = u.node_id
-                 LEFT JOIN freed f ON f.node_id = u.node_id
-                WHERE tuneplane.node_is_connected(n, tuneplane.node_fresh_since())""",
-            {"job": first["id"], "lenders": lenders},
-        )
-        if fit["free"] >= first["nodes"]:
-            return  # free GPUs fit it: the check above (within its guarantee it waits only if not fitting)
-        CHECKED.append(first["id"])
-        assert fit["reclaimed"] < first["nodes"], (
-            f"job {first['id']} within its guarantee waits while lent GPUs would fit it: {fit}, "
-            f"teams {held}, guarantees {guaranteed}"
-        )
-
-    def _team_gpus(self) -> dict[int, int]:
-        rows = self.db.fetch_all(
-            """SELECT j.team_id, sum(cardinality(m.gpu_indices))::int AS gpus FROM members m
-                 JOIN jobs j ON j.id = m.job_id WHERE j.fleet_id = %s AND m.released_at IS NULL
-                GROUP BY j.team_id""",
-            (self.fleet,),
-        )
-        return {r["team_id"]: r["gpus"] for r in rows}
 
     def _after_pass_waiting_jobs_are_explained(self) -> None:
         """Checked right after every pass (later steps re-queue retries with their own words)."""
@@ -708,24 +776,7 @@ class LaunchModel(RuleBasedStateMachine):
 
     @invariant()
     def preemption_keeps_its_promises(self) -> None:
-        victims = self.db.fetch_all(
-            """SELECT v.job_id, v.priority, j.preemptible, j.team_id, p.preemptor_job_id, p.rule, p.numbers,
-                      pj.priority AS preemptor_priority
-                 FROM preemption_victims v JOIN preemptions p ON p.id = v.preemption_id
-                 JOIN jobs j ON j.id = v.job_id JOIN jobs pj ON pj.id = p.preemptor_job_id
-                WHERE p.fleet_id = %s""",
-            (self.fleet,),
-        )
-        for v in victims:
-            assert v["preemptible"], f"a non-preemptible job was a victim: {v}"
-            if v["priority"] < v["preemptor_priority"]:
-                continue
-            # Not outranked: only a reclaim of GPUs its team borrowed, for a job within its guarantee.
-            assert v["rule"] == "reclaim" and v["priority"] <= v["preemptor_priority"], f"not outranked: {v}"
-            reclaim = v["numbers"]["reclaim"]
-            assert reclaim["held"] + reclaim["asks"] <= reclaim["guaranteed"], v
-            lender = [x for x in reclaim["lenders"] if x["team_id"] == v["team_id"]]
-            assert lender and lender[0]["held"] > lender[0]["guaranteed"], v
+        self._victims_outranked_or_reclaimed()
         stolen = self.db.fetch_all(
             """SELECT p.id, p.preemptor_job_id, m.job_id, m.node_id FROM preemptions p
                  JOIN members m ON m.node_id = ANY (p.held_node_ids) AND m.job_id <> p.preemptor_job_id
@@ -769,21 +820,27 @@ class LaunchModel(RuleBasedStateMachine):
         )
 
 
+def _model_settings(max_examples: int, steps: int) -> settings:
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+        database=None,
+        # Examples share one database (a fleet each), so a replay is not bit-identical: no shrinking;
+        # a failure is reported with the steps of the example that broke a promise.
+        phases=[Phase.explicit, Phase.generate],
+    )
+
+
 def test_launch_state_machine_keeps_its_promises(db: Database, capsys: pytest.CaptureFixture) -> None:
     LaunchModel.db = db
+    for counts in (STEPS, RACES, RECLAIMS, CHECKED):
+        counts.clear()
     run_state_machine_as_test(
         LaunchModel,
-        settings=settings(
-            max_examples=60,
-            stateful_step_count=50,
-            deadline=None,
-            derandomize=True,
-            suppress_health_check=list(HealthCheck),
-            database=None,
-            # Examples share one database (a fleet each), so a replay is not bit-identical: no shrinking;
-            # a failure is reported with the steps of the example that broke a promise.
-            phases=[Phase.explicit, Phase.generate],
-        ),
+        settings=_model_settings(max_examples=60, steps=50),
     )
     with capsys.disabled():
         print(
@@ -793,3 +850,140 @@ def test_launch_state_machine_keeps_its_promises(db: Database, capsys: pytest.Ca
         )
     # (the reconcile race itself is pinned down by tests/isolation/reconcile_start.spec)
     assert sum(STEPS) > 1000
+
+
+class ReclaimModel(TeamChecks, RuleBasedStateMachine):
+    """Teams, guarantees, borrowing and preemption alone, so that reclaims happen in many examples: two
+    teams guaranteed 4 (limit 6) and 2 of 8 GPUs, jobs placed and started as soon as a pass reserves them (the
+    launch protocol is the other model's subject), ending or stopping when asked at random. The same
+    checks as LaunchModel's for teams and preemption, after every pass and step, and no loop: an attempt
+    of a team within its guarantee at the time is never a reclaim victim."""
+
+    db: Database
+
+    def __init__(self) -> None:
+        super().__init__()
+        n = next(_fleets)
+        self.fleet = make_fleet(self.db, f"reclaim{n}")
+        for i in range(4):
+            make_node(self.db, self.fleet, f"r{n}n{i}", gpus=2)
+        self.user = make_user(self.db, f"ru{n}")
+        admin = make_user(self.db, f"ra{n}", "admin")
+        self.teams = [make_team(self.db, self.user, f"rta{n}"), make_team(self.db, self.user, f"rtb{n}")]
+        set_quota(self.db, admin, self.teams[0], self.fleet, guaranteed=4, limit=6, weight=1)
+        set_quota(self.db, admin, self.teams[1], self.fleet, guaranteed=2, weight=2)
+        self.db.fetch_all("UPDATE preemption_settings SET min_runtime = interval '0' RETURNING 1")
+
+    @rule(
+        team=st.sampled_from([0, 1]),
+        count=st.integers(1, 4),
+        nodes=st.sampled_from([1, 1, 2]),
+        gpus=st.integers(1, 2),
+        preemptible=st.sampled_from([True, True, False]),
+        priority=st.sampled_from([0, 0, 0, 50]),
+        max_preemptions=st.sampled_from([1, 2]),
+    )
+    def submit(
+        self,
+        team: int,
+        count: int,
+        nodes: int,
+        gpus: int,
+        preemptible: bool,
+        priority: int,
+        max_preemptions: int,
+    ) -> None:
+        """A team submits `count` jobs of one shape (teams submit in bursts, so fleets fill up); the
+        scheduler, woken, runs a pass."""
+        for _ in range(count):
+            self._submit(team, nodes, gpus, 2, preemptible, priority, max_preemptions)
+        self.place_and_start()
+
+    @rule()
+    def place_and_start(self) -> None:
+        """A pass; every attempt it reserved is prepared and started (simulated agents, epoch 0)."""
+        self.db.fetch_all(  # the simulated agents heartbeat before every pass
+            "UPDATE nodes SET last_heartbeat_at = now() WHERE fleet_id = %s RETURNING id", (self.fleet,)
+        )
+        self._reserve_checked()
+        for row in self.db.fetch_all(
+            "SELECT job_id FROM attempts WHERE fleet_id = %s AND state = 'reserved' ORDER BY id",
+            (self.fleet,),
+        ):
+            run_to_running(self.db, row["job_id"])
+
+    def _running(self, asked: bool) -> list[int]:
+        return [
+            r["id"]
+            for r in self.db.fetch_all(
+                """SELECT id FROM attempts WHERE fleet_id = %s AND state = 'running'
+                      AND (stop_kind IS NOT NULL) = %s ORDER BY id""",
+                (self.fleet, asked),
+            )
+        ]
+
+    def _exit(self, attempt_id: int) -> None:
+        for member in self.db.fetch_all(
+            "SELECT * FROM members WHERE attempt_id = %s AND state IN ('starting', 'running') ORDER BY id",
+            (attempt_id,),
+        ):
+            report(self.db, "member_exited", member, exit_code=0)
+
+    @rule(data=st.data())
+    def a_job_ends(self, data: st.DataObject) -> None:
+        running = self._running(asked=False)
+        if running:
+            self._exit(data.draw(st.sampled_from(running)))
+            self.place_and_start()  # the GPUs it released wake the scheduler
+
+    @rule(data=st.data())
+    def a_victim_stops(self, data: st.DataObject) -> None:
+        asked = self._running(asked=True)
+        if asked:
+            self._exit(data.draw(st.sampled_from(asked)))
+            self.place_and_start()
+
+    @invariant()
+    def teams_and_preemption_keep_their_promises(self) -> None:
+        STEPS.append(1)
+        self._victims_outranked_or_reclaimed()
+        # No loop: the attempt a reclaimer got is never itself reclaimed (its team held no more than its
+        # guarantee when it was placed, and a team lends only its newest attempts above its guarantee).
+        back = self.db.fetch_all(
+            """SELECT first.id AS reclaim, again.id AS reclaimed_by FROM preemptions first
+                 JOIN attempts a ON a.job_id = first.preemptor_job_id AND a.created_at >= first.created_at
+                 JOIN preemption_victims v ON v.attempt_id = a.id
+                 JOIN preemptions again ON again.id = v.preemption_id AND again.rule = 'reclaim'
+                WHERE first.fleet_id = %s AND first.rule = 'reclaim'""",
+            (self.fleet,),
+        )
+        assert not back, f"a reclaimer's attempt was reclaimed: {back}"
+        limit = self.db.fetch_one(
+            "SELECT limit_gpus FROM team_quotas WHERE team_id = %s AND fleet_id = %s",
+            (self.teams[0], self.fleet),
+        )["limit_gpus"]
+        assert self._team_gpus().get(self.teams[0], 0) <= limit
+
+    def teardown(self) -> None:
+        RECLAIMS.append(
+            self.db.fetch_one(
+                "SELECT count(*) AS n FROM preemptions WHERE fleet_id = %s AND rule = 'reclaim'",
+                (self.fleet,),
+            )["n"]
+        )
+
+
+def test_reclaim_model_keeps_its_promises(db: Database, capsys: pytest.CaptureFixture) -> None:
+    ReclaimModel.db = db
+    for counts in (STEPS, RECLAIMS, CHECKED):
+        counts.clear()
+    run_state_machine_as_test(
+        ReclaimModel,
+        settings=_model_settings(max_examples=80, steps=40),
+    )
+    with capsys.disabled():
+        print(
+            f"\nreclaim model: {len(STEPS)} steps, {sum(RECLAIMS)} reclaim decision(s), "
+            f"{len(CHECKED)} pass(es) checked a job within its guarantee against lent GPUs"
+        )
+    assert sum(RECLAIMS) > 0, "no example reclaimed anything: the model no longer exercises the rule"
