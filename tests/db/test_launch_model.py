@@ -947,6 +947,7 @@ class ReclaimModel(TeamChecks, RuleBasedStateMachine):
     def teams_and_preemption_keep_their_promises(self) -> None:
         STEPS.append(1)
         self._victims_outranked_or_reclaimed()
+        assert_team_held_counted(self.db, [self.fleet])
         # No loop: the attempt a reclaimer got is never itself reclaimed (its team held no more than its
         # guarantee when it was placed, and a team lends only its newest attempts above its guarantee).
         back = self.db.fetch_all(
