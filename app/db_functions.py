@@ -191,6 +191,7 @@ register_artifact = StoredFunction(
     "jsonb",
     "text",
     "text",
+    "bigint",
 )
 remove_team_webhook = StoredFunction("remove_team_webhook", "bigint", "text", "bigint")
 report_node_caches = StoredFunction("report_node_caches", *REPORT)

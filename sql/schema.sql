@@ -112,6 +112,7 @@ CREATE TABLE tuneplane.artifacts (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     completed_at timestamp with time zone,
     pruned_at timestamp with time zone,
+    step bigint,
     CONSTRAINT artifacts_pkey PRIMARY KEY (id),
     CONSTRAINT artifacts_member_id_name_key UNIQUE (member_id, name),
     CONSTRAINT artifacts_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES tuneplane.attempts(id),
@@ -128,6 +129,7 @@ CREATE TABLE tuneplane.artifacts (
     CONSTRAINT artifacts_pruned_at CHECK ((state = 'pruned'::text) = (pruned_at IS NOT NULL)),
     CONSTRAINT artifacts_pruned_kind CHECK (state <> 'pruned'::text OR kind = 'checkpoint'::text),
     CONSTRAINT artifacts_state_check CHECK (state = ANY (ARRAY['uploading'::text, 'complete'::text, 'failed'::text, 'pruned'::text])),
+    CONSTRAINT artifacts_step_check CHECK (step IS NULL OR step >= 0 AND kind = 'checkpoint'::text),
     CONSTRAINT artifacts_total_bytes_check CHECK (total_bytes >= 0)
 );
 CREATE INDEX artifacts_digest ON tuneplane.artifacts USING btree (manifest_digest) WHERE (state = 'complete'::text);

@@ -100,15 +100,20 @@ def api_token(db: Database, user_id: int) -> str:
 
 
 def recorded_complete(
-    db: Database, setup: MemberSetup, name: str, manifest: Manifest, kind: str = "output"
+    db: Database,
+    setup: MemberSetup,
+    name: str,
+    manifest: Manifest,
+    kind: str = "output",
+    step: int | None = None,
 ) -> dict:
     """An artifact made complete at the database level only (as if the server had verified every file):
-    for tests of what reads artifacts (previews, the dialog), not of delivery."""
+    for tests of what reads artifacts (previews, the dialog), not of delivery. `step`: a checkpoint's."""
     from psycopg.types.json import Jsonb
 
     art = db.call(
         "register_artifact", setup.credential_hash, setup.member["id"], name, kind, "object",
-        Jsonb(manifest.as_json()), manifest.digest, None,
+        Jsonb(manifest.as_json()), manifest.digest, None, step,
     )[0]  # fmt: skip
     for index, entry in enumerate(manifest.files):
         art = db.call(

@@ -7,13 +7,13 @@ failed post is retried with the same id, so the gateway stores it once. Without 
 nothing: the file path (TensorBoard/JSONL read by the collector) works without the SDK. Pending points are
 flushed at interpreter exit (best effort, bounded by `exit_timeout`).
 
-Checkpoints while the workload runs: `sdk.checkpoint(path, name="checkpoint")` asks the node agent to
-publish a finished checkpoint directory as artifact `<name>.<n>` (plain files under
-$TUNEPLANE_OUTPUT_DIR/.tuneplane/, docs/artifacts.md); `sdk.checkpoint_requested()` says a user asked for
-one (`tuneplane artifacts checkpoint JOB`); `sdk.wait_for_checkpoints()` waits for the results;
-`sdk.resume_dir()` is the verified checkpoint a later attempt resumes from; `sdk.preempting()` (or
-a callback, `sdk.on_preemption(fn)`) says TunePlane asked the member to checkpoint and stop
-(docs/preemption.md).
+Checkpoints while the workload runs: `sdk.checkpoint(path, name="checkpoint", step=n)` asks the node
+agent to publish a finished checkpoint directory, holding training step n, as artifact `<name>.<k>`
+(plain files under $TUNEPLANE_OUTPUT_DIR/.tuneplane/, docs/artifacts.md); `sdk.checkpoint_requested()`
+says a user asked for one (`tuneplane artifacts checkpoint JOB`); `sdk.wait_for_checkpoints()` waits for
+the results; `sdk.resume_dir()` is the verified checkpoint a later attempt resumes from;
+`sdk.preempting()` (or a callback, `sdk.on_preemption(fn)`) says TunePlane asked the member to checkpoint
+and stop (docs/preemption.md).
 """
 
 from __future__ import annotations
@@ -191,12 +191,16 @@ def _control_dir() -> Path | None:
     return Path(raw) / ".tuneplane" if raw else None
 
 
-def checkpoint(path: str | os.PathLike, name: str = "checkpoint", *, wait: bool = False,
-               timeout: float = 600.0) -> dict | str | None:  # fmt: skip
+def checkpoint(path: str | os.PathLike, name: str = "checkpoint", *, step: int | None = None,
+               wait: bool = False, timeout: float = 600.0) -> dict | str | None:  # fmt: skip
     """Publish the complete checkpoint directory `path` (inside $TUNEPLANE_OUTPUT_DIR) as artifact
     `<name>.<n>`. Write every file first: the agent reads the directory when it sees the request, and a
-    directory that changes while it is read is refused. Returns the request id, or with wait=True the
-    result ({"state": "complete"|"failed", "artifact": "<name>.<n>", "reason"}); None outside TunePlane."""
+    directory that changes while it is read is refused. `step`: the training step the checkpoint holds;
+    TunePlane names it with the checkpoint ("resumed from ckpt.2 (step 1000)"). Returns the request id,
+    or with wait=True the result ({"state": "complete"|"failed", "artifact": "<name>.<n>", "reason",
+    "step"}); None outside TunePlane."""
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
+        raise ValueError(f"step must be a whole number, 0 or more, not {step!r}")
     control = _control_dir()
     if control is None:
         return None
@@ -213,7 +217,10 @@ def checkpoint(path: str | os.PathLike, name: str = "checkpoint", *, wait: bool 
         request_id = f"{time.time_ns():020d}-{os.getpid()}-{len(_requested):06d}"
         _requested.append(request_id)
     tmp = requests / f".{request_id}.tmp"
-    tmp.write_text(json.dumps({"path": relative, "name": name}))
+    request: dict = {"path": relative, "name": name}
+    if step is not None:
+        request["step"] = int(step)
+    tmp.write_text(json.dumps(request))
     os.replace(tmp, requests / f"{request_id}.json")
     if not wait:
         return request_id

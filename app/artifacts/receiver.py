@@ -55,6 +55,7 @@ class Registration:
     kind: str = "output"
     delivery: str = "object"
     shared_path: str | None = None
+    step: int | None = None  # a checkpoint's training step, as the workload said it (None: not said)
 
 
 def registration_from_json(body: object) -> Registration:
@@ -73,6 +74,9 @@ def registration_from_json(body: object) -> Registration:
         value = body.get(field)
         if value is not None and not isinstance(value, str):
             raise Refusal(f"{field} must be a string", 400, field)
+    step = body.get("step")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise Refusal("step must be an integer", 400, "step")
     return Registration(
         member_id=body["member_id"],
         name=body["name"],
@@ -81,6 +85,7 @@ def registration_from_json(body: object) -> Registration:
         kind=body.get("kind") or "output",
         delivery=body.get("delivery") or "object",
         shared_path=body.get("shared_path"),
+        step=step,
     )
 
 
@@ -144,6 +149,7 @@ class ArtifactReceiver:
             Jsonb(reg.manifest),
             reg.manifest_digest,
             reg.shared_path,
+            reg.step,
         )[0]
         if row["state"] == "uploading":
             row = self._verify_known_files(credential_hash, row)

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import sysconfig
+import time
 from pathlib import Path
 
 import torch
@@ -78,13 +80,32 @@ class TunePlaneCheckpoints(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         directory = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if sdk is not None and directory.is_dir():
-            result = sdk.checkpoint(directory, name="ckpt", wait=True)
+            result = sdk.checkpoint(directory, name="ckpt", step=state.global_step, wait=True)
             if isinstance(result, dict):
                 print(
                     f"checkpoint-{state.global_step}: {result.get('artifact')} {result.get('state')}",
                     flush=True,
                 )
         return control
+
+
+class Pace(TrainerCallback):
+    """--step-seconds: wait after every optimizer step (a demo or a test then has time to preempt it)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
+        return control
+
+
+def resumed_step(directory: Path) -> int | None:
+    """The optimizer step a Trainer checkpoint holds (its trainer_state.json), None if it is not one."""
+    try:
+        return int(json.loads((directory / "trainer_state.json").read_text())["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def main() -> None:
@@ -97,6 +118,7 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--corpus-bytes", type=int, default=400_000)
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="wait after every step")
     parser.add_argument(
         "--init-from", default=None, help="a checkpoint directory (relative: in the input dir)"
     )
@@ -142,11 +164,17 @@ def main() -> None:
         model=model,
         args=TrainingArguments(**options),
         train_dataset=Blocks(corpus(args.corpus_bytes), args.block_size),
-        callbacks=[TunePlaneCheckpoints()],
+        callbacks=[TunePlaneCheckpoints()] + ([Pace(args.step_seconds)] if args.step_seconds > 0 else []),
     )
     resume = sdk.resume_dir() if sdk is not None else None
     if resume is not None:
-        print(f"resuming from {os.environ.get('TUNEPLANE_RESUME_FROM')} ({resume})", flush=True)
+        # The published checkpoint-K directory, materialized as $TUNEPLANE_RESUME_DIR: Trainer restores
+        # weights, optimizer, scheduler, RNG and step K from it and runs the steps left.
+        step = resumed_step(resume)
+        print(
+            f"resuming from {os.environ.get('TUNEPLANE_RESUME_FROM')}: checkpoint-{step} ({resume})",
+            flush=True,
+        )
     result = trainer.train(resume_from_checkpoint=str(resume) if resume is not None else None)
     if sdk is not None and sdk.preempting() and result.global_step < args.steps:
         print(f"stopped at step {result.global_step}: asked to checkpoint and stop", flush=True)

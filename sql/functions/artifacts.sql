@@ -11,6 +11,8 @@
 DROP FUNCTION IF EXISTS tuneplane.record_artifact_chunk(text, bigint, integer, integer, integer, text);
 DROP FUNCTION IF EXISTS tuneplane.artifact_file_chunks(text, bigint, integer);
 DROP FUNCTION IF EXISTS tuneplane.job_artifacts(bigint, bigint);
+-- register_artifact gained p_step (0220: the training step a checkpoint holds).
+DROP FUNCTION IF EXISTS tuneplane.register_artifact(text, bigint, text, text, text, jsonb, text, text);
 -- job_visible_to: replaced by require_job_access (access.sql), which also refuses a disabled user.
 DROP FUNCTION IF EXISTS tuneplane.job_visible_to(bigint, bigint);
 
@@ -208,6 +210,15 @@ BEGIN
 END;
 $$;
 
+-- checkpoint_label: how every text names a checkpoint: `ckpt.3 (step 1200)`, or `ckpt.3` when the workload
+-- did not say its step (the preemption and resume words, the job page's attempts).
+CREATE OR REPLACE FUNCTION tuneplane.checkpoint_label(p_artifact tuneplane.artifacts)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT p_artifact.name || CASE WHEN p_artifact.step IS NULL THEN ''
+                                   ELSE format(' (step %s)', p_artifact.step) END;
+$$;
+
 -- artifact_complete_when_verified: uploading → complete when no file of the artifact is unverified (every
 -- file re-hashed by the server; vacuously for a manifest without files), then checkpoint retention. Any
 -- other artifact, or one with a file left to verify, is returned unchanged. The one place completion is
@@ -239,9 +250,14 @@ $$;
 -- digest is returned as is, with another digest refused (409, immutable). Refuses a malformed manifest or
 -- a digest that does not match it (400), a delivery the member's fleet does not declare (409), a shared
 -- path outside the fleet's shared_path (400), and limits exceeded (413).
+-- p_step: the training step a checkpoint holds (what the workload told sdk.checkpoint; NULL: not said),
+-- shown with its name in the words of preemption and resume (checkpoint_label, preemption.sql). The same
+-- manifest registered again keeps the step it was first registered with. Refuses a negative step or a
+-- step on an artifact that is not a checkpoint (400, step).
 CREATE OR REPLACE FUNCTION tuneplane.register_artifact(p_credential_hash text, p_member_id bigint, p_name text,
                                             p_kind text, p_delivery text, p_manifest jsonb,
-                                            p_manifest_digest text, p_shared_path text DEFAULT NULL)
+                                            p_manifest_digest text, p_shared_path text DEFAULT NULL,
+                                            p_step bigint DEFAULT NULL)
 RETURNS tuneplane.artifacts
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -258,6 +274,13 @@ BEGIN
     m := tuneplane.artifact_node_member(p_credential_hash, p_member_id);
     SELECT * INTO s FROM tuneplane.artifact_settings;
     PERFORM tuneplane.check_artifact_name_kind(p_name, p_kind);
+    IF p_step < 0 THEN
+        RAISE EXCEPTION 'step must be 0 or more, not %', p_step USING ERRCODE = 'TP400', COLUMN = 'step';
+    END IF;
+    IF p_step IS NOT NULL AND p_kind <> 'checkpoint' THEN
+        RAISE EXCEPTION 'only a checkpoint has a step, not an artifact of kind %', p_kind
+            USING ERRCODE = 'TP400', COLUMN = 'step';
+    END IF;
     problem := tuneplane.artifact_manifest_problem(p_manifest);
     IF problem IS NOT NULL THEN
         RAISE EXCEPTION '%', problem USING ERRCODE = 'TP400', COLUMN = 'manifest';
@@ -305,9 +328,9 @@ BEGIN
 
     INSERT INTO tuneplane.artifacts (job_id, attempt_id, member_id, rank, name, kind, delivery, shared_path,
                                      manifest, manifest_digest, file_count, total_bytes, chunk_size,
-                                     registered_by)
+                                     registered_by, step)
     VALUES (m.job_id, m.attempt_id, m.id, m.rank, p_name, p_kind, p_delivery, v_shared, p_manifest, digest,
-            n_files, n_bytes, s.chunk_size, 'node:' || m.node_id)
+            n_files, n_bytes, s.chunk_size, 'node:' || m.node_id, p_step)
     ON CONFLICT (member_id, name) DO NOTHING
     RETURNING * INTO a;
     IF a.id IS NULL THEN
@@ -325,7 +348,8 @@ BEGIN
            SET state = 'uploading', reason = 'registered again with ' ||
                    CASE WHEN a.manifest_digest = digest THEN 'the same manifest' ELSE 'a new manifest' END,
                kind = p_kind, delivery = p_delivery, shared_path = v_shared, manifest = p_manifest,
-               manifest_digest = digest, file_count = n_files, total_bytes = n_bytes, chunk_size = s.chunk_size
+               manifest_digest = digest, file_count = n_files, total_bytes = n_bytes, chunk_size = s.chunk_size,
+               step = p_step
          WHERE id = a.id
         RETURNING * INTO a;
     END IF;
@@ -703,13 +727,14 @@ CREATE OR REPLACE TRIGGER artifacts_of_lost_member
 -- Users: who may see a job's artifacts is require_job_access's answer (access.sql); a job the user may
 -- not see is reported as unknown (404), so job ids cannot be probed.
 -- job_artifacts: every artifact of a job (all attempts), newest attempt first, with the last
--- verification and, while uploading, how many of its bytes the server holds (uploaded_bytes). Refuses a job the user cannot see (404).
+-- verification and, while uploading, how many of its bytes the server holds (uploaded_bytes), and a
+-- checkpoint's training step (NULL when not said). Refuses a job the user cannot see (404).
 CREATE OR REPLACE FUNCTION tuneplane.job_artifacts(p_user_id bigint, p_job_id bigint)
 RETURNS TABLE (id bigint, job_id bigint, attempt integer, rank integer, name text, kind text, state text,
                reason text, delivery text, shared_path text, manifest_digest text, file_count integer,
                total_bytes bigint, created_at timestamptz, completed_at timestamptz,
                last_verified_at timestamptz, last_verify_ok boolean, last_verify_problems jsonb,
-               uploaded_bytes bigint)
+               uploaded_bytes bigint, step bigint)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     PERFORM tuneplane.require_job_access(p_user_id, p_job_id, 'read');
@@ -722,7 +747,8 @@ BEGIN
                    (SELECT coalesce(sum(f.size), 0) FROM tuneplane.artifact_files f
                      WHERE f.artifact_id = a.id AND f.verified_at IS NOT NULL)
                    + (SELECT coalesce(sum(c.size), 0) FROM tuneplane.artifact_chunks c WHERE c.artifact_id = a.id)
-               ELSE a.total_bytes END::bigint
+               ELSE a.total_bytes END::bigint,
+               a.step
           FROM tuneplane.artifacts a
           JOIN tuneplane.attempts at ON at.id = a.attempt_id
           LEFT JOIN LATERAL (SELECT * FROM tuneplane.artifact_verifications av WHERE av.artifact_id = a.id

@@ -46,13 +46,15 @@ LANGUAGE sql STABLE AS $$
      WHERE t.id = p_attempt_id;
 $$;
 
--- resume_words: how the job's timeline says where an attempt starts ('' when it starts fresh).
+-- resume_words: how the job's timeline says where an attempt starts ('' when it starts fresh):
+-- `; resumes from ckpt.2 (step 1000, verified 14:02:03)` (no step when the workload did not say it).
 CREATE OR REPLACE FUNCTION tuneplane.resume_words(p_attempt_id bigint)
 RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT coalesce((
-        SELECT format('; resumes from %s%s (verified %s)', a.name,
+        SELECT format('; resumes from %s%s (%sverified %s)', a.name,
                       CASE WHEN a.job_id <> t.job_id THEN format(' of job %s', a.job_id) ELSE '' END,
+                      CASE WHEN a.step IS NULL THEN '' ELSE format('step %s, ', a.step) END,
                       to_char(a.completed_at, 'HH24:MI:SS'))
           FROM tuneplane.attempts t JOIN tuneplane.artifacts a ON a.id = t.resume_artifact_id
          WHERE t.id = p_attempt_id), '');
@@ -285,7 +287,9 @@ $$;
 -- member has ended. Records the checkpoint the next attempt resumes from (the job's newest verified one:
 -- end_checkpoint_id) and the work lost since it: nothing when a checkpoint of this attempt became complete
 -- between the request and the grace's end, else the wall time from that checkpoint's verification (or the
--- attempt's start, if it made none) to now, and GPUs × that time. Returns the timeline's words.
+-- attempt's start, if it made none) to now, and GPUs × that time. Returns the timeline's words,
+-- naming the checkpoint with its step when the workload said it (`checkpoint ckpt.3 (step 1200) verified
+-- 38 s into a 120 s grace`, `resumes from ckpt.2 (step 1000)`).
 CREATE OR REPLACE FUNCTION tuneplane.settle_stopped_attempt(p_attempt_id bigint)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -321,7 +325,8 @@ BEGIN
     IF v_start IS NULL THEN
         v_what := 'stopped before it started; nothing lost';
     ELSIF v_saved THEN
-        v_what := format('checkpoint %s verified %s s into a %s s grace; lost 0 GPU-s', ck.name,
+        v_what := format('checkpoint %s verified %s s into a %s s grace; lost 0 GPU-s',
+                         tuneplane.checkpoint_label(ck),
                          round(extract(epoch FROM ck.completed_at - a.stop_requested_at)),
                          round(extract(epoch FROM a.grace_deadline - a.stop_requested_at)));
     ELSE
@@ -329,7 +334,7 @@ BEGIN
                          CASE WHEN clock_timestamp() >= a.grace_deadline THEN 'stopped at the end of its grace'
                               ELSE 'stopped within its grace without a new verified checkpoint' END,
                          CASE WHEN ck.id IS NULL THEN 'no verified checkpoint: the next attempt starts from scratch'
-                              ELSE format('resumes from %s', ck.name) END,
+                              ELSE format('resumes from %s', tuneplane.checkpoint_label(ck)) END,
                          to_char(round((v_lost * v_gpus)::numeric), 'FM999,999,999,990'),
                          round(v_lost::numeric));
     END IF;
@@ -703,7 +708,8 @@ $$;
 
 -- job_attempt_preemption_of: per attempt of a visible job, what the protocol recorded: the checkpoint it
 -- resumed from, a standing or past request to stop (kind, cause, grace deadline, preemptor), the
--- checkpoint it ended with and the work lost (the job page's attempts table, `tuneplane jobs show`).
+-- checkpoint it ended with and the work lost (the job page's attempts table, `tuneplane jobs show`); the
+-- checkpoints named with their step (checkpoint_label: `ckpt.2 (step 1000)`).
 CREATE OR REPLACE FUNCTION tuneplane.job_attempt_preemption_of(p_actor_id bigint, p_job_id bigint)
 RETURNS TABLE (number integer, resumed_from text, stop_kind text, stop_cause text, preempted_by_job_id bigint,
                stop_requested_at timestamptz, grace_deadline timestamptz, in_grace boolean,
@@ -712,10 +718,10 @@ LANGUAGE plpgsql STABLE AS $$
 BEGIN
     PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
     RETURN QUERY
-        SELECT t.number, r.name, t.stop_kind, t.stop_cause, t.preempted_by_job_id, t.stop_requested_at,
+        SELECT t.number, tuneplane.checkpoint_label(r), t.stop_kind, t.stop_cause, t.preempted_by_job_id, t.stop_requested_at,
                t.grace_deadline,
                t.stop_kind IS NOT NULL AND t.state IN ('running', 'stopping') AND t.grace_deadline > now(),
-               e.name, t.lost_seconds, t.lost_gpu_seconds
+               tuneplane.checkpoint_label(e), t.lost_seconds, t.lost_gpu_seconds
           FROM tuneplane.attempts t
           LEFT JOIN tuneplane.artifacts r ON r.id = t.resume_artifact_id
           LEFT JOIN tuneplane.artifacts e ON e.id = t.end_checkpoint_id

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.artifact_fixtures import make_member, served_artifacts
+from tests.artifact_fixtures import make_member, served_artifacts, write_tree
 from tuneplane.app.db import Database
 from tuneplane.workers.agent.checkpoints import publish_pending
 from tuneplane.workers.agent.prepare import NodeAccess
+from tuneplane.workers.artifacts.deliver import node_http
 
 
 @pytest.fixture
@@ -65,3 +66,44 @@ def test_a_fleet_without_object_delivery_refuses_and_the_refusal_is_recorded(
     )
     assert result["state"] == "failed" and "object_delivery" in result["reason"]
     assert publish_pending(access, directory, lambda _line: None) == 0
+
+
+def test_the_step_a_request_carries_is_stored_with_the_checkpoint(db: Database, env) -> None:
+    """sdk.checkpoint(path, name, step=N) → the request's "step" → the artifact row's step, and back in
+    the result the SDK reads; a request with a bad step is refused with the reason, nothing registered."""
+    setup = make_member(db)
+    directory = member_directory(env["tmp"], setup.member["id"])
+    requests = directory / "output" / ".tuneplane" / "checkpoints" / "requests"
+    (requests / "0001.json").write_text(json.dumps({"path": "step-1", "name": "ckpt", "step": 1200}))
+    (requests / "0002.json").write_text(json.dumps({"path": "step-1", "name": "bad", "step": -3}))
+    access = NodeAccess(env["url"], None, lambda: setup.credential)  # type: ignore[arg-type]
+    assert publish_pending(access, directory, lambda _line: None) == 2
+    results = directory / "output" / ".tuneplane" / "checkpoints" / "results"
+    result = json.loads((results / "0001.json").read_text())
+    assert result["state"] == "complete" and result["step"] == 1200
+    assert db.fetch_one("SELECT step FROM artifacts WHERE id = %s", (result["artifact_id"],))["step"] == 1200
+    refused = json.loads((results / "0002.json").read_text())
+    assert refused["state"] == "failed" and "step -3 must be a whole number" in refused["reason"]
+    assert db.fetch_one("SELECT count(*) AS n FROM artifacts WHERE name LIKE 'bad%%'")["n"] == 0
+
+
+@pytest.mark.parametrize(
+    ("kind", "step", "field"),
+    [("checkpoint", "12", "step"), ("checkpoint", -1, "step"), ("output", 5, "step")],
+)
+def test_a_bad_step_is_refused_naming_the_field_and_nothing_is_stored(
+    db: Database, env, kind: str, step: object, field: str
+) -> None:
+    """The registration endpoint (what every agent calls): a step that is not a whole number, a negative
+    one, or a step on an artifact that is not a checkpoint is a 400 naming `step`."""
+    setup = make_member(db)
+    manifest = write_tree(env["tmp"] / "tree", {"w.bin": b"w"})
+    body = {
+        "member_id": setup.member["id"], "name": "ckpt.1", "kind": kind, "delivery": "object",
+        "manifest": manifest.as_json(), "manifest_digest": manifest.digest, "step": step,
+    }  # fmt: skip
+    with node_http(env["url"], setup.credential) as http:
+        response = http.post("/api/artifacts", json=body)
+    assert response.status_code == 400, response.text
+    assert list(response.json()["fields"]) == [field], response.text
+    assert db.fetch_one("SELECT count(*) AS n FROM artifacts")["n"] == 0

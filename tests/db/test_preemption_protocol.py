@@ -43,9 +43,9 @@ def running_job(
     return MemberSetup(user_id, fleet_id, node_id, job_id, member, credential, credential_hash)
 
 
-def checkpoint(db: Database, setup: MemberSetup, tmp_path: Path, name: str) -> dict:
+def checkpoint(db: Database, setup: MemberSetup, tmp_path: Path, name: str, step: int | None = None) -> dict:
     manifest = write_tree(tmp_path / name, {"model.npz": name.encode()})
-    return recorded_complete(db, setup, name, manifest, kind="checkpoint")
+    return recorded_complete(db, setup, name, manifest, kind="checkpoint", step=step)
 
 
 def attempt(db: Database, job_id: int, number: int = 1) -> dict:
@@ -161,6 +161,46 @@ def test_a_victim_without_a_new_checkpoint_loses_the_work_since_its_last_one(
     db.call("reserve_next", setup.fleet_id, 1000)
     run_to_running(db, setup.job_id)
     assert attempt(db, setup.job_id, 2)["resume_artifact_id"] == before["id"]
+
+
+def test_the_words_name_each_checkpoint_with_the_step_the_workload_gave(db: Database, tmp_path: Path) -> None:
+    """Issue 21 point 6: `checkpoint ckpt.3 (step 1200) verified 38 s into a 120 s grace`, `resumes from
+    ckpt.2 (step 1000)`, and the job page's attempts name them so too."""
+    setup = running_job(db, spec={"preemption": {"grace_seconds": 120}})
+    checkpoint(db, setup, tmp_path, "ckpt.1", step=1000)
+    db.call("request_preemption", setup.job_id, "urgent work", None, "preempted", None)
+    checkpoint(db, setup, tmp_path, "ckpt.2", step=1200)
+    report(db, "member_exited", setup.member, exit_code=0)
+    first = attempt(db, setup.job_id)
+    assert "; checkpoint ckpt.2 (step 1200) verified 0 s into a 120 s grace; lost 0 GPU-s" in first["reason"]
+    # Attempt 2 resumes from it: its timeline says so with the step; asked to stop, it makes none.
+    db.call("reserve_next", setup.fleet_id, 1000)
+    (member,) = run_to_running(db, setup.job_id)
+    events = [
+        e["reason"] for e in db.fetch_all("SELECT reason FROM job_events WHERE job_id = %s", (setup.job_id,))
+    ]
+    assert any(
+        "attempt 2: preparing" in r and "; resumes from ckpt.2 (step 1200, verified " in r for r in events
+    )
+    db.call("request_preemption", setup.job_id, "again", dt.timedelta(seconds=0), "preempted", None)
+    report(db, "member_exited", member, exit_code=-15)
+    second = attempt(db, setup.job_id, 2)
+    assert "; resumes from ckpt.2 (step 1200); lost " in second["reason"], second["reason"]
+    rows = db.call("job_attempt_preemption_of", setup.user_id, setup.job_id)
+    assert [(r["number"], r["resumed_from"], r["end_checkpoint"]) for r in rows] == [
+        (2, "ckpt.2 (step 1200)", "ckpt.2 (step 1200)"),
+        (1, None, "ckpt.2 (step 1200)"),
+    ]
+
+
+def test_a_checkpoint_without_a_step_is_named_alone(db: Database, tmp_path: Path) -> None:
+    setup = running_job(db)
+    db.call("request_preemption", setup.job_id, "urgent work", None, "preempted", None)
+    checkpoint(db, setup, tmp_path, "ckpt.1")
+    report(db, "member_exited", setup.member, exit_code=0)
+    assert "; checkpoint ckpt.1 verified 0 s into a " in attempt(db, setup.job_id)["reason"]
+    (row,) = db.call("job_attempt_preemption_of", setup.user_id, setup.job_id)
+    assert row["end_checkpoint"] == "ckpt.1"
 
 
 def test_without_any_checkpoint_everything_since_the_start_is_lost(db: Database) -> None:

@@ -254,6 +254,35 @@ class Cluster:
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n{self.diagnose(job_id)}") from None
 
+    def attempt(self, job_id: int, number: int) -> dict | None:
+        """Attempt `number` of the job, with the checkpoint it ended with (preemption: name, step, when it
+        was verified)."""
+        return self.db.fetch_one(
+            """SELECT t.*, a.name AS end_checkpoint, a.step AS end_checkpoint_step,
+                      a.completed_at AS end_checkpoint_at
+                 FROM attempts t LEFT JOIN artifacts a ON a.id = t.end_checkpoint_id
+                WHERE t.job_id = %s AND t.number = %s""",
+            (job_id, number),
+        )
+
+    def members_of_attempt(self, job_id: int, number: int) -> list[dict]:
+        attempt = self.attempt(job_id, number)
+        assert attempt is not None, f"job {job_id} has no attempt {number}"
+        return [m for m in self.members(job_id) if m["attempt_id"] == attempt["id"]]
+
+    def member_log(self, member: dict, name: str = "stdout.log") -> str:
+        path = self.member_dir(member["node"], member["id"]) / "logs" / name
+        return path.read_text(errors="replace") if path.is_file() else ""
+
+    def explain(self, job_id: int) -> str:
+        """The job's events and processes, and what each member printed (for a test that timed out)."""
+        lines = [self.diagnose(job_id)]
+        for member in self.members(job_id):
+            for name in ("stdout.log", "stderr.log", "runner.log"):
+                if text := self.member_log(member, name):
+                    lines.append(f"--- member {member['id']} {name}:\n{text[-2000:]}")
+        return "\n".join(lines)
+
     def held(self) -> int:
         return self.db.fetch_one("SELECT count(*) AS n FROM members WHERE released_at IS NULL")["n"]
 

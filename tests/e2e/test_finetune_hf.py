@@ -1,11 +1,13 @@
 """examples/finetune-hf end to end: a Hugging Face Trainer fine-tune of a tiny GPT-2 in a `base: node`
 environment (the node's torch, transformers and accelerate added by uv), its TensorBoard loss, learning
 rate and grad norm under canonical names, its checkpoints delivered as an artifact, and a follow-up job
-that fine-tunes further from that artifact."""
+that fine-tunes further from that artifact. Preempted mid-run (issue 21), the Trainer job resumes from the
+`checkpoint-K` it published in its grace and ends after the same optimizer steps as an uninterrupted run."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,30 @@ pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "finetune-hf"
 ENVIRONMENT = {"base": "node", "packages": ["transformers", "accelerate"]}
 RESOURCES = {"nodes": 1, "gpus_per_node": 0, "cpus_per_node": 1, "memory_per_node": 512 * MIB}
+needs_torch = pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="the node's torch (.ci/run installs it)"
+)
+
+
+def _start(cluster: Cluster, *agent_args: str) -> str:
+    """One agent and a worker; the example's train.py uploaded (its archive's digest)."""
+    cluster.start_agent("a", *agent_args)
+    cluster.start_worker()
+    cluster.db.fetch_all("UPDATE launch_settings SET prepare_timeout = interval '300 seconds' RETURNING 1")
+    return cluster.upload_source({"train.py": (EXAMPLE / "train.py").read_text()})
+
+
+def _submit(cluster: Cluster, archive: str, arguments: str, **extra) -> int:
+    """The example job (`python train.py ARGUMENTS`) in its environment, on one CPU."""
+    return cluster.submit(
+        {
+            "source": {"archive": archive, "entrypoint": f"python train.py {arguments}"},
+            "environment": ENVIRONMENT,
+            "resources": RESOURCES,
+            "env": {"OMP_NUM_THREADS": "1"},
+            **extra,
+        }
+    )
 
 
 def _canonical_names(cluster: Cluster, job_id: int) -> set[str]:
@@ -28,23 +54,14 @@ def _canonical_names(cluster: Cluster, job_id: int) -> set[str]:
     return {r["canonical"] for r in rows}
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None, reason="the node's torch (.ci/run installs it)"
-)
+@needs_torch
 def test_hf_trainer_fine_tune_and_a_follow_up_from_its_checkpoint(cluster: Cluster) -> None:
-    telemetry = cluster.start_telemetry_gateway()
-    cluster.start_agent("a", "--telemetry-url", telemetry)
-    cluster.start_worker()
-    cluster.db.fetch_all("UPDATE launch_settings SET prepare_timeout = interval '300 seconds' RETURNING 1")
-    archive = cluster.upload_source({"train.py": (EXAMPLE / "train.py").read_text()})
-    first = cluster.submit(
-        {
-            "source": {"archive": archive, "entrypoint": "python train.py --steps 12 --save-steps 6"},
-            "environment": ENVIRONMENT,
-            "resources": RESOURCES,
-            "env": {"OMP_NUM_THREADS": "1"},
-            "outputs": [{"name": "checkpoints", "path": "checkpoints"}],
-        }
+    archive = _start(cluster, "--telemetry-url", cluster.start_telemetry_gateway())
+    first = _submit(
+        cluster,
+        archive,
+        "--steps 12 --save-steps 6",
+        outputs=[{"name": "checkpoints", "path": "checkpoints"}],
     )
     job = cluster.wait_job(first, ("succeeded", "failed", "cancelled"), timeout=240)
     assert job["state"] == "succeeded", cluster.diagnose(first)
@@ -71,17 +88,11 @@ def test_hf_trainer_fine_tune_and_a_follow_up_from_its_checkpoint(cluster: Clust
     )
     assert artifact["manifest_digest"]
 
-    follow = cluster.submit(
-        {
-            "source": {
-                "archive": archive,
-                "entrypoint": "python train.py --steps 4 --save-steps 4 --init-from base",
-            },
-            "environment": ENVIRONMENT,
-            "resources": RESOURCES,
-            "env": {"OMP_NUM_THREADS": "1"},
-            "inputs": [{"name": "base", "artifact": f"{first}/checkpoints"}],
-        }
+    follow = _submit(
+        cluster,
+        archive,
+        "--steps 4 --save-steps 4 --init-from base",
+        inputs=[{"name": "base", "artifact": f"{first}/checkpoints"}],
     )
     job = cluster.wait_job(follow, ("succeeded", "failed", "cancelled"), timeout=180)
     assert job["state"] == "succeeded", cluster.diagnose(follow)
@@ -95,3 +106,51 @@ def test_hf_trainer_fine_tune_and_a_follow_up_from_its_checkpoint(cluster: Clust
         )
     ]
     assert any("reused" in r for r in reasons), reasons  # the same lock: the first job's environment
+
+
+STEPS, SAVE_STEPS = 24, 4
+
+
+@needs_torch
+def test_hf_trainer_preempted_mid_run_resumes_from_checkpoint_k_and_ends_after_the_same_steps(
+    cluster: Cluster,
+) -> None:
+    """Acceptance (issue 21): the Trainer job, preempted mid-run, resumes from `checkpoint-K` and finishes
+    with the same number of optimizer steps as an uninterrupted run. Trainer's own state says it: the
+    final checkpoint's trainer_state.json has global_step STEPS and one loss per step 1..STEPS (steps 1..K
+    from the first attempt, restored with checkpoint-K; K+1..STEPS from the retry)."""
+    archive = _start(cluster)
+    # Half a second per step: the request lands mid-run (STEPS is 12 s of waiting, most of it after K).
+    job_id = _submit(cluster, archive, f"--steps {STEPS} --save-steps {SAVE_STEPS} --step-seconds 0.5")
+    wait_for(
+        lambda: cluster.db.fetch_one(
+            "SELECT id FROM artifacts WHERE job_id = %s AND kind = 'checkpoint' AND state = 'complete'",
+            (job_id,),
+        ),
+        timeout=240,  # the environment is built (or found) first
+        what="a first verified checkpoint",
+        explain=lambda: cluster.explain(job_id),
+    )
+    cluster.db.call("request_preemption", job_id, "e2e: preempted mid-run", None, "preempted", None)
+    first = wait_for(
+        lambda: (a := cluster.attempt(job_id, 1)) and a["state"] == "preempted" and a,
+        timeout=120,
+        what="attempt 1 preempted",
+        explain=lambda: cluster.explain(job_id),
+    )
+    k = first["end_checkpoint_step"]  # the step train.py gave sdk.checkpoint: Trainer's checkpoint-K
+    assert k is not None and SAVE_STEPS <= k < STEPS, first
+    assert f"checkpoint {first['end_checkpoint']} (step {k}) verified" in first["reason"], first["reason"]
+    (victim,) = cluster.members_of_attempt(job_id, 1)
+    assert f"stopped at step {k}: asked to checkpoint and stop" in cluster.member_log(victim)
+
+    done = cluster.wait_job(job_id, ("succeeded", "failed", "cancelled"), timeout=240)
+    assert done["state"] == "succeeded", cluster.explain(job_id)
+    (member,) = cluster.members_of_attempt(job_id, 2)
+    stdout = cluster.member_log(member)
+    assert f"resuming from {first['end_checkpoint']}: checkpoint-{k} " in stdout, stdout[-2000:]
+    assert f"done: {STEPS} steps" in stdout, stdout[-2000:]
+    output = cluster.member_dir(member["node"], member["id"]) / "output"
+    state = json.loads((output / "checkpoints" / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
+    assert state["global_step"] == state["max_steps"] == STEPS  # an uninterrupted run's count
+    assert [e["step"] for e in state["log_history"] if "loss" in e] == list(range(1, STEPS + 1))

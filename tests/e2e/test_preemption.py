@@ -46,20 +46,11 @@ with open(out / "metrics.jsonl", "a") as metrics:
             d = out / "ckpt" / f"step-{step:06d}"
             d.mkdir(parents=True)
             (d / "state.json").write_text(json.dumps({"step": step}))
-            result = sdk.checkpoint(d, name="ckpt", wait=True)
+            result = sdk.checkpoint(d, name="ckpt", step=step, wait=True)
             print(f"step {step}: {result['artifact']} {result['state']}", flush=True)
         time.sleep(float(os.environ.get("STEP_SECONDS", "0.05")))
 print(f"done: {steps} steps", flush=True)
 """
-
-
-def _attempt(cluster: Cluster, job_id: int, number: int) -> dict | None:
-    return cluster.db.fetch_one(
-        """SELECT t.*, a.name AS end_checkpoint, a.completed_at AS end_checkpoint_at
-             FROM attempts t LEFT JOIN artifacts a ON a.id = t.end_checkpoint_id
-            WHERE t.job_id = %s AND t.number = %s""",
-        (job_id, number),
-    )
 
 
 def _checkpoints(cluster: Cluster, job_id: int) -> list[dict]:
@@ -73,23 +64,6 @@ def _checkpoints(cluster: Cluster, job_id: int) -> list[dict]:
 def _steps(cluster: Cluster, member: dict) -> list[int]:
     path = cluster.member_dir(member["node"], member["id"]) / "output" / "metrics.jsonl"
     return [json.loads(line)["step"] for line in path.read_text().splitlines()]
-
-
-def _members_of_attempt(cluster: Cluster, job_id: int, number: int) -> list[dict]:
-    attempt = _attempt(cluster, job_id, number)
-    assert attempt is not None
-    return [m for m in cluster.members(job_id) if m["attempt_id"] == attempt["id"]]
-
-
-def _explain(cluster: Cluster, job_id: int) -> str:
-    """The job's events and processes, and what each member printed (for a test that timed out)."""
-    lines = [cluster.diagnose(job_id)]
-    for member in cluster.members(job_id):
-        for name in ("stdout.log", "stderr.log", "runner.log"):
-            path = cluster.member_dir(member["node"], member["id"]) / "logs" / name
-            if path.is_file():
-                lines.append(f"--- member {member['id']} {name}:\n{path.read_text(errors='replace')[-2000:]}")
-    return "\n".join(lines)
 
 
 def _fine_tune(cluster: Cluster, **extra) -> int:
@@ -115,7 +89,7 @@ def _fine_tune(cluster: Cluster, **extra) -> int:
         lambda: _checkpoints(cluster, job_id),
         timeout=60,
         what="a first verified checkpoint",
-        explain=lambda: _explain(cluster, job_id),
+        explain=lambda: cluster.explain(job_id),
     )
     return job_id
 
@@ -126,22 +100,25 @@ def test_a_cooperative_victim_checkpoints_within_its_grace_and_resumes_from_it(c
     job_id = _fine_tune(cluster, preemption={"grace_seconds": 60})
     cluster.db.call("request_preemption", job_id, "e2e: an urgent job needs the GPU", None, "preempted", None)
     first = wait_for(
-        lambda: (a := _attempt(cluster, job_id, 1)) and a["state"] == "preempted" and a,
+        lambda: (a := cluster.attempt(job_id, 1)) and a["state"] == "preempted" and a,
         timeout=60,
         what="attempt 1 preempted",
     )
     assert first["lost_gpu_seconds"] == 0, first["reason"]
     assert first["end_checkpoint_at"] >= first["stop_requested_at"]  # verified within the grace
     assert first["end_checkpoint_at"] <= first["grace_deadline"]
-    assert f"checkpoint {first['end_checkpoint']} verified" in first["reason"]
+    # The words name the checkpoint with the step the demo recipe gave sdk.checkpoint (issue 21, point 6).
+    saved = first["end_checkpoint_step"]
+    assert f"checkpoint {first['end_checkpoint']} (step {saved}) verified" in first["reason"], first["reason"]
     done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
     assert done["state"] == "succeeded", cluster.diagnose(job_id)
-    second = _attempt(cluster, job_id, 2)
+    second = cluster.attempt(job_id, 2)
     assert second["resume_artifact_id"] == first["end_checkpoint_id"]
-    (member,) = _members_of_attempt(cluster, job_id, 2)
+    (member,) = cluster.members_of_attempt(job_id, 2)
     member_dir = cluster.member_dir(member["node"], member["id"])
     resumed = json.loads((member_dir / "resume" / "state.json").read_text())["step"]
-    (victim,) = _members_of_attempt(cluster, job_id, 1)
+    assert resumed == saved
+    (victim,) = cluster.members_of_attempt(job_id, 1)
     assert _steps(cluster, victim)[-1] == resumed  # it stopped at the step it saved
     assert resumed % EVERY != 0 or resumed > 0
     stdout = (member_dir / "logs" / "stdout.log").read_text()
@@ -169,15 +146,16 @@ def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_
         lambda: _checkpoints(cluster, job_id),
         timeout=60,
         what="a first verified checkpoint",
-        explain=lambda: _explain(cluster, job_id),
+        explain=lambda: cluster.explain(job_id),
     )
     cluster.db.call("request_preemption", job_id, "e2e: ignored", None, "preempted", None)
     first = wait_for(
-        lambda: (a := _attempt(cluster, job_id, 1)) and a["state"] == "preempted" and a,
+        lambda: (a := cluster.attempt(job_id, 1)) and a["state"] == "preempted" and a,
         timeout=60,
         what="attempt 1 preempted",
     )
     assert "stopped at the end of its grace" in first["reason"], first["reason"]
+    assert f"resumes from {first['end_checkpoint']} (step {first['end_checkpoint_step']})" in first["reason"]
     assert first["end_checkpoint_at"] < first["stop_requested_at"], first  # the one before the request
     newest_before = [c for c in _checkpoints(cluster, job_id) if c["completed_at"] <= first["ended_at"]][-1]
     assert first["end_checkpoint_id"] == newest_before["id"]
@@ -187,8 +165,8 @@ def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_
     assert first["ended_at"] >= first["grace_deadline"]
     done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
     assert done["state"] == "succeeded", cluster.diagnose(job_id)
-    (member,) = _members_of_attempt(cluster, job_id, 2)
-    stdout = (cluster.member_dir(member["node"], member["id"]) / "logs" / "stdout.log").read_text()
+    (member,) = cluster.members_of_attempt(job_id, 2)
+    stdout = cluster.member_log(member)
     assert f"resumed from {first['end_checkpoint']}" in stdout
     resumed = int(stdout.split(" at step ")[1].split()[0])
     assert _steps(cluster, member) == list(range(resumed + 1, 451))
@@ -204,15 +182,18 @@ def test_a_job_past_its_time_limit_ends_timed_out_with_its_checkpoint_named(clus
         (dt.timedelta(minutes=1), job_id),
     )
     first = wait_for(
-        lambda: (a := _attempt(cluster, job_id, 1)) and a["state"] == "timed_out" and a,
+        lambda: (a := cluster.attempt(job_id, 1)) and a["state"] == "timed_out" and a,
         timeout=60,
         what="attempt 1 timed out",
     )
     assert "its time limit of 1 min was reached" in first["reason"]
-    assert f"checkpoint {first['end_checkpoint']} verified" in first["reason"]
+    assert (
+        f"checkpoint {first['end_checkpoint']} (step {first['end_checkpoint_step']}) verified"
+        in first["reason"]
+    )
     done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
     assert done["state"] == "succeeded", cluster.diagnose(job_id)
-    assert _attempt(cluster, job_id, 2)["resume_artifact_id"] == first["end_checkpoint_id"]
+    assert cluster.attempt(job_id, 2)["resume_artifact_id"] == first["end_checkpoint_id"]
 
 
 def test_an_urgent_job_preempts_a_running_fine_tune_which_resumes_after_it(cluster: Cluster) -> None:
@@ -231,7 +212,7 @@ def test_an_urgent_job_preempts_a_running_fine_tune_which_resumes_after_it(clust
         }
     )
     first = wait_for(
-        lambda: (a := _attempt(cluster, victim, 1)) and a["state"] == "preempted" and a,
+        lambda: (a := cluster.attempt(victim, 1)) and a["state"] == "preempted" and a,
         timeout=90,
         what="the victim preempted",
     )
@@ -250,14 +231,14 @@ def test_an_urgent_job_preempts_a_running_fine_tune_which_resumes_after_it(clust
     )
     done = cluster.wait_job(victim, ("succeeded", "failed"), timeout=120)
     assert done["state"] == "succeeded", cluster.diagnose(victim)
-    second = _attempt(cluster, victim, 2)
+    second = cluster.attempt(victim, 2)
     assert second["resume_artifact_id"] == first["end_checkpoint_id"]
     # One GPU: the victim was placed again only once the urgent job had let go of it.
     urgent_end = cluster.db.fetch_one("SELECT ended_at FROM attempts WHERE job_id = %s", (urgent,))[
         "ended_at"
     ]
     assert second["created_at"] >= urgent_end
-    (member,) = _members_of_attempt(cluster, victim, 2)
+    (member,) = cluster.members_of_attempt(victim, 2)
     member_dir = cluster.member_dir(member["node"], member["id"])
     resumed = json.loads((member_dir / "resume" / "state.json").read_text())["step"]
     stdout = (member_dir / "logs" / "stdout.log").read_text()

@@ -4,10 +4,12 @@ artifact version (workers.artifacts.checkpoint) and keeps the member running.
 A workload asks for a checkpoint in one of two ways, both plain files under its output directory (so they
 work inside a container and without the SDK):
 
-- a request file `.tuneplane/checkpoints/requests/<id>.json` = {"path": P, "name": N}, P relative to
-  the output directory (what `tuneplane.sdk.checkpoint(path, name=…)` writes, atomically);
+- a request file `.tuneplane/checkpoints/requests/<id>.json` = {"path": P, "name": N, "step": S}, P
+  relative to the output directory, S the training step the checkpoint holds, optional (what
+  `tuneplane.sdk.checkpoint(path, name=…, step=…)` writes, atomically);
 - a completed-marker: a directory directly under a declared output's path that holds a file named
-  `.tuneplane-complete` (written last, after the checkpoint's files) is a checkpoint of that output.
+  `.tuneplane-complete` (written last, after the checkpoint's files) is a checkpoint of that output; the
+  marker may hold {"step": S}.
 
 Each is published once, as `<N>.<k>` (k counting that member's checkpoints of N from 1), and its result is
 written back to `.tuneplane/checkpoints/results/<id>.json` ({"state", "artifact", "reason"}) for the SDK.
@@ -32,6 +34,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from tuneplane.workers.agent.handlers import AgentContext, CommandFailed, command
 from tuneplane.workers.agent.member_records import member_dir
@@ -74,10 +77,30 @@ def _inside(root: Path, candidate: Path) -> bool:
     return real == root_real or real.startswith(root_real.rstrip(os.sep) + os.sep)
 
 
-def pending_checkpoints(directory: Path, published: dict) -> list[tuple[str, str, Path | None, str]]:
-    """(key, name, directory or None, why not) for every request and marker not handled yet, in order."""
+class Pending(NamedTuple):
+    """A checkpoint asked for and not handled yet: `root` None when it is refused (`refused` says why)."""
+
+    key: str
+    name: str
+    root: Path | None
+    refused: str
+    step: int | None = None  # the training step it holds, as the workload said it
+
+
+def _step_of(request: dict) -> tuple[int | None, str]:
+    """The optional "step" of a request or marker, or why it is refused."""
+    step = request.get("step")
+    if step is None:
+        return None, ""
+    if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**63:
+        return None, f"checkpoint step {step!r} must be a whole number, 0 or more"
+    return step, ""
+
+
+def pending_checkpoints(directory: Path, published: dict) -> list[Pending]:
+    """Every request and marker not handled yet, in order."""
     output = directory / "output"
-    found: list[tuple[str, str, Path | None, str]] = []
+    found: list[Pending] = []
     requests = control_dir(directory) / "checkpoints" / "requests"
     if requests.is_dir():
         for path in sorted(requests.glob("*.json")):
@@ -89,16 +112,21 @@ def pending_checkpoints(directory: Path, published: dict) -> list[tuple[str, str
                 continue  # being written (the SDK renames it into place) or not JSON: look again later
             name, rel = str(request.get("name") or ""), str(request.get("path") or "")
             target = output / rel
+            step, bad_step = _step_of(request)
             if not _NAME.match(name):
                 found.append(
-                    (key, name, None, f"checkpoint name {name!r} must be 1-41 letters, digits, _ or -")
+                    Pending(key, name, None, f"checkpoint name {name!r} must be 1-41 letters, digits, _ or -")
                 )
+            elif bad_step:
+                found.append(Pending(key, name, None, bad_step))
             elif not rel or os.path.isabs(rel) or not _inside(output, target):
-                found.append((key, name, None, f"{rel!r} is not a directory inside the output directory"))
+                found.append(
+                    Pending(key, name, None, f"{rel!r} is not a directory inside the output directory")
+                )
             elif not target.is_dir():
-                found.append((key, name, None, f"{rel} is not a directory"))
+                found.append(Pending(key, name, None, f"{rel} is not a directory"))
             else:
-                found.append((key, name, target, ""))
+                found.append(Pending(key, name, target, "", step))
     try:
         spec = json.loads((directory / "capsule" / "spec.json").read_text())
     except (OSError, ValueError):
@@ -110,7 +138,9 @@ def pending_checkpoints(directory: Path, published: dict) -> list[tuple[str, str
         for marker in sorted(base.glob(f"*/{MARKER}"), key=lambda m: (m.stat().st_mtime_ns, str(m))):
             key = f"marker:{out['name']}/{marker.parent.name}"
             if key not in published and _inside(output, marker.parent):
-                found.append((key, out["name"], marker.parent, ""))
+                # An empty marker, or one that is not JSON, is a checkpoint without a step (as before).
+                step, _bad = _step_of(_read_json(marker) or {})
+                found.append(Pending(key, out["name"], marker.parent, "", step))
     return found
 
 
@@ -129,16 +159,17 @@ def publish_pending(
         return publish_each(
             directory,
             say,
-            lambda member_id, name, root: publish_checkpoint(
-                http, member_id, name, root, retry_later=not final
+            lambda member_id, name, root, step: publish_checkpoint(
+                http, member_id, name, root, retry_later=not final, step=step
             ),
             final=final,
         )
 
 
-# publish(member_id, artifact name, directory) → the artifact as the server last reported it ({"id",
-# "state", "reason"}); raises UploadError (a retryable status: the next scan tries again) or OSError.
-Publish = Callable[[int, str, Path], dict]
+# publish(member_id, artifact name, directory, step) → the artifact as the server last reported it ({"id",
+# "state", "reason"}); raises UploadError (a retryable status: the next scan tries again) or OSError. step:
+# the training step the workload said the checkpoint holds (None: not said).
+Publish = Callable[[int, str, Path, int | None], dict]
 
 
 def publish_each(
@@ -156,14 +187,14 @@ def publish_each(
         return 0
     member = json.loads((directory / "member.json").read_text())
     done = 0
-    for key, name, root, refused in todo:
+    for key, name, root, refused, step in todo:
         if root is None:
             result = {"state": "failed", "artifact": None, "reason": refused}
         else:
             number = int(state["counts"].get(name, 0)) + 1
             artifact_name = f"{name}.{number}"
             try:
-                artifact = publish(int(member["member_id"]), artifact_name, root)
+                artifact = publish(int(member["member_id"]), artifact_name, root, step)
             except (UploadError, OSError) as exc:
                 status = getattr(exc, "status", None)
                 if not final and retryable_status(status):
@@ -178,6 +209,7 @@ def publish_each(
                 "artifact": artifact_name,
                 "artifact_id": artifact.get("id"),
                 "reason": artifact.get("reason") or "",
+                "step": step,
             }
         state["published"][key] = result
         _write_json(state_path, state)

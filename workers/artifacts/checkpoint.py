@@ -48,9 +48,16 @@ def changed_reason(found: list[str]) -> str:
 
 
 def publish_checkpoint(
-    http: httpx.Client, member_id: int, name: str, root: Path | str, *, retry_later: bool = True
+    http: httpx.Client,
+    member_id: int,
+    name: str,
+    root: Path | str,
+    *,
+    retry_later: bool = True,
+    step: int | None = None,
 ) -> dict[str, Any]:
-    """Register and upload `root` as checkpoint artifact `name`; returns the artifact as the server last
+    """Register and upload `root` as checkpoint artifact `name` (holding training step `step`, when the
+    workload said it); returns the artifact as the server last
     reported it (`state` complete or failed, `reason`). Raises UploadError when the server cannot be
     reached or failed (5xx) while the directory stayed unchanged and `retry_later`: the caller tries again
     later, and the same manifest resumes the same upload (without `retry_later` the artifact is failed)."""
@@ -61,7 +68,7 @@ def publish_checkpoint(
         after = snapshot(root)
     except (ManifestError, OSError) as exc:
         return {"id": None, "name": name, "state": "failed", "reason": f"not a readable checkpoint: {exc}"}
-    artifact = register(http, member_id, name, manifest, kind="checkpoint")
+    artifact = register(http, member_id, name, manifest, kind="checkpoint", step=step)
     if artifact["state"] == "complete":
         return artifact
     found = changes(before, after)

@@ -63,6 +63,7 @@ def register(
     kind: str = "output",
     delivery: str = "object",
     shared_path: str | None = None,
+    step: int | None = None,
 ) -> dict[str, Any]:
     payload = {
         "member_id": member_id,
@@ -73,6 +74,8 @@ def register(
         "manifest": manifest.as_json(),
         "manifest_digest": manifest.digest,
     }
+    if step is not None:  # a checkpoint's training step, sent only when the workload said it
+        payload["step"] = step
     return _checked(http.post("/api/artifacts", json=payload))
 
 

@@ -174,7 +174,7 @@ def publish_checkpoint(model: MLP, out: Path, step: int) -> None:
     if directory.exists():  # published already (asked twice at one step)
         return
     save_checkpoint(model, directory, step)
-    if sdk.checkpoint(directory, name="checkpoint") is not None:
+    if sdk.checkpoint(directory, name="checkpoint", step=step) is not None:
         print(f"checkpoint of step {step} requested ({directory})", flush=True)
 
 

@@ -563,19 +563,22 @@ class SlurmWorker:
         except (OSError, ValueError) as exc:  # a half-written file: the next pass looks again
             self.say(f"{member_dir}: checkpoint scan failed: {exc}")
 
-    def register_checkpoint(self, member_id: int, name: str, root: Path) -> dict:
+    def register_checkpoint(self, member_id: int, name: str, root: Path, step: int | None = None) -> dict:
         from tuneplane.workers.artifacts.manifest import ManifestError
 
         try:
-            return self.register_shared(member_id, name, "checkpoint", root)
+            return self.register_shared(member_id, name, "checkpoint", root, step=step)
         except ManifestError as exc:
             return {"id": None, "state": "failed", "reason": f"not a readable checkpoint: {exc}"}
         except Refusal as exc:
             return {"id": None, "state": "failed", "reason": exc.message}
 
-    def register_shared(self, member_id: int, name: str, kind: str, root: Path) -> dict:
+    def register_shared(
+        self, member_id: int, name: str, kind: str, root: Path, *, step: int | None = None
+    ) -> dict:
         """One artifact of the member delivered `shared` at `root` (on the shared path), as the member's node
-        (its credential); the receiver verifies every file there against the manifest."""
+        (its credential); the receiver verifies every file there against the manifest. `step`: a
+        checkpoint's training step, as the workload said it."""
         from tuneplane.app.artifacts.receiver import ArtifactReceiver, Registration
         from tuneplane.workers.artifacts.manifest import build_manifest
 
@@ -587,7 +590,7 @@ class SlurmWorker:
             self.node_credential(node["node_id"]),
             Registration(
                 member_id=member_id, name=name, manifest=manifest.as_json(), manifest_digest=manifest.digest,
-                kind=kind, delivery="shared", shared_path=str(root),
+                kind=kind, delivery="shared", shared_path=str(root), step=step,
             ),
         )  # fmt: skip
 
