@@ -265,6 +265,33 @@ class Cluster:
             (job_id, number),
         )
 
+    def checkpoints(self, job_id: int) -> list[dict]:
+        """The job's verified checkpoints, oldest first."""
+        return self.db.fetch_all(
+            "SELECT * FROM artifacts WHERE job_id = %s AND kind = 'checkpoint' AND state = 'complete'"
+            " ORDER BY completed_at, id",
+            (job_id,),
+        )
+
+    def preempt_after_a_checkpoint(
+        self, job_id: int, reason: str, *, checkpoint_timeout: float = 60.0, timeout: float = 60.0
+    ) -> dict:
+        """Once the job has a verified checkpoint, ask it to checkpoint and stop (request_preemption, what
+        the planner and `tuneplane jobs preempt` call); its attempt 1 once it ended `preempted`."""
+        wait_for(
+            lambda: self.checkpoints(job_id),
+            timeout=checkpoint_timeout,
+            what="a first verified checkpoint",
+            explain=lambda: self.explain(job_id),
+        )
+        self.db.call("request_preemption", job_id, reason, None, "preempted", None)
+        return wait_for(
+            lambda: (a := self.attempt(job_id, 1)) and a["state"] == "preempted" and a,
+            timeout=timeout,
+            what="attempt 1 preempted",
+            explain=lambda: self.explain(job_id),
+        )
+
     def members_of_attempt(self, job_id: int, number: int) -> list[dict]:
         attempt = self.attempt(job_id, number)
         assert attempt is not None, f"job {job_id} has no attempt {number}"

@@ -108,7 +108,7 @@ def test_hf_trainer_fine_tune_and_a_follow_up_from_its_checkpoint(cluster: Clust
     assert any("reused" in r for r in reasons), reasons  # the same lock: the first job's environment
 
 
-STEPS, SAVE_STEPS = 24, 4
+STEPS, SAVE_STEPS = 20, 4
 
 
 @needs_torch
@@ -120,24 +120,10 @@ def test_hf_trainer_preempted_mid_run_resumes_from_checkpoint_k_and_ends_after_t
     final checkpoint's trainer_state.json has global_step STEPS and one loss per step 1..STEPS (steps 1..K
     from the first attempt, restored with checkpoint-K; K+1..STEPS from the retry)."""
     archive = _start(cluster)
-    # Half a second per step: the request lands mid-run (STEPS is 12 s of waiting, most of it after K).
+    # Half a second per step: the request lands mid-run (STEPS is 10 s of waiting, most of it after K).
     job_id = _submit(cluster, archive, f"--steps {STEPS} --save-steps {SAVE_STEPS} --step-seconds 0.5")
-    wait_for(
-        lambda: cluster.db.fetch_one(
-            "SELECT id FROM artifacts WHERE job_id = %s AND kind = 'checkpoint' AND state = 'complete'",
-            (job_id,),
-        ),
-        timeout=240,  # the environment is built (or found) first
-        what="a first verified checkpoint",
-        explain=lambda: cluster.explain(job_id),
-    )
-    cluster.db.call("request_preemption", job_id, "e2e: preempted mid-run", None, "preempted", None)
-    first = wait_for(
-        lambda: (a := cluster.attempt(job_id, 1)) and a["state"] == "preempted" and a,
-        timeout=120,
-        what="attempt 1 preempted",
-        explain=lambda: cluster.explain(job_id),
-    )
+    # The environment is built (or found) before the first step: a longer wait for the first checkpoint.
+    first = cluster.preempt_after_a_checkpoint(job_id, "e2e: mid-run", checkpoint_timeout=240, timeout=120)
     k = first["end_checkpoint_step"]  # the step train.py gave sdk.checkpoint: Trainer's checkpoint-K
     assert k is not None and SAVE_STEPS <= k < STEPS, first
     assert f"checkpoint {first['end_checkpoint']} (step {k}) verified" in first["reason"], first["reason"]

@@ -53,14 +53,6 @@ print(f"done: {steps} steps", flush=True)
 """
 
 
-def _checkpoints(cluster: Cluster, job_id: int) -> list[dict]:
-    return cluster.db.fetch_all(
-        "SELECT * FROM artifacts WHERE job_id = %s AND kind = 'checkpoint' AND state = 'complete'"
-        " ORDER BY completed_at, id",
-        (job_id,),
-    )
-
-
 def _steps(cluster: Cluster, member: dict) -> list[int]:
     path = cluster.member_dir(member["node"], member["id"]) / "output" / "metrics.jsonl"
     return [json.loads(line)["step"] for line in path.read_text().splitlines()]
@@ -86,7 +78,7 @@ def _fine_tune(cluster: Cluster, **extra) -> int:
     )
     cluster.wait_members(job_id, "running", timeout=60)
     wait_for(
-        lambda: _checkpoints(cluster, job_id),
+        lambda: cluster.checkpoints(job_id),
         timeout=60,
         what="a first verified checkpoint",
         explain=lambda: cluster.explain(job_id),
@@ -142,22 +134,11 @@ def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_
         }
     )
     cluster.wait_members(job_id, "running", timeout=60)
-    wait_for(
-        lambda: _checkpoints(cluster, job_id),
-        timeout=60,
-        what="a first verified checkpoint",
-        explain=lambda: cluster.explain(job_id),
-    )
-    cluster.db.call("request_preemption", job_id, "e2e: ignored", None, "preempted", None)
-    first = wait_for(
-        lambda: (a := cluster.attempt(job_id, 1)) and a["state"] == "preempted" and a,
-        timeout=60,
-        what="attempt 1 preempted",
-    )
+    first = cluster.preempt_after_a_checkpoint(job_id, "e2e: ignored")
     assert "stopped at the end of its grace" in first["reason"], first["reason"]
     assert f"resumes from {first['end_checkpoint']} (step {first['end_checkpoint_step']})" in first["reason"]
     assert first["end_checkpoint_at"] < first["stop_requested_at"], first  # the one before the request
-    newest_before = [c for c in _checkpoints(cluster, job_id) if c["completed_at"] <= first["ended_at"]][-1]
+    newest_before = [c for c in cluster.checkpoints(job_id) if c["completed_at"] <= first["ended_at"]][-1]
     assert first["end_checkpoint_id"] == newest_before["id"]
     # GPUs × the time since that checkpoint was verified, within one report interval.
     since = (first["ended_at"] - first["end_checkpoint_at"]).total_seconds()
