@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.artifact_fixtures import make_member, served_artifacts, write_tree
+from tests.artifact_fixtures import api_token, make_member, served_artifacts, write_tree
 from tuneplane.app.db import Database
 from tuneplane.workers.agent.checkpoints import publish_pending
 from tuneplane.workers.agent.prepare import NodeAccess
@@ -82,6 +83,13 @@ def test_the_step_a_request_carries_is_stored_with_the_checkpoint(db: Database, 
     result = json.loads((results / "0001.json").read_text())
     assert result["state"] == "complete" and result["step"] == 1200
     assert db.fetch_one("SELECT step FROM artifacts WHERE id = %s", (result["artifact_id"],))["step"] == 1200
+    # The job page's Artifacts table (and its JSON) shows it beside the name.
+    headers = {"Authorization": f"Bearer {api_token(db, setup.user_id)}"}
+    url = f"{env['url']}/jobs/{setup.job_id}/artifacts"
+    listed = httpx.get(url, headers={**headers, "Accept": "application/json"}).json()["artifacts"]
+    assert [(a["name"], a["step"]) for a in listed] == [("ckpt.1", 1200)]
+    page = httpx.get(url, headers={**headers, "Accept": "text/html"}).text
+    assert 'ckpt.1</a> <span class="muted">step 1200</span>' in page
     refused = json.loads((results / "0002.json").read_text())
     assert refused["state"] == "failed" and "step -3 must be a whole number" in refused["reason"]
     assert db.fetch_one("SELECT count(*) AS n FROM artifacts WHERE name LIKE 'bad%%'")["n"] == 0
