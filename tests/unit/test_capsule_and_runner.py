@@ -19,7 +19,7 @@ from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.submission.pins import artifact_pin, integrations, python_runtime_pin
 from tuneplane.workers.backend.capsule_build import build_capsule
 from tuneplane.workers.capsule import CapsuleError, unpack_capsule
-from tuneplane.workers.runner.environment import MemberPaths, workload_environment
+from tuneplane.workers.runner.environment import MemberPaths, build_launch, workload_environment
 from tuneplane.workers.runner.process import LOCKED_EXIT, member_lock_held, read_runner_pids
 from tuneplane.workers.runner.runtime import RuntimeRefused, check_runtime, python_pin_problems
 
@@ -165,6 +165,27 @@ def test_the_workload_environment_has_the_member_variables_and_no_credentials(tm
                    "TUNEPLANE_TOKEN", "PGPASSWORD"):  # fmt: skip
         assert secret not in env
     assert not any(v.startswith(("tpn_", "tpe_", "tpu_")) for v in env.values())
+
+
+@pytest.mark.skipif(sys.prefix == sys.base_prefix, reason="the runner runs from a virtual environment here")
+def test_a_scripts_python_is_the_runners_validated_interpreter_not_the_first_on_path(tmp_path: Path) -> None:
+    """The pin was checked against the runner's interpreter; `python job.py` in a script must be it (CI
+    found a system python without tuneplane's SDK first on PATH)."""
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "python").write_text("#!/bin/sh\necho decoy\n")
+    (decoy / "python").chmod(0o755)
+    member = {"rank": 0, "world_size": 1, "master_addr": "127.0.0.1", "master_port": 1, "job_id": 1,
+              "attempt": 1}  # fmt: skip
+    spec = {"input": {"kind": "source", "entrypoint": "python job.py"}}
+    manifest = {"integration": {"entry": "integration/script.py"}}
+    paths = MemberPaths(tmp_path)
+    launch = build_launch(member, spec, manifest, paths, {"PATH": f"{decoy}:/usr/bin:/bin"}, None)
+    out = subprocess.run(
+        ["sh", "-c", "python -c 'import sys; print(sys.prefix)'"],
+        env=launch.env, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    assert out == sys.prefix
 
 
 def _prepared_member(built, tmp_path: Path, exit_code: int = 0, entrypoint: str | None = None) -> Path:

@@ -142,6 +142,14 @@ def workload_cwd(spec: dict, paths: MemberPaths) -> Path:
     return work
 
 
+def activate(env: dict[str, str], venv: Path) -> None:
+    """Make `venv` the environment's Python: its bin/ first on PATH, so that `python train.py` in a script
+    is that interpreter."""
+    env["VIRTUAL_ENV"] = str(venv)
+    env["PATH"] = str(venv / "bin") + os.pathsep + env.get("PATH", os.defpath)
+    env.pop("PYTHONHOME", None)
+
+
 def build_launch(
     member: dict,
     spec: dict,
@@ -156,12 +164,14 @@ def build_launch(
     if container_runtime is None:
         built = member.get("environment") or {}
         if built.get("python"):
-            # The job's own environment (workers/agent/environments.py): its interpreter runs the entry,
-            # and its bin/ comes first on PATH so that `python train.py` in a script is that interpreter.
-            env["VIRTUAL_ENV"] = built["path"]
-            env["PATH"] = str(Path(built["path"]) / "bin") + os.pathsep + env.get("PATH", os.defpath)
-            env.pop("PYTHONHOME", None)
+            # The job's own environment (workers/agent/environments.py): its interpreter runs the entry.
+            activate(env, Path(built["path"]))
             return Launch([built["python"], str(entry)], cwd, env)
+        if sys.prefix != sys.base_prefix:
+            # The runner's own virtual environment is the runtime check_runtime validated against the pin;
+            # without this a script's `python train.py` would be whatever PATH finds first (a system or
+            # pyenv interpreter without the pinned packages, nor tuneplane's SDK).
+            activate(env, Path(sys.prefix))
         return Launch([sys.executable, str(entry)], cwd, env)
     return container_launch(member, spec, manifest, paths, env, cwd, container_runtime)
 
