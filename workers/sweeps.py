@@ -157,6 +157,10 @@ SCHEDULE: tuple[Sweep, ...] = (
     Sweep("blob_gc", blob_gc, every=6 * 3600.0, first_after_interval=True),
 )
 
+# What `tuneplane worker --backend slurm` runs itself, since it may run without a node worker: the end of a
+# grace to checkpoint, after which it cancels the Slurm job (slurm_scancel_due, docs/preemption.md).
+SLURM_SCHEDULE: tuple[Sweep, ...] = tuple(s for s in SCHEDULE if s.name == "expire_grace_deadlines")
+
 
 class Sweeper:
     """Runs SCHEDULE: each sweep when its interval has passed, one at a time, on one connection."""

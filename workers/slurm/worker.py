@@ -41,6 +41,7 @@ from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import new_token
 from tuneplane.app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
+from tuneplane.workers import sweeps
 from tuneplane.workers.backend.capsule_build import build_capsule
 from tuneplane.workers.capsule import CapsuleError
 from tuneplane.workers.slurm.cli import (
@@ -115,6 +116,14 @@ class SlurmWorker:
         self.say = say
         self.db = Database(options.database_url, max_size=3, name="tuneplane-worker-slurm")
         self.blobs = FilesystemBlobStore(options.blob_dir)
+        # The sweeps this worker runs itself (it may run without a node worker), on their own thread.
+        self.sweeper = sweeps.Sweeper(
+            options.database_url,
+            options.blob_dir,
+            poll_interval=options.poll_interval,
+            say=say,
+            schedule=sweeps.SLURM_SCHEDULE,
+        )
         self.stop = threading.Event()
         self.wake = threading.Event()
         # Set by NOTIFY (a confirmation, capacity came free): the next loop runs a whole pass at once.
@@ -243,9 +252,8 @@ class SlurmWorker:
         for row in self.call(fn.slurm_followed, fleet.fleet_id):
             self.follow(fleet, row, queue)
         self.deliver_preemptions(fleet)
-        # A grace that ended stops its attempt (a sweep of every node worker too; this worker may run
-        # alone): slurm_scancel_due below then cancels its Slurm job.
-        self.call(fn.expire_grace_deadlines)
+        # A grace that ended stopped its attempt (expire_grace_deadlines, run by this worker's sweeper and
+        # every node worker's): cancel its Slurm job.
         for row in self.call(fn.slurm_scancel_due, fleet.fleet_id):
             queued = queue.get(row["slurm_job_id"])
             running = queued is not None and queued.state != "PENDING"
@@ -658,6 +666,7 @@ class SlurmWorker:
     def run(self) -> None:
         threading.Thread(target=self.listen, name="listen", daemon=True).start()
         self.watch.start()
+        self.sweeper.start()
         events = "NOTIFY and report files" if self.watch.available else "NOTIFY"
         self.say(
             f"worker {self.options.name} (backend {BACKEND}) every {self.options.poll_interval}s or on "
@@ -678,6 +687,7 @@ class SlurmWorker:
                 self.wake.wait(max(0.0, next_pass - time.monotonic()))
         finally:
             self.stop.set()
+            self.sweeper.close()
             self.watch.close()
             self.db.close()
 
