@@ -860,6 +860,7 @@ class ReclaimModel(TeamChecks, RuleBasedStateMachine):
     of a team within its guarantee at the time is never a reclaim victim."""
 
     db: Database
+    guarantees = (4, 2)
 
     def __init__(self) -> None:
         super().__init__()
@@ -870,8 +871,8 @@ class ReclaimModel(TeamChecks, RuleBasedStateMachine):
         self.user = make_user(self.db, f"ru{n}")
         admin = make_user(self.db, f"ra{n}", "admin")
         self.teams = [make_team(self.db, self.user, f"rta{n}"), make_team(self.db, self.user, f"rtb{n}")]
-        set_quota(self.db, admin, self.teams[0], self.fleet, guaranteed=4, limit=6, weight=1)
-        set_quota(self.db, admin, self.teams[1], self.fleet, guaranteed=2, weight=2)
+        set_quota(self.db, admin, self.teams[0], self.fleet, guaranteed=self.guarantees[0], limit=6, weight=1)
+        set_quota(self.db, admin, self.teams[1], self.fleet, guaranteed=self.guarantees[1], weight=2)
         self.db.fetch_all("UPDATE preemption_settings SET min_runtime = interval '0' RETURNING 1")
 
     @rule(
@@ -988,3 +989,38 @@ def test_reclaim_model_keeps_its_promises(db: Database, capsys: pytest.CaptureFi
             f"{len(CHECKED)} pass(es) checked a job within its guarantee against lent GPUs"
         )
     assert sum(RECLAIMS) > 0, "no example reclaimed anything: the model no longer exercises the rule"
+
+
+class EqualPriorityModel(ReclaimModel):
+    """Issue 21's "two equal-priority teams never preempt each other": the reclaim model's fleet and teams
+    without guarantees (weights only: nothing is lent, so nothing may be reclaimed) and every job of
+    priority 0, preemptible or not. However full the fleet and long the queue, no preemption at all."""
+
+    guarantees = (0, 0)
+
+    @rule(
+        team=st.sampled_from([0, 1]),
+        count=st.integers(1, 4),
+        nodes=st.sampled_from([1, 1, 2]),
+        gpus=st.integers(1, 2),
+        max_preemptions=st.sampled_from([1, 2]),
+    )
+    def submit(self, team: int, count: int, nodes: int, gpus: int, max_preemptions: int) -> None:
+        ReclaimModel.submit(self, team, count, nodes, gpus, True, 0, max_preemptions)
+
+    @invariant()
+    def no_preemption_at_all(self) -> None:
+        made = self.db.fetch_all("SELECT id, rule FROM preemptions WHERE fleet_id = %s", (self.fleet,))
+        assert made == [], made
+        asked = self.db.fetch_all(
+            "SELECT id, stop_kind FROM attempts WHERE fleet_id = %s AND stop_kind IS NOT NULL", (self.fleet,)
+        )
+        assert asked == [], asked
+
+
+def test_two_equal_priority_teams_never_preempt_each_other(db: Database) -> None:
+    EqualPriorityModel.db = db
+    for counts in (STEPS, RECLAIMS, CHECKED):
+        counts.clear()
+    run_state_machine_as_test(EqualPriorityModel, settings=_model_settings(max_examples=30, steps=30))
+    assert sum(STEPS) > 200
