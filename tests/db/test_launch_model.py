@@ -834,14 +834,16 @@ def _model_settings(max_examples: int, steps: int) -> settings:
     )
 
 
-def test_launch_state_machine_keeps_its_promises(db: Database, capsys: pytest.CaptureFixture) -> None:
-    LaunchModel.db = db
+def _run_model(model: type[RuleBasedStateMachine], db: Database, max_examples: int, steps: int) -> None:
+    """Run a model over the test's database, its step and decision counts starting from zero."""
+    model.db = db  # type: ignore[attr-defined]
     for counts in (STEPS, RACES, RECLAIMS, CHECKED):
         counts.clear()
-    run_state_machine_as_test(
-        LaunchModel,
-        settings=_model_settings(max_examples=60, steps=50),
-    )
+    run_state_machine_as_test(model, settings=_model_settings(max_examples=max_examples, steps=steps))
+
+
+def test_launch_state_machine_keeps_its_promises(db: Database, capsys: pytest.CaptureFixture) -> None:
+    _run_model(LaunchModel, db, max_examples=60, steps=50)
     with capsys.disabled():
         print(
             f"\nlaunch model: {len(STEPS)} examples, {sum(STEPS)} steps (invariants checked after each), "
@@ -976,13 +978,7 @@ class ReclaimModel(TeamChecks, RuleBasedStateMachine):
 
 
 def test_reclaim_model_keeps_its_promises(db: Database, capsys: pytest.CaptureFixture) -> None:
-    ReclaimModel.db = db
-    for counts in (STEPS, RECLAIMS, CHECKED):
-        counts.clear()
-    run_state_machine_as_test(
-        ReclaimModel,
-        settings=_model_settings(max_examples=80, steps=40),
-    )
+    _run_model(ReclaimModel, db, max_examples=80, steps=40)
     with capsys.disabled():
         print(
             f"\nreclaim model: {len(STEPS)} steps, {sum(RECLAIMS)} reclaim decision(s), "
@@ -1019,8 +1015,5 @@ class EqualPriorityModel(ReclaimModel):
 
 
 def test_two_equal_priority_teams_never_preempt_each_other(db: Database) -> None:
-    EqualPriorityModel.db = db
-    for counts in (STEPS, RECLAIMS, CHECKED):
-        counts.clear()
-    run_state_machine_as_test(EqualPriorityModel, settings=_model_settings(max_examples=30, steps=30))
+    _run_model(EqualPriorityModel, db, max_examples=30, steps=30)
     assert sum(STEPS) > 200
