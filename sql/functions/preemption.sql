@@ -113,6 +113,7 @@ DECLARE
     v_max    interval;
     v_signal text;
     v_sent   integer := 0;
+    v_now    timestamptz;
 BEGIN
     IF p_kind IS NULL OR p_kind NOT IN ('preempted', 'timed_out') THEN
         RAISE EXCEPTION 'kind must be preempted or timed_out' USING ERRCODE = 'TP400', COLUMN = 'kind';
@@ -147,9 +148,12 @@ BEGIN
     IF a.state IN ('reserved', 'preparing') THEN
         v_grace := interval '0';
     END IF;
+    -- One reading of the clock: two clock_timestamp() calls differ under load, and the
+    -- grace a victim is told must be exactly the grace it gets.
+    v_now := clock_timestamp();
     UPDATE tuneplane.attempts
-       SET stop_kind = p_kind, stop_cause = p_reason, stop_requested_at = clock_timestamp(),
-           grace_deadline = clock_timestamp() + v_grace, preempted_by_job_id = p_preemptor_job_id
+       SET stop_kind = p_kind, stop_cause = p_reason, stop_requested_at = v_now,
+           grace_deadline = v_now + v_grace, preempted_by_job_id = p_preemptor_job_id
      WHERE id = a.id
     RETURNING * INTO a;
     IF a.state IN ('reserved', 'preparing') THEN
