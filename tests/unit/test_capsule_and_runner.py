@@ -301,6 +301,7 @@ signal.signal(signal.SIGUSR1, lambda *_: got.append(1))
 (out / "started").write_text(str(os.getpid()))
 while not got:
     time.sleep(0.02)
+time.sleep(0.5)  # any other copy of the request arrives meanwhile, while the trap still counts it
 (out / "saved").write_text(str(len(got)))
 sys.exit(0)
 """
@@ -321,4 +322,6 @@ def test_a_preemption_signal_sent_to_the_runner_and_keeper_ends_neither_and_reac
     assert runner.wait(30) == 0
     status = json.loads((root / "exit_status.json").read_text())
     assert status["exit_code"] == 0 and status["reason"] == "exited with status 0", status
-    assert (root / "output" / "saved").exists()
+    # One request, though it reached the keeper twice (directly, and forwarded by the runner): a second copy
+    # may land while the workload's interpreter shuts down, its trap gone, and kill it.
+    assert (root / "output" / "saved").read_text() == "1"

@@ -37,6 +37,8 @@ LOCKED_EXIT = 125
 PR_SET_CHILD_SUBREAPER = 36
 # Signals a job may choose for its preemption (JobSpec preemption.signal) that stop nothing of TunePlane's.
 PREEMPTION_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
+# Copies of one preemption signal reaching the keeper within this many seconds are one request.
+PREEMPTION_REPEAT_WINDOW = 5.0
 LOCK_FILE = "runner.lock"
 PIDS_FILE = "runner.json"
 # The agent probes the lock (a shared lock for an instant): the runner retries its exclusive lock a while.
@@ -210,9 +212,19 @@ def _keep(paths: MemberPaths, member: dict, launch, stdout_log, stderr_log) -> i
         stop_requested["signal"] = signum
         signal_all(descendants(os.getpid()), signum)
 
+    passed_on: dict[int, float] = {}
+
     def pass_on(signum: int, _frame: object) -> None:
         # A preemption signal asks the workload to checkpoint; it is no stop of the keeper's (the handler,
         # unlike SIG_IGN, is not inherited by the workload: it gets the default action or its own trap).
+        # One request reaches the keeper more than once (Slurm's `scancel --signal` signals the runner,
+        # which forwards it, and the keeper alike): a repeat within PREEMPTION_REPEAT_WINDOW is the same
+        # request, not passed on again. A workload that saved and is exiting has its handlers reset by
+        # the interpreter's shutdown, and a second copy would then kill it ("killed by SIGUSR1").
+        now = time.monotonic()
+        if now - passed_on.get(signum, -PREEMPTION_REPEAT_WINDOW) < PREEMPTION_REPEAT_WINDOW:
+            return
+        passed_on[signum] = now
         signal_all(descendants(os.getpid()), signum)
 
     signal.signal(signal.SIGTERM, forward)
