@@ -106,6 +106,10 @@ class TunePlaneGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except SystemExit:
+            # A command's own exit status (the runner's, the collector's): passed through before the
+            # next clause imports the modules of the known errors (the database driver among them).
+            raise
         except _known_errors() as exc:
             message = getattr(exc, "message", None) or str(exc)
             fields = getattr(exc, "fields", None) or {}

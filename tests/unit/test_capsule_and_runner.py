@@ -238,6 +238,34 @@ def test_the_runner_refuses_a_runtime_it_cannot_honour_and_says_why_in_the_logs(
     assert not (root / "logs" / "stdout.log").read_text()
 
 
+def test_a_member_start_runs_the_runner_without_the_cli_or_the_database_driver(built, tmp_path: Path) -> None:
+    # As the agent and a Slurm step start it (runner_command), from its start to its exit status: every
+    # module it imports is paid by each member start on a node whose other members start too (issue 23).
+    from tuneplane.workers.runner import runner_command
+
+    root = _prepared_member(built, tmp_path, exit_code=0)
+    done = subprocess.run(runner_command(root), env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((root / "exit_status.json").read_text())["exit_code"] == 0
+    imported = {
+        line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "tuneplane.workers.runner.process" in imported  # the profile is the runner's own
+    heavy = {"click", "psycopg", "pydantic", "tuneplane.app.cli", "importlib.metadata", "httpx", "aiohttp"}
+    assert imported & heavy == set()
+
+
+def test_the_runner_module_refuses_arguments_it_does_not_know_with_usage(tmp_path: Path) -> None:
+    from tuneplane.workers.runner import runner_command
+
+    for argv in (runner_command(tmp_path)[:-2], [*runner_command(tmp_path)[:-1], str(tmp_path / "missing")]):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 1, done.stderr
+        assert "usage: python -m tuneplane.workers.runner" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
 WAIT_THEN_EXIT = """import os, pathlib, sys, time
 out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
 (out / "started").write_text(str(os.getpid()))

@@ -4,6 +4,7 @@ which command must match what the modules hold, and a command must not drag in t
 from __future__ import annotations
 
 import importlib
+import os
 import subprocess
 import sys
 
@@ -59,3 +60,23 @@ def test_an_unreachable_database_is_one_line_and_no_traceback() -> None:
     assert run.returncode == 1
     assert run.stderr.startswith("Error: cannot reach the database: ")
     assert "Traceback" not in run.stderr
+
+
+def test_a_command_that_exits_with_its_own_status_does_not_import_the_database_driver_on_its_way_out(
+    tmp_path,
+) -> None:
+    # `tuneplane runner` on a directory that was never prepared refuses with its own exit status (SystemExit):
+    # the CLI's error handling must not import the modules of the errors it knows (psycopg among them) for it.
+    run = subprocess.run(
+        [sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(tmp_path)],
+        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 126, run.stdout + run.stderr[-2000:]
+    imported = {
+        line.split("|")[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert "tuneplane.workers.runner.process" in imported
+    assert not {"psycopg", "pydantic", "tuneplane.app.settings", "tuneplane.app.migrate"} & imported

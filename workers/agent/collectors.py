@@ -82,14 +82,27 @@ class MemberCollectors:
     # ---- start ----------------------------------------------------------------------------------------
 
     def start(self, record: MemberRecord, member_dir: Path, token: str) -> None:
-        """Start the member's collector (just after its runner) and keep it alive while the member runs."""
+        """Start the member's collector and keep it alive while the member runs."""
+        self.keep_token(record, token)
+        self.start_after_report(record, member_dir)
+
+    def keep_token(self, record: MemberRecord, token: str) -> None:
+        """The member's token in its spool (0600): from here on the member has a collector — one whose
+        member exits before it was spawned is spawned by the drain, which finds this token."""
         spool = self.spool_dir(record.member_id)
         spool.mkdir(parents=True, exist_ok=True, mode=0o700)
-        token_path = spool / TOKEN_FILE
-        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(spool / TOKEN_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(token)
-        self._spawn(record, member_dir)
+
+    def start_after_report(self, record: MemberRecord, member_dir: Path) -> None:
+        """Spawn the collector of a member whose token is kept, unless its member already ended (the drain
+        spawns it then) or one runs; then keep it alive. On the event loop, as the drain is: never both."""
+        if not self.has_token(record):
+            return
+        exited = (self.spool_dir(record.member_id) / MEMBER_EXITED).exists()
+        if record.state == "running" and not exited and not self.running(record):
+            self._spawn(record, member_dir)
         self.watch(record, member_dir)
 
     def _spawn(self, record: MemberRecord, member_dir: Path) -> bool:

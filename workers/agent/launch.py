@@ -34,7 +34,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -71,6 +70,7 @@ from tuneplane.workers.proctree import (
     tagged,
     zombie_children,
 )
+from tuneplane.workers.runner import runner_command
 from tuneplane.workers.runner.process import member_lock_held, read_exit_status, read_runner_pids
 from tuneplane.workers.runner.runtime import RuntimeRefused
 
@@ -303,7 +303,7 @@ class LaunchAgent:
         logs.mkdir(exist_ok=True)
         with open(logs / "runner.log", "ab") as out:
             runner = subprocess.Popen(
-                [sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(directory)],
+                runner_command(directory),
                 cwd=directory,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -315,9 +315,9 @@ class LaunchAgent:
         # ended meanwhile: the redelivered START adopts the run, and the reaper still reaps the runner).
         self.runners[member_id] = runner
         if token:
-            # After the runner, not before: the member's start does not wait behind the collector's (ADR
-            # 0165). It reads every file from its start, so nothing the workload writes first is missed.
-            self.collectors.start(record, directory, token)
+            # Its token now, so an exit seen from here on drains through a collector; the collector itself
+            # once the start is reported (below).
+            self.collectors.keep_token(record, token)
         hold = float(self.ctx.extra.get("hold_after_spawn") or 0)
         if hold > 0:
             _say(self.ctx, f"member {member_id}: holding {hold:g}s between spawn and record (test option)")
@@ -333,8 +333,14 @@ class LaunchAgent:
             self.ctx,
             f"member {member_id} (job {record.job_id} rank {record.rank}) started, runner pid {runner.pid}",
         )
-        self.ensure_watcher(record)
-        await self.report(record, "member_started", {"member_id": member_id, "pid": runner.pid})
+        self.ensure_watcher(record, collector=False)
+        try:
+            await self.report(record, "member_started", {"member_id": member_id, "pid": runner.pid})
+        finally:
+            # After the report, not before: a collector's interpreter start (0.1-0.2 CPU-s) competes with
+            # the agents' reports and the runners on a busy node, and "running" waits for the last report
+            # (ADR 0165). It reads every file from its start, so nothing the workload wrote first is missed.
+            self.collectors.start_after_report(record, directory)
         return {"member_id": member_id, "pid": runner.pid}
 
     def _existing_run(self, directory: Path) -> tuple[int | None, str] | None:
@@ -433,13 +439,16 @@ class LaunchAgent:
 
     # ---- watching, exits ----------------------------------------------------------------------------
 
-    def ensure_watcher(self, record: MemberRecord) -> None:
+    def ensure_watcher(self, record: MemberRecord, collector: bool = True) -> None:
+        """Watch a running member: its exit, its checkpoints, its logs, and (unless `collector` is False:
+        START spawns it after its report) its collector."""
         task = self.watchers.get(record.member_id)
         if task is None or task.done():
             self.watchers[record.member_id] = asyncio.get_running_loop().create_task(
                 self.watch(record.member_id), name=f"watch-{record.member_id}"
             )
-        self.collectors.watch(record, member_dir(self.paths, record.member_id))
+        if collector:
+            self.collectors.watch(record, member_dir(self.paths, record.member_id))
         self.checkpoints.start(record.member_id)
         shipper = self.shippers.get(record.member_id)
         if shipper is None or shipper[0].done():

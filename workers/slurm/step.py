@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from tuneplane.workers.runner import runner_command
+
 # Tests only: the prepare step of the member on this node fails (one prepare failure on one node).
 FAIL_PREPARE_ENV = "TUNEPLANE_SLURM_TEST_FAIL_PREPARE_ON"
 # Tests only: "NODE:SECONDS": the member on NODE starts its runner SECONDS after the decision (a slow node).
@@ -144,7 +146,7 @@ def run(attempt_dir: Path, rank: int) -> int:
         signal.signal(sig, forward)
     collector = start_collector(plan, member, directory, env)
     runner = subprocess.Popen(
-        [sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(directory)],
+        runner_command(directory),
         env=env,
         stdout=open(directory / "logs" / "runner.log", "ab"),  # noqa: SIM115 - the child's
         stderr=subprocess.STDOUT,
