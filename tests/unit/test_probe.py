@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.workers.agent.probe import ProbeServer, can_bind, peer_check, storage_check
+from tuneplane.workers.agent.probe import PROBE_GREETING, ProbeServer, can_bind, peer_check, storage_check
 
 
 def _closed_port() -> int:
@@ -58,6 +58,36 @@ def test_something_else_on_the_probe_port_is_not_taken_for_a_peer() -> None:
 
     check = asyncio.run(scenario())
     assert check["ok"] is False and "something else listens there" in check["error"]
+
+
+def test_a_member_reaches_its_peers_side_by_side_not_one_after_the_other() -> None:
+    # A probe that answers only once every peer's connection is open: checked one after the other, the
+    # first peer would wait for an answer that never comes (each peer is as busy starting its own member).
+    async def scenario() -> dict:
+        everyone = asyncio.Event()
+        connected = 0
+
+        async def answer_when_all_connected(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            nonlocal connected
+            connected += 1
+            if connected == 5:
+                everyone.set()
+            await everyone.wait()
+            w.write(PROBE_GREETING)
+            await w.drain()
+            w.close()
+
+        server = await asyncio.start_server(answer_when_all_connected, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        peers = [{"rank": r, "node": f"n{r}", "address": "127.0.0.1", "probe_port": port} for r in range(6)]
+        try:
+            return await peer_check(0, peers, None)
+        finally:
+            server.close()
+
+    check = asyncio.run(scenario())
+    assert check["ok"] is True, check
+    assert [p["rank"] for p in check["peers"]] == [1, 2, 3, 4, 5]
 
 
 def test_rank_zero_fails_when_master_port_is_taken() -> None:

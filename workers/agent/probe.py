@@ -71,25 +71,35 @@ def can_bind(port: int) -> str | None:
     return None
 
 
+# How many peers one member's check reaches at once: every pair of a gang is checked (N × (N-1) connections
+# in all), and one after the other a node waits N-1 round trips to its peers, each of them as busy starting
+# its own member: side by side, the check costs about one.
+PEER_CHECKS_AT_ONCE = 32
+
+
 async def peer_check(rank: int, peers: list[dict], master_port: int | None) -> dict:
-    results = []
-    problems = []
-    for peer in peers:
-        if peer.get("rank") == rank:
-            continue
+    others = [peer for peer in peers if peer.get("rank") != rank]
+    limit = asyncio.Semaphore(PEER_CHECKS_AT_ONCE)
+
+    async def check_one(peer: dict) -> dict:
         address, port = peer.get("address"), peer.get("probe_port")
         entry = {"rank": peer.get("rank"), "node": peer.get("node"), "address": address, "port": port}
         if not address or not port:
             error = "its agent reported no probe address/port"
         else:
-            error = await reach(address, int(port))
+            async with limit:
+                error = await reach(address, int(port))
         entry["ok"] = error is None
         if error:
             entry["error"] = error
-            problems.append(
-                f"cannot reach rank {peer.get('rank')} on {peer.get('node')} at {address}:{port} ({error})"
-            )
-        results.append(entry)
+        return entry
+
+    results = list(await asyncio.gather(*(check_one(peer) for peer in others)))
+    problems = [
+        f"cannot reach rank {e['rank']} on {e['node']} at {e['address']}:{e['port']} ({e['error']})"
+        for e in results
+        if not e["ok"]
+    ]
     check: dict = {"ok": not problems, "peers": results, "checked_at": time.time()}
     if rank == 0 and master_port:
         error = can_bind(int(master_port))
