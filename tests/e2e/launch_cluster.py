@@ -6,6 +6,7 @@ Thresholds are short (heartbeat 0.3 s, lost after 3 s, stop grace 3 s) so crash 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import gzip
 import io
@@ -323,6 +324,13 @@ class Cluster:
             lines.append(f"event: {event}")
         for name, proc in self.agents.items():
             lines.append(f"--- agent {name}:\n" + "\n".join(proc.out.lines[-30:]))
+        for m in self.members(job_id):
+            # The member's own words: a workload's failure is explained there, not in the agent's log.
+            logs = self.member_dir(m["node"], m["id"]) / "logs"
+            for name in ("stdout.log", "stderr.log", "runner.log"):
+                with contextlib.suppress(OSError):
+                    tail = (logs / name).read_text(errors="replace").splitlines()[-20:]
+                    lines.append(f"--- member {m['id']} (rank {m['rank']}) {name}:\n" + "\n".join(tail))
         for index, proc in enumerate(self.workers):
             lines.append(f"--- worker {index}:\n" + "\n".join(proc.out.lines[-15:]))
         return "\n".join(lines)
