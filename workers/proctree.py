@@ -121,12 +121,7 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-# What a collector may be sent before it has installed its handlers: SIGTERM and SIGINT (a drain), SIGRTMIN
-# (a Slurm step's drain), and what a Slurm job's cancel or preemption sends to every process of its step.
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGRTMIN, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
-
-
 def block_stop_signals() -> None:
-    """For a child's preexec_fn (between fork and exec): the signal mask survives exec, so STOP_SIGNALS stay
-    pending until the child (a collector) has installed its handlers and unblocks them."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    """For a child's preexec_fn (between fork and exec): the signal mask survives exec, so SIGTERM and SIGINT
+    stay pending until the child (a collector) has installed its handler and unblocks them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
