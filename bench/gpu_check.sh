@@ -16,8 +16,9 @@
 #   idle        an idle job (allocates 2 GiB, then sleeps) under a shortened idle policy (2 min, warn)
 #               is warned by the idle sweep within 5 minutes, the warning saying the numbers
 # and prints one summary table. A failing step exits non-zero naming the step (and its evidence).
-# Environment (optional): PYTHON (default python3, 3.11+), TORCH_SPEC (default torch), KEEP=1 to keep the
-# work directory.
+# Environment (optional): PYTHON (default python3, 3.11+); TORCH_SPEC (default torch; `preinstalled` uses
+# the CUDA torch $PYTHON already has); WHEELHOUSE=DIR to install offline from the wheels in DIR; KEEP=1 to keep
+# the work directory; LOGS=DIR to leave a tarball of the logs (up, agents, pip, jobs) there at the end.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -54,6 +55,11 @@ cleanup() {
     for pid in "${PIDS[@]}"; do
         wait "$pid" 2>/dev/null
     done
+    if [ -n "${LOGS:-}" ]; then
+        mkdir -p "$LOGS" && (cd "$WORK" && find . -name '*.log' -size -20M -print0 |
+            tar czf "$LOGS/gpu_check_logs.tar.gz" --null -T -) &&
+            echo "gpu_check: logs in $LOGS/gpu_check_logs.tar.gz" >&2
+    fi
     if [ "${KEEP:-0}" = 1 ]; then
         echo "gpu_check: work directory kept: $WORK" >&2
     else
@@ -67,6 +73,14 @@ step() {
     echo "gpu_check: $1" >&2
 }
 ok() { ROWS+=("$STEP|ok|$1"); }
+# A job step that fails is recorded and the next step still runs (one run of this script on a borrowed
+# machine then says everything it can); the script exits 1 at the end.
+FAILED=0
+soft_fail() {
+    ROWS+=("$STEP|FAILED|$1")
+    FAILED=1
+    echo "gpu_check: FAILED at step '$STEP': $1" >&2
+}
 fail() {
     ROWS+=("$STEP|FAILED|$1")
     echo "gpu_check: FAILED at step '$STEP': $1" >&2
@@ -78,12 +92,43 @@ fail() {
 step venv
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || fail "$PYTHON is older than 3.11"
-"$PYTHON" -m venv "$WORK/venv" || fail "python -m venv failed"
+# TORCH_SPEC=preinstalled: the venv also sees $PYTHON's own packages (its CUDA torch and anything else it
+# has), through --system-site-packages and, where $PYTHON is itself a venv, a .pth naming its site-packages;
+# pip then installs only what is missing. WHEELHOUSE=DIR: nothing is fetched (--no-index); the project's
+# dependencies and its build backend come from the wheels in DIR (a machine that reaches no registry).
+VENV_ARGS=()
+[ "${TORCH_SPEC:-torch}" = preinstalled ] && VENV_ARGS+=(--system-site-packages)
 VPY="$WORK/venv/bin/python"
 TP="$WORK/venv/bin/tuneplane"
-"$VPY" -m pip install -q --upgrade pip >"$WORK/pip.log" 2>&1 || fail "pip upgrade failed (see $WORK/pip.log)"
-"$VPY" -m pip install -q "$REPO" nvidia-ml-py "${TORCH_SPEC:-torch}" >>"$WORK/pip.log" 2>&1 ||
-    fail "pip install of the project, nvidia-ml-py and torch failed: $(tail -3 "$WORK/pip.log" | xargs)"
+PIP=("$VPY" -m pip)
+if ! "$PYTHON" -m venv "${VENV_ARGS[@]}" "$WORK/venv" >"$WORK/pip.log" 2>&1; then
+    # An interpreter without ensurepip (Debian's without python3-venv, some images): a venv without pip,
+    # filled by $PYTHON's own pip (`--python`, pip 22.3+).
+    rm -rf "$WORK/venv"
+    "$PYTHON" -m venv "${VENV_ARGS[@]}" --without-pip "$WORK/venv" >>"$WORK/pip.log" 2>&1 &&
+        "$PYTHON" -m pip --version >>"$WORK/pip.log" 2>&1 ||
+        fail "python -m venv failed: $(tail -2 "$WORK/pip.log" | xargs)"
+    PIP=("$PYTHON" -m pip --python "$VPY")
+fi
+PIP_SOURCE=()
+if [ -n "${WHEELHOUSE:-}" ]; then
+    [ -d "$WHEELHOUSE" ] || fail "WHEELHOUSE $WHEELHOUSE is not a directory"
+    PIP_SOURCE=(--no-index --find-links "$(cd "$WHEELHOUSE" && pwd)")
+else
+    "${PIP[@]}" install -q --upgrade pip >>"$WORK/pip.log" 2>&1 || fail "pip upgrade failed (see $WORK/pip.log)"
+fi
+WANTED=("$REPO" nvidia-ml-py)
+if [ "${TORCH_SPEC:-torch}" = preinstalled ]; then
+    "$PYTHON" -c 'import sys, sysconfig
+if sys.prefix != sys.base_prefix:
+    print("\n".join(dict.fromkeys((sysconfig.get_path("purelib"), sysconfig.get_path("platlib")))))' \
+        >"$("$VPY" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/gpu-check-base.pth" ||
+        fail "cannot read $PYTHON's site-packages"
+else
+    WANTED+=("${TORCH_SPEC:-torch}")
+fi
+"${PIP[@]}" install -q "${PIP_SOURCE[@]}" "${WANTED[@]}" >>"$WORK/pip.log" 2>&1 ||
+    fail "pip install of ${WANTED[*]} failed: $({ grep -m1 -E '^\s*ERROR' "$WORK/pip.log" || tail -3 "$WORK/pip.log"; } | xargs)"
 NGPU=$(nvidia-smi -L | grep -c '^GPU ')
 TORCH=$("$VPY" -c "
 import torch
@@ -309,10 +354,10 @@ wait_state() {
 # gpu_job NODES: a matmul job of NODES members × 1 GPU, checked
 gpu_job() {
     local job said
-    job=$(submit "$1" matmul 60) || fail "submit refused: $(tail -3 "$WORK/submit.err" | xargs)"
-    said=$(wait_state "$job" succeeded 900) || fail "$said"
-    "$TP" jobs logs "$job" >"$WORK/job-$job.log" 2>&1 || fail "cannot read the logs of job $job"
-    said=$(check samples "$job" matmul "$WORK/job-$job.log") || fail "job $job: $said"
+    job=$(submit "$1" matmul 60) || { soft_fail "submit refused: $(tail -3 "$WORK/submit.err" | xargs)"; return; }
+    said=$(wait_state "$job" succeeded 300) || { soft_fail "$said"; return; }
+    "$TP" jobs logs "$job" >"$WORK/job-$job.log" 2>&1 || { soft_fail "cannot read the logs of job $job"; return; }
+    said=$(check samples "$job" matmul "$WORK/job-$job.log") || { soft_fail "job $job: $said"; return; }
     ok "job $job: $said"
 }
 
@@ -324,10 +369,15 @@ if [ "$NGPU" -ge 2 ]; then
 fi
 
 step idle
-JOB=$(submit 1 idle 600) || fail "submit refused: $(tail -3 "$WORK/submit.err" | xargs)"
-said=$(wait_state "$JOB" running 600) || fail "$said"
-said=$(check idle "$JOB") || fail "job $JOB: $said"
-"$TP" jobs cancel "$JOB" --reason "gpu_check done" >/dev/null 2>&1
-ok "job $JOB: $said"
+idle_job() {
+    local job said
+    job=$(submit 1 idle 600) || { soft_fail "submit refused: $(tail -3 "$WORK/submit.err" | xargs)"; return; }
+    said=$(wait_state "$job" running 600) || { soft_fail "$said"; return; }
+    said=$(check idle "$job") || { soft_fail "job $job: $said"; "$TP" jobs cancel "$job" >/dev/null 2>&1; return; }
+    "$TP" jobs cancel "$job" --reason "gpu_check done" >/dev/null 2>&1
+    ok "job $job: $said"
+}
+idle_job
 
 summary
+exit "$FAILED"
