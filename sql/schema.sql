@@ -467,6 +467,7 @@ CREATE TABLE tuneplane.members (
     contact_lost_at timestamp with time zone,
     started_epoch bigint,
     kill_requested_at timestamp with time zone,
+    telemetry_token_hash text,
     CONSTRAINT members_pkey PRIMARY KEY (id),
     CONSTRAINT members_attempt_id_rank_key UNIQUE (attempt_id, rank),
     CONSTRAINT members_attempt_id_fkey FOREIGN KEY (attempt_id) REFERENCES tuneplane.attempts(id),
@@ -475,7 +476,8 @@ CREATE TABLE tuneplane.members (
     CONSTRAINT members_cpus_check CHECK (cpus >= 0),
     CONSTRAINT members_memory_bytes_check CHECK (memory_bytes >= 0),
     CONSTRAINT members_rank_check CHECK (rank >= 0),
-    CONSTRAINT members_state_check CHECK (state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'prepared'::text, 'starting'::text, 'running'::text, 'stopping'::text, 'exited'::text, 'failed'::text, 'aborted'::text, 'cancelled'::text, 'lost'::text]))
+    CONSTRAINT members_state_check CHECK (state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'prepared'::text, 'starting'::text, 'running'::text, 'stopping'::text, 'exited'::text, 'failed'::text, 'aborted'::text, 'cancelled'::text, 'lost'::text])),
+    CONSTRAINT members_telemetry_token_hash_check CHECK (telemetry_token_hash ~ '^[0-9a-f]{64}$'::text)
 );
 CREATE INDEX members_contact_lost ON tuneplane.members USING btree (node_id) WHERE (contact_lost_at IS NOT NULL);
 CREATE INDEX members_job ON tuneplane.members USING btree (job_id, attempt_id);

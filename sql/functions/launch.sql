@@ -121,7 +121,8 @@ DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 --                      session (shared) → member_of_node: the job → the attempt → every member of the
 --                      attempt → the node row (check results of a prepare report only) → usage rows
 --                      (decide_abort: in node order; record_member_exit: its own node's) → leaf rows
---                      (START commands on every member's node at COMMIT, STOP on a failure).
+--                      (START commands on every member's node at COMMIT and, for members whose agent
+--                      sent a token hash, telemetry_tokens then telemetry_members; STOP on a failure).
 --   ack_node_command (nodes.sql) session (shared) → launch_command_locks: the jobs, attempts and members of
 --                      the members a failed START/STOP or a done KILL names (jobs in id order) → their
 --                      usage rows (none for any other acknowledgement) → the command row →
@@ -593,6 +594,7 @@ DECLARE
     a        tuneplane.attempts;
     v_count  integer;
     v_start  boolean;
+    v_token  boolean;
     v_member tuneplane.members;
 BEGIN
     SELECT * INTO a FROM tuneplane.attempts WHERE id = p_attempt_id;
@@ -613,8 +615,19 @@ BEGIN
     FOR v_member IN SELECT * FROM tuneplane.members WHERE attempt_id = a.id ORDER BY id FOR UPDATE LOOP
         PERFORM tuneplane.set_member_state(v_member.id, 'starting', 'commit recorded; starting');
         IF v_start THEN
+            -- The telemetry token whose hash the agent sent with member_prepared is valid from here on, and
+            -- START says so: the member starts without a `telemetry_token` round trip (migration 0230). A
+            -- hash already in use (never by chance: a node reusing one) is not issued; START then lacks
+            -- the flag and the agent asks for a token as before.
+            v_token := v_member.telemetry_token_hash IS NOT NULL AND NOT EXISTS (
+                SELECT 1 FROM tuneplane.telemetry_tokens t WHERE t.token_hash = v_member.telemetry_token_hash);
+            IF v_token THEN
+                PERFORM tuneplane.issue_telemetry_token(a.job_id, a.number, v_member.rank,
+                                                        v_member.telemetry_token_hash);
+            END IF;
             PERFORM tuneplane.enqueue_node_command(v_member.node_id, 'start',
-                jsonb_build_object('member_id', v_member.id, 'attempt_id', a.id));
+                jsonb_build_object('member_id', v_member.id, 'attempt_id', a.id)
+                || CASE WHEN v_token THEN jsonb_build_object('telemetry_token', true) ELSE '{}' END);
         END IF;
     END LOOP;
     PERFORM tuneplane.set_job_state(a.job_id, 'running',
@@ -626,7 +639,8 @@ $$;
 -- member_prepared (report kind `member_prepared`): preparing → prepared. When it is the last member to
 -- prepare, records COMMIT and sends START to every member's node in the same transaction (record_commit). A report from
 -- a fenced node is ignored (its members are lost).
--- p_payload: {"member_id": 1, "peer_check": {...}, "storage_check": {...}}
+-- p_payload: {"member_id": 1, "peer_check": {...}, "storage_check": {...}, "telemetry_token_hash": "…64 hex…"}
+-- (the hash is optional: the token it names is issued at COMMIT; a malformed one is refused, 400).
 CREATE OR REPLACE FUNCTION tuneplane.member_prepared(p_node_id bigint, p_epoch bigint, p_payload jsonb)
 RETURNS jsonb
 LANGUAGE plpgsql AS $$
@@ -638,6 +652,12 @@ DECLARE
     v_member tuneplane.members;
 BEGIN
     n := tuneplane.require_node_session(p_node_id, p_epoch);
+    IF p_payload ? 'telemetry_token_hash'
+       AND (jsonb_typeof(p_payload -> 'telemetry_token_hash') IS DISTINCT FROM 'string'
+            OR (p_payload ->> 'telemetry_token_hash') !~ '^[0-9a-f]{64}$') THEN
+        RAISE EXCEPTION 'telemetry_token_hash must be a sha256 hex digest (64 lowercase hex digits)'
+            USING ERRCODE = 'TP400', COLUMN = 'telemetry_token_hash';
+    END IF;
     m := tuneplane.member_of_node(p_node_id, (p_payload ->> 'member_id')::bigint);
     -- The node row after the job, its attempt and members (lock order).
     UPDATE tuneplane.nodes SET last_peer_check = coalesce(p_payload -> 'peer_check', last_peer_check),
@@ -648,6 +668,9 @@ BEGIN
        OR EXISTS (SELECT 1 FROM tuneplane.launch_decisions WHERE attempt_id = a.id) THEN
         RETURN jsonb_build_object('ignored', true, 'state', m.state);
     END IF;
+    -- The hash of the telemetry token the agent made for this member: issued at COMMIT (record_commit).
+    UPDATE tuneplane.members SET telemetry_token_hash = p_payload ->> 'telemetry_token_hash'
+     WHERE id = m.id AND p_payload ? 'telemetry_token_hash';
     PERFORM tuneplane.set_member_state(m.id, 'prepared', 'prepared; waiting for the commit decision');
     SELECT count(*) INTO v_left FROM tuneplane.members WHERE attempt_id = a.id AND state <> 'prepared';
     IF v_left > 0 THEN

@@ -267,3 +267,85 @@ def test_two_workers_launching_one_attempt_write_its_capsule_once(
         "SELECT state, capsule_digest FROM attempts WHERE id = %s", (placed["attempt_id"],)
     )
     assert attempt["state"] == "preparing" and setup["blobs"].exists(attempt["capsule_digest"])
+
+
+def _prepare_both(db: Database, setup: dict) -> tuple[int, list[dict], list[tuple[str, str]]]:
+    job_id = make_job(db, setup["user"], setup["fleet"], nodes=2)
+    (placed,) = db.call("reserve_next", setup["fleet"], 1000)
+    epoch = db.call("claim_launch", placed["attempt_id"], "w")[0]["epoch"]
+    db.call("begin_prepare", placed["attempt_id"], epoch, "c" * 64)
+    return job_id, members_of(db, job_id), [new_token("tpt") for _ in range(2)]
+
+
+def _token_scope(db: Database, digest: str) -> dict | None:
+    try:
+        (scope,) = db.call("authenticate_telemetry_token", digest)
+    except Refusal as refusal:
+        assert refusal.status == 401, refusal
+        return None
+    return scope
+
+
+def _start_payloads(db: Database, job_id: int) -> dict[int, dict]:
+    rows = db.fetch_all(
+        "SELECT c.payload FROM node_commands c JOIN members m ON m.id = (c.payload ->> 'member_id')::bigint"
+        " WHERE c.kind = 'start' AND m.job_id = %s",
+        (job_id,),
+    )
+    return {int(r["payload"]["member_id"]): r["payload"] for r in rows}
+
+
+def test_the_telemetry_token_made_at_prepare_is_issued_at_commit_and_start_says_so(
+    db: Database, setup: dict
+) -> None:
+    """Issue 23: the hash sent with member_prepared is not a token until COMMIT; COMMIT issues one per
+    member, scoped to it, and START carries `telemetry_token: true` (the agent then asks for none)."""
+    job_id, members, tokens = _prepare_both(db, setup)
+    report(db, "member_prepared", members[0], telemetry_token_hash=tokens[0][1])
+    assert _token_scope(db, tokens[0][1]) is None  # not yet: no COMMIT
+    assert db.fetch_all("SELECT * FROM telemetry_members WHERE job_id = %s", (job_id,)) == []
+    assert report(db, "member_prepared", members[1], telemetry_token_hash=tokens[1][1])[
+        "member_prepared"
+    ] == {"committed": True}
+    for member, (_plaintext, digest) in zip(members, tokens, strict=True):
+        scope = _token_scope(db, digest)
+        assert scope is not None
+        assert (scope["job_id"], scope["attempt"], scope["member_rank"]) == (job_id, 1, member["rank"])
+    assert {p["telemetry_token"] for p in _start_payloads(db, job_id).values()} == {True}
+    stored = json.dumps(db.fetch_all("SELECT * FROM telemetry_tokens"), default=str)
+    assert tokens[0][0] not in stored and tokens[1][0] not in stored
+    # The agent's own report for the same hash (an agent that did not see the flag) is the same token.
+    started = report(db, "issue_member_telemetry_token", members[0], token_hash=tokens[0][1])
+    assert started["issue_member_telemetry_token"]["member_rank"] == members[0]["rank"]
+
+
+def test_a_launch_that_aborts_before_commit_issues_no_telemetry_token(db: Database, setup: dict) -> None:
+    job_id, members, tokens = _prepare_both(db, setup)
+    report(db, "member_prepared", members[0], telemetry_token_hash=tokens[0][1])
+    report(db, "member_prepare_failed", members[1], reason="disk full")
+    assert _token_scope(db, tokens[0][1]) is None
+    assert db.fetch_all("SELECT * FROM telemetry_tokens WHERE job_id = %s", (job_id,)) == []
+    assert db.fetch_all("SELECT * FROM telemetry_members WHERE job_id = %s", (job_id,)) == []
+    assert _start_payloads(db, job_id) == {}
+
+
+def test_a_member_prepared_without_a_hash_gets_a_start_without_the_flag(db: Database, setup: dict) -> None:
+    job_id, members, tokens = _prepare_both(db, setup)
+    report(db, "member_prepared", members[0], telemetry_token_hash=tokens[0][1])
+    report(db, "member_prepared", members[1])  # an older agent, or a node without a telemetry URL
+    payloads = _start_payloads(db, job_id)
+    assert payloads[members[0]["id"]].get("telemetry_token") is True
+    assert "telemetry_token" not in payloads[members[1]["id"]]
+    assert db.fetch_one("SELECT count(*) AS n FROM telemetry_tokens WHERE job_id = %s", (job_id,))["n"] == 1
+
+
+@pytest.mark.parametrize("bad", ["A" * 64, "abc", 12, None, "g" * 64])
+def test_a_malformed_token_hash_is_refused_naming_the_field_and_changes_nothing(
+    db: Database, setup: dict, bad: object
+) -> None:
+    job_id, members, _tokens = _prepare_both(db, setup)
+    before = members_of(db, job_id)
+    with pytest.raises(Refusal) as err:
+        report(db, "member_prepared", members[0], telemetry_token_hash=bad)
+    assert (err.value.status, err.value.field) == (400, "telemetry_token_hash")
+    assert members_of(db, job_id) == before

@@ -98,6 +98,16 @@ def test_two_member_torchrun_job_rendezvouses_across_two_agents_and_succeeds(clu
         )
         assert (scope["job_id"], scope["attempt"], scope["member_rank"]) == (job_id, 1, r)
         assert scope["revoked_at"] is not None
+    # Those tokens were made while the members prepared and issued at COMMIT: START said so, and no member
+    # asked for another (issue 23: no token round trip between START and the runner's spawn).
+    starts = cluster.db.fetch_all(
+        "SELECT c.payload FROM node_commands c JOIN attempts a ON a.id = (c.payload ->> 'attempt_id')::bigint"
+        " WHERE c.kind = 'start' AND a.job_id = %s",
+        (job_id,),
+    )
+    assert [s["payload"].get("telemetry_token") for s in starts] == [True, True]
+    tokens = cluster.db.fetch_one("SELECT count(*) AS n FROM telemetry_tokens WHERE job_id = %s", (job_id,))
+    assert tokens["n"] == 2
     states = cluster.db.fetch_all(
         "SELECT member_rank, state FROM telemetry_members WHERE job_id = %s ORDER BY 1", (job_id,)
     )

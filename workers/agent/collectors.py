@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tuneplane.app.security import new_token, token_hash
+from tuneplane.app.telemetry.tokens import TOKEN_PREFIX
 from tuneplane.workers.agent.directories import AgentPaths
 from tuneplane.workers.agent.member_records import MemberRecord, MemberStore, member_tag
 from tuneplane.workers.collector.markers import EXIT_GRACE, FINAL_SENT, MEMBER_EXITED
@@ -39,6 +41,8 @@ from tuneplane.workers.proctree import alive, block_stop_signals, start_time
 log = logging.getLogger("tuneplane.agent.collectors")
 
 TOKEN_FILE = "token"
+# A token made at PREPARE, its hash sent with member_prepared; issued at COMMIT (take_pending_token).
+PENDING_TOKEN_FILE = "token.pending"
 DRAIN_TIMEOUT = 60.0
 WATCH_INTERVAL = 0.5
 MAX_RESTART_DELAY = 30.0
@@ -85,6 +89,42 @@ class MemberCollectors:
         """Start the member's collector and keep it alive while the member runs."""
         self.keep_token(record, token)
         self.start_after_report(record, member_dir)
+
+    def pending_token_hash(self, record: MemberRecord) -> str:
+        """The sha256 of the token this member's collector will use, made while it prepares (kept 0600 in
+        its spool, apart from the kept token: nothing collects with it before COMMIT issued it). The same
+        token on every call, so a prepare done again (the agent restarted) sends the hash already stored."""
+        spool = self.spool_dir(record.member_id)
+        path = spool / PENDING_TOKEN_FILE
+        try:
+            return token_hash(path.read_text().strip())
+        except (OSError, ValueError):
+            pass
+        plaintext, digest = new_token(TOKEN_PREFIX)
+        spool.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(plaintext)
+        os.replace(tmp, path)
+        return digest
+
+    def take_pending_token(self, record: MemberRecord) -> str | None:
+        """START said COMMIT issued the pending token: it becomes the member's kept token (keep_token)."""
+        spool = self.spool_dir(record.member_id)
+        try:
+            plaintext = (spool / PENDING_TOKEN_FILE).read_text().strip()
+            os.replace(spool / PENDING_TOKEN_FILE, spool / TOKEN_FILE)
+        except OSError:
+            return None
+        return plaintext or None
+
+    def forget_pending_token(self, member_id: int) -> None:
+        """A launch that aborted: its token was never issued."""
+        spool = self.spool_dir(member_id)
+        (spool / PENDING_TOKEN_FILE).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            spool.rmdir()  # only when nothing else is in it
 
     def keep_token(self, record: MemberRecord, token: str) -> None:
         """The member's token in its spool (0600): from here on the member has a collector — one whose

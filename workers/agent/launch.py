@@ -243,7 +243,14 @@ class LaunchAgent:
         self.keep(record)
         schedule_clean_caches(self.paths.work_dir, self.store.all(), self.send)
         _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
-        await self.report(record, "member_prepared", {"member_id": record.member_id, **checks})
+        prepared: dict[str, Any] = {"member_id": record.member_id, **checks}
+        if self.ctx.extra.get("telemetry_url"):
+            # Issued at COMMIT, so START needs no token round trip (migration 0230).
+            try:
+                prepared["telemetry_token_hash"] = self.collectors.pending_token_hash(record)
+            except OSError as exc:
+                _say(self.ctx, f"member {record.member_id}: no telemetry token made ({exc}); START asks")
+        await self.report(record, "member_prepared", prepared)
 
     def _credential(self) -> str:
         stored = self.ctx.extra["credential_store"].load()
@@ -274,6 +281,7 @@ class LaunchAgent:
             return {"member_id": member_id, "stopping": True}
         directory = member_dir(self.paths, member_id)
         await asyncio.to_thread(shutil.rmtree, directory, True)
+        self.collectors.forget_pending_token(member_id)
         self.store.forget(member_id)
         self.publish()
         _say(self.ctx, f"member {member_id}: aborted ({reason}); workspace removed")
@@ -281,7 +289,9 @@ class LaunchAgent:
 
     # ---- start --------------------------------------------------------------------------------------
 
-    async def start(self, member_id: int) -> dict:
+    async def start(self, member_id: int, token_issued: bool = False) -> dict:
+        """START: spawn the member's runner, record it, report member_started. `token_issued`: COMMIT
+        issued the telemetry token made at PREPARE (START's `telemetry_token`), so none is asked for."""
         record = self.store.get(member_id)
         if record is None:
             await self._cannot_start(member_id, "it was never prepared on this node")
@@ -297,7 +307,9 @@ class LaunchAgent:
         found = await asyncio.to_thread(self._existing_run, directory)
         if found is not None:
             return await self._adopt(record, directory, *found)
-        token = await self._telemetry_token(record)
+        token = self.collectors.take_pending_token(record) if token_issued else None
+        if token is None:
+            token = await self._telemetry_token(record)
         env = self._runner_env(member_id, token)
         logs = directory / "logs"
         logs.mkdir(exist_ok=True)
@@ -868,7 +880,7 @@ async def prepare(ctx: AgentContext, payload: dict) -> dict:
 
 @command("start")
 async def start(ctx: AgentContext, payload: dict) -> dict:
-    return await launch_agent(ctx).start(int(payload["member_id"]))
+    return await launch_agent(ctx).start(int(payload["member_id"]), bool(payload.get("telemetry_token")))
 
 
 @command("stop")
