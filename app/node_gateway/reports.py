@@ -12,6 +12,7 @@ from typing import Any
 from tuneplane.app import db_functions as fn
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase, jsonb
+from tuneplane.app.node_gateway.report_batch import BATCHED_KINDS, batcher
 
 REPORT_FUNCTIONS: dict[str, str] = {
     "capacity": fn.report_node_capacity,
@@ -29,6 +30,8 @@ async def dispatch_report(db: AsyncDatabase, node_id: int, epoch: int, kind: str
     function = REPORT_FUNCTIONS.get(kind)
     if function is None:
         raise Refusal(f"unknown report kind {kind!r}", status=400, field="kind")
+    if kind in BATCHED_KINDS:  # a gang's burst of them: recorded together (report_batch.py)
+        return await batcher(db).submit(function, node_id, epoch, payload)
     # Every report function is idempotent: a deadlock victim or serialization failure is run again here
     # (bounded, logged) rather than sent back to the agent as a retryable 503.
     row = (await db.call_retrying(function, node_id, epoch, jsonb(payload)))[0]

@@ -123,6 +123,8 @@ DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 --                      (decide_abort: in node order; record_member_exit: its own node's) → leaf rows
 --                      (START commands on every member's node at COMMIT and, for members whose agent
 --                      sent a token hash, telemetry_tokens then telemetry_members; STOP on a failure).
+--   member_reports     as one report, for several: every node's session (shared) in node id order →
+--                      lock_members of every member named → the reports in node id order (node rows).
 --   ack_node_command (nodes.sql) session (shared) → launch_command_locks: the jobs, attempts and members of
 --                      the members a failed START/STOP or a done KILL names (jobs in id order) → their
 --                      usage rows (none for any other acknowledgement) → the command row →
@@ -705,6 +707,59 @@ BEGIN
     RETURN jsonb_build_object('aborted', tuneplane.decide_abort(m.attempt_id,
         format('rank %s on %s failed to prepare: %s', m.rank, v_node,
                coalesce(nullif(p_payload ->> 'reason', ''), 'no reason given'))));
+END;
+$$;
+
+-- member_reports: several agents' reports of one kind (member_prepared or member_started) in one
+-- transaction, for the node gateway's burst of them when a gang prepares or starts together (issue 23: eight
+-- such reports took eight turns of the job lock, one after another). Each item is the report function on its
+-- own (the same checks, refusals and result), run in a subtransaction so one refusal does not undo the
+-- others. Lock order: every node's session lock (shared) in node id order, then lock_members of every member
+-- named (jobs, attempts, members, each in id order), then the items in node id order (a member_prepared
+-- updates its node row). p_items: [{"node_id", "epoch", "payload"}]; returns one entry per item, in the
+-- order given: {"result": <the function's result>} or {"error": {"sqlstate", "message", "column"}}. A
+-- deadlock or serialization failure is raised (the caller runs the whole batch again, or item by item).
+CREATE OR REPLACE FUNCTION tuneplane.member_reports(p_kind text, p_items jsonb)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_item    record;
+    v_result  jsonb;
+    v_out     jsonb[];
+    v_state   text;
+    v_message text;
+    v_column  text;
+BEGIN
+    IF p_kind NOT IN ('member_prepared', 'member_started') THEN
+        RAISE EXCEPTION 'reports of kind % are not taken together', p_kind USING ERRCODE = 'TP400', COLUMN = 'kind';
+    END IF;
+    IF jsonb_typeof(p_items) IS DISTINCT FROM 'array' THEN
+        RAISE EXCEPTION 'items must be an array' USING ERRCODE = 'TP400', COLUMN = 'items';
+    END IF;
+    PERFORM pg_advisory_xact_lock_shared(hashtext('tuneplane.node_session'), s.node_id::integer)
+       FROM (SELECT DISTINCT (i ->> 'node_id')::bigint AS node_id FROM jsonb_array_elements(p_items) i
+              ORDER BY 1) s;
+    PERFORM tuneplane.lock_members(ARRAY(
+        SELECT m.id FROM jsonb_array_elements(p_items) i
+          JOIN tuneplane.members m ON m.id = (i -> 'payload' ->> 'member_id')::bigint
+                                  AND m.node_id = (i ->> 'node_id')::bigint));
+    v_out := array_fill(NULL::jsonb, ARRAY[jsonb_array_length(p_items)]);
+    FOR v_item IN SELECT i.value AS item, i.ordinality AS n FROM jsonb_array_elements(p_items) WITH ORDINALITY i
+                   ORDER BY (i.value ->> 'node_id')::bigint, i.ordinality LOOP
+        BEGIN
+            EXECUTE format('SELECT tuneplane.%I($1, $2, $3)', p_kind) INTO v_result
+              USING (v_item.item ->> 'node_id')::bigint, (v_item.item ->> 'epoch')::bigint, v_item.item -> 'payload';
+            v_out[v_item.n] := jsonb_build_object('result', v_result);
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_message = MESSAGE_TEXT, v_column = COLUMN_NAME;
+            IF v_state IN ('40P01', '40001') THEN
+                RAISE;
+            END IF;
+            v_out[v_item.n] := jsonb_build_object('error', jsonb_build_object(
+                'sqlstate', v_state, 'message', v_message, 'column', nullif(v_column, '')));
+        END;
+    END LOOP;
+    RETURN to_jsonb(v_out);
 END;
 $$;
 
