@@ -62,10 +62,33 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def child_pids(parent: int) -> list[int] | None:
+    """`parent`'s children, from /proc/<pid>/task/*/children (CONFIG_PROC_CHILDREN: zombies included);
+    None where the kernel has no such file. A few reads instead of one per process on the machine."""
+    found: list[int] = []
+    try:
+        tasks = list((PROC / str(parent) / "task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            found.extend(int(pid) for pid in (task / "children").read_text().split())
+        except FileNotFoundError:
+            if not task.exists():
+                continue  # that thread ended meanwhile
+            return None  # the kernel has no children file
+        except OSError:
+            continue
+    return found
+
+
 def zombie_children(parent: int) -> set[int]:
-    """Children of `parent` that ended and were not waited for yet (state Z)."""
+    """Children of `parent` that ended and were not waited for yet (state Z). The agent's reaper asks every
+    second: reading its own children, not every process's stat file (8 agents on one machine scanned
+    /proc 8 times a second)."""
     found = set()
-    for pid in _all_pids():
+    children = child_pids(parent)
+    for pid in _all_pids() if children is None else children:
         fields = _stat_fields(pid)
         if fields and fields[0] == "Z" and int(fields[1]) == parent:
             found.add(pid)

@@ -125,3 +125,42 @@ def test_a_running_build_and_a_running_removal_are_kept(tmp_path: Path) -> None:
         os.close(fd)
     assert clean_caches(tmp_path, [])["abandoned_builds"] == [building.name]  # its lock is free now
     assert removing.exists()
+
+
+def test_a_burst_of_prepares_gets_one_clean_up_after_the_delay_with_the_records_of_then(
+    tmp_path: Path,
+) -> None:
+    """Issue 23: the clean-up and its node_caches report wait until the launch settled; prepares done while
+    one waits are covered by it (it reads the member records when it wakes)."""
+    import asyncio
+
+    from tuneplane.workers.agent.disk_cleanup import schedule_clean_caches
+    from tuneplane.workers.agent.member_records import MemberRecord
+
+    sent: list[tuple[float, str]] = []
+    records: list = []
+    asked: list[int] = []
+
+    def current() -> list:
+        asked.append(len(records))
+        return records
+
+    async def send(kind: str, _sizes: dict) -> None:
+        sent.append((time.monotonic(), kind))
+
+    async def burst() -> float:
+        start = time.monotonic()
+        for _ in range(8):
+            schedule_clean_caches(tmp_path, current, send, delay=0.3)
+            records.append(MemberRecord(len(records) + 1, 1, 1, 1, len(records), state="prepared"))
+        for _ in range(100):
+            if sent:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)  # room for a second (wrong) clean-up to show up
+        return start
+
+    start = asyncio.run(burst())
+    assert [kind for _, kind in sent] == ["node_caches"]
+    assert sent[0][0] - start >= 0.3
+    assert asked == [8]  # the records of when it woke, not of the first prepare

@@ -1,7 +1,7 @@
 """What the agent removes from the node's disk, and how much its caches hold.
 
-Run in a thread after every prepare (`schedule_clean_caches`), then reported as `node_caches` (the Fleet
-page shows it; every new control session hears it too):
+Run in a thread a little after a prepare (`schedule_clean_caches`: CLEAN_AFTER_PREPARE), then reported as
+`node_caches` (the Fleet page shows it; every new control session hears it too):
 
 - the environment cache (`<work-dir>/environments/<digest>/`, workers.agent.environments) and the capsule
   cache (`<work-dir>/capsules/<digest>.tar`): least recently used first, until each fits its limit
@@ -247,12 +247,33 @@ async def clean_and_report(
 
 
 _background: set[asyncio.Task] = set()
+# Seconds between a prepare and its clean-up: the directory walks, the LRU eviction and the node_caches
+# report wait until a gang's launch has settled instead of competing with its prepares, START and reports
+# on the node (issue 23). One clean-up still waiting covers every prepare done before it wakes.
+CLEAN_AFTER_PREPARE = 2.0
+_waiting: set[Path] = set()
 
 
 def schedule_clean_caches(
-    work_dir: Path, records: list, send: Callable[[str, dict], Awaitable[object]]
+    work_dir: Path,
+    records: Callable[[], list],
+    send: Callable[[str, dict], Awaitable[object]],
+    delay: float = CLEAN_AFTER_PREPARE,
 ) -> None:
-    task = asyncio.get_running_loop().create_task(clean_and_report(work_dir, list(records), send))
+    """Clean up the caches and report their sizes `delay` seconds from now, with the member records of
+    then (`records()`), unless a clean-up is already waiting to run."""
+    if work_dir in _waiting:
+        return
+    _waiting.add(work_dir)
+
+    async def later() -> None:
+        try:
+            await asyncio.sleep(delay)
+        finally:
+            _waiting.discard(work_dir)
+        await clean_and_report(work_dir, list(records()), send)
+
+    task = asyncio.get_running_loop().create_task(later())
     _background.add(task)  # keep a reference until it is done (the loop holds tasks weakly)
     task.add_done_callback(_background.discard)
 

@@ -241,7 +241,7 @@ class LaunchAgent:
             return
         record.state, record.reason, record.prepare_payload = "prepared", "prepared", None
         self.keep(record)
-        schedule_clean_caches(self.paths.work_dir, self.store.all(), self.send)
+        schedule_clean_caches(self.paths.work_dir, self.store.all, self.send)
         _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
         prepared: dict[str, Any] = {"member_id": record.member_id, **checks}
         if self.ctx.extra.get("telemetry_url"):
