@@ -11,9 +11,7 @@ Measured on Debian 12 hosts (podman 4.3.1, runc 1.1, crun 1.8, cgroups v1/hybrid
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
 from pathlib import Path
 
 CONTAINERS_CONF = Path(__file__).with_name("containers.conf")
@@ -37,6 +35,8 @@ def oci_runtime() -> str | None:
     wanted = os.environ.get("TUNEPLANE_OCI_RUNTIME")
     if wanted is not None:
         return wanted or None
+    import shutil  # only for image jobs: shutil (bz2, lzma) is 2 ms of every runner's start
+
     return "runc" if shutil.which("runc") else None
 
 
@@ -76,6 +76,8 @@ def tls_options(image: str) -> list[str]:
 
 def container_name(member_id: int | str, member_dir: Path | str) -> str:
     """Unique on the host: member ids are unique per control plane, the member directory per agent."""
+    import hashlib  # only for image jobs (OpenSSL's hashes load at import)
+
     suffix = hashlib.sha256(str(member_dir).encode()).hexdigest()[:8]
     return f"tuneplane-member-{member_id}-{suffix}"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from tuneplane.workers.runner.containers import (
@@ -35,9 +34,23 @@ NEVER = (
 )
 
 
-@dataclass(frozen=True)
 class MemberPaths:
-    root: Path
+    """Where a member's files are, under its directory. Plain classes here, not dataclasses: importing
+    dataclasses (inspect, ast, dis) was 7 ms of every member's runner start (issue 23)."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MemberPaths) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    def __repr__(self) -> str:
+        return f"MemberPaths({self.root!r})"
 
     @property
     def config(self) -> Path:
@@ -72,13 +85,19 @@ class MemberPaths:
         return self.root / "exit_status.json"
 
 
-@dataclass(frozen=True)
 class Launch:
-    argv: list[str]
-    cwd: Path
-    env: dict[str, str]
-    # Run by the runner after the workload ended, whatever its end (a container's removal).
-    cleanup: list[str] | None = None
+    """How the runner starts the workload: argv, working directory, environment, and `cleanup`, run by the
+    runner after the workload ended whatever its end (a container's removal)."""
+
+    __slots__ = ("argv", "cleanup", "cwd", "env")
+
+    def __init__(
+        self, argv: list[str], cwd: Path, env: dict[str, str], cleanup: list[str] | None = None
+    ) -> None:
+        self.argv, self.cwd, self.env, self.cleanup = argv, cwd, env, cleanup
+
+    def __repr__(self) -> str:
+        return f"Launch(argv={self.argv!r}, cwd={self.cwd!r}, cleanup={self.cleanup!r})"
 
 
 def member_variables(member: dict, spec: dict, paths: MemberPaths) -> dict[str, str]:

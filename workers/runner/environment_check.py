@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from email.parser import HeaderParser
 from pathlib import Path
 
 READY_MARKER = ".tuneplane-env.json"
@@ -25,6 +24,10 @@ def interpreter_of(env: Path) -> Path:
 
 def installed_versions(env: Path) -> dict[str, str]:
     """{normalised name: version} of every distribution in the environment's own site-packages."""
+    # Here, not at the top: the email package is 9 ms of a runner's start, and only a job with an
+    # environment checks one.
+    from email.parser import HeaderParser
+
     found: dict[str, str] = {}
     for metadata in env.glob("lib/python3*/site-packages/*.dist-info/METADATA"):
         try:

@@ -12,7 +12,6 @@ Image pin: {"kind": "image", "image": "registry/name:tag@sha256:…"} — needs 
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +56,8 @@ def python_pin_problems(pin: dict) -> list[str]:
 def usable_container_runtimes() -> list[str]:
     """The names of the container runtimes whose `info` answers with TunePlane's settings (the node's
     capability, reported with its capacity)."""
+    import shutil  # here: only image pins need it, and shutil is 1-2 ms of every runner's start
+
     found = []
     for name in CONTAINER_RUNTIMES:
         binary = shutil.which(name)
@@ -85,6 +86,8 @@ def _info(binary: str) -> tuple[bool, str]:
 
 def usable_container_runtime() -> tuple[str | None, str]:
     """(runtime binary, what was tried): the first of podman/docker whose `info` answers."""
+    import shutil
+
     tried = []
     for name in CONTAINER_RUNTIMES:
         binary = shutil.which(name)
