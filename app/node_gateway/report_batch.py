@@ -41,29 +41,31 @@ class ReportBatcher:
         self.busy: set[str] = set()
         self.stats = {"reports": 0, "batches": 0, "batched_reports": 0}
 
-    async def submit(self, kind: str, node_id: int, epoch: int, payload: dict) -> Any:
+    async def submit(self, function: str, node_id: int, epoch: int, payload: dict) -> Any:
+        """The result of report function `function` (member_prepared or member_started) for one report."""
         item = _Item(node_id, epoch, payload)
-        self.waiting.setdefault(kind, []).append(item)
+        self.waiting.setdefault(function, []).append(item)
         self.stats["reports"] += 1
-        if kind not in self.busy:
-            self.busy.add(kind)
-            asyncio.get_running_loop().create_task(self._drain(kind), name=f"reports-{kind}")
+        if function not in self.busy:
+            self.busy.add(function)
+            asyncio.get_running_loop().create_task(self._drain(function), name=f"reports-{function}")
         return await item.done
 
-    async def _drain(self, kind: str) -> None:
+    async def _drain(self, function: str) -> None:
         try:
-            while self.waiting.get(kind):
-                items, self.waiting[kind] = self.waiting[kind][:MAX_BATCH], self.waiting[kind][MAX_BATCH:]
+            while self.waiting.get(function):
+                queued = self.waiting[function]
+                items, self.waiting[function] = queued[:MAX_BATCH], queued[MAX_BATCH:]
                 if len(items) == 1:
-                    await self._one(kind, items[0])
+                    await self._one(function, items[0])
                 else:
-                    await self._together(kind, items)
+                    await self._together(function, items)
         finally:
-            self.busy.discard(kind)
+            self.busy.discard(function)
 
-    async def _one(self, kind: str, item: _Item) -> None:
+    async def _one(self, function: str, item: _Item) -> None:
         try:
-            row = (await self.db.call_retrying(kind, item.node_id, item.epoch, jsonb(item.payload)))[0]
+            row = (await self.db.call_retrying(function, item.node_id, item.epoch, jsonb(item.payload)))[0]
         except BaseException as exc:  # the report's own refusal or trouble, answered to its sender
             _settle(item, error=exc)
             if not isinstance(exc, Exception):
@@ -71,14 +73,14 @@ class ReportBatcher:
             return
         _settle(item, result=next(iter(row.values())))
 
-    async def _together(self, kind: str, items: list[_Item]) -> None:
+    async def _together(self, function: str, items: list[_Item]) -> None:
         body = [{"node_id": i.node_id, "epoch": i.epoch, "payload": i.payload} for i in items]
         try:
-            row = (await self.db.call_retrying(fn.member_reports, kind, jsonb(body)))[0]
+            row = (await self.db.call_retrying(fn.member_reports, function, jsonb(body)))[0]
             outcomes = row["member_reports"]
         except (psycopg.Error, OSError, Refusal):
             for item in items:  # as if never batched
-                await self._one(kind, item)
+                await self._one(function, item)
             return
         self.stats["batches"] += 1
         self.stats["batched_reports"] += len(items)
@@ -94,7 +96,7 @@ class ReportBatcher:
             elif code.startswith("22"):  # a value the agent sent that SQL cannot take
                 _settle(item, error=Refusal(f"bad report payload: {error['message']}", status=400))
             else:  # anything else: that report alone, on its own, with the usual retries and errors
-                await self._one(kind, item)
+                await self._one(function, item)
 
 
 def _settle(item: _Item, result: Any = None, error: BaseException | None = None) -> None:

@@ -30,6 +30,10 @@ PASS_THROUGH = {
         "app/node_gateway/reports.py",
         "function",
     ): "a report kind's function, from REPORT_FUNCTIONS (fn.* values)",
+    (
+        "app/node_gateway/report_batch.py",
+        "function",
+    ): "ReportBatcher runs the report function reports.py passed it (fn.* values)",
     ("workers/slurm/worker.py", "function"): "SlurmWorker.call passes its argument on to Database.call",
     ("workers/sweeps.py", "function"): "_counted(ctx, fn.<name>, …) calls a sweep's function",
 }

@@ -20,14 +20,17 @@ from tuneplane.workers.runner.containers import container_name, global_options, 
 pytestmark = pytest.mark.e2e
 
 # Rank 0 listens on MASTER_PORT, rank 1 connects to MASTER_ADDR:MASTER_PORT (retrying until rank 0 listens):
-# the rendezvous works across the two members' containers on the host network.
+# the rendezvous works across the two members' containers on the host network. The listener's stdin is a
+# pipe held open (`sleep 60 |`): a background job's stdin is /dev/null, and busybox nc that reads EOF there
+# can end before it reads what the peer sent (the peer's nc still exits 0) — 13 of 60 such listeners on a
+# loaded machine wrote nothing; this test's occasional "rank 0 exit 1" (stop 26) was that, not TunePlane.
 RENDEZVOUS = r"""
 set -e
 echo "rank $RANK of $WORLD_SIZE master $MASTER_ADDR:$MASTER_PORT"
 test -n "$RANK" -a -n "$WORLD_SIZE"
 if [ "$WORLD_SIZE" -gt 1 ]; then
   if [ "$RANK" = 0 ]; then
-    nc -l -p "$MASTER_PORT" > /tmp/got & listener=$!
+    sleep 60 | nc -l -p "$MASTER_PORT" > /tmp/got & listener=$!
     wait $listener
     grep -q "hello from 1" /tmp/got
     echo "rank 0 heard: $(cat /tmp/got)"
