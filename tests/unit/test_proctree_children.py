@@ -19,9 +19,15 @@ def test_ended_children_are_found_from_the_children_lists_live_ones_never() -> N
     thread.join()  # the thread that spawned it is gone; its child is still ours to wait for
     live = subprocess.Popen(["sleep", "30"])
     try:
+        # (a child of a thread that just ended moves to another thread's list: a bounded poll, as the
+        # reaper's next pass would)
+        wanted = {ended.pid, spawned[0].pid, live.pid}
+        deadline = time.monotonic() + 10
+        while not wanted <= set(child_pids(os.getpid()) or []) and time.monotonic() < deadline:
+            time.sleep(0.02)
         children = child_pids(os.getpid())
         assert children is not None, "this kernel has /proc/<pid>/task/*/children (CONFIG_PROC_CHILDREN)"
-        assert {ended.pid, spawned[0].pid, live.pid} <= set(children)
+        assert wanted <= set(children)
         mine = {ended.pid, spawned[0].pid}
         deadline = time.monotonic() + 10
         while not mine <= zombie_children(os.getpid()) and time.monotonic() < deadline:
