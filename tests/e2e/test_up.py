@@ -63,10 +63,11 @@ def test_up_serves_healthz_then_sigterm_leaves_nothing_running(tmp_path: Path, p
         url = out.wait_for_line("TunePlane is up:", timeout=120).split("TunePlane is up:")[1].strip()
         with urllib.request.urlopen(f"{url}/healthz", timeout=5) as response:
             assert response.status == 200
-        assert "admin login: admin /" in out.text()
-        # The gateways' addresses are printed with the console's (agents and collectors dial them).
+        # The lines after "TunePlane is up" are printed by the same flush but read by the watcher's
+        # thread one at a time, so each is waited for rather than looked up once (CI saw it missing).
         out.wait_for_line(f"node gateway: http://127.0.0.1:{port + 1}", timeout=10)
         assert f"telemetry gateway: http://127.0.0.1:{port + 2}" in out.text()
+        out.wait_for_line("admin login: admin /", timeout=10)
         assert f'server = "{url}"' in config.read_text() and "token = " in config.read_text()
         assert oct(config.stat().st_mode & 0o777) == "0o600"
         children = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
@@ -83,6 +84,7 @@ def test_up_serves_healthz_then_sigterm_leaves_nothing_running(tmp_path: Path, p
     process, out = _start_up(data_dir, port, config)
     try:
         out.wait_for_line("TunePlane is up:", timeout=120)
+        out.wait_for_line("press Ctrl-C to stop", timeout=10)  # printed after where the admin line goes
         assert "admin login" not in out.text()
     finally:
         process.send_signal(signal.SIGTERM)
