@@ -207,6 +207,9 @@ def main() -> int:
         default=0,
         help="N agents on this machine: 1-member and N-member jobs in alternation (bench/launch_nodes.py).",
     )
+    parser.add_argument(
+        "--trace", action="store_true", help="With --nodes: each run's member timeline and CPU by process."
+    )
     args = parser.parse_args()
     if args.backend == "slurm":
         from launch_slurm import main as slurm_main

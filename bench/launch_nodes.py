@@ -11,6 +11,8 @@ machine's clocks:
               `started_at` in exit_status.json): agent, runner and collector start, imports
   end         the workload's exit (exit_status.json `ended_at`) → the member recorded ended (members.ended_at)
   linger      the last member recorded ended → the agents have no child left (collectors exited)
+  --trace     per run: each member's START, recorded start and workload start after COMMIT, and the CPU
+              the agents, gateway, worker, PostgreSQL and standby runners spent until all were running
   cpu/member  CPU-seconds of everything the agents started (runner, keeper, collector, and the demo
               workload itself: NumPy, tensorboardX), from before the confirmation until every child is gone
               and waited for, per member; and apart, the agents' own CPU over the run (all 8 agents, idle
@@ -82,13 +84,21 @@ def cpu_seconds(pids: list[int]) -> tuple[float, float]:
 
 
 def children(pids: list[int], zombies: bool = False) -> int:
+    """The agents' children, their standby runners aside (kept started for the next member, ADR 0240)."""
     wanted = set(pids)
     count = 0
     for entry in Path("/proc").iterdir():
         fields = _stat(int(entry.name)) if entry.name.isdigit() else None
-        if fields and int(fields[1]) in wanted and (zombies or fields[0] != "Z"):
+        if fields and int(fields[1]) in wanted and (zombies or fields[0] != "Z") and not _standby(entry):
             count += 1
     return count
+
+
+def _standby(proc: Path) -> bool:
+    try:
+        return (proc / "cmdline").read_bytes().endswith(b"\0--standby\0")
+    except OSError:
+        return False
 
 
 def agent_pids() -> list[int]:
@@ -105,6 +115,33 @@ def agent_pids() -> list[int]:
     return found
 
 
+# --trace: the long-lived processes whose CPU between confirmation and "all running" is printed, by kind
+# (what a process that ended meanwhile used is not seen: workloads and collectors are left out).
+KINDS = (
+    (b"--standby", "standby runners"),
+    (b"node-gateway", "node gateway"),
+    (b"worker\0--backend", "worker"),
+    (b"tuneplane\0node\0", "agents"),
+    (b"postgres", "PostgreSQL"),
+)
+
+
+def cpu_by_kind() -> dict[str, float]:
+    found: dict[str, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = _stat(int(entry.name))
+        kind = next((name for needle, name in KINDS if needle in argv), None)
+        if kind and fields:
+            found[kind] = found.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return found
+
+
 def member_files(work_dirs: dict[str, Path], member: dict) -> dict:
     try:
         return json.loads(
@@ -114,7 +151,14 @@ def member_files(work_dirs: dict[str, Path], member: dict) -> dict:
         return {}
 
 
-def one_run(client, conn, key: str, nodes: int, timeout: float, work_dirs: dict[str, Path], pids: list[int]):
+def _ms(when: dt.datetime | None, since: float) -> str:
+    return f"{(when.timestamp() - since) * 1000:.0f}" if when else "?"
+
+
+def one_run(
+    client, conn, key: str, nodes: int, timeout: float, work_dirs: dict[str, Path], pids: list[int],
+    trace: bool,
+):  # fmt: skip
     before = cpu_seconds(pids)
     job = {**JOB, "resources": {**JOB["resources"], "nodes": nodes}}
     job_id = submit(client, key, job)
@@ -122,8 +166,13 @@ def one_run(client, conn, key: str, nodes: int, timeout: float, work_dirs: dict[
     def row() -> dict:
         return conn.execute(TIMES, (job_id,)).fetchone()
 
+    cpu_before = cpu_by_kind() if trace else {}
     poll(lambda: (r := row())["running_at"] is not None or r["state"] in TERMINAL, timeout)
     current = row()
+    if trace:
+        cpu_after = cpu_by_kind()
+        spent = ", ".join(f"{k} {(cpu_after.get(k, v) - v) * 1000:.0f}" for k, v in cpu_before.items())
+        print(f"  CPU ms from confirmation to all running (±10 ms each): {spent}")
     if current["running_at"] is None:
         return {"ok": False, "job_id": job_id, "state": current["state"], "reason": current["state_reason"]}
     poll(lambda: row()["state"] in TERMINAL, timeout, 0.02)
@@ -150,6 +199,15 @@ def one_run(client, conn, key: str, nodes: int, timeout: float, work_dirs: dict[
     }
     for label, start, stop in STAGES:
         result[label] = (current[stop] - current[start]).total_seconds()
+    if trace:
+        committed = current["committed_at"].timestamp()
+        for m in members:
+            workload = member_files(work_dirs, m).get("started_at")
+            print(
+                f"  {m['node']:>8}: after COMMIT, START delivered +{_ms(m['start_delivered_at'], committed)},"
+                f" recorded started +{_ms(m['started_at'], committed)}, workload started "
+                f"+{(workload - committed) * 1000 if workload else float('nan'):.0f} ms"
+            )
     for m in members:
         status = member_files(work_dirs, m)
         if "started_at" in status and m["start_delivered_at"]:
@@ -266,7 +324,9 @@ def run(args, inst, conn, client) -> bool:
         results: dict[int, list[dict]] = {1: [], args.nodes: []}
         for i in range(args.warmup + args.runs):
             for size in (1, args.nodes):
-                result = one_run(client, conn, f"bench-{size}-{i}", size, args.timeout, work_dirs, pids)
+                result = one_run(
+                    client, conn, f"bench-{size}-{i}", size, args.timeout, work_dirs, pids, args.trace
+                )
                 if not result["ok"]:
                     print(
                         f"job {result['job_id']} never ran: {result['state']}: {result['reason']}", flush=True

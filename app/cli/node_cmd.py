@@ -83,6 +83,14 @@ from tuneplane.app.node_gateway.config import DEFAULT_PORT, ENV_NODE_GATEWAY_URL
     help="Seconds after a member ends within which its outputs must be delivered (retried until then); "
     "past it a pending output artifact is marked failed.",
 )
+@click.option(
+    "--standby-runners",
+    type=click.IntRange(0, 64),
+    default=1,
+    show_default=True,
+    help="Runner processes kept started ahead of any member, so a START hands its member to one instead of "
+    "starting an interpreter (0: start each runner at START).",
+)
 @click.option("--hold-prepare", type=float, default=0.0, hidden=True)
 @click.option("--hold-after-spawn", type=float, default=0.0, hidden=True)
 @click.option("--hold-exit-report", type=float, default=0.0, hidden=True)
@@ -100,6 +108,7 @@ def node_cmd(
     probe_host: str,
     advertise_address: str | None,
     delivery_deadline: float,
+    standby_runners: int,
     hold_prepare: float,
     hold_after_spawn: float,
     hold_exit_report: float,
@@ -122,6 +131,7 @@ def node_cmd(
         probe_port=probe_port,
         advertise_address=advertise_address,
         delivery_deadline=delivery_deadline,
+        standby_runners=standby_runners,
         hold_prepare=hold_prepare,
         hold_after_spawn=hold_after_spawn,
         hold_exit_report=hold_exit_report,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.e2e.launch_cluster import MIB, Cluster
@@ -216,3 +217,42 @@ def test_fencing_a_connected_node_kills_its_workload_before_unfence_is_allowed(c
     assert cluster.node("a")["fenced_at"] is None
     assert cluster.job(job_id)["state"] == "failed"
     assert cluster.held() == 0
+
+
+def _standbys(agent_pid: int) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process(agent_pid).children():
+        try:
+            if child.cmdline()[-1:] == ["--standby"]:
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_a_member_starts_on_the_agents_standby_runner_and_a_killed_agent_leaves_no_standby(
+    cluster: Cluster,
+) -> None:
+    agent = cluster.start_agent("a", "--simulate-gpus", "1")
+    cluster.start_worker()
+    (standby,) = wait_for(lambda: _standbys(agent.process.pid), timeout=60, what="the agent's standby runner")
+    archive = cluster.upload_source({"job.py": RUN_ONCE})
+    flag = cluster.root / "release"
+    job_id = cluster.submit(_spec(archive, flag, nodes=1))
+    (member,) = cluster.wait_members(job_id, "running", timeout=60)
+    # The standby became the member's runner: the pid the agent reported is the one started beforehand.
+    wait_for(_output(cluster, member, "runs").exists, timeout=30, what="the workload started")
+    pids = read_runner_pids(cluster.member_dir("a", member["id"]))
+    assert pids["runner"] == standby.pid
+    (refilled,) = wait_for(
+        lambda: [p for p in _standbys(agent.process.pid) if p.pid != standby.pid],
+        timeout=30,
+        what="the pool refilled",
+    )
+    flag.write_text("go")
+    assert cluster.wait_job(job_id, ("succeeded", "failed"), timeout=60)["state"] == "succeeded"
+
+    # Its pipe's only writer is the agent: an agent killed -9 leaves no standby behind.
+    cluster.kill9(agent)
+    wait_for(lambda: not refilled.is_running() or refilled.status() == psutil.STATUS_ZOMBIE, timeout=30,
+             what="the standby to exit with its agent")  # fmt: skip

@@ -36,7 +36,7 @@ from tuneplane.app.telemetry.tokens import TOKEN_PREFIX
 from tuneplane.workers.agent.directories import AgentPaths
 from tuneplane.workers.agent.member_records import MemberRecord, MemberStore, member_tag
 from tuneplane.workers.collector.markers import EXIT_GRACE, FINAL_SENT, MEMBER_EXITED
-from tuneplane.workers.proctree import alive, block_stop_signals, start_time
+from tuneplane.workers.proctree import alive, start_time, stop_signals_blocked
 
 log = logging.getLogger("tuneplane.agent.collectors")
 
@@ -186,7 +186,7 @@ class MemberCollectors:
             argv += ["--ca-bundle", self.settings["ca_bundle"]]
         (member_dir / "logs").mkdir(parents=True, exist_ok=True)
         try:
-            with open(member_dir / "logs" / "collector.log", "ab") as out:
+            with open(member_dir / "logs" / "collector.log", "ab") as out, stop_signals_blocked():
                 process = subprocess.Popen(
                     argv,
                     env=env,
@@ -194,7 +194,6 @@ class MemberCollectors:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
-                    preexec_fn=block_stop_signals,
                 )
         except OSError as exc:
             self.say(f"member {record.member_id}: collector not started ({exc})")

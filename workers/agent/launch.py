@@ -59,6 +59,7 @@ from tuneplane.workers.agent.member_records import (
 from tuneplane.workers.agent.prepare import NodeAccess, PrepareFailed, prepare_member_dir
 from tuneplane.workers.agent.probe import ProbeServer
 from tuneplane.workers.agent.session import Refused
+from tuneplane.workers.agent.standby_runners import StandbyRunners
 from tuneplane.workers.capsule import CapsuleError
 from tuneplane.workers.proctree import (
     TAG_VARIABLE,
@@ -117,6 +118,13 @@ class LaunchAgent:
         # (collectors.py).
         self.collectors = MemberCollectors(
             self.paths, self.store, ctx.extra, lambda line: _say(ctx, line), RUNNER_ENV_DROP, lambda: ctx.node
+        )
+        # Runners started before their member (standby_runners.py), `standby_runners` of them.
+        self.standby = StandbyRunners(
+            int(ctx.extra.get("standby_runners", 1) or 0),
+            lambda: self._runner_env(None, None),
+            self.paths.state_dir,
+            lambda line: _say(ctx, line),
         )
         # Children no longer tracked per member, waited for by the reaper (no zombies under the agent).
         self.retired: list[subprocess.Popen] = []
@@ -313,16 +321,20 @@ class LaunchAgent:
         env = self._runner_env(member_id, token)
         logs = directory / "logs"
         logs.mkdir(exist_ok=True)
-        with open(logs / "runner.log", "ab") as out:
-            runner = subprocess.Popen(
-                runner_command(directory),
-                cwd=directory,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        # A standby runner's interpreter is already up (ADR 0240): it takes the member's lock now and starts
+        # the workload at go(), once the start is reported below.
+        runner = self.standby.hand(directory, env)
+        if runner is None:
+            with open(logs / "runner.log", "ab") as out:
+                runner = subprocess.Popen(
+                    runner_command(directory),
+                    cwd=directory,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         # Tracked at once, so the child is waited for even if this START never completes (its session
         # ended meanwhile: the redelivered START adopts the run, and the reaper still reaps the runner).
         self.runners[member_id] = runner
@@ -349,6 +361,7 @@ class LaunchAgent:
         try:
             await self.report(record, "member_started", {"member_id": member_id, "pid": runner.pid})
         finally:
+            self.standby.go(runner)
             # After the report, not before: a collector's interpreter start (0.1-0.2 CPU-s) competes with
             # the agents' reports and the runners on a busy node, and "running" waits for the last report
             # (ADR 0165). It reads every file from its start, so nothing the workload wrote first is missed.
@@ -407,6 +420,7 @@ class LaunchAgent:
         with contextlib.suppress(subprocess.TimeoutExpired):
             await asyncio.to_thread(runner.wait, 10)
         self.runners.pop(member_id, None)
+        self.standby.go(runner)  # it was killed: only its pipe is left to close
         if runner.returncode is None:
             self.retired.append(runner)
         why = f"its runner could not be recorded on this node ({exc}); the runner was killed"
@@ -425,8 +439,11 @@ class LaunchAgent:
         )
         raise CommandFailed(f"member {member_id}: {why}")
 
-    def _runner_env(self, member_id: int, token: str | None) -> dict[str, str]:
+    def _runner_env(self, member_id: int | None, token: str | None) -> dict[str, str]:
+        """A member's runner environment; with no member, a standby runner's (no tag, no token)."""
         env = {k: v for k, v in os.environ.items() if k not in RUNNER_ENV_DROP}
+        if member_id is None:
+            return env
         env[TAG_VARIABLE] = member_tag(self.paths, member_id)
         url = self.ctx.extra.get("telemetry_url")
         if token and url:
@@ -627,7 +644,7 @@ class LaunchAgent:
         while True:
             # poll() waits for a child that ended; the collectors' own bookkeeping keeps its entries (it
             # reads their exit status when it restarts or drains them).
-            tracked = [*self.collectors.processes.values(), *self.runners.values()]
+            tracked = [*self.collectors.processes.values(), *self.runners.values(), *self.standby.children()]
             for child in tracked:
                 child.poll()
             self.retired = [child for child in self.retired if child.poll() is None]
@@ -818,6 +835,7 @@ class LaunchAgent:
                     self.ctx, f"member {record.member_id}: preparing again (the agent restarted mid-prepare)"
                 )
                 self._begin_prepare(record, record.prepare_payload)
+        self.standby.fill()
 
     def _busy(self, member_id: int) -> bool:
         task = self.finishing.get(member_id)

@@ -54,6 +54,8 @@ class AgentOptions:
     advertise_address: str | None = None
     # Seconds after a member's end within which its outputs are delivered (retried until then).
     delivery_deadline: float = 6 * 3600.0
+    # Runners started ahead of any member (workers/agent/standby_runners.py).
+    standby_runners: int = 1
     # Tests only: keep every PREPARE in flight this long (a slow, cold preparation); wait this long
     # between spawning a runner and recording it (a crash in that window); wait this long between a
     # member's end record and its exit report (a reconnect or crash in that window).
@@ -131,6 +133,7 @@ async def run_agent(options: AgentOptions, *, say=print) -> None:
             hold_after_spawn=options.hold_after_spawn,
             hold_exit_report=options.hold_exit_report,
             delivery_deadline=options.delivery_deadline,
+            standby_runners=options.standby_runners,
         )
 
         def probe() -> dict:

@@ -13,3 +13,8 @@ def runner_command(member_dir: Path | str) -> list[str]:
     `tuneplane runner` command, whose CLI (click, the command table) is 30-40 ms of CPU per member start
     that a busy node pays while its other members start."""
     return [sys.executable, "-P", "-m", "tuneplane.workers.runner", "--member-dir", str(member_dir)]
+
+
+def standby_command() -> list[str]:
+    """How the agent starts a standby runner (standby.py): one that learns its member at START."""
+    return [sys.executable, "-P", "-m", "tuneplane.workers.runner", "--standby"]

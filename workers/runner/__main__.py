@@ -1,12 +1,13 @@
 """`python -m tuneplane.workers.runner --member-dir DIR`: the runner without the CLI (runner_command).
-`tuneplane runner --member-dir DIR` runs the same."""
+`tuneplane runner --member-dir DIR` runs the same. `--standby`: a runner started before its member, which
+reads the member directory and environment from stdin (standby.py)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-USAGE = "usage: python -m tuneplane.workers.runner --member-dir DIR"
+USAGE = "usage: python -m tuneplane.workers.runner --member-dir DIR | --standby"
 
 
 def _member_dir(argv: list[str]) -> Path:
@@ -19,6 +20,10 @@ def _member_dir(argv: list[str]) -> Path:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--standby"]:
+        from tuneplane.workers.runner.standby import serve
+
+        sys.exit(serve())
     directory = _member_dir(sys.argv[1:])
     from tuneplane.workers.runner.process import main
 

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tuneplane.workers.proctree import descendants, signal_all, signal_name, start_time
@@ -120,13 +121,17 @@ def _become_subreaper() -> None:
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def run_member(member_dir: Path) -> int:
+def run_member(member_dir: Path, gate: Callable[[], None] | None = None) -> int:
+    """`gate`: called once the member directory's lock is held, before anything of the member is read or
+    started (a standby runner waits there for the agent's go, standby.py)."""
     paths = MemberPaths(Path(member_dir).resolve())
     lock = take_member_lock(paths.root)
     if lock is None:
         holder = read_runner_pids(paths.root)
         print(f"another runner holds this member directory ({holder}); not starting it again", flush=True)
         return LOCKED_EXIT
+    if gate is not None:
+        gate()
     paths.logs.mkdir(parents=True, exist_ok=True)
     paths.output.mkdir(parents=True, exist_ok=True)
     stdout_log = open(paths.logs / "stdout.log", "ab")  # noqa: SIM115 - handed to the child

@@ -183,7 +183,7 @@ def spool_dir(plan: dict, member: dict) -> Path:
 def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tuple | None:
     """The member's collector beside it, shipping to the telemetry gateway with the member-scoped token the
     worker issued at COMMIT (telemetry.token in the member directory, 0600). None without one."""
-    from tuneplane.workers.proctree import TAG_VARIABLE, block_stop_signals
+    from tuneplane.workers.proctree import TAG_VARIABLE, stop_signals_blocked
 
     url = plan.get("telemetry_url")
     token_file = directory / "telemetry.token"
@@ -202,15 +202,15 @@ def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tup
         "--member-tag", env[TAG_VARIABLE],
         "--gpus", ",".join(str(g) for g in member.get("gpu_indices") or []),
     ]  # fmt: skip
-    process = subprocess.Popen(
-        argv,
-        env={**env, "TUNEPLANE_TELEMETRY_TOKEN": token},
-        stdin=subprocess.DEVNULL,
-        stdout=open(directory / "logs" / "collector.log", "ab"),  # noqa: SIM115 - the child's
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=block_stop_signals,
-    )
+    with stop_signals_blocked():
+        process = subprocess.Popen(
+            argv,
+            env={**env, "TUNEPLANE_TELEMETRY_TOKEN": token},
+            stdin=subprocess.DEVNULL,
+            stdout=open(directory / "logs" / "collector.log", "ab"),  # noqa: SIM115 - the child's
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return process, spool
 
 
