@@ -12,6 +12,7 @@ by item, exactly as if it had never been batched; every report function is idemp
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,8 @@ import psycopg
 from tuneplane.app import db_functions as fn
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase, jsonb
+
+log = logging.getLogger("tuneplane.node_gateway.reports")
 
 BATCHED_KINDS = frozenset({"member_prepared", "member_started"})
 MAX_BATCH = 256
@@ -56,10 +59,15 @@ class ReportBatcher:
             while self.waiting.get(function):
                 queued = self.waiting[function]
                 items, self.waiting[function] = queued[:MAX_BATCH], queued[MAX_BATCH:]
-                if len(items) == 1:
-                    await self._one(function, items[0])
-                else:
-                    await self._together(function, items)
+                try:
+                    if len(items) == 1:
+                        await self._one(function, items[0])
+                    else:
+                        await self._together(function, items)
+                except Exception as exc:  # a bug here: answer every sender now, not at its 30 s timeout
+                    log.exception("recording %d %s report(s) failed", len(items), function)
+                    for item in items:
+                        _settle(item, error=exc)
         finally:
             self.busy.discard(function)
 

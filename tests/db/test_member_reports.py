@@ -107,3 +107,41 @@ def test_the_gateway_records_a_burst_of_reports_together_each_answered_as_alone(
     assert sorted(s["running"] for s in started[:4]) == [1, 2, 3, 4]
     assert [m["state"] for m in members_of(db, job_id)] == ["running"] * 4
     assert db.fetch_one("SELECT running_at FROM attempts WHERE job_id = %s", (job_id,))["running_at"]
+
+
+def test_a_batch_that_fails_unexpectedly_answers_every_sender_at_once(db_url: str, monkeypatch) -> None:
+    """A batch whose outcome cannot be read (a bug, not a database error) must not leave its senders waiting
+    for their 30 s timeout: each gets the error, and the next burst is recorded again."""
+    async def run() -> tuple[list, list]:
+        adb = AsyncDatabase(db_url, max_size=2)
+        await adb.open()
+        try:
+            calls = {"n": 0}
+
+            async def broken(function, *args):
+                calls["n"] += 1
+                if function == "member_reports":
+                    return [{"member_reports": []}]  # fewer outcomes than items: zip(strict=True) raises
+                raise Refusal("no such member", status=404)
+
+            monkeypatch.setattr(adb, "call_retrying", broken)
+            first = await asyncio.wait_for(
+                asyncio.gather(
+                    *(batcher(adb).submit("member_started", 1, 0, {"member_id": i}) for i in range(4)),
+                    return_exceptions=True,
+                ),
+                timeout=5,
+            )
+            again = await asyncio.wait_for(
+                asyncio.gather(
+                    batcher(adb).submit("member_started", 1, 0, {"member_id": 9}), return_exceptions=True
+                ),
+                timeout=5,
+            )
+            return first, again
+        finally:
+            await adb.close()
+
+    first, again = asyncio.run(run())
+    assert [type(outcome) for outcome in first] == [ValueError] * 4, first  # one batch, each sender answered
+    assert isinstance(again[0], Refusal)  # the next report is recorded (alone) as usual

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import certifi
 
+from tuneplane.workers.artifacts import deliver
 from tuneplane.workers.artifacts.deliver import node_http, tls_context
 
 
@@ -23,8 +24,13 @@ def test_one_verifying_context_per_bundle_and_a_changed_bundle_is_read_again(tmp
     system = tls_context(None)
     assert system is tls_context(None) and system is not first
     assert (system.verify_mode, system.check_hostname) == (ssl.CERT_REQUIRED, True)
-    stat = bundle.stat()
-    os.utime(bundle, (stat.st_atime, stat.st_mtime + 10))  # a rotated bundle
-    assert tls_context(str(bundle)) is not first
+    for seconds in range(1, 6):  # a bundle rotated again and again
+        stat = bundle.stat()
+        os.utime(bundle, (stat.st_atime, stat.st_mtime + seconds))
+        assert tls_context(str(bundle)) is not first
+    # Only the newest context of a bundle is kept: rotations do not grow the cache.
+    assert [key for key in deliver._TLS_CONTEXTS if key[0] == str(bundle)] == [
+        (str(bundle), bundle.stat().st_mtime)
+    ]
     with node_http("http://127.0.0.1:1", "tpn_x", ca_bundle=str(bundle)) as http:
         assert http.headers["Authorization"] == "Node tpn_x"

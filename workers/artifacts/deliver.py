@@ -58,9 +58,11 @@ def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
     key = (ca_bundle, changed)
     context = _TLS_CONTEXTS.get(key)
     if context is None:
-        context = _TLS_CONTEXTS[key] = (
-            ssl.create_default_context(cafile=ca_bundle) if ca_bundle else httpx.create_ssl_context()
-        )
+        context = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else httpx.create_ssl_context()
+        # A rotated bundle's older contexts are never asked for again: only the newest is kept.
+        for old in [k for k in _TLS_CONTEXTS if k[0] == ca_bundle]:
+            del _TLS_CONTEXTS[old]
+        _TLS_CONTEXTS[key] = context
     return context
 
 
