@@ -55,7 +55,12 @@ SELECT m.id, n.name AS node, m.started_at, m.ended_at,
        (SELECT c.delivered_at FROM tuneplane.node_commands c
          WHERE c.kind = 'start' AND c.node_id = m.node_id
            AND (c.payload ->> 'attempt_id')::bigint = m.attempt_id
-         ORDER BY c.id LIMIT 1) AS start_delivered_at
+         ORDER BY c.id LIMIT 1) AS start_delivered_at,
+       (SELECT c.delivered_at FROM tuneplane.node_commands c
+         WHERE c.kind = 'prepare' AND c.node_id = m.node_id
+           AND (c.payload ->> 'attempt_id')::bigint = m.attempt_id
+         ORDER BY c.id LIMIT 1) AS prepare_delivered_at,
+       (n.last_peer_check ->> 'checked_at')::float AS peer_checked
   FROM tuneplane.members m JOIN tuneplane.nodes n ON n.id = m.node_id
  WHERE m.attempt_id = %s ORDER BY m.rank
 """
@@ -201,6 +206,14 @@ def one_run(
         result[label] = (current[stop] - current[start]).total_seconds()
     if trace:
         committed = current["committed_at"].timestamp()
+        reserved = current["reserved_at"].timestamp()
+        for m in members:
+            print(
+                f"  {m['node']:>8}: after the reservation, PREPARE delivered "
+                f"+{_ms(m['prepare_delivered_at'], reserved)}, peers checked "
+                f"+{(m['peer_checked'] - reserved) * 1000 if m['peer_checked'] else float('nan'):.0f} ms"
+            )
+        print(f"  COMMIT +{(committed - reserved) * 1000:.0f} ms after the reservation")
         for m in members:
             workload = member_files(work_dirs, m).get("started_at")
             print(

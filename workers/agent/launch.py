@@ -88,6 +88,8 @@ RUNNER_ENV_DROP = (
 )
 WATCH_INTERVAL = 0.2
 REAP_INTERVAL = 1.0
+# Reports whose acknowledgement is not written to the record at once (see report()).
+LAUNCH_REPORTS = frozenset({"member_prepared", "member_started"})
 # How long a KILL waits for a member's processes to be gone before it is answered with an error.
 KILL_WAIT = 10.0
 
@@ -145,9 +147,11 @@ class LaunchAgent:
             raise ConnectionError("no control session")
         return await self.ctx.report(kind, payload)
 
-    async def report(self, record: MemberRecord | None, kind: str, payload: dict) -> Any:
-        """Send a member's report; if it cannot be sent now, keep it in the record for the next session."""
-        if record is not None:
+    async def report(self, record: MemberRecord | None, kind: str, payload: dict, saved: bool = False) -> Any:
+        """Send a member's report; if it cannot be sent now, keep it in the record for the next session.
+        `saved`: the caller just saved the record with this report already in `unreported` (one write, not
+        two, on the launch path: each is an fsync on the event loop, 1-6 ms on a busy node)."""
+        if record is not None and not (saved and record.unreported.get(kind) == payload):
             record.unreported[kind] = payload
             self.keep(record)
         try:
@@ -162,7 +166,11 @@ class LaunchAgent:
             result = {"refused": exc.message}
         if record is not None and self.store.get(record.member_id) is record:
             record.unreported.pop(kind, None)
-            self.keep(record)
+            # Acknowledged launch reports are forgotten in memory only: the next write of the record (START's,
+            # the end's) carries that, and one resent after a restart in between is answered as before
+            # (both are idempotent). This write would sit between member_started and the workload's go.
+            if kind not in LAUNCH_REPORTS:
+                self.keep(record)
         return result
 
     def keep(self, record: MemberRecord) -> bool:
@@ -247,10 +255,6 @@ class LaunchAgent:
                 record, "member_prepare_failed", {"member_id": record.member_id, "reason": reason, **checks}
             )
             return
-        record.state, record.reason, record.prepare_payload = "prepared", "prepared", None
-        self.keep(record)
-        schedule_clean_caches(self.paths.work_dir, self.store.all, self.send)
-        _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
         prepared: dict[str, Any] = {"member_id": record.member_id, **checks}
         if self.ctx.extra.get("telemetry_url"):
             # Issued at COMMIT, so START needs no token round trip (migration 0230).
@@ -258,7 +262,12 @@ class LaunchAgent:
                 prepared["telemetry_token_hash"] = self.collectors.pending_token_hash(record)
             except OSError as exc:
                 _say(self.ctx, f"member {record.member_id}: no telemetry token made ({exc}); START asks")
-        await self.report(record, "member_prepared", prepared)
+        record.state, record.reason, record.prepare_payload = "prepared", "prepared", None
+        record.unreported["member_prepared"] = prepared
+        self.keep(record)
+        schedule_clean_caches(self.paths.work_dir, self.store.all, self.send)
+        _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
+        await self.report(record, "member_prepared", prepared, saved=True)
 
     def _credential(self) -> str:
         stored = self.ctx.extra["credential_store"].load()
@@ -348,6 +357,8 @@ class LaunchAgent:
             await asyncio.sleep(hold)
         record.pid, record.pid_started = runner.pid, start_time(runner.pid)
         record.state, record.reason = "running", "running"
+        started = {"member_id": member_id, "pid": runner.pid}
+        record.unreported["member_started"] = started
         try:
             self.store.save(record)  # before the report: a restarted agent must find this pid
         except OSError as exc:
@@ -359,7 +370,7 @@ class LaunchAgent:
         )
         self.ensure_watcher(record, collector=False)
         try:
-            await self.report(record, "member_started", {"member_id": member_id, "pid": runner.pid})
+            await self.report(record, "member_started", started, saved=True)
         finally:
             self.standby.go(runner)
             # After the report, not before: a collector's interpreter start (0.1-0.2 CPU-s) competes with
@@ -425,6 +436,7 @@ class LaunchAgent:
             self.retired.append(runner)
         why = f"its runner could not be recorded on this node ({exc}); the runner was killed"
         record.state, record.reason, record.pid, record.pid_started = "failed", why, None, None
+        record.unreported.pop("member_started", None)  # never sent: it did not start
         self.keep(record)
         self.publish()
         _say(self.ctx, f"member {member_id}: {why}")
