@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from launch_latency import JOB, TERMINAL, percentile, poll, submit
@@ -88,36 +89,29 @@ def cpu_seconds(pids: list[int]) -> tuple[float, float]:
     return started / CLOCK_TICKS, own / CLOCK_TICKS
 
 
+def processes() -> Iterator[tuple[int, bytes]]:
+    """(pid, NUL-separated command line) of every process whose command line can be read."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                yield int(entry.name), (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+
+
 def children(pids: list[int], zombies: bool = False) -> int:
     """The agents' children, their standby runners aside (kept started for the next member, ADR 0240)."""
     wanted = set(pids)
     count = 0
-    for entry in Path("/proc").iterdir():
-        fields = _stat(int(entry.name)) if entry.name.isdigit() else None
-        if fields and int(fields[1]) in wanted and (zombies or fields[0] != "Z") and not _standby(entry):
-            count += 1
+    for pid, argv in processes():
+        fields = _stat(pid)
+        if fields and int(fields[1]) in wanted and (zombies or fields[0] != "Z"):
+            count += not argv.endswith(b"\0--standby\0")
     return count
 
 
-def _standby(proc: Path) -> bool:
-    try:
-        return (proc / "cmdline").read_bytes().endswith(b"\0--standby\0")
-    except OSError:
-        return False
-
-
 def agent_pids() -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"tuneplane" in argv and b"node" in argv and b"--state-dir" in argv:
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, argv in processes() if b"\0node\0" in argv and b"\0--state-dir\0" in argv]
 
 
 # --trace: the long-lived processes whose CPU between confirmation and "all running" is printed, by kind
@@ -133,16 +127,10 @@ KINDS = (
 
 def cpu_by_kind() -> dict[str, float]:
     found: dict[str, float] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        fields = _stat(int(entry.name))
+    for pid, argv in processes():
         kind = next((name for needle, name in KINDS if needle in argv), None)
-        if kind and fields:
+        fields = _stat(pid) if kind else None
+        if fields:
             found[kind] = found.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
     return found
 

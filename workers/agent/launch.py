@@ -151,7 +151,7 @@ class LaunchAgent:
         """Send a member's report; if it cannot be sent now, keep it in the record for the next session.
         `saved`: the caller just saved the record with this report already in `unreported` (one write, not
         two, on the launch path: each is an fsync on the event loop, 1-6 ms on a busy node)."""
-        if record is not None and not (saved and record.unreported.get(kind) == payload):
+        if record is not None and not saved:
             record.unreported[kind] = payload
             self.keep(record)
         try:

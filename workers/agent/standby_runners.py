@@ -68,7 +68,7 @@ class StandbyRunners:
         Schedules the pool's refill."""
         order = json.dumps({"member_dir": str(member_dir), "env": env}).encode() + b"\n"
         self._schedule_refill()
-        while True:
+        for _ in range(len(self.ready) + 2):  # the ready ones, then two started now: never a busy loop
             child = self.ready.pop(0) if self.ready else self._spawn()
             if child is None:
                 return None
@@ -82,6 +82,7 @@ class StandbyRunners:
                 self.retire(child)
                 continue
             return child
+        return None
 
     @staticmethod
     def go(child: subprocess.Popen) -> None:
