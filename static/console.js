@@ -2,12 +2,7 @@
 // allows scripts from this site only (no 'unsafe-inline', no 'unsafe-eval'; app/web/limits.py).
 (function () {
   "use strict";
-  if (window.htmx) {
-    // htmx would otherwise insert an inline <style> and evaluate hx-on attributes as code.
-    htmx.config.includeIndicatorStyles = false;
-    htmx.config.allowEval = false;
-    htmx.config.allowScriptTags = false;
-  }
+  // htmx's own settings (no inline <style>, no eval) are in templates/base.html's htmx-config meta tag.
 
   // <select data-autosubmit>: a filter that applies as soon as it changes.
   document.addEventListener("change", function (event) {

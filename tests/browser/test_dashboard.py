@@ -87,3 +87,18 @@ def test_dashboard_filters_and_paging(page, console: dict) -> None:
     page.goto(url + f"/jobs/{console['jobs']['root-local'][0]}/charts")
     expect(page.locator("h1")).to_contain_text("charts")
     page.wait_for_load_state("networkidle")
+
+
+def test_htmx_keeps_the_csp_even_when_console_js_never_loads(page, console: dict) -> None:
+    """htmx's settings live in the page, not in console.js: a page whose console.js did not arrive (a
+    navigation that stopped it between the two scripts, as a CI run once did) must not get htmx's inline
+    <style>. The conftest's page fails on the violation; the head is checked too."""
+    from playwright.sync_api import expect
+
+    page.route("**/static/console.js*", lambda route: route.abort())
+    page.goto(console["url"] + "/login")
+    expect(page.locator("#username")).to_be_visible()
+    page.wait_for_load_state("load")
+    page.wait_for_function("() => window.htmx !== undefined && document.readyState === 'complete'")
+    assert page.evaluate("() => document.head.querySelectorAll('style').length") == 0
+    assert page.evaluate("() => htmx.config.allowEval") is False
