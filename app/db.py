@@ -18,6 +18,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
+from tuneplane.app import pool_check
 from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, log_retry, refusal_from_db, rolled_back
 
 SEARCH_PATH_OPTION = "-c search_path=tuneplane,public"
@@ -57,8 +58,9 @@ class Database:
                 "autocommit": False,
             },
             # A connection broken by a database restart (the embedded one is restarted by `up`'s
-            # supervisor) is found and replaced before use instead of failing a request.
-            check=ConnectionPool.check_connection,
+            # supervisor) is found and replaced before use instead of failing a request; one whose
+            # socket has nothing to read goes without a round trip (app/pool_check.py).
+            check=pool_check.check,
             # A pool that cannot reach the database must not hang a request forever.
             timeout=10,
         )

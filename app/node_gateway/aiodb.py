@@ -16,6 +16,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from tuneplane.app import pool_check
 from tuneplane.app.db import SEARCH_PATH_OPTION
 from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, log_retry, refusal_from_db, rolled_back
 from tuneplane.app.gateway_limits import data_refusal
@@ -42,8 +43,9 @@ class AsyncDatabase:
                 "autocommit": True,
             },
             # A connection broken by a database restart is found and replaced before use, so the first
-            # report after a restart is not answered 503 for nothing.
-            check=AsyncConnectionPool.check_connection,
+            # report after a restart is not answered 503 for nothing (app/pool_check.py: a round trip only
+            # when the connection's socket has something to read).
+            check=pool_check.check_async,
             timeout=30,
         )
 

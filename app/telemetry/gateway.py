@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tuneplane.app import pool_check
 from tuneplane.app.db import SEARCH_PATH_OPTION
 from tuneplane.app.errors import Refusal, refusal_from_db
 from tuneplane.app.gateway_limits import gateway_app, refusal_response, request_json
@@ -196,8 +197,9 @@ def create_app(database_url: str, *, pool_max: int = 8) -> web.Application:
                 "application_name": "tuneplane-telemetry-gateway",
                 "autocommit": True,
             },
-            # A connection broken by a database restart is found and replaced before use.
-            check=AsyncConnectionPool.check_connection,
+            # A connection broken by a database restart is found and replaced before use
+            # (app/pool_check.py).
+            check=pool_check.check_async,
             timeout=10,
         )
         await pool.open(wait=False)
