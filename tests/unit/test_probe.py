@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.workers.agent.probe import PROBE_GREETING, ProbeServer, can_bind, peer_check, storage_check
+from tuneplane.workers.agent.probe import (
+    PEER_CHECKS_AT_ONCE,
+    PROBE_GREETING,
+    ProbeServer,
+    can_bind,
+    peer_check,
+    reach_all,
+    storage_check,
+)
 
 
 def _closed_port() -> int:
@@ -88,6 +96,29 @@ def test_a_member_reaches_its_peers_side_by_side_not_one_after_the_other() -> No
     check = asyncio.run(scenario())
     assert check["ok"] is True, check
     assert [p["rank"] for p in check["peers"]] == [1, 2, 3, 4, 5]
+
+
+def test_reach_all_names_each_way_a_peer_fails_and_opens_no_more_sockets_than_allowed() -> None:
+    """The probe's answers come from its own thread, so these run with no event loop at all: more peers
+    than PEER_CHECKS_AT_ONCE (checked in batches), one that accepts and never answers (bounded by the
+    timeout), a closed port, a name that does not resolve."""
+    probe = ProbeServer("127.0.0.1", 0)
+    port = asyncio.run(probe.start())
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel completes the handshake; nobody ever writes
+        targets = [("127.0.0.1", port)] * (PEER_CHECKS_AT_ONCE + 8)
+        targets += [("127.0.0.1", silent.getsockname()[1]), ("127.0.0.1", _closed_port())]
+        targets.append(("no-such-host.invalid", port))
+        results = reach_all(targets, timeout=0.5)
+    assert results[: PEER_CHECKS_AT_ONCE + 8] == [None] * (PEER_CHECKS_AT_ONCE + 8)
+    silent_result, closed_result, unresolved = results[-3:]
+    assert silent_result == "connected but no probe answer (TimeoutError)"
+    assert closed_result.startswith("ConnectionRefusedError")
+    assert unresolved.startswith("gaierror")
+    asyncio.run(probe.close())
+    assert probe.thread is not None and not probe.thread.is_alive()
+    assert reach_all([("127.0.0.1", port)], timeout=0.5)[0].startswith("ConnectionRefusedError")
 
 
 def test_rank_zero_fails_when_master_port_is_taken() -> None:
