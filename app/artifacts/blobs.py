@@ -74,6 +74,13 @@ class FsBlobStore:
         fsync_dir(target.parent)
         return True
 
+    def put_bytes(self, data: bytes, sha256: str) -> bool:
+        """`put_verified` for bytes held in memory (an inline file, the empty file)."""
+        handle, tmp = self.temp_file()
+        with handle:
+            handle.write(data)
+        return self.put_verified(tmp, sha256, len(data))
+
     def adopt_hashed(self, candidate: Path, sha256: str) -> None:
         """Move `candidate`, whose bytes the caller has just hashed to `sha256` (and fsynced), into place."""
         target = self.path(sha256)

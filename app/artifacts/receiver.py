@@ -16,6 +16,8 @@ crash lost, or that the disk or someone damaged, is turned into a re-upload of e
 
 from __future__ import annotations
 
+import base64
+import binascii
 import fcntl
 import hashlib
 import logging
@@ -36,14 +38,13 @@ from tuneplane.app.artifacts.staged_hash import STAGED_HASHES, StagedWriter, tru
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
 from tuneplane.workers.artifacts.manifest import READ_BLOCK, Manifest, ManifestError, check_relative_path
+from tuneplane.workers.artifacts.upload import INLINE_MAX_BYTES, INLINE_MAX_FILES
 
 log = logging.getLogger(__name__)
 
 # The largest chunk_size artifact_settings allows (its CHECK): no chunk body is ever larger, so the HTTP
 # layers refuse a bigger one before reading it (and size their body limits to it).
 MAX_CHUNK_BYTES = 256 * 1024 * 1024
-
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,34 @@ class Registration:
     delivery: str = "object"
     shared_path: str | None = None
     step: int | None = None  # a checkpoint's training step, as the workload said it (None: not said)
+    # A small artifact's files sent with the registration (path → bytes; object delivery only): each one
+    # whose bytes hash to its manifest entry is verified at once, the others are left to the chunk upload.
+    inline: dict[str, bytes] | None = None
+
+
+def inline_from_json(value: object) -> dict[str, bytes] | None:
+    """The registration's `inline` ({path: base64 of the file's bytes}), decoded; refused (naming `inline`)
+    when it is not such an object, a value is not base64, or it holds more than the inline limits."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise Refusal("inline must be an object of file path → the file's bytes in base64", 400, "inline")
+    if len(value) > INLINE_MAX_FILES:
+        raise Refusal(f"inline holds {len(value)} files, at most {INLINE_MAX_FILES}", 413, "inline")
+    # Measured on the text before decoding anything: base64 holds 3 bytes in every 4 characters.
+    if sum(len(v) for v in value.values()) // 4 * 3 > INLINE_MAX_BYTES + 2 * len(value):
+        raise Refusal(f"inline holds more than {INLINE_MAX_BYTES} bytes; upload the files in chunks", 413,
+                      "inline")  # fmt: skip
+    decoded = {}
+    for path, text in value.items():
+        try:
+            decoded[path] = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise Refusal(f"inline: the bytes of {path!r} are not base64 ({exc})", 400, "inline") from exc
+    if sum(len(data) for data in decoded.values()) > INLINE_MAX_BYTES:
+        raise Refusal(f"inline holds more than {INLINE_MAX_BYTES} bytes; upload the files in chunks", 413,
+                      "inline")  # fmt: skip
+    return decoded
 
 
 def registration_from_json(body: object) -> Registration:
@@ -86,6 +115,7 @@ def registration_from_json(body: object) -> Registration:
         delivery=body.get("delivery") or "object",
         shared_path=body.get("shared_path"),
         step=step,
+        inline=inline_from_json(body.get("inline")),
     )
 
 
@@ -136,9 +166,15 @@ class ArtifactReceiver:
         """Register (or re-register, to resume) an artifact; verify what the server can verify already:
         empty files and files whose blob it holds (object), or every file on the shared path (shared)."""
         try:
-            Manifest.from_json(reg.manifest)
+            manifest = Manifest.from_json(reg.manifest)
         except ManifestError as exc:
             raise Refusal(str(exc), 400, "manifest") from exc
+        if reg.inline:
+            if reg.delivery != "object":
+                raise Refusal("inline files are for object delivery only", 400, "inline")
+            unknown = sorted(set(reg.inline) - set(manifest.by_path()))
+            if unknown:
+                raise Refusal(f"inline: {unknown[0]!r} is not a file of the manifest", 400, "inline")
         row = self.db.call(
             fn.register_artifact,
             credential_hash,
@@ -152,10 +188,15 @@ class ArtifactReceiver:
             reg.step,
         )[0]
         if row["state"] == "uploading":
-            row = self._verify_known_files(credential_hash, row)
+            row = self._verify_known_files(credential_hash, row, reg.inline or {})
         return row
 
-    def _verify_known_files(self, credential_hash: str, artifact: dict) -> dict:
+    def _verify_known_files(
+        self, credential_hash: str, artifact: dict, inline: dict[str, bytes] | None = None
+    ) -> dict:
+        """Record verified every file the server can vouch for without an upload: its blob is held already,
+        it is empty, or its bytes came inline and hash to its manifest entry (put_verified re-hashes)."""
+        inline = inline or {}
         status = self.status(credential_hash, artifact["id"])
         problems: list[str] = []
         for entry in status["files"]:
@@ -171,12 +212,10 @@ class ArtifactReceiver:
             # Placing or finding the blob and recording the file that uses it happen under the gc lock, so
             # a collection cannot remove the blob in between (app/artifacts/gc.py).
             with gc_lock(self.blob_dir, exclusive=False):
-                if entry["size"] == 0:
-                    handle, tmp = self.blobs.temp_file()
-                    handle.close()
-                    self.blobs.put_verified(tmp, EMPTY_SHA256, 0)
-                elif not self._blob_matches(entry["sha256"], entry["size"]):
-                    continue
+                if not self._blob_matches(entry["sha256"], entry["size"]):
+                    data = b"" if entry["size"] == 0 else inline.get(entry["path"])
+                    if data is None or not self.blobs.put_bytes(data, entry["sha256"]):
+                        continue  # not held, or inline bytes that do not match: the chunk upload sends it
                 artifact = self._record_file(credential_hash, artifact["id"], entry)
         if problems and artifact["delivery"] == "shared":
             reason = f"shared files do not match the manifest: {'; '.join(problems[:20])}"

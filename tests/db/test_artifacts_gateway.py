@@ -141,6 +141,16 @@ def test_a_chunk_larger_than_the_gateways_message_limit_is_accepted(db: Database
             "manifest",
         ),
         ("/api/artifacts", b'{"member_id": 7, "name": 5, "manifest": {}, "manifest_digest": "d"}', "name"),
+        (
+            "/api/artifacts",
+            b'{"member_id": 7, "name": "m", "manifest": {}, "manifest_digest": "d", "inline": ["a"]}',
+            "inline",
+        ),
+        (
+            "/api/artifacts",
+            b'{"member_id": 7, "name": "m", "manifest": {}, "manifest_digest": "d", "inline": {"a": "!?"}}',
+            "inline",
+        ),
         ("/api/artifacts/1/fail", b"[1]", "body"),
         ("/api/artifacts/1/fail", b'{"reason": {"a": 1}}', "reason"),
     ],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 from pathlib import Path
@@ -13,9 +14,14 @@ import pytest
 from tests.artifact_fixtures import api_token, make_member, served_artifacts, write_tree
 from tests.launch_fixtures import make_user
 from tuneplane.app.db import Database
-from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http
+from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http, register
 from tuneplane.workers.artifacts.manifest import build_manifest
-from tuneplane.workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
+from tuneplane.workers.artifacts.upload import (
+    INLINE_MAX_BYTES,
+    HttpChunkTransport,
+    UploadError,
+    upload_artifact,
+)
 
 CHUNK = 4096
 
@@ -48,7 +54,7 @@ def test_object_upload_completes_and_every_file_downloads_verified(db: Database,
     files = files_of_all_shapes()
     manifest = write_tree(src, files)
     with node_http(env["url"], setup.credential) as http:
-        result = deliver_artifact(http, setup.member["id"], "model", src)
+        result = deliver_artifact(http, setup.member["id"], "model", src, inline_max_bytes=0)
     assert result["state"] == "complete", result
     assert result["chunks_sent"] == 6 + 2 + 1  # the empty file needs no chunk
     with user_client(db, env["url"], setup.user_id) as client:
@@ -66,6 +72,74 @@ def test_object_upload_completes_and_every_file_downloads_verified(db: Database,
     assert not (env["blob_dir"] / "staging" / "artifacts" / str(detail["id"])).exists()
     sha = hashlib.sha256(files["model/weights.bin"]).hexdigest()
     assert (env["blob_dir"] / "sha256" / sha[:2] / sha).read_bytes() == files["model/weights.bin"]
+
+
+def test_a_small_artifact_travels_inside_its_registration(db: Database, env) -> None:
+    # Issue 23: a gang's members all deliver their logs (and small outputs) as they end; each artifact was
+    # a registration, a status, a chunk per file and a finish. Now one request, and verified all the same.
+    setup = make_member(db)
+    src = env["tmp"] / "out"
+    files = files_of_all_shapes()
+    manifest = write_tree(src, files)
+    requests: list[tuple[str, str]] = []
+    with node_http(env["url"], setup.credential) as http:
+        http.event_hooks["request"].append(lambda r: requests.append((r.method, r.url.path)))
+        result = deliver_artifact(http, setup.member["id"], "model", src)
+    assert result["state"] == "complete", result
+    assert requests == [("POST", "/api/artifacts")]
+    with user_client(db, env["url"], setup.user_id) as client:
+        detail = client.get(f"/jobs/{setup.job_id}/artifacts/model").json()
+        assert detail["manifest_digest"] == manifest.digest
+        for entry in detail["files"]:
+            body = client.get(f"/artifacts/{detail['id']}/files/{entry['file_index']}").content
+            assert body == files[entry["path"]]
+        report = client.post(f"/artifacts/{detail['id']}/verify").json()
+        assert report["ok"] and report["checked"] == 4
+
+
+def test_inline_bytes_that_do_not_match_the_manifest_are_left_to_the_chunk_upload(db: Database, env) -> None:
+    setup = make_member(db)
+    src = env["tmp"] / "out"
+    files = {"a.bin": os.urandom(3 * CHUNK), "b.txt": b"right"}
+    manifest = write_tree(src, files)
+    sent = {"a.bin": files["a.bin"], "b.txt": b"wrong"}
+    inline = {path: base64.b64encode(data).decode() for path, data in sent.items()}
+    with node_http(env["url"], setup.credential) as http:
+        art = register(http, setup.member["id"], "model", manifest, inline=inline)
+        assert art["state"] == "uploading", art
+        verified = db.fetch_all(
+            "SELECT path FROM artifact_files WHERE artifact_id = %s AND verified_at IS NOT NULL", (art["id"],)
+        )
+        assert [row["path"] for row in verified] == ["a.bin"]
+        result = upload_artifact(src, manifest, HttpChunkTransport(http, art["id"]))
+    assert result.state == "complete" and result.chunks_sent == 1 and result.files_already_verified == 1
+    wrong = hashlib.sha256(b"wrong").hexdigest()
+    assert not (env["blob_dir"] / "sha256" / wrong[:2] / wrong).exists()
+
+
+def test_inline_files_the_server_cannot_take_are_refused_naming_inline(db: Database, env) -> None:
+    setup = make_member(db)
+    src = env["tmp"] / "out"
+    manifest = write_tree(src, {"a.txt": b"a"})
+    a = base64.b64encode(b"a").decode()
+    huge = base64.b64encode(b"x" * (INLINE_MAX_BYTES + 1)).decode()
+    cases = [
+        ({"elsewhere.txt": a}, {}, 400, "not a file of the manifest"),
+        ({"a.txt": "not base64!"}, {}, 400, "not base64"),
+        (["a.txt"], {}, 400, "inline must be an object"),
+        ({"a.txt": huge}, {}, 413, "more than"),
+        ({"a.txt": a}, {"delivery": "shared", "shared_path": "/srv/x"}, 400, "object delivery only"),
+    ]
+    headers = {"Authorization": f"Node {setup.credential}"}
+    for inline, extra, status, words in cases:
+        body = {
+            "member_id": setup.member["id"], "name": "model", "manifest": manifest.as_json(),
+            "manifest_digest": manifest.digest, "inline": inline, **extra,
+        }  # fmt: skip
+        answer = httpx.post(env["url"] + "/api/artifacts", json=body, headers=headers, timeout=30)
+        assert answer.status_code == status and words in answer.json()["error"], (inline, answer.text)
+        assert "inline" in answer.json()["fields"], answer.json()
+    assert db.fetch_all("SELECT id FROM artifacts WHERE member_id = %s", (setup.member["id"],)) == []
 
 
 def test_tampered_and_deleted_blobs_are_named_by_verify_and_downloads_are_cut(db: Database, env) -> None:
@@ -149,7 +223,7 @@ def test_an_interrupted_upload_resumes_with_only_the_missing_chunks(db: Database
         with pytest.raises(UploadError, match="connection lost"):
             upload_artifact(src, manifest, StopAfter(HttpChunkTransport(http, art["id"]), 4), parallel=1)
         assert db.fetch_one("SELECT state FROM artifacts WHERE id = %s", (art["id"],))["state"] == "uploading"
-        result = deliver_artifact(http, setup.member["id"], "model", src)
+        result = deliver_artifact(http, setup.member["id"], "model", src, inline_max_bytes=0)
     assert result["id"] == art["id"] and result["state"] == "complete"
     assert result["chunks_sent"] == 9 - 4
 

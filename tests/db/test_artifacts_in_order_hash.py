@@ -73,7 +73,7 @@ def test_files_sent_in_order_are_proven_as_they_arrive_and_not_read_back(
     files = {"a.bin": os.urandom(5 * CHUNK + 7), "b.bin": os.urandom(3 * CHUNK), "c/d.bin": os.urandom(CHUNK)}
     write_tree(src, files)
     with node_http(target["url"], setup.credential) as http:
-        art = deliver_artifact(http, setup.member["id"], "model", src)
+        art = deliver_artifact(http, setup.member["id"], "model", src, inline_max_bytes=0)
     assert art["state"] == "complete", art
     assert assembled() == {path: (len(data), 0) for path, data in files.items()}
     assert not (target["blob_dir"] / "staging" / "artifacts" / str(art["id"])).exists()

@@ -269,7 +269,7 @@ def test_a_file_that_vanishes_mid_upload_leaves_the_artifact_to_the_next_try_whi
             (src / "big.bin").unlink()  # before its own thread reads chunk 1
 
     with node_http(env["url"], setup.credential) as http:
-        first = deliver_artifact(http, setup.member["id"], "model", src, on_chunk=vanish)
+        first = deliver_artifact(http, setup.member["id"], "model", src, on_chunk=vanish, inline_max_bytes=0)
         assert first["state"] == "uploading" and "big.bin" in first["reason"], first
         again = deliver_artifact(http, setup.member["id"], "model", src)
     assert again["id"] == first["id"] and again["state"] == "complete", again

@@ -105,6 +105,8 @@ def test_manifest_from_json_refuses_duplicates_bad_hashes_and_file_dir_clash() -
         Manifest((ManifestFile("a", 1, "XYZ"),))
     with pytest.raises(ManifestError, match="file and used as a directory"):
         Manifest((ManifestFile("a", 1, sha), ManifestFile("a/b", 1, sha)))
+    with pytest.raises(ManifestError, match="an empty file's sha256 is"):
+        Manifest((ManifestFile("a", 0, sha),))
     with pytest.raises(ManifestError, match="unknown keys"):
         Manifest.from_json({"version": 1, "files": [], "extra": 1})
 

@@ -11,6 +11,7 @@ runs). Run as a module it delivers one directory, for operators and tests:
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import shutil
@@ -23,7 +24,13 @@ from typing import Any
 import httpx
 
 from tuneplane.workers.artifacts.manifest import Manifest, build_manifest
-from tuneplane.workers.artifacts.upload import HttpChunkTransport, UploadError, upload_artifact
+from tuneplane.workers.artifacts.upload import (
+    INLINE_MAX_BYTES,
+    INLINE_MAX_FILES,
+    HttpChunkTransport,
+    UploadError,
+    upload_artifact,
+)
 
 ENV_CREDENTIAL = "TUNEPLANE_NODE_CREDENTIAL"
 
@@ -88,6 +95,7 @@ def register(
     delivery: str = "object",
     shared_path: str | None = None,
     step: int | None = None,
+    inline: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     payload = {
         "member_id": member_id,
@@ -100,7 +108,23 @@ def register(
     }
     if step is not None:  # a checkpoint's training step, sent only when the workload said it
         payload["step"] = step
+    if inline:
+        payload["inline"] = inline
     return _checked(http.post("/api/artifacts", json=payload))
+
+
+def inline_files(root: Path, manifest: Manifest, limit: int = INLINE_MAX_BYTES) -> dict[str, str] | None:
+    """The files of a small artifact (at most `limit` bytes in INLINE_MAX_FILES files) as the
+    registration's `inline`: {path: base64}. None for a larger one or a file that cannot be read now (the
+    chunk upload then says why). A file changed since the manifest was built is not verified by the
+    server; its chunk upload finds the difference as before."""
+    sized = [f for f in manifest.files if f.size]
+    if not sized or len(sized) > INLINE_MAX_FILES or sum(f.size for f in sized) > limit:
+        return None
+    try:
+        return {f.path: base64.b64encode((root / f.path).read_bytes()).decode("ascii") for f in sized}
+    except OSError:
+        return None
 
 
 def place_on_shared_mount(root: Path, destination: Path) -> None:
@@ -123,8 +147,10 @@ def deliver_artifact(
     delivery: str = "object",
     shared_path: str | None = None,
     on_chunk: Callable[[str, int, int], None] | None = None,
+    inline_max_bytes: int = INLINE_MAX_BYTES,
 ) -> dict[str, Any]:
     """Build the manifest, register, and deliver; returns the artifact as the server reports it.
+    An artifact of at most `inline_max_bytes` travels inside its registration (0: always in chunks).
 
     Safe to call again after a crash: registering the same manifest returns the same artifact and the
     upload resumes from the chunks the server already holds.
@@ -135,8 +161,11 @@ def deliver_artifact(
         if not shared_path:
             raise UploadError("shared delivery needs the artifact's directory on the shared mount")
         place_on_shared_mount(root, Path(shared_path))
+    # A small artifact goes whole with its registration; what the server could not verify from it (a file
+    # changed since the manifest, an older server that ignores `inline`) goes by the chunk upload below.
+    inline = inline_files(root, manifest, inline_max_bytes) if delivery == "object" else None
     artifact = register(
-        http, member_id, name, manifest, kind=kind, delivery=delivery, shared_path=shared_path
+        http, member_id, name, manifest, kind=kind, delivery=delivery, shared_path=shared_path, inline=inline
     )
     if artifact["state"] != "uploading" or delivery == "shared":
         return artifact

@@ -27,6 +27,9 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
 class ManifestError(ValueError):
     """The directory or the manifest cannot be made into (or read as) a valid manifest; names the path."""
 
@@ -106,6 +109,8 @@ class Manifest:
                 raise ManifestError(f"{item.path}: size must be a non-negative integer")
             if not isinstance(item.sha256, str) or not _SHA256.match(item.sha256):
                 raise ManifestError(f"{item.path}: sha256 must be 64 lowercase hex characters")
+            if item.size == 0 and item.sha256 != EMPTY_SHA256:
+                raise ManifestError(f"{item.path}: an empty file's sha256 is {EMPTY_SHA256}")
         # A file and a directory of the same name cannot both exist on disk.
         for item in ordered:
             parent = item.path.rsplit("/", 1)[0] if "/" in item.path else None

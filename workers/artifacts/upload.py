@@ -25,6 +25,10 @@ from tuneplane.workers.artifacts.manifest import Manifest
 
 DEFAULT_CHUNK_SIZE = 32 * 1024 * 1024
 SEND_PIECE = 1024 * 1024
+# A small artifact's files travel inside its registration (`inline`, base64): one request instead of the
+# registration, the status, a chunk per file and the finish (issue 23: a gang's ends all deliver at once).
+INLINE_MAX_BYTES = 512 * 1024  # its base64 stays under the 1 MiB a JSON string may hold (app.input_limits)
+INLINE_MAX_FILES = 64
 
 
 # 4xx answers that are worth another try (the server was busy or timed the request out).
