@@ -100,38 +100,45 @@ class Delivery:
             self.first_pass.set()
 
     async def one_pass(self, record: MemberRecord) -> None:
+        """Every pending output tried once, side by side: a member's outputs are independent artifacts, and
+        the member's end waits for this pass (a gang's members all end at once, issue 23)."""
         expired = record.deliver_by is not None and time.time() >= record.deliver_by
-        for name in pending(record):
-            item = record.deliveries[name]
-            if expired:
-                outcome = await self._give_up(name, item)
-            else:
-                try:
-                    outcome = await asyncio.to_thread(
-                        deliver_output, self.access(), self.directory, item["output"]
-                    )
-                except Exception as exc:
-                    # Whatever one output raises must not stop the others (the logs come last) nor the task:
-                    # it is retried like a server failure until the deadline fails it with this reason.
-                    log.exception("member %s: delivering output %s", self.member_id, name)
-                    outcome = Outcome("retry", f"unexpected {type(exc).__name__}: {exc}")
-            item["tries"] += 1
-            item["artifact_id"] = outcome.artifact_id or item["artifact_id"]
-            if outcome.state == "complete":
-                item["state"], item["error"] = "complete", ""
-                self.say(f"member {self.member_id}: output {name} delivered (artifact {item['artifact_id']})")
-            elif outcome.state == "failed":
-                item["state"], item["error"] = "failed", outcome.reason
-                self.say(f"member {self.member_id}: output {name} failed: {outcome.reason}")
-            else:
-                item["error"] = outcome.reason
-                self.say(
-                    f"member {self.member_id}: output {name} not delivered yet (try {item['tries']}): "
-                    f"{outcome.reason}; retrying in {backoff(item['tries']):.0f}s"
-                )
-            error = self.store.keep(record)  # a full disk never stops the delivery (it goes on from memory)
-            if error is not None:
-                self.say(f"member {self.member_id}: its delivery state could not be written ({error})")
+        names = pending(record)
+        tries = (self._try(name, record.deliveries[name], expired) for name in names)
+        outcomes = await asyncio.gather(*tries)
+        for name, outcome in zip(names, outcomes, strict=True):
+            self._record(record, name, outcome)
+        error = self.store.keep(record)  # a full disk never stops the delivery (it goes on from memory)
+        if error is not None:
+            self.say(f"member {self.member_id}: its delivery state could not be written ({error})")
+
+    async def _try(self, name: str, item: dict, expired: bool) -> Outcome:
+        if expired:
+            return await self._give_up(name, item)
+        try:
+            return await asyncio.to_thread(deliver_output, self.access(), self.directory, item["output"])
+        except Exception as exc:
+            # Whatever one output raises must not stop the others nor the task: it is retried like a server
+            # failure until the deadline fails it with this reason.
+            log.exception("member %s: delivering output %s", self.member_id, name)
+            return Outcome("retry", f"unexpected {type(exc).__name__}: {exc}")
+
+    def _record(self, record: MemberRecord, name: str, outcome: Outcome) -> None:
+        item = record.deliveries[name]
+        item["tries"] += 1
+        item["artifact_id"] = outcome.artifact_id or item["artifact_id"]
+        if outcome.state == "complete":
+            item["state"], item["error"] = "complete", ""
+            self.say(f"member {self.member_id}: output {name} delivered (artifact {item['artifact_id']})")
+        elif outcome.state == "failed":
+            item["state"], item["error"] = "failed", outcome.reason
+            self.say(f"member {self.member_id}: output {name} failed: {outcome.reason}")
+        else:
+            item["error"] = outcome.reason
+            self.say(
+                f"member {self.member_id}: output {name} not delivered yet (try {item['tries']}): "
+                f"{outcome.reason}; retrying in {backoff(item['tries']):.0f}s"
+            )
 
     async def _give_up(self, name: str, item: dict) -> Outcome:
         reason = f"delivery gave up at its deadline; last error: {item['error'] or 'none recorded'}"
