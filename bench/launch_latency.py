@@ -208,7 +208,10 @@ def main() -> int:
         help="N agents on this machine: 1-member and N-member jobs in alternation (bench/launch_nodes.py).",
     )
     parser.add_argument(
-        "--trace", action="store_true", help="With --nodes: each run's member timeline and CPU by process."
+        "--trace",
+        action="store_true",
+        help="With --nodes: each run's member timeline and CPU by process; with --backend slurm: the "
+        "attempt's files.",
     )
     args = parser.parse_args()
     if args.backend == "slurm":

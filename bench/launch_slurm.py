@@ -10,6 +10,10 @@ with its default 1-second pass. Each pair runs, in alternating order:
 Both clocks are this machine's. The next run starts only once Slurm lists no job (an idle cluster).
 Stages of the TunePlane run: confirm → sbatch (slurm_jobs.submitted_at) → allocation recorded
 (slurm_jobs.started_at) → COMMIT (attempts.committed_at) → all running (attempts.running_at).
+--trace: per pair, the files the batch script, the steps and the worker write in the attempt's directory
+(their modification times, after the allocation was recorded): `reports/allocated` (the batch script
+began), `plan.json` (the worker recorded the allocation), the last `<rank>.prepared`, `decision` (the worker
+wrote the recorded COMMIT), the last `<rank>.started`.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ STAGES = [
     ("running", "committed_at", "running_at"),
 ]
 TIMES = """
-SELECT j.state, j.state_reason, j.created_at, s.submitted_at, s.started_at AS allocated_at, a.committed_at,
-       a.running_at, (SELECT max(m.started_at) - min(m.started_at) FROM tuneplane.members m
-                       WHERE m.attempt_id = a.id) AS skew
+SELECT j.state, j.state_reason, j.created_at, a.id AS attempt_id, s.submitted_at,
+       s.started_at AS allocated_at, a.committed_at, a.running_at,
+       (SELECT max(m.started_at) - min(m.started_at) FROM tuneplane.members m
+         WHERE m.attempt_id = a.id) AS skew
   FROM tuneplane.jobs j
   LEFT JOIN tuneplane.attempts a ON a.job_id = j.id AND a.number = 1
   LEFT JOIN tuneplane.slurm_jobs s ON s.attempt_id = a.id
@@ -64,6 +69,25 @@ def raw_run(cluster, work: Path, index: int, timeout: float) -> float:
     if not poll(started, timeout):
         raise SystemExit(f"raw Slurm job {index} did not start in {timeout:.0f}s; see {out}")
     return max(float(f.read_text()) for f in files) - began
+
+
+# (label, the file in the attempt's directory; a glob takes the latest of its matches)
+TRACE_FILES = [
+    ("allocated", "reports/allocated"),
+    ("plan", "plan.json"),
+    ("prepared", "reports/*.prepared"),
+    ("decision", "decision"),
+    ("started", "reports/*.started"),
+]
+
+
+def file_times(directory: Path, allocated_at: float) -> dict[str, float]:
+    """Each TRACE_FILES file's modification time after the allocation was recorded (seconds; NaN if none)."""
+    times = {}
+    for label, pattern in TRACE_FILES:
+        found = [f.stat().st_mtime for f in directory.glob(pattern)]
+        times[label] = max(found) - allocated_at if found else float("nan")
+    return times
 
 
 def main(args) -> int:
@@ -157,6 +181,11 @@ def main(args) -> int:
             for label, start, stop in STAGES:
                 result[label] = (current[stop] - current[start]).total_seconds()
             result["skew"] = current["skew"].total_seconds() if current["skew"] is not None else 0.0
+            if args.trace:
+                directory = shared / "attempts" / str(current["attempt_id"])
+                result["files"] = file_times(directory, current["allocated_at"].timestamp())
+                committed = (current["committed_at"] - current["allocated_at"]).total_seconds()
+                result["files"]["COMMIT"] = committed
             return result
 
         pairs = []
@@ -179,6 +208,10 @@ def main(args) -> int:
                 f"{tp['latency'] - pair['raw']:+.3f} s",
                 flush=True,
             )
+            if args.trace:
+                order_ = sorted(tp["files"].items(), key=lambda kv: kv[1])
+                print("    after the allocation was recorded: "
+                      + ", ".join(f"{k} {v * 1000:+.0f}" for k, v in order_) + " ms", flush=True)  # fmt: skip
             if i >= args.warmup:
                 pairs.append(pair)
         raw = [p["raw"] for p in pairs]
@@ -196,6 +229,12 @@ def main(args) -> int:
         )
         for name, _a, _b in STAGES:
             print(f"    {name:<10} median {statistics.median(p['tp'][name] for p in pairs) * 1000:7.0f} ms")
+        if args.trace:
+            labels = [label for label, _ in TRACE_FILES] + ["COMMIT"]
+            medians = {k: statistics.median(p["tp"]["files"][k] for p in pairs) for k in labels}
+            ordered = sorted(medians.items(), key=lambda kv: kv[1])
+            print("    files after the allocation was recorded (medians): "
+                  + ", ".join(f"{k} {v * 1000:+.0f}" for k, v in ordered) + " ms")  # fmt: skip
         print(
             f"  per-pair difference TunePlane − raw: median {statistics.median(diff):+.3f} s, "
             f"p90 {percentile(diff, 0.9):+.3f} s (target ≤ +0.5 s); ratio of medians "
