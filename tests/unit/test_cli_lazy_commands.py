@@ -80,3 +80,18 @@ def test_a_command_that_exits_with_its_own_status_does_not_import_the_database_d
     }
     assert "tuneplane.workers.runner.process" in imported
     assert not {"psycopg", "pydantic", "tuneplane.app.settings", "tuneplane.app.migrate"} & imported
+
+
+def test_a_slurm_steps_prepare_imports_no_http_library_and_no_cli(tmp_path) -> None:
+    # Issue 23: the step's prepare is on a Slurm launch's critical path (allocation → PREPARED), and httpx
+    # (with rich and click) came in through the shared-path resume's module: 0.18 s of its 0.3 s of imports.
+    # Here it prepares in an attempt directory without a capsule (it reports prepare_failed and returns 1).
+    code = (
+        "import sys; from pathlib import Path; from tuneplane.workers.slurm import step; "
+        f"code = step.prepare(Path({str(tmp_path)!r}), 0); "
+        "heavy = {'psycopg', 'pydantic', 'flask', 'aiohttp', 'httpx', 'rich', 'click'}; "
+        "print(code, sorted({m.split('.')[0] for m in sys.modules} & heavy))"
+    )
+    run = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "1 []"
+    assert (tmp_path / "reports" / "0.prepare_failed").is_file()

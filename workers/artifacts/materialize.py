@@ -14,12 +14,15 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from tuneplane.workers.artifacts.manifest import Manifest, ManifestError
 from tuneplane.workers.artifacts.verify import VerifyReport, verify_directory
+
+if TYPE_CHECKING:
+    # Imported where a download needs it: a Slurm step imports this module for its shared-path resume on
+    # every member start, and httpx (with rich and click) was 0.18 s of that step's imports (issue 23).
+    import httpx
 
 PARTIAL = ".tuneplane-partial"
 
@@ -52,6 +55,8 @@ def _error(response: httpx.Response) -> str:
 
 
 def _download(http: httpx.Client, artifact_id: int, index: int, entry_sha: str, target: Path) -> None:
+    import httpx
+
     partial = target.parent / f"{PARTIAL}-{target.name}"
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
