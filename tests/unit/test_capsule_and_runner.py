@@ -238,6 +238,26 @@ def test_the_runner_refuses_a_runtime_it_cannot_honour_and_says_why_in_the_logs(
     assert not (root / "logs" / "stdout.log").read_text()
 
 
+DISPOSITIONS = """import json, os, pathlib, signal
+out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
+names = ("SIGHUP", "SIGUSR1", "SIGUSR2", "SIGTERM")  # not SIGINT: Python itself traps it
+(out / "dispositions.json").write_text(json.dumps(
+    {n: signal.getsignal(getattr(signal, n)) == signal.SIG_DFL for n in names}))
+"""
+
+
+def test_the_workload_starts_with_every_signal_at_its_default(built, tmp_path: Path) -> None:
+    # The runner and keeper live through SIGHUP and the preemption signals, but with handlers: an ignored
+    # one (SIG_IGN) would stay ignored in the workload, and a job whose preemption signal is SIGHUP, without
+    # a trap of its own, would never stop for it.
+    root = _prepared_member(built, tmp_path, entrypoint=f"exec {sys.executable} main.py")
+    (root / "src" / "main.py").write_text(DISPOSITIONS)
+    done = _run(root)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seen = json.loads((root / "output" / "dispositions.json").read_text())
+    assert seen == {"SIGHUP": True, "SIGUSR1": True, "SIGUSR2": True, "SIGTERM": True}
+
+
 def test_a_member_start_runs_the_runner_without_the_cli_or_the_database_driver(built, tmp_path: Path) -> None:
     # As the agent and a Slurm step start it (runner_command), from its start to its exit status: every
     # module it imports is paid by each member start on a node whose other members start too (issue 23).

@@ -37,7 +37,9 @@ REFUSED_EXIT = 126
 LOCKED_EXIT = 125
 PR_SET_CHILD_SUBREAPER = 36
 # Signals a job may choose for its preemption (JobSpec preemption.signal) that stop nothing of TunePlane's.
-PREEMPTION_ONLY = (signal.SIGUSR1, signal.SIGUSR2)
+# Handled, never SIG_IGN: an ignored signal stays ignored across exec, and the workload must start with
+# every disposition at its default (a job whose preemption signal is SIGHUP relies on it).
+PREEMPTION_ONLY = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 # Copies of one preemption signal reaching the keeper within this many seconds are one request.
 PREEMPTION_REPEAT_WINDOW = 5.0
 LOCK_FILE = "runner.lock"
@@ -181,8 +183,7 @@ def run_member(member_dir: Path, gate: Callable[[], None] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    # A job's preemption signal (SIGUSR1/SIGUSR2, docs/preemption.md) is the workload's. The node agent
+    # A job's preemption signal (SIGUSR1/SIGUSR2/SIGHUP, docs/preemption.md) is the workload's. The node agent
     # never sends it here, but Slurm's `scancel --signal` reaches every process of the job step: it must
     # not end the runner (their default action), and it goes on to the workload as SIGTERM does.
     for sig in PREEMPTION_ONLY:
@@ -234,7 +235,6 @@ def _keep(paths: MemberPaths, member: dict, launch, stdout_log, stderr_log) -> i
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     for sig in PREEMPTION_ONLY:
         signal.signal(sig, pass_on)
     try:
