@@ -145,14 +145,19 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+# What a collector may be sent before it has installed its handlers: SIGTERM and SIGINT (a drain), SIGRTMIN
+# (a Slurm step's drain), and what a Slurm job's cancel or preemption sends to every process of its step.
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGRTMIN, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
+
+
 @contextlib.contextmanager
 def stop_signals_blocked() -> Iterator[None]:
-    """Around the Popen of a child that handles SIGTERM as a request (a collector): a child starts with the
-    calling thread's signal mask and keeps it across exec, so SIGTERM and SIGINT stay pending until it has
-    installed its handler and unblocks them. Not a preexec_fn: with one, CPython forks the caller instead of
-    using vfork, and copying an agent's page tables was 15 ms of its CPU per member start (issue 23). A stop
-    signal sent to this process meanwhile waits in its mask, or is taken by another of its threads."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    """Around the Popen of a child that handles STOP_SIGNALS itself (a collector): a child starts with the
+    calling thread's signal mask and keeps it across exec, so they stay pending until it has installed its
+    handlers and unblocks them. Not a preexec_fn: with one, CPython forks the caller instead of using vfork,
+    and copying an agent's page tables was 15 ms of its CPU per member start (issue 23). A stop signal sent
+    to this process meanwhile waits in its mask, or is taken by another of its threads."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
     finally:

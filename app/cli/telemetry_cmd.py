@@ -97,6 +97,16 @@ def telemetry_gateway_cmd(
     help="With --member-tag: once the collector's parent (the agent) is gone and no process of the member "
     "has run for this many seconds, drain and stop as if the member exited.",
 )
+@click.option(
+    "--drain-signal",
+    type=click.Choice(["SIGTERM", "SIGRTMIN"]),
+    default="SIGTERM",
+    show_default=True,
+    help="The signal that asks for the drain. SIGRTMIN (a Slurm step's collector): every signal a job's "
+    "cancel or preemption may send — SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, which `scancel` delivers "
+    "to every process of the step — is then ignored, and the collector goes on collecting what the "
+    "workload writes during its grace.",
+)
 @click.option("--ca-bundle", envvar="TUNEPLANE_CA_BUNDLE", default=None)
 def collector_cmd(
     output_dir: Path,
@@ -115,11 +125,15 @@ def collector_cmd(
     member_tag: str | None,
     gpus: str,
     orphan_grace: float,
+    drain_signal: str,
     ca_bundle: str | None,
 ) -> None:
     """Tail a member's metric files and ship them to the telemetry gateway through a durable spool."""
-    # First: a SIGTERM from here on only asks for a drain. The agent starts the collector with SIGTERM
-    # blocked, so a signal sent before this line stays pending instead of killing the process.
+    from tuneplane.workers.proctree import STOP_SIGNALS
+
+    # First: the drain signal from here on only asks for a drain. The agent and the Slurm step start the
+    # collector with STOP_SIGNALS blocked, so a signal sent before this point stays pending instead of
+    # killing the process.
     stop_requested: list[bool] = []
     collector = None
 
@@ -128,13 +142,19 @@ def collector_cmd(
         if collector is not None:
             collector.stop()
 
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    # A job's preemption signal (SIGUSR1/SIGUSR2) is the workload's; on a Slurm fleet `scancel --signal`
-    # reaches every process of the step, this one too, and their default action would end it.
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGINT})
+    def _not_ours(_signum: int, _frame: object) -> None:
+        """A job's cancel or preemption signal: the workload's, not a request to drain."""
+
+    drain = getattr(signal, drain_signal)
+    # A job's preemption signal (SIGUSR1/SIGUSR2/SIGHUP, or SIGTERM/SIGINT) is the workload's; on a Slurm
+    # fleet `scancel --signal` reaches every process of the step, this one too, and their default action
+    # would end it. A handler, not SIG_IGN, so nothing this process starts inherits an ignored signal.
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _not_ours)
+    signal.signal(drain, _stop)
+    if drain == signal.SIGTERM:
+        signal.signal(signal.SIGINT, _stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
     from tuneplane.app.client.transport import ClientError
     from tuneplane.workers.collector.collector import Collector, CollectorConfig, CollectorError

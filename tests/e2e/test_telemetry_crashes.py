@@ -308,3 +308,38 @@ def test_collector_whose_agent_is_gone_drains_and_stops_once_its_member_ends(
             kill9(agent)
         conn.close()
         stop(gateway)
+
+
+def test_a_slurm_steps_collector_lives_through_every_signal_scancel_sends_and_drains_on_its_own(
+    db: Database, db_url: str, tmp_path: Path
+) -> None:
+    # On a Slurm fleet `scancel --signal` (a preemption request, a cancel's SIGTERM) reaches every process
+    # of the step, the collector too. The workload goes on writing during its grace: those points must be
+    # collected, so the collector drains only on the step's own signal (--drain-signal SIGRTMIN).
+    from tuneplane.workers.collector.markers import FINAL_SENT, MEMBER_EXITED
+
+    job, token, out, spool = _member(db, tmp_path)
+    write_jsonl(out / "metrics.jsonl", 0, 100)
+    port = free_port()
+    gateway = start_gateway(db_url, port, tmp_path / "gateway.log")
+    conn = psycopg.connect(db_url, autocommit=True)
+    url = f"http://127.0.0.1:{port}"
+    extra = ("--drain-signal", "SIGRTMIN", "--sample-interval", "0")
+    collector = start_collector(out, spool, url, token, tmp_path / "collector.log", *extra)
+    try:
+        wait_for(lambda: stored_count(conn, job) >= 200, timeout=60, what="the first 100 steps")
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
+            collector.send_signal(sig)
+        write_jsonl(out / "metrics.jsonl", 100, 200)  # written during the grace
+        wait_for(lambda: stored_count(conn, job) >= 400, timeout=60, what="the steps written afterwards")
+        assert collector.poll() is None
+        (spool / MEMBER_EXITED).write_text("0\n")
+        collector.send_signal(signal.SIGRTMIN)
+        assert collector.wait(60) == 0
+        assert (spool / FINAL_SENT).exists()
+        assert stored_points(conn, job) == expected_points(out)
+    finally:
+        conn.close()
+        if collector.poll() is None:
+            kill9(collector)  # it ignores SIGTERM by design
+        stop(gateway)

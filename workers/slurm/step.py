@@ -201,6 +201,8 @@ def start_collector(plan: dict, member: dict, directory: Path, env: dict) -> tup
         "--job-id", str(plan["job_id"]), "--attempt", str(plan["attempt"]), "--member", str(member["rank"]),
         "--member-tag", env[TAG_VARIABLE],
         "--gpus", ",".join(str(g) for g in member.get("gpu_indices") or []),
+        # scancel's signals reach every process of the step, this one too: only the step asks it to drain.
+        "--drain-signal", "SIGRTMIN",
     ]  # fmt: skip
     with stop_signals_blocked():
         process = subprocess.Popen(
@@ -221,7 +223,7 @@ def drain_collector(process: subprocess.Popen, spool: Path, timeout: float = 60.
 
     (spool / MEMBER_EXITED).write_text(f"{time.time()}\n")
     try:
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signal.SIGRTMIN)  # its --drain-signal (start_collector)
     except ProcessLookupError:
         pass
     deadline = time.monotonic() + timeout
