@@ -164,7 +164,8 @@ class ArtifactReceiver:
 
     def register(self, credential_hash: str, reg: Registration) -> dict:
         """Register (or re-register, to resume) an artifact; verify what the server can verify already:
-        empty files and files whose blob it holds (object), or every file on the shared path (shared)."""
+        empty files, files whose blob it holds and files sent inline (object), or every file on the shared
+        path (shared)."""
         try:
             manifest = Manifest.from_json(reg.manifest)
         except ManifestError as exc:
