@@ -46,7 +46,7 @@ def points(steps):
             f.write(json.dumps({"step": step, "loss": 1.0 / (step + 1)}) + "\\n")
 points(range(before))
 (out / "ckpt").mkdir(parents=True, exist_ok=True)
-(out / "ckpt" / "weights.bin").write_bytes(os.urandom(64 * 1024))
+(out / "ckpt" / "weights.bin").write_bytes(os.urandom(int(os.environ.get("CKPT_BYTES", "65536"))))
 (out / "started").write_text(str(os.getpid()))
 flag = pathlib.Path(os.environ["RELEASE_FLAG"])
 while not flag.exists():

@@ -17,17 +17,24 @@ from tests.e2e.launch_cluster import MIB, TINY_MEMBER, Cluster
 from tests.e2e.node_processes import zombies_under
 from tests.e2e.outage_proxy import OutageProxy
 from tests.helpers import wait_for
+from tuneplane.workers.artifacts.upload import INLINE_MAX_BYTES
 
 pytestmark = pytest.mark.e2e
 
 REPEAT = 5
 
 
-def _spec(archive: str, flag: Path, exit_code: int = 0, burst: int = 0) -> dict:
+def _spec(archive: str, flag: Path, exit_code: int = 0, burst: int = 0, ckpt_bytes: int = 64 * 1024) -> dict:
+    env = {
+        "RELEASE_FLAG": str(flag),
+        "EXIT": str(exit_code),
+        "BURST_LINES": str(burst),
+        "CKPT_BYTES": str(ckpt_bytes),
+    }
     return {
         "source": {"archive": archive, "entrypoint": "python job.py", "integration": "script"},
         "resources": {"nodes": 1, "gpus_per_node": 0, "cpus_per_node": 1, "memory_per_node": 64 * MIB},
-        "env": {"RELEASE_FLAG": str(flag), "EXIT": str(exit_code), "BURST_LINES": str(burst)},
+        "env": env,
         "outputs": [{"name": "ckpt", "path": "ckpt"}],
     }
 
@@ -166,7 +173,8 @@ def test_artifact_server_answering_503_delays_only_the_artifact_and_only_until_i
         cluster.db.call("cordon_node", "gpu/a", "e2e: the next job goes to b", "user:test")
         cluster.start_agent("b", "--delivery-deadline", "3", server=proxy.url)
         flag = cluster.root / "release-b"
-        job_id = cluster.submit(_spec(archive, flag))
+        # Larger than an inline registration takes (ADR 0255): registered, then uploaded in chunks.
+        job_id = cluster.submit(_spec(archive, flag, ckpt_bytes=INLINE_MAX_BYTES + 1))
         _running_member(cluster, job_id, agent="b")
         proxy.refuse("PUT", "/api/artifacts/*", seconds=300)  # every chunk upload fails
         flag.write_text("go")
