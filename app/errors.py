@@ -79,6 +79,27 @@ def rolled_back(exc: BaseException) -> bool:
     return _database_error(exc) and (exc.sqlstate or "") in ROLLED_BACK_SQLSTATES  # type: ignore[attr-defined]
 
 
+# The server ended the connection: terminated (pg_terminate_backend, 57P01) or shut down or crashed (57P02).
+# The pool's check (app/pool_check.py) replaces such a connection when the end is already waiting on its
+# socket; one ended between the check and the call's statement fails that statement.
+CONNECTION_ENDED_SQLSTATES = ("57P01", "57P02")
+
+
+def connection_ended(exc: BaseException) -> bool:
+    """True for a database error that says the server ended the connection (or it broke) under a statement.
+    The statement did not run, or ran to its end unanswered: only an idempotent call may simply run again.
+    Not a pool that could not hand out any connection in time (psycopg_pool.PoolTimeout)."""
+    if not _database_error(exc):
+        return False
+    pool = sys.modules.get("psycopg_pool")
+    if pool is not None and isinstance(exc, pool.PoolTimeout):
+        return False
+    code = exc.sqlstate or ""  # type: ignore[attr-defined]
+    return code in CONNECTION_ENDED_SQLSTATES or (
+        not code and isinstance(exc, sys.modules["psycopg"].OperationalError)
+    )
+
+
 def describe_db_error(exc: BaseException) -> str:
     """A short, client-safe name for an unexpected database error (no SQL, no parameters)."""
     if _database_error(exc) and exc.sqlstate:  # type: ignore[attr-defined]
@@ -88,10 +109,12 @@ def describe_db_error(exc: BaseException) -> str:
 
 
 def log_retry(function: str, exc: BaseException, attempt: int) -> None:
-    """Said once per retry of a rolled-back call, so a deadlock that is retried is still seen in the log."""
+    """Said once per retry of a rolled-back call (or one whose connection the server ended), so a deadlock
+    that is retried is still seen in the log."""
     logging.getLogger("tuneplane.db").warning(
-        "%s was rolled back (%s); running it again (try %s of %s)",
+        "%s %s (%s); running it again (try %s of %s)",
         function,
+        "lost its connection" if connection_ended(exc) else "was rolled back",
         describe_db_error(exc),
         attempt + 1,
         len(RETRY_PAUSES) + 1,

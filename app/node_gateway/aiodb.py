@@ -18,7 +18,14 @@ from psycopg_pool import AsyncConnectionPool
 
 from tuneplane.app import pool_check
 from tuneplane.app.db import SEARCH_PATH_OPTION
-from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, log_retry, refusal_from_db, rolled_back
+from tuneplane.app.errors import (
+    RETRY_PAUSES,
+    busy_refusal,
+    connection_ended,
+    log_retry,
+    refusal_from_db,
+    rolled_back,
+)
 from tuneplane.app.gateway_limits import data_refusal
 
 
@@ -66,7 +73,19 @@ class AsyncDatabase:
 
     async def call_retrying(self, function: str, *args: Any) -> list[dict]:
         """`call`, run again after a deadlock or serialization failure (rolled back: nothing of it happened);
-        still failing after RETRY_PAUSES, a 503 Refusal. Only for idempotent calls (acks, confirmations)."""
+        still failing after RETRY_PAUSES, a 503 Refusal. Run once more, at once, on another connection when
+        the server ended the one it used (terminated just after the pool's check: the statement never ran,
+        or ran unanswered); a second end is raised (the database itself is in trouble: the caller answers
+        that it may not have been recorded). Only for idempotent calls (reports, acks, a placement pass)."""
+        try:
+            return await self._call_retrying(function, *args)
+        except psycopg.Error as exc:
+            if not connection_ended(exc):
+                raise
+            log_retry(function, exc, 1)
+            return await self._call_retrying(function, *args)
+
+    async def _call_retrying(self, function: str, *args: Any) -> list[dict]:
         for attempt, pause in enumerate((*RETRY_PAUSES, None), start=1):
             try:
                 return await self.call(function, *args)

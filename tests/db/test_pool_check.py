@@ -6,6 +6,8 @@ pg_terminate_backend; the only stand-in is a counter around psycopg_pool's own r
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import psycopg
 import pytest
@@ -78,5 +80,37 @@ def test_async_pool_skips_the_round_trip_for_a_quiet_connection_and_replaces_an_
             assert round_trips == ["async"]
         finally:
             await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_gateway_report_survives_its_connection_ending_just_after_the_pools_check(db_url: str) -> None:
+    # The check hands out a quiet connection without a round trip (ADR 0250); a backend terminated a moment
+    # later (its FATAL not yet on the socket) fails the statement sent on it. CI met that by chance
+    # (tests/db/test_db_trouble.py: a report right after the gateway's connections were killed). Made
+    # certain here: the backend is stopped (SIGSTOP) before pg_terminate_backend, so nothing reaches its
+    # socket until the call has taken the connection; woken, it ends with 57P01 instead of answering.
+    # call_retrying (idempotent calls: reports, acks) runs the call once more on another connection.
+    async def scenario() -> None:
+        db = AsyncDatabase(db_url, min_size=1, max_size=2, name="pool-ended")
+        await db.open()
+        first = (await db.fetch_all(PID))[0]["pid"]
+        os.kill(first, signal.SIGSTOP)
+        try:
+            with psycopg.connect(db_url, autocommit=True) as conn:
+                assert conn.execute("SELECT pg_terminate_backend(%s)", (first,)).fetchone()[0]
+            call = asyncio.create_task(db.call_retrying("pg_backend_pid"))
+            for _ in range(500):  # until the call holds the quiet connection (bounded)
+                if db.pool.get_stats()["pool_available"] == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert db.pool.get_stats()["pool_available"] == 0
+        finally:
+            os.kill(first, signal.SIGCONT)
+        try:
+            row = (await asyncio.wait_for(call, 30))[0]
+            assert row["pg_backend_pid"] != first
+        finally:
+            await db.close()
 
     asyncio.run(scenario())
