@@ -71,10 +71,10 @@ def inline_from_json(value: object) -> dict[str, bytes] | None:
         raise Refusal("inline must be an object of file path → the file's bytes in base64", 400, "inline")
     if len(value) > INLINE_MAX_FILES:
         raise Refusal(f"inline holds {len(value)} files, at most {INLINE_MAX_FILES}", 413, "inline")
-    # Measured on the text before decoding anything: base64 holds 3 bytes in every 4 characters.
+    too_large = f"inline holds more than {INLINE_MAX_BYTES} bytes; upload the files in chunks"
+    # Measured on the text before decoding anything (base64: 3 bytes in 4 characters), then exactly.
     if sum(len(v) for v in value.values()) // 4 * 3 > INLINE_MAX_BYTES + 2 * len(value):
-        raise Refusal(f"inline holds more than {INLINE_MAX_BYTES} bytes; upload the files in chunks", 413,
-                      "inline")  # fmt: skip
+        raise Refusal(too_large, 413, "inline")
     decoded = {}
     for path, text in value.items():
         try:
@@ -82,8 +82,7 @@ def inline_from_json(value: object) -> dict[str, bytes] | None:
         except (binascii.Error, ValueError) as exc:
             raise Refusal(f"inline: the bytes of {path!r} are not base64 ({exc})", 400, "inline") from exc
     if sum(len(data) for data in decoded.values()) > INLINE_MAX_BYTES:
-        raise Refusal(f"inline holds more than {INLINE_MAX_BYTES} bytes; upload the files in chunks", 413,
-                      "inline")  # fmt: skip
+        raise Refusal(too_large, 413, "inline")
     return decoded
 
 
@@ -189,7 +188,7 @@ class ArtifactReceiver:
             reg.step,
         )[0]
         if row["state"] == "uploading":
-            row = self._verify_known_files(credential_hash, row, reg.inline or {})
+            row = self._verify_known_files(credential_hash, row, reg.inline)
         return row
 
     def _verify_known_files(
