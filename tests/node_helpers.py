@@ -50,3 +50,20 @@ def events(db: Database, kind: str | None = None) -> list[dict]:
     if kind is None:
         return db.fetch_all("SELECT * FROM v_node_events ORDER BY id")
     return db.fetch_all("SELECT * FROM v_node_events WHERE kind = %s ORDER BY id", (kind,))
+
+
+def simulated_capacity(gpus: int = 2) -> dict:
+    """What `capacity.detect(simulate_gpus=gpus)` reports, without asking the container runtimes: their
+    `podman info` waits on podman's storage lock, which the image tests hold for long stretches when the
+    suite runs in parallel (a capacity report 15 s late failed a log-shipping test in CI). The runtime
+    probe has its own tests (tests/unit/test_agent_local.py)."""
+    from tuneplane.workers.agent import capacity
+
+    return {
+        "cpus": capacity.cpu_count(),
+        "memory_bytes": capacity.memory_bytes(),
+        "gpus": capacity.simulated_gpus(gpus),
+        "agent_version": "test",
+        "container_runtimes": [],
+        "hostname": "test-node",
+    }

@@ -12,11 +12,10 @@ import aiohttp
 from aiohttp.test_utils import TestServer
 
 from tests.launch_fixtures import make_job, make_node, make_user
-from tests.node_helpers import fast_thresholds, make_fleet, make_token
+from tests.node_helpers import fast_thresholds, make_fleet, make_token, simulated_capacity
 from tuneplane.app.db import Database
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
 from tuneplane.app.node_gateway.server import Gateway
-from tuneplane.workers.agent import capacity
 from tuneplane.workers.agent.credential import MemoryCredentialStore
 from tuneplane.workers.agent.directories import AgentPaths
 from tuneplane.workers.agent.handlers import AgentContext
@@ -64,10 +63,9 @@ class Agent:
         self.task: asyncio.Task | None = None
 
     async def connect(self) -> None:
-        def probe() -> dict:
-            return capacity.detect(simulate_gpus=2, agent_version="test")[0]
-
-        session = ControlSession(self.http, self.url, self.store, self.ctx, probe, say=lambda _m: None)
+        session = ControlSession(
+            self.http, self.url, self.store, self.ctx, simulated_capacity, say=lambda _m: None
+        )
         self.task = asyncio.create_task(session.run())
         await asyncio.wait_for(session.connected.wait(), 15)
 

@@ -15,13 +15,12 @@ import pytest
 from aiohttp.test_utils import TestServer
 from psycopg.types.json import Jsonb
 
-from tests.node_helpers import events, fast_thresholds, make_fleet, make_token
+from tests.node_helpers import events, fast_thresholds, make_fleet, make_token, simulated_capacity
 from tuneplane.app.db import Database
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
 from tuneplane.app.node_gateway.reports import REPORT_FUNCTIONS
 from tuneplane.app.node_gateway.server import Gateway
 from tuneplane.app.security import token_hash
-from tuneplane.workers.agent import capacity
 from tuneplane.workers.agent.credential import FileCredentialStore, MemoryCredentialStore
 from tuneplane.workers.agent.directories import AgentPaths
 from tuneplane.workers.agent.handlers import COMMAND_HANDLERS, AgentContext, command
@@ -51,11 +50,6 @@ async def until(predicate: Callable[[], object], timeout: float = 10.0) -> objec
         await asyncio.sleep(0.02)
 
 
-def _capacity() -> dict:
-    found, _ = capacity.detect(simulate_gpus=2, agent_version="test")
-    return found
-
-
 def test_agent_enrolls_connects_reports_capacity_and_runs_commands_in_order(
     db_url: str, db: Database, tmp_path: Path
 ) -> None:
@@ -76,7 +70,7 @@ def test_agent_enrolls_connects_reports_capacity_and_runs_commands_in_order(
             store.save(await enroll(http, url, token, "n1"))
             assert stat.S_IMODE(os.stat(paths.credential_path).st_mode) == 0o600
             session = ControlSession(
-                http, url, store, AgentContext(paths=paths), _capacity, say=lambda _m: None
+                http, url, store, AgentContext(paths=paths), simulated_capacity, say=lambda _m: None
             )
             task = asyncio.create_task(session.run())
             await asyncio.wait_for(session.connected.wait(), 10)
@@ -146,7 +140,9 @@ def test_wrong_credential_gets_an_error_message_and_an_event(db_url: str, db: Da
             from tuneplane.workers.agent.credential import StoredCredential
 
             store = MemoryCredentialStore(StoredCredential(1, "ghost", "gpu", "tpn_not_a_real_credential"))
-            session = ControlSession(http, url, store, AgentContext(), _capacity, say=lambda _m: None)
+            session = ControlSession(
+                http, url, store, AgentContext(), simulated_capacity, say=lambda _m: None
+            )
             with pytest.raises(Refused) as refused:
                 await session.run()
             return refused.value
@@ -170,7 +166,9 @@ def test_gateway_rotates_the_credential_over_the_session_and_the_old_one_expires
             store.save(await enroll(http, url, token, "n1"))
             original = store.load().credential
             lines: list[str] = []
-            session = ControlSession(http, url, store, AgentContext(paths=paths), _capacity, say=lines.append)
+            session = ControlSession(
+                http, url, store, AgentContext(paths=paths), simulated_capacity, say=lines.append
+            )
             task = asyncio.create_task(session.run())
             await until(lambda: any("credential rotated" in line for line in lines))
             await until(lambda: events(db, "credential_rotated"))
@@ -212,13 +210,17 @@ def test_a_session_opened_with_a_rotated_out_credential_gets_no_rotation(
             store = FileCredentialStore(paths.credential_path)
             store.save(enrolled)
             lines: list[str] = []
-            real = ControlSession(http, url, store, AgentContext(paths=paths), _capacity, say=lines.append)
+            real = ControlSession(
+                http, url, store, AgentContext(paths=paths), simulated_capacity, say=lines.append
+            )
             task = asyncio.create_task(real.run())
             await until(lambda: events(db, "credential_rotated"))
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             stale_lines: list[str] = []
-            stale = ControlSession(http, url, stale_copy, AgentContext(), _capacity, say=stale_lines.append)
+            stale = ControlSession(
+                http, url, stale_copy, AgentContext(), simulated_capacity, say=stale_lines.append
+            )
             task = asyncio.create_task(stale.run())
             await asyncio.wait_for(stale.connected.wait(), 10)
             await asyncio.sleep(1.5)  # three rotation periods: the gateway would have rotated by now
@@ -246,7 +248,9 @@ def test_reports_dispatch_through_the_registry_and_unknown_kinds_are_refused(
     async def scenario() -> None:
         async with running_gateway(db_url) as (_gateway, url), aiohttp.ClientSession() as http:
             store = MemoryCredentialStore(await enroll(http, url, token, "n1"))
-            session = ControlSession(http, url, store, AgentContext(), _capacity, say=lambda _m: None)
+            session = ControlSession(
+                http, url, store, AgentContext(), simulated_capacity, say=lambda _m: None
+            )
             task = asyncio.create_task(session.run())
             await asyncio.wait_for(session.connected.wait(), 10)
             result = await session.report("note", {"message": "GPU 3 fell off the bus"})
