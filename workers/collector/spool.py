@@ -47,6 +47,10 @@ MAX_RECORD_BYTES = 128 * 1024 * 1024
 SEGMENT_SUFFIX = ".seg"
 # A write that fails for want of room: a new segment lets the acknowledged part of the current one go.
 OUT_OF_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+# Room held back while there is some (the emergency "ballast" of CockroachDB and others): on a disk too full
+# for a new segment, it is let go so that the segment can be started and the acknowledged ones deleted.
+RESERVE = "reserve"
+RESERVE_BYTES = 64 * 1024
 
 
 class SpoolInUse(Exception):
@@ -142,6 +146,12 @@ class Spool:
         self._dir_id = (st.st_dev, st.st_ino)
         self.collector_uuid = self._load_uuid()
         self._acked = self._read_ledger()
+        if not (self.dir / "acked").exists():
+            try:  # made now, while there is room, so that a full disk later only overwrites it
+                self._write_ledger(sync=True)
+            except OSError as exc:
+                self._ledger_trouble(exc)
+        self._ensure_reserve()
         for path in self.dir.glob(f"*{SEGMENT_SUFFIX}"):
             if path.stem.isdigit():
                 self._segments.append(_Segment(path, int(path.stem)))
@@ -213,15 +223,26 @@ class Spool:
         return 0
 
     def _write_ledger(self, sync: bool) -> None:
-        text = str(self._acked).encode()
-        tmp = self.dir / "acked.tmp"
-        with open(tmp, "wb") as handle:
-            handle.write(text + b" " + f"{masked_crc32c(text):08x}".encode() + b"\n")
+        """Overwrite the ledger in place with one fixed-width line (30 bytes, well inside one disk
+        sector, which is written whole or not at all: PostgreSQL's pg_control relies on the same). An existing
+        file needs no new block, so acks are recorded, and acknowledged segments deleted, while the disk is
+        full. Before, a temporary file and a rename needed a free block: a spool acknowledged while its disk
+        was full kept every segment, and once a page was free the next segment took it and every later
+        write failed for good. The CRC still catches a damaged ledger (then everything is sent again)."""
+        text = f"{self._acked:020d}".encode()
+        line = text + b" " + f"{masked_crc32c(text):08x}".encode() + b"\n"
+        path = self.dir / "acked"
+        created = not path.exists()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, line, 0)
+            if os.fstat(fd).st_size != len(line):  # an older, shorter or longer, ledger
+                os.ftruncate(fd, len(line))
             if sync:
-                handle.flush()
-                os.fsync(handle.fileno())
-        os.replace(tmp, self.dir / "acked")
-        if sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if created:
             _fsync_dir(self.dir)
         self._ledger_error = None
 
@@ -334,9 +355,41 @@ class Spool:
             return False
         try:
             self._roll()
-        except OSError:
-            return False
+        except OSError as exc:
+            # Without a new segment the last one (whose batches may all be acknowledged) can never go, and the
+            # spool would stay full for good: the reserve makes room for the segment.
+            if exc.errno not in OUT_OF_ROOM or not self._release_reserve():
+                return False
+            try:
+                self._roll()
+            except OSError:
+                return False
         self._delete_acked_segments_or_wait()
+        return True
+
+    def _ensure_reserve(self) -> None:
+        """Hold RESERVE_BYTES back while there is room (best effort: without room there is no reserve)."""
+        path = self.dir / RESERVE
+        if path.exists():
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.unlink()
+        finally:
+            os.close(fd)
+
+    def _release_reserve(self) -> bool:
+        try:
+            (self.dir / RESERVE).unlink()
+        except FileNotFoundError:
+            return False
+        log.warning("spool: the disk is full; its reserve makes room for a new segment")
         return True
 
     def _directory_gone(self) -> bool:
@@ -567,6 +620,7 @@ class Spool:
             self._total_bytes -= size
             self._segments.remove(segment)
         _fsync_dir(self.dir)
+        self._ensure_reserve()  # room again: hold some back for the next time the disk fills
 
     # ---------------------------------------------------------------- introspection
     def pending_count(self) -> int:
