@@ -110,6 +110,27 @@ def children(pids: list[int], zombies: bool = False) -> int:
     return count
 
 
+def standbys_settled(pids: list[int]) -> bool:
+    """Every agent has a standby runner and none of them used CPU over 30 ms: their interpreters are up and
+    wait for a member. An agent refills its pool a second after a START (ADR 0240), and a job of the demo
+    now ends sooner than that: without this wait, the refills' interpreter starts (0.1-0.2 CPU-s each) fell
+    into the next run's launch, which is then not measured on an idle fleet."""
+
+    def standby_ticks() -> dict[int, int]:
+        found = {}
+        for pid, argv in processes():
+            fields = _stat(pid) if argv.endswith(b"\0--standby\0") else None
+            if fields and int(fields[1]) in pids:
+                found[pid] = int(fields[11]) + int(fields[12])
+        return found
+
+    before = standby_ticks()
+    if len(before) < len(pids):
+        return False
+    time.sleep(0.03)
+    return standby_ticks() == before
+
+
 def agent_pids() -> list[int]:
     return [pid for pid, argv in processes() if b"\0node\0" in argv and b"\0--state-dir\0" in argv]
 
@@ -152,6 +173,7 @@ def one_run(
     client, conn, key: str, nodes: int, timeout: float, work_dirs: dict[str, Path], pids: list[int],
     trace: bool,
 ):  # fmt: skip
+    poll(lambda: standbys_settled(pids), 10, 0.02)
     before = cpu_seconds(pids)
     job = {**JOB, "resources": {**JOB["resources"], "nodes": nodes}}
     job_id = submit(client, key, job)
