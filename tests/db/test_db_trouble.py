@@ -19,10 +19,10 @@ import psycopg
 import pytest
 from flask.testing import FlaskClient
 
-from tests.db.test_node_gateway import _capacity, running_gateway
+from tests.db.test_node_gateway import running_gateway
 from tests.helpers import wait_for
 from tests.launch_fixtures import run_to_running
-from tests.node_helpers import events, fast_thresholds, make_fleet, make_token
+from tests.node_helpers import events, fast_thresholds, make_fleet, make_token, simulated_capacity
 from tests.submission_setup import add_user, one_local_fleet
 from tuneplane.app import db as app_db
 from tuneplane.app.db import Database
@@ -187,7 +187,9 @@ def test_gateway_answers_a_report_it_could_not_record_as_retryable_and_keeps_the
     async def scenario() -> None:
         async with running_gateway(db_url) as (_gateway, url), aiohttp.ClientSession() as http:
             store = MemoryCredentialStore(await enroll(http, url, token, "n1"))
-            session = ControlSession(http, url, store, AgentContext(), _capacity, say=lambda _m: None)
+            session = ControlSession(
+                http, url, store, AgentContext(), simulated_capacity, say=lambda _m: None
+            )
             task = asyncio.create_task(session.run())
             await asyncio.wait_for(session.connected.wait(), 10)
             epoch = session.epoch
