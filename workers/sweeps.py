@@ -158,8 +158,11 @@ SCHEDULE: tuple[Sweep, ...] = (
 )
 
 # What `tuneplane worker --backend slurm` runs itself, since it may run without a node worker: the end of a
-# grace to checkpoint, after which it cancels the Slurm job (slurm_scancel_due, docs/preemption.md).
-SLURM_SCHEDULE: tuple[Sweep, ...] = tuple(s for s in SCHEDULE if s.name == "expire_grace_deadlines")
+# grace to checkpoint, after which it cancels the Slurm job (slurm_scancel_due, docs/preemption.md), and
+# the time limits, whose request it delivers (slurm_preemptions_due).
+SLURM_SCHEDULE: tuple[Sweep, ...] = tuple(
+    s for s in SCHEDULE if s.name in ("expire_grace_deadlines", "expire_time_limits")
+)
 
 
 class Sweeper:

@@ -209,9 +209,10 @@ BEGIN
 END;
 $$;
 
--- expire_time_limits: running attempts on node fleets past their JobSpec's time_limit_minutes (counted
--- from the moment the attempt ran) get the same request as a preemption, kind timed_out. Slurm enforces
--- the limit itself (sbatch --time). Returns how many it asked.
+-- expire_time_limits: running attempts past their JobSpec's time_limit_minutes (counted from the moment the
+-- attempt ran) get the same request as a preemption, kind timed_out, on every backend: on a Slurm fleet the
+-- worker delivers it (slurm_preemptions_due) and Slurm's own limit is set past the grace
+-- (slurm_time_limit_minutes, slurm.sql), so its TIMEOUT only backs the request up. Returns how many it asked.
 CREATE OR REPLACE FUNCTION tuneplane.expire_time_limits()
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -222,7 +223,6 @@ BEGIN
     FOR r IN SELECT t.id, t.job_id, (j.spec -> 'resources' ->> 'time_limit_minutes')::integer AS minutes
                FROM tuneplane.attempts t
                JOIN tuneplane.jobs j ON j.id = t.job_id
-               JOIN tuneplane.fleets f ON f.id = t.fleet_id AND f.backend = 'node'
               WHERE t.state = 'running' AND t.stop_kind IS NULL AND t.cancel_requested_at IS NULL
                 AND j.spec -> 'resources' ? 'time_limit_minutes'
                 AND coalesce(t.running_at, t.committed_at)

@@ -133,12 +133,30 @@ BEGIN
 END;
 $$;
 
+-- slurm_time_limit_minutes: Slurm's own limit for a job (sbatch --time), NULL when its JobSpec has none. At the
+-- JobSpec's limit TunePlane asks the job to checkpoint and stop, as on node fleets (expire_time_limits,
+-- preemption.sql); Slurm's TIMEOUT only backs that up, so its limit is the JobSpec's plus the job's grace,
+-- the stop after it (launch_settings.stop_grace) and a minute for the worker's passes, rounded up to whole
+-- minutes and never over the partition's MaxTime (a limit close to MaxTime keeps less of its grace).
+CREATE OR REPLACE FUNCTION tuneplane.slurm_time_limit_minutes(p_job_id bigint)
+RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT least(ceil(((j.spec -> 'resources' ->> 'time_limit_minutes')::numeric * 60
+                       + extract(epoch FROM tuneplane.preemption_grace_of(j.id) + s.stop_grace) + 60) / 60),
+                 coalesce(f.max_time_minutes, 2147483647))::integer
+      FROM tuneplane.jobs j
+      JOIN tuneplane.slurm_fleets f ON f.fleet_id = j.fleet_id, tuneplane.launch_settings s
+     WHERE j.id = p_job_id AND j.spec -> 'resources' ? 'time_limit_minutes';
+$$;
+
 -- slurm_submissions_due: queued jobs of a Slurm fleet without a live attempt get one (`reserved`: Slurm
 -- holds the request) and a slurm_jobs row; the worker then runs sbatch and calls slurm_submitted. The job
--- stays `queued` (Slurm's queue is a state) with a reason saying so.
+-- stays `queued` (Slurm's queue is a state) with a reason saying so. time_limit_minutes: sbatch --time
+-- (slurm_time_limit_minutes).
 CREATE OR REPLACE FUNCTION tuneplane.slurm_submissions_due(p_fleet_id bigint)
 RETURNS TABLE (attempt_id bigint, job_id bigint, attempt_number integer, nodes integer, gpus_per_node integer,
-               cpus_per_node integer, memory_per_node bigint, spec jsonb, account text)
+               cpus_per_node integer, memory_per_node bigint, spec jsonb, account text,
+               time_limit_minutes integer)
 LANGUAGE plpgsql AS $$
 DECLARE
     j tuneplane.jobs;
@@ -160,6 +178,7 @@ BEGIN
         attempt_id := v_attempt; job_id := j.id; attempt_number := v_number; nodes := j.nodes;
         gpus_per_node := j.gpus_per_node; cpus_per_node := j.cpus_per_node;
         memory_per_node := j.memory_per_node; spec := j.spec;
+        time_limit_minutes := tuneplane.slurm_time_limit_minutes(j.id);
         -- The team's Slurm account on this fleet (docs/teams.md), so Slurm's accounting agrees with the ledger.
         account := (SELECT t.slurm_account FROM tuneplane.fleet_team_access t
                      WHERE t.fleet_id = p_fleet_id AND t.team_id = j.team_id);

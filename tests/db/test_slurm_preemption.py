@@ -284,3 +284,55 @@ def test_the_signal_of_tuneplanes_own_stop_after_a_member_failed_is_no_preemptio
     a = attempt(db, attempt_id)
     assert a["state"] == "failed" and a["stop_kind"] is None, a["reason"]
     assert "member rank 1 failed" in a["reason"]
+
+
+def time_limit(db: Database, job_id: int, minutes: int) -> None:
+    execute(
+        db,
+        "UPDATE jobs SET spec = jsonb_set(spec, '{resources}', coalesce(spec -> 'resources', '{}') || %s)"
+        " WHERE id = %s",
+        (Jsonb({"time_limit_minutes": minutes}), job_id),
+    )
+
+
+def test_a_time_limit_asks_a_slurm_job_to_checkpoint_and_slurms_own_limit_leaves_room_for_the_grace(
+    db: Database,
+) -> None:
+    """Before, a Slurm fleet's time limit was Slurm's alone (sbatch --time): at the limit slurmstepd sent
+    SIGTERM and, KillWait later, SIGKILL, and the workload was never asked for a checkpoint, so the work since
+    the last one was lost. Now TunePlane asks at the limit, as on node fleets (expire_time_limits, kind
+    timed_out, the job's signal and grace), and sbatch --time is the limit plus the grace and the stop after
+    it, so that Slurm's TIMEOUT only backs the request up."""
+    fleet_id = slurm_fleet(db)
+    limited = make_job(db, make_user(db), fleet_id, gpus_per_node=1)
+    unlimited = make_job(db, db.fetch_one("SELECT id FROM users LIMIT 1")["id"], fleet_id, gpus_per_node=1)
+    execute(db, "UPDATE jobs SET spec = spec || %s WHERE id = %s",
+            (Jsonb({"preemption": {"signal": "SIGUSR1", "grace_seconds": 90}}), limited))  # fmt: skip
+    time_limit(db, limited, 2)
+    due = {d["job_id"]: d for d in db.call("slurm_submissions_due", fleet_id)}
+    # 2 min + 90 s of grace + the 10 s stop grace + 60 s for the worker's passes = 4 min 40 s → 5 minutes.
+    assert due[limited]["time_limit_minutes"] == 5 and due[unlimited]["time_limit_minutes"] is None
+
+    attempt_id = due[limited]["attempt_id"]
+    db.call("slurm_submitted", attempt_id, 100)
+    db.call("slurm_allocation_started", attempt_id, ["s1"], 29500, "0" * 64)
+    db.call("slurm_member_prepared", attempt_id, 0)
+    db.call("slurm_member_started", attempt_id, 0, 4242)
+    assert db.call("expire_time_limits")[0]["expire_time_limits"] == 0  # within its limit
+    execute(
+        db, "UPDATE attempts SET running_at = running_at - interval '2 minutes' WHERE id = %s", (attempt_id,)
+    )
+    assert db.call("expire_time_limits")[0]["expire_time_limits"] == 1
+    asked = attempt(db, attempt_id)
+    assert asked["stop_kind"] == "timed_out" and "time limit of 2 min" in asked["stop_cause"]
+    assert (asked["grace_deadline"] - asked["stop_requested_at"]).total_seconds() == pytest.approx(90)
+    request = db.call("slurm_preemptions_due", fleet_id)[0]["request"]
+    assert (request["kind"], request["signal"]) == ("timed_out", "SIGUSR1")
+    assert db.call("expire_time_limits")[0]["expire_time_limits"] == 0  # asked once
+
+
+def test_slurms_own_limit_is_never_over_the_partitions_max_time(db: Database) -> None:
+    fleet_id = slurm_fleet(db)  # the partition's MaxTime: 60 minutes
+    job_id = make_job(db, make_user(db), fleet_id, gpus_per_node=1)
+    time_limit(db, job_id, 59)
+    assert db.call("slurm_submissions_due", fleet_id)[0]["time_limit_minutes"] == 60

@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import wait_for
 from tests.node_helpers import enroll, make_fleet, make_token
 from tuneplane.app.db import Database
-from tuneplane.workers.sweeps import SCHEDULE, Sweep, SweepContext, Sweeper
+from tuneplane.workers.sweeps import SCHEDULE, SLURM_SCHEDULE, Sweep, SweepContext, Sweeper
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,6 +50,11 @@ def test_the_schedule_holds_every_sweep_once_with_prune_node_commands() -> None:
     names = [s.name for s in SCHEDULE]
     assert len(names) == len(set(names))
     assert {"prune_node_commands", "telemetry_prune", "note_connectivity_changes", "blob_gc"} <= set(names)
+
+
+def test_a_slurm_only_installation_runs_the_grace_ends_and_the_time_limits() -> None:
+    """The Slurm worker may run without a node worker: the sweeps whose requests it delivers run in it."""
+    assert {s.name for s in SLURM_SCHEDULE} == {"expire_grace_deadlines", "expire_time_limits"}
 
 
 def test_no_other_module_runs_a_sweep() -> None:

@@ -154,3 +154,35 @@ def test_a_job_ignoring_the_request_is_cancelled_at_the_end_of_its_grace_and_res
     log = stdout_of(harness, job_id, 2)
     assert "resumed from checkpoint.1 at step 1" in log and "finished at step 6" in log, log
     harness.cluster.wait_idle(60)
+
+
+def test_a_slurm_job_past_its_time_limit_is_asked_to_checkpoint_and_ends_timed_out_with_it(
+    harness: Harness,
+) -> None:
+    """Before, a Slurm fleet's time limit was Slurm's TIMEOUT alone: SIGTERM, then SIGKILL, and no checkpoint
+    asked for. Now the Slurm worker asks at the limit (expire_time_limits) with the job's signal and grace,
+    and Slurm's own limit lies past that grace."""
+    job_id = harness.submit(
+        nodes=1,
+        source={"archive": f"sha256:{harness.sha}", "entrypoint": f"exec {sys.executable} ckpt.py"},
+        preemption={"signal": "SIGUSR1", "grace_seconds": 30},
+        time_limit_minutes=1,
+    )
+    harness.wait(lambda: "attempt 1 trapping SIGUSR1" in stdout_of(harness, job_id, 1), "the workload runs")
+    attempt_id = harness.db.fetch_one("SELECT id FROM attempts WHERE job_id = %s", (job_id,))["id"]
+    # 1 min + 30 s of grace + the 10 s stop grace + 60 s = 2 min 40 s → 3 minutes.
+    assert "#SBATCH --time=3\n" in (harness.shared / "attempts" / str(attempt_id) / "batch.sh").read_text()
+    # Time passes (test setup): the attempt has run for its minute.
+    harness.db.fetch_all(
+        "UPDATE attempts SET running_at = running_at - interval '1 minute' WHERE id = %s RETURNING 1",
+        (attempt_id,),
+    )
+    job = harness.wait_state(job_id, "failed", "succeeded", "cancelled", timeout=60)
+    first = harness.db.fetch_one("SELECT * FROM attempts WHERE id = %s", (attempt_id,))
+    log = stdout_of(harness, job_id, 1)
+    assert "SIGUSR1 at step" in log and "request file kind timed_out" in log, log
+    assert first["state"] == "timed_out", first["reason"]
+    assert "its time limit of 1 min was reached" in first["reason"]
+    assert "checkpoint checkpoint.1 verified" in first["reason"], first["reason"]
+    assert job["state"] == "failed"  # its one attempt is spent: a time limit counts (docs/preemption.md)
+    harness.cluster.wait_idle(60)

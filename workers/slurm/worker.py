@@ -708,7 +708,7 @@ def batch_script(fleet: FleetState, due: dict, directory: Path, extra_env: dict)
         "#SBATCH --open-mode=append",
         "#SBATCH --no-requeue",
     ]
-    minutes = ((due.get("spec") or {}).get("resources") or {}).get("time_limit_minutes")
+    minutes = due.get("time_limit_minutes")  # the JobSpec's limit and its grace (slurm_time_limit_minutes)
     if minutes:
         lines.append(f"#SBATCH --time={int(minutes)}")
     if int(due["gpus_per_node"]) > 0:
