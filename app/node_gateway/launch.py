@@ -16,7 +16,6 @@ GET /v1/files/capsule/<sha256>: the capsule blob, only to a node that holds a me
 
 from __future__ import annotations
 
-import base64
 import re
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from aiohttp import web
 from tuneplane.app import db_functions as fn
 from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.errors import Refusal
-from tuneplane.app.node_gateway import protocol
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
 from tuneplane.app.node_gateway.files import register_file_provider
 from tuneplane.app.node_gateway.reports import register_report
@@ -74,26 +72,6 @@ async def capsule_provider(request: web.Request, node: dict, name: str) -> web.S
 
 
 register_file_provider("capsule", capsule_provider)
-
-
-def as_delivered(kind: str, payload: dict, blob_dir: Path | None) -> dict:
-    """A command's payload as this gateway sends it to its node. A PREPARE carries its capsule when that is
-    at most CAPSULE_INLINE_MAX bytes: every member of a gang fetched it over HTTP while the gang prepared, a
-    request with a credential check and a capsule check in PostgreSQL each, all through this one process
-    (issue 23). The command goes only to the node its member is placed on, which is what the capsule check
-    asks; the node verifies the bytes against `capsule_digest` as it does a fetched capsule."""
-    digest = payload.get("capsule_digest")
-    if kind != "prepare" or blob_dir is None or not isinstance(digest, str) or not _SHA256.match(digest):
-        return payload
-    path = FilesystemBlobStore(blob_dir).path(digest)
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read(protocol.CAPSULE_INLINE_MAX + 1)
-    except OSError:  # not in the blob store (yet): the node fetches it and hears why
-        return payload
-    if len(data) > protocol.CAPSULE_INLINE_MAX:
-        return payload
-    return {**payload, protocol.CAPSULE_INLINE: base64.b64encode(data).decode("ascii")}
 
 
 def install(app: web.Application, db: AsyncDatabase, blob_dir: Path | None) -> None:

@@ -22,10 +22,6 @@ ENROLL_PATH = "/v1/enroll"
 CONTROL_PATH = "/v1/control"
 REPORTS_PATH = "/v1/reports"
 FILES_PATH = "/v1/files/"
-# A PREPARE's capsule, base64, when it is small (the gateway adds it at delivery, app/node_gateway/launch.py):
-# the node then fetches nothing. Never stored with the command; an agent that does not know it fetches.
-CAPSULE_INLINE = "capsule_inline"
-CAPSULE_INLINE_MAX = 256 * 1024
 HEALTH_PATH = "/healthz"
 
 # Secrets' prefixes make a leaked string recognizable in logs and scanners.

@@ -501,9 +501,8 @@ class Gateway:
                 session.again = False
                 rows = await self.db.call(fn.claim_node_commands, session.node_id, session.epoch, 100)
                 for row in rows:
-                    payload = launch.as_delivered(row["kind"], row["payload"], self.blob_dir)
                     await session.send(
-                        {"type": "command", "id": row["id"], "kind": row["kind"], "payload": payload}
+                        {"type": "command", "id": row["id"], "kind": row["kind"], "payload": row["payload"]}
                     )
                     self.stats["commands_delivered"] += 1
                 if not rows and not session.again:

@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tuneplane.app.node_gateway import protocol
 from tuneplane.app.security import new_token
 from tuneplane.app.telemetry.tokens import TOKEN_PREFIX as TELEMETRY_TOKEN_PREFIX
 from tuneplane.workers.agent.checkpoints import CheckpointWatchers
@@ -194,9 +193,6 @@ class LaunchAgent:
     # ---- prepare ------------------------------------------------------------------------------------
 
     def accept_prepare(self, payload: dict) -> dict:
-        # The capsule the gateway may add is used by this prepare only, never kept in the member's record.
-        payload = dict(payload)
-        capsule = payload.pop(protocol.CAPSULE_INLINE, None)
         member_id = int(payload["member_id"])
         record = self.store.get(member_id)
         task = self.prepares.get(member_id)
@@ -217,15 +213,15 @@ class LaunchAgent:
             prepare_payload=payload,
         )
         self.keep(record)
-        self._begin_prepare(record, payload, capsule)
+        self._begin_prepare(record, payload)
         return {"state": "preparing", "accepted": True}
 
-    def _begin_prepare(self, record: MemberRecord, payload: dict, capsule: object = None) -> None:
+    def _begin_prepare(self, record: MemberRecord, payload: dict) -> None:
         self.prepares[record.member_id] = asyncio.get_running_loop().create_task(
-            self.prepare_member(record, payload, capsule), name=f"prepare-{record.member_id}"
+            self.prepare_member(record, payload), name=f"prepare-{record.member_id}"
         )
 
-    async def prepare_member(self, record: MemberRecord, payload: dict, capsule: object = None) -> None:
+    async def prepare_member(self, record: MemberRecord, payload: dict) -> None:
         checks: dict[str, Any] = {}
         directory = member_dir(self.paths, record.member_id)
         try:
@@ -243,7 +239,6 @@ class LaunchAgent:
                 checks,
                 simulated_gpus=bool(self.ctx.extra.get("simulated_gpus")),
                 progress=progress_reporter(self.send, record.member_id),
-                capsule_inline=capsule,
             )
         except asyncio.CancelledError:
             raise

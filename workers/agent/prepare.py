@@ -7,8 +7,6 @@ the agent's event loop (heartbeats, other members). Every failure raises with th
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
 import json
 import os
 import time
@@ -51,28 +49,7 @@ class _FetchInterrupted(Exception):
     """This try failed for a reason that another try may not meet (connection, 5xx, stalled read)."""
 
 
-def capsule_from_inline(cache: Path, digest: str, inline: object) -> Path | None:
-    """The capsule PREPARE carried (protocol.CAPSULE_INLINE), put in the cache when it is the capsule named;
-    None when there is none or it is not (then it is fetched as before)."""
-    if not isinstance(inline, str):
-        return None
-    try:
-        data = base64.b64decode(inline, validate=True)
-    except ValueError:
-        return None
-    if hashlib.sha256(data).hexdigest() != digest:
-        return None
-    cache.mkdir(parents=True, exist_ok=True)
-    partial = cache / f"{digest}.{os.getpid()}.inline.partial"
-    partial.write_bytes(data)
-    target = cache / f"{digest}.tar"
-    os.replace(partial, target)
-    return target
-
-
-async def fetch_capsule(
-    access: NodeAccess, cache: Path, digest: str, deadline: float | None = None, inline: object = None
-) -> Path:
+async def fetch_capsule(access: NodeAccess, cache: Path, digest: str, deadline: float | None = None) -> Path:
     """The capsule tar in the agent's cache, fetched once per digest (unpack_capsule verifies it again).
 
     A try interrupted by the gateway going away (connection refused or reset, a read that stalls, a 5xx) is
@@ -83,8 +60,6 @@ async def fetch_capsule(
     target = cache / f"{digest}.tar"
     if target.is_file():
         return target
-    if (carried := capsule_from_inline(cache, digest, inline)) is not None:
-        return carried
     url = access.server.rstrip("/") + protocol.FILES_PATH + f"capsule/{digest}"
     partial = cache / f"{digest}.{os.getpid()}.{id(asyncio.current_task())}.partial"
     partial.unlink(missing_ok=True)
@@ -180,7 +155,6 @@ async def prepare_member_dir(
     *,
     simulated_gpus: bool = False,
     progress: Progress | None = None,
-    capsule_inline: object = None,
 ) -> None:
     """Everything PREPARE does for one member; fills `checks` (peer_check, storage_check) as it goes;
     `progress` gets the environment build's steps (workers/agent/environments.py)."""
@@ -188,7 +162,7 @@ async def prepare_member_dir(
     capsule_dir = directory / "capsule"
     if not (capsule_dir / "manifest.json").is_file():
         deadline = float(payload["deadline"]) if payload.get("deadline") is not None else None
-        tar_path = await fetch_capsule(access, work_dir / "capsules", digest, deadline, capsule_inline)
+        tar_path = await fetch_capsule(access, work_dir / "capsules", digest, deadline)
         await asyncio.to_thread(unpack_capsule, tar_path, digest, capsule_dir)
     spec = json.loads((capsule_dir / "spec.json").read_text())
     await asyncio.to_thread(unpack_source, spec, directory)
