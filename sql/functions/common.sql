@@ -16,3 +16,13 @@ BEGIN
     RAISE EXCEPTION '% rows are immutable', TG_TABLE_NAME USING ERRCODE = 'TP409';
 END;
 $$;
+
+-- jsonb_whole_number: a JSON value as a number when it is a whole JSON number from 0 to p_max, else NULL (a
+-- string, a fraction, a negative or too large number, an absent key). For checks of what agents report:
+-- jsonb_typeof(x) <> 'number' is NULL, not true, when the key is absent, and lets it through.
+CREATE OR REPLACE FUNCTION tuneplane.jsonb_whole_number(p_value jsonb, p_max numeric)
+RETURNS numeric
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT v FROM (SELECT CASE WHEN jsonb_typeof(p_value) = 'number' THEN (p_value::text)::numeric END AS v) x
+     WHERE v >= 0 AND v <= p_max AND v = trunc(v);
+$$;

@@ -456,15 +456,38 @@ DECLARE
     gpus jsonb := coalesce(p_payload -> 'gpus', '[]'::jsonb);
 BEGIN
     n := tuneplane.require_node_session(p_node_id, p_epoch);
-    IF jsonb_typeof(p_payload) <> 'object' OR jsonb_typeof(p_payload -> 'cpus') <> 'number'
-       OR jsonb_typeof(p_payload -> 'memory_bytes') <> 'number' OR jsonb_typeof(gpus) <> 'array'
-       OR jsonb_typeof(coalesce(p_payload -> 'container_runtimes', '[]'::jsonb)) <> 'array' THEN
-        RAISE EXCEPTION 'capacity report needs numbers cpus and memory_bytes and arrays gpus and container_runtimes'
-            USING ERRCODE = 'TP400', COLUMN = 'capacity';
+    -- IS DISTINCT FROM and jsonb_whole_number, not <>: an absent key is NULL, and NULL <> 'number' let `{}`
+    -- through to the UPDATE (a NOT NULL violation answered 503 "send it again").
+    IF jsonb_typeof(p_payload) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'a capacity report is an object' USING ERRCODE = 'TP400', COLUMN = 'capacity';
     END IF;
-    IF EXISTS (SELECT 1 FROM jsonb_array_elements(gpus) g
-                WHERE jsonb_typeof(g -> 'index') <> 'number' OR jsonb_typeof(g -> 'model') <> 'string') THEN
-        RAISE EXCEPTION 'each GPU needs an index and a model' USING ERRCODE = 'TP400', COLUMN = 'gpus';
+    IF tuneplane.jsonb_whole_number(p_payload -> 'cpus', 2147483647) IS NULL THEN
+        RAISE EXCEPTION 'cpus must be a whole number of CPUs (0 or more)' USING ERRCODE = 'TP400', COLUMN = 'cpus';
+    END IF;
+    IF tuneplane.jsonb_whole_number(p_payload -> 'memory_bytes', 9223372036854775807) IS NULL THEN
+        RAISE EXCEPTION 'memory_bytes must be a whole number of bytes (0 or more)'
+            USING ERRCODE = 'TP400', COLUMN = 'memory_bytes';
+    END IF;
+    IF jsonb_typeof(coalesce(p_payload -> 'container_runtimes', '[]'::jsonb)) IS DISTINCT FROM 'array'
+       OR EXISTS (SELECT 1 FROM jsonb_array_elements(coalesce(p_payload -> 'container_runtimes', '[]'::jsonb)) r
+                   WHERE jsonb_typeof(r) IS DISTINCT FROM 'string') THEN
+        RAISE EXCEPTION 'container_runtimes must be an array of names'
+            USING ERRCODE = 'TP400', COLUMN = 'container_runtimes';
+    END IF;
+    IF jsonb_typeof(gpus) IS DISTINCT FROM 'array'
+       OR EXISTS (SELECT 1 FROM jsonb_array_elements(gpus) g
+                   WHERE jsonb_typeof(g) IS DISTINCT FROM 'object'
+                      OR tuneplane.jsonb_whole_number(g -> 'index', 2147483647) IS NULL
+                      OR jsonb_typeof(g -> 'model') IS DISTINCT FROM 'string'
+                      OR (g ? 'memory_bytes'
+                          AND tuneplane.jsonb_whole_number(g -> 'memory_bytes', 9223372036854775807) IS NULL)
+                      OR (g ? 'simulated' AND jsonb_typeof(g -> 'simulated') IS DISTINCT FROM 'boolean')) THEN
+        RAISE EXCEPTION 'gpus must be an array of GPUs, each with a whole index (0 or more) and a model name '
+                        '(memory_bytes a whole number and simulated a boolean where given)'
+            USING ERRCODE = 'TP400', COLUMN = 'gpus';
+    END IF;
+    IF (SELECT count(DISTINCT g -> 'index') FROM jsonb_array_elements(gpus) g) <> jsonb_array_length(gpus) THEN
+        RAISE EXCEPTION 'gpus lists a GPU index twice' USING ERRCODE = 'TP400', COLUMN = 'gpus';
     END IF;
     SELECT jsonb_build_object('cpus', n.cpus, 'memory_bytes', n.memory_bytes, 'agent_version', n.agent_version,
                               'container_runtimes', to_jsonb(n.container_runtimes),

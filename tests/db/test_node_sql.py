@@ -320,6 +320,46 @@ def test_capacity_report_replaces_gpus_and_marks_simulated(db: Database) -> None
     assert len(events(db, "capacity")) == 1
 
 
+def test_a_capacity_report_missing_or_misshaping_a_field_is_refused_naming_it_and_changes_nothing(
+    db: Database,
+) -> None:
+    """The checks compared jsonb_typeof(...) <> 'number', which is NULL, not true, for a key that is absent:
+    `{}` went through to the UPDATE and failed on the NOT NULL column (a 503 "send it again" the agent would
+    have repeated for ever; found by tests/e2e/test_fuzz_servers.py)."""
+    make_fleet(db)
+    node, _ = enroll(db, make_token(db), "n1")
+    epoch = _open(db, node["node_id"])
+    good = {"cpus": 8, "memory_bytes": 1 << 30, "gpus": [{"index": 0, "model": "H200"}]}
+    db.call("report_node_capacity", node["node_id"], epoch, Jsonb(good))
+    before = db.fetch_one("SELECT cpus, memory_bytes FROM nodes WHERE id = %s", (node["node_id"],))
+    for payload, field in (
+        ({}, "cpus"),
+        ({"cpus": 8}, "memory_bytes"),
+        ({"cpus": -1, "memory_bytes": 1}, "cpus"),
+        ({"cpus": 1.5, "memory_bytes": 1}, "cpus"),
+        ({"cpus": 1, "memory_bytes": 1e30}, "memory_bytes"),
+        ({"cpus": 1, "memory_bytes": 1, "gpus": [{"model": "H200"}]}, "gpus"),
+        ({"cpus": 1, "memory_bytes": 1, "gpus": ["H200"]}, "gpus"),
+        ({"cpus": 1, "memory_bytes": 1, "gpus": [{"index": -1, "model": "H200"}]}, "gpus"),
+        (
+            {"cpus": 1, "memory_bytes": 1, "gpus": [{"index": 0, "model": "H200", "memory_bytes": "x"}]},
+            "gpus",
+        ),
+        ({"cpus": 1, "memory_bytes": 1, "gpus": [{"index": 0, "model": "H200", "simulated": 1}]}, "gpus"),
+        (
+            {"cpus": 1, "memory_bytes": 1, "gpus": [{"index": 0, "model": "a"}, {"index": 0, "model": "b"}]},
+            "gpus",
+        ),
+        ({"cpus": 1, "memory_bytes": 1, "container_runtimes": [1]}, "container_runtimes"),
+        ([], "capacity"),
+    ):
+        with pytest.raises(Refusal) as refused:
+            db.call("report_node_capacity", node["node_id"], epoch, Jsonb(payload))
+        assert (refused.value.status, refused.value.field) == (400, field), (payload, refused.value.message)
+    assert db.fetch_one("SELECT cpus, memory_bytes FROM nodes WHERE id = %s", (node["node_id"],)) == before
+    assert [g["model"] for g in db.fetch_all("SELECT model FROM node_gpus")] == ["H200"]
+
+
 def test_outbox_delivers_in_order_once_per_session_and_again_after_reconnect(db: Database) -> None:
     make_fleet(db)
     node, _ = enroll(db, make_token(db), "n1")
