@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 from tuneplane.app.telemetry import wire
@@ -198,3 +199,24 @@ def test_a_damaged_scope_file_does_not_stop_the_collector_from_starting(tmp_path
     )
     collector.spool.close()
     assert json.loads((spool / "scope.json").read_text()) == scope
+
+
+def test_waiting_for_every_ack_is_woken_by_the_last_one(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, fsync_interval=0).open()
+    _fill(spool, 2)
+    assert spool.wait_all_acked(0) is False
+    spool.ack(1)
+    waiting = threading.Event()
+    result: list[bool] = []
+
+    def waiter() -> None:
+        waiting.set()
+        result.append(spool.wait_all_acked(60))
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    waiting.wait(10)
+    spool.ack(2)
+    thread.join(30)
+    assert result == [True] and not thread.is_alive()
+    assert spool.wait_all_acked(0) is True

@@ -354,10 +354,10 @@ class Collector:
         )
 
     def _wait_shipped(self, deadline: float) -> bool:
+        """Every batch acknowledged, woken by the last ack (a member's end waits on this twice: before and
+        after its final batch; a 20 ms poll added 10 ms to each on average)."""
         self.spool.sync(force=True)
-        while self.spool.pending_count() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return self.spool.pending_count() == 0
+        return self.spool.wait_all_acked(deadline - time.monotonic())
 
     def _send_final(self, deadline: float) -> None:
         """All batches are acknowledged: one empty batch marked final ends the member's metrics."""

@@ -627,6 +627,18 @@ class Spool:
         with self._lock:
             return len(self._pending)
 
+    def wait_all_acked(self, timeout: float) -> bool:
+        """Until every record is acknowledged (each ack wakes this) or `timeout` seconds; True when none is
+        pending."""
+        end = time.monotonic() + timeout
+        with self._changed:
+            while self._pending:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            return True
+
     @property
     def acked(self) -> int:
         return self._acked
