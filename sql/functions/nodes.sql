@@ -454,6 +454,7 @@ DECLARE
     before jsonb;
     after jsonb;
     gpus jsonb := coalesce(p_payload -> 'gpus', '[]'::jsonb);
+    runtimes jsonb := coalesce(p_payload -> 'container_runtimes', '[]'::jsonb);
 BEGIN
     n := tuneplane.require_node_session(p_node_id, p_epoch);
     -- IS DISTINCT FROM and jsonb_whole_number, not <>: an absent key is NULL, and NULL <> 'number' let `{}`
@@ -468,9 +469,8 @@ BEGIN
         RAISE EXCEPTION 'memory_bytes must be a whole number of bytes (0 or more)'
             USING ERRCODE = 'TP400', COLUMN = 'memory_bytes';
     END IF;
-    IF jsonb_typeof(coalesce(p_payload -> 'container_runtimes', '[]'::jsonb)) IS DISTINCT FROM 'array'
-       OR EXISTS (SELECT 1 FROM jsonb_array_elements(coalesce(p_payload -> 'container_runtimes', '[]'::jsonb)) r
-                   WHERE jsonb_typeof(r) IS DISTINCT FROM 'string') THEN
+    IF jsonb_typeof(runtimes) IS DISTINCT FROM 'array'
+       OR EXISTS (SELECT 1 FROM jsonb_array_elements(runtimes) r WHERE jsonb_typeof(r) IS DISTINCT FROM 'string') THEN
         RAISE EXCEPTION 'container_runtimes must be an array of names'
             USING ERRCODE = 'TP400', COLUMN = 'container_runtimes';
     END IF;
@@ -499,8 +499,7 @@ BEGIN
        SET cpus = (p_payload ->> 'cpus')::integer,
            memory_bytes = (p_payload ->> 'memory_bytes')::bigint,
            agent_version = p_payload ->> 'agent_version',
-           container_runtimes = ARRAY(SELECT jsonb_array_elements_text(coalesce(p_payload -> 'container_runtimes',
-                                                                                '[]'::jsonb))),
+           container_runtimes = ARRAY(SELECT jsonb_array_elements_text(runtimes)),
            hostname = coalesce(p_payload ->> 'hostname', hostname),
            last_heartbeat_at = now()
      WHERE id = n.id;

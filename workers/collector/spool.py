@@ -231,12 +231,12 @@ class Spool:
         write failed for good. The CRC still catches a damaged ledger (then everything is sent again)."""
         text = f"{self._acked:020d}".encode()
         line = text + b" " + f"{masked_crc32c(text):08x}".encode() + b"\n"
-        path = self.dir / "acked"
-        created = not path.exists()
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        fd = os.open(self.dir / "acked", os.O_WRONLY | os.O_CREAT, 0o600)
         try:
+            size = os.fstat(fd).st_size
+            created = size == 0
             os.pwrite(fd, line, 0)
-            if os.fstat(fd).st_size != len(line):  # an older, shorter or longer, ledger
+            if size > len(line):  # an older ledger of another shape
                 os.ftruncate(fd, len(line))
             if sync:
                 os.fsync(fd)
