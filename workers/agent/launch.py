@@ -321,7 +321,7 @@ class LaunchAgent:
         if record.state != "prepared":
             await self._cannot_start(member_id, f"it is {record.state} on this node, not prepared")
         directory = member_dir(self.paths, member_id)
-        found = await asyncio.to_thread(self._existing_run, directory)
+        found = await self._existing_run(directory)
         if found is not None:
             return await self._adopt(record, directory, *found)
         token = self.collectors.take_pending_token(record) if token_issued else None
@@ -379,26 +379,33 @@ class LaunchAgent:
             self.collectors.start_after_report(record, directory)
         return {"member_id": member_id, "pid": runner.pid}
 
-    def _existing_run(self, directory: Path) -> tuple[int | None, str] | None:
+    async def _existing_run(self, directory: Path) -> tuple[int | None, str] | None:
         """(pid, why) when this member already has a run here (a live runner holding the member directory's
-        lock, or a finished one's exit status); None when nothing ever ran it."""
+        lock, or a finished one's exit status); None when nothing ever ran it. A member never started costs
+        two system calls, made here: only waiting for a live runner's pids goes to a thread (a thread hop on
+        the launch path waits for a CPU on a node busy starting a gang)."""
         if member_lock_held(directory):
-            pids: dict = {}
-            deadline = time.monotonic() + 3.0
-            while not pids and time.monotonic() < deadline:  # the runner writes it right after its fork
-                pids = read_runner_pids(directory)
-                if not pids:
-                    time.sleep(0.05)
-            runner = pids.get("runner")
-            if runner and alive(runner, pids.get("runner_started")):
-                return runner, f"its runner (pid {runner}) is alive"
-            keeper = pids.get("keeper")
-            if keeper and alive(keeper, pids.get("keeper_started")):
-                return keeper, f"its runner is gone but the workload's keeper (pid {keeper}) is alive"
-            return None, "a process of it holds the member directory's lock"
+            return await asyncio.to_thread(self._live_run, directory)
         if (directory / "exit_status.json").exists():
             return None, "it already ran and ended"
         return None
+
+    @staticmethod
+    def _live_run(directory: Path) -> tuple[int | None, str]:
+        """(pid, why) of the run holding a member directory's lock (blocking: waits for its pids file)."""
+        pids: dict = {}
+        deadline = time.monotonic() + 3.0
+        while not pids and time.monotonic() < deadline:  # the runner writes it right after its fork
+            pids = read_runner_pids(directory)
+            if not pids:
+                time.sleep(0.05)
+        runner = pids.get("runner")
+        if runner and alive(runner, pids.get("runner_started")):
+            return runner, f"its runner (pid {runner}) is alive"
+        keeper = pids.get("keeper")
+        if keeper and alive(keeper, pids.get("keeper_started")):
+            return keeper, f"its runner is gone but the workload's keeper (pid {keeper}) is alive"
+        return None, "a process of it holds the member directory's lock"
 
     async def _adopt(self, record: MemberRecord, directory: Path, pid: int | None, why: str) -> dict:
         """START for a member that already runs (or ran) here: record and watch that run, spawn nothing."""

@@ -20,7 +20,7 @@ import aiohttp
 from tuneplane.app.node_gateway import protocol
 from tuneplane.workers.agent.environments import EnvironmentBuildFailed, Progress, prepare_environment
 from tuneplane.workers.agent.images import ImagePrepareFailed, prepare_image
-from tuneplane.workers.agent.probe import peer_check, storage_check
+from tuneplane.workers.agent.probe import check_peers, storage_check
 from tuneplane.workers.capsule import file_digest, unpack_capsule
 from tuneplane.workers.member_setup import MEMBER_FIELDS, PrepareFailed, unpack_source
 from tuneplane.workers.runner.runtime import check_runtime
@@ -145,6 +145,32 @@ async def _no_progress(_step: str, _detail: dict) -> None:
     return None
 
 
+def node_checks(payload: dict, node: str | None) -> dict:
+    """What PREPARE checks of this node's surroundings (probe.py): its peers reachable, rank 0's MASTER_PORT
+    free, the fleet's shared path writable. Blocking (a thread's work)."""
+    peers = check_peers(int(payload["rank"]), payload.get("peers") or [], payload.get("master_port"))
+    checks = {"peer_check": peers}
+    storage = storage_check(payload.get("shared_path"), f"{node or 'node'}-{payload['member_id']}")
+    if storage is not None:
+        checks["storage_check"] = storage
+    return checks
+
+
+def unpack_member(
+    access: NodeAccess, tar_path: Path | None, digest: str, directory: Path, payload: dict
+) -> tuple[dict, str | None]:
+    """(spec, container runtime) once the member directory holds its capsule (from `tar_path`, unless it is
+    unpacked already), its source and its inputs, and the pinned runtime is checked. Blocking: one thread
+    hop for all of it (on a node busy starting a gang, each hop waits its turn for a CPU)."""
+    if tar_path is not None:
+        unpack_capsule(tar_path, digest, directory / "capsule")
+    spec = json.loads((directory / "capsule" / "spec.json").read_text())
+    unpack_source(spec, directory)
+    if spec.get("inputs") or payload.get("resume"):
+        materialize(access, spec.get("inputs") or [], directory / "input", payload.get("resume"))
+    return spec, check_runtime(spec.get("runtime") or {})
+
+
 async def prepare_member_dir(
     access: NodeAccess,
     work_dir: Path,
@@ -156,22 +182,16 @@ async def prepare_member_dir(
     simulated_gpus: bool = False,
     progress: Progress | None = None,
 ) -> None:
-    """Everything PREPARE does for one member; fills `checks` (peer_check, storage_check) as it goes;
-    `progress` gets the environment build's steps (workers/agent/environments.py)."""
+    """Everything PREPARE does for one member; fills `checks` (peer_check, storage_check) once every local
+    step passed; `progress` gets the environment build's steps (workers/agent/environments.py). Two thread
+    hops where there were five: on a node busy starting a gang, each one waits its turn for a CPU."""
     digest = str(payload["capsule_digest"])
-    capsule_dir = directory / "capsule"
-    if not (capsule_dir / "manifest.json").is_file():
+    tar_path = None
+    if not (directory / "capsule" / "manifest.json").is_file():
         deadline = float(payload["deadline"]) if payload.get("deadline") is not None else None
         tar_path = await fetch_capsule(access, work_dir / "capsules", digest, deadline)
-        await asyncio.to_thread(unpack_capsule, tar_path, digest, capsule_dir)
-    spec = json.loads((capsule_dir / "spec.json").read_text())
-    await asyncio.to_thread(unpack_source, spec, directory)
-    if spec.get("inputs") or payload.get("resume"):
-        await asyncio.to_thread(
-            materialize, access, spec.get("inputs") or [], directory / "input", payload.get("resume")
-        )
+    spec, runtime = await asyncio.to_thread(unpack_member, access, tar_path, digest, directory, payload)
     pin = spec.get("runtime") or {}
-    runtime = await asyncio.to_thread(check_runtime, pin)
     if runtime is not None and pin.get("image"):
         try:
             await prepare_image(runtime, pin, progress or _no_progress)
@@ -183,14 +203,7 @@ async def prepare_member_dir(
         raise PrepareFailed(
             f"environment {str(pin['environment']['digest'])[:12]} cannot be built: {exc}"
         ) from exc
-    checks["peer_check"] = await peer_check(
-        int(payload["rank"]), payload.get("peers") or [], payload.get("master_port")
-    )
-    storage = await asyncio.to_thread(
-        storage_check, payload.get("shared_path"), f"{node or 'node'}-{payload['member_id']}"
-    )
-    if storage is not None:
-        checks["storage_check"] = storage
+    checks.update(await asyncio.to_thread(node_checks, payload, node))
     problems = [c["error"] for c in checks.values() if c and not c.get("ok")]
     if problems:
         raise PrepareFailed("; ".join(problems))
