@@ -10,25 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tuneplane.workers.agent import probe as probe_module
 from tuneplane.workers.agent.probe import (
     PEER_CHECKS_AT_ONCE,
     PROBE_GREETING,
     ProbeServer,
     can_bind,
-    check_peers,
     peer_check,
     reach_all,
     storage_check,
 )
-
-
-@pytest.fixture(autouse=True)
-def _no_answers_remembered():
-    """Each test starts with no peer answer remembered (a port number may come back in the next test)."""
-    probe_module._answered.clear()
-    yield
-    probe_module._answered.clear()
 
 
 def _closed_port() -> int:
@@ -159,34 +149,3 @@ def test_a_read_only_shared_path_fails_the_check(tmp_path: Path) -> None:
         assert ro["ok"] is False and "not writable" in ro["error"]
     finally:
         tmp_path.chmod(0o700)
-
-
-def test_an_answer_is_reused_for_a_while_and_a_failure_never_is(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A gang launched again on the same nodes does not probe every pair again for REACHED_FRESH seconds
-    (issue 23); a peer that failed is asked again every time."""
-    probe = ProbeServer("127.0.0.1", 0)
-    port = asyncio.run(probe.start())
-    closed = _closed_port()
-    peers = [
-        {"rank": 0, "node": "me", "address": "127.0.0.1", "probe_port": 1},
-        {"rank": 1, "node": "good", "address": "127.0.0.1", "probe_port": port},
-        {"rank": 2, "node": "bad", "address": "127.0.0.1", "probe_port": closed},
-    ]
-    first = check_peers(0, peers, None)
-    assert [(p["node"], p["ok"], p.get("reused")) for p in first["peers"]] == [
-        ("good", True, None),
-        ("bad", False, None),
-    ]
-    asyncio.run(probe.close())  # from here on nobody answers on `port`
-
-    again = check_peers(0, peers, None)
-    assert [(p["node"], p["ok"], p.get("reused")) for p in again["peers"]] == [
-        ("good", True, True),
-        ("bad", False, None),
-    ]
-    assert "cannot reach rank 2 on bad" in again["error"] and "rank 1" not in again["error"]
-
-    monkeypatch.setattr(probe_module, "REACHED_FRESH", 0.0)  # the answer is stale: asked again, and gone
-    stale = check_peers(0, peers, None)
-    assert [(p["node"], p["ok"]) for p in stale["peers"]] == [("good", False), ("bad", False)]
-    assert not probe_module._answered

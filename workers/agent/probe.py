@@ -160,47 +160,27 @@ def can_bind(port: int) -> str | None:
 PEER_CHECKS_AT_ONCE = 32
 
 
-# A peer probe that answered is not asked again for REACHED_FRESH seconds: a gang launched again on the same
-# nodes (a retry, a sweep's next trial) skips the N × (N-1) connections, each answered by an agent as busy
-# starting its own member (on a 2-core machine with 8 agents, 14 connections per member). Only an answer is
-# reused: a peer that failed is asked again every time. Per agent process, keyed by the address and port
-# PREPARE lists (an agent started again listens on a new port).
-REACHED_FRESH = 30.0
-_answered: dict[tuple[str, int], float] = {}  # (address, port) → time.monotonic() of its last answer
-
-
 async def peer_check(rank: int, peers: list[dict], master_port: int | None) -> dict:
     """check_peers from a thread: the event loop goes on with the agent's other work meanwhile."""
     return await asyncio.to_thread(check_peers, rank, peers, master_port)
 
 
 def check_peers(rank: int, peers: list[dict], master_port: int | None) -> dict:
-    """Every other member's probe answers (all at once, reach_all; or answered within REACHED_FRESH seconds:
-    the entry says `reused`) and, for rank 0, MASTER_PORT binds. Blocking: up to reach_all's timeout on an
-    unreachable peer."""
+    """Every other member's probe answers (all at once, reach_all) and, for rank 0, MASTER_PORT binds.
+    Blocking: up to reach_all's timeout on an unreachable peer."""
     others = [peer for peer in peers if peer.get("rank") != rank]
     results: list[dict] = []
-    targets: dict[int, tuple[str, int]] = {}  # results index → (address, port)
+    targets: list[tuple[str, int]] = []
     for peer in others:
         address, port = peer.get("address"), peer.get("probe_port")
         results.append({"rank": peer.get("rank"), "node": peer.get("node"), "address": address, "port": port})
         if not address or not port:
             results[-1]["error"] = "its agent reported no probe address/port"
         else:
-            targets[len(results) - 1] = (str(address), int(port))
-    now = time.monotonic()
-    for target, answered in list(_answered.items()):
-        if now - answered >= REACHED_FRESH:
-            _answered.pop(target, None)  # another member's check (a thread) may prune it too
-    asked = [i for i, target in targets.items() if target not in _answered]
-    found = dict(zip(asked, reach_all([targets[i] for i in asked]), strict=True)) if asked else {}
-    for i, error in found.items():
-        if error is None:
-            _answered[targets[i]] = time.monotonic()
-    for i, entry in enumerate(results):
-        if i in targets and i not in found:
-            entry["reused"] = True  # it answered within REACHED_FRESH seconds
-        error = entry.get("error") or found.get(i)
+            targets.append((str(address), int(port)))
+    reached = iter(reach_all(targets) if targets else [])
+    for entry in results:
+        error = entry.get("error") or next(reached)
         entry["ok"] = error is None
         if error:
             entry["error"] = error
