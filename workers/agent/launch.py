@@ -150,7 +150,7 @@ class LaunchAgent:
     async def report(self, record: MemberRecord | None, kind: str, payload: dict, saved: bool = False) -> Any:
         """Send a member's report; if it cannot be sent now, keep it in the record for the next session.
         `saved`: the caller just saved the record with this report already in `unreported` (one write, not
-        two, on the launch path: each is an fsync on the event loop, 1-6 ms on a busy node)."""
+        two, on the launch path: each is a write on the event loop)."""
         if record is not None and not saved:
             record.unreported[kind] = payload
             self.keep(record)
@@ -173,11 +173,11 @@ class LaunchAgent:
                 self.keep(record)
         return result
 
-    def keep(self, record: MemberRecord) -> bool:
+    def keep(self, record: MemberRecord, sync: bool = True) -> bool:
         """Save a member's record; when the state directory cannot take it (the disk is full) say so and
         go on from the record in memory: a report must never wait on the disk, or the job would show a
         member running (or preparing) for ever. Only START needs its record on disk (see start)."""
-        error = self.store.keep(record)
+        error = self.store.keep(record, sync)
         if error is not None:
             _say(self.ctx, f"member {record.member_id}: its record could not be written ({error}); going on")
         return error is None
@@ -212,7 +212,7 @@ class LaunchAgent:
             rank=int(payload["rank"]),
             prepare_payload=payload,
         )
-        self.keep(record)
+        self.keep(record, sync=False)  # a launch record (MemberStore.save)
         self._begin_prepare(record, payload)
         return {"state": "preparing", "accepted": True}
 
@@ -249,7 +249,7 @@ class LaunchAgent:
                 else (f"{type(exc).__name__}: {exc}")
             )
             record.state, record.reason, record.prepare_payload = "failed", reason, None
-            self.keep(record)
+            self.keep(record, sync=False)
             _say(self.ctx, f"member {record.member_id}: prepare failed: {reason}")
             await self.report(
                 record, "member_prepare_failed", {"member_id": record.member_id, "reason": reason, **checks}
@@ -264,7 +264,7 @@ class LaunchAgent:
                 _say(self.ctx, f"member {record.member_id}: no telemetry token made ({exc}); START asks")
         record.state, record.reason, record.prepare_payload = "prepared", "prepared", None
         record.unreported["member_prepared"] = prepared
-        self.keep(record)
+        self.keep(record, sync=False)
         schedule_clean_caches(self.paths.work_dir, self.store.all, self.send)
         _say(self.ctx, f"member {record.member_id} (job {record.job_id} rank {record.rank}) prepared")
         await self.report(record, "member_prepared", prepared, saved=True)
@@ -360,7 +360,7 @@ class LaunchAgent:
         started = {"member_id": member_id, "pid": runner.pid}
         record.unreported["member_started"] = started
         try:
-            self.store.save(record)  # before the report: a restarted agent must find this pid
+            self.store.save(record, sync=False)  # before the report: a restarted agent must find this pid
         except OSError as exc:
             await self._unspawn(record, runner, exc)
         self.publish()

@@ -90,9 +90,17 @@ class MemberStore:
     def all(self) -> list[MemberRecord]:
         return list(self.records.values())
 
-    def save(self, record: MemberRecord) -> None:
+    def save(self, record: MemberRecord, sync: bool = True) -> None:
         """Keep the record (in memory at once) and write it atomically. Raises OSError when the directory
-        cannot take it (a full disk): the file keeps its previous content, no partial temp file is left."""
+        cannot take it (a full disk): the file keeps its previous content, no partial temp file is left.
+
+        `sync=False` (the launch's records: preparing, prepared, failed to prepare, running, the collector's
+        pid) leaves out the fsync. What they guard against is the agent's own end (kill -9, an upgrade),
+        and the page cache outlives that; a crash of the machine ends the member's processes with it, so a
+        launch record kept through one would only name processes that are gone (the member is reported
+        lost either way, docs/launch.md). Each fsync is a journal commit that every other writer on the
+        filesystem waits behind: eight members preparing at once on one disk queued 24 of them. The end
+        record, deliveries and unreported ends keep theirs (work that finished must survive the machine)."""
         self.records[record.member_id] = record
         path = self.directory / f"{record.member_id}.json"
         tmp = path.with_name(path.name + ".tmp")
@@ -103,7 +111,8 @@ class MemberStore:
                 view = memoryview(data)
                 while view:  # a write may take only part (the disk filling up); the rest or ENOSPC follows
                     view = view[os.write(fd, view) :]
-                os.fsync(fd)
+                if sync:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.replace(tmp, path)
@@ -111,11 +120,11 @@ class MemberStore:
             tmp.unlink(missing_ok=True)
             raise
 
-    def keep(self, record: MemberRecord) -> OSError | None:
+    def keep(self, record: MemberRecord, sync: bool = True) -> OSError | None:
         """save(), but a directory that cannot take the record (a full disk) is returned, not raised: the
         record in memory goes on (a member's reports and deliveries never wait on the disk)."""
         try:
-            self.save(record)
+            self.save(record, sync)
         except OSError as exc:
             return exc
         return None
