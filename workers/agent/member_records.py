@@ -100,7 +100,8 @@ class MemberStore:
         launch record kept through one would only name processes that are gone (the member is reported
         lost either way, docs/launch.md). Each fsync is a journal commit that every other writer on the
         filesystem waits behind: eight members preparing at once on one disk queued 24 of them. The end
-        record, deliveries and unreported ends keep theirs (work that finished must survive the machine)."""
+        record, deliveries and unreported ends keep theirs (work that finished must survive the machine).
+        ADR 0260."""
         self.records[record.member_id] = record
         path = self.directory / f"{record.member_id}.json"
         tmp = path.with_name(path.name + ".tmp")
