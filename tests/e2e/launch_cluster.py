@@ -199,6 +199,20 @@ class Cluster:
         if self.telemetry is not None:
             self.telemetry.terminate()
             self.telemetry.wait(10)
+        self.kill_member_processes()
+
+    def kill_member_processes(self) -> None:
+        """Members' runners, keepers and workloads outlive their agent (by design); a test that failed before
+        letting its workload end would leave them running into the next tests. Each one works in its member
+        directory (<root>/<node>/work/members/<id>), so that is how they are found."""
+        members = str(self.root.resolve()) + os.sep
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                cwd = os.readlink(entry / "cwd")
+                if cwd.startswith(members) and f"{os.sep}work{os.sep}members{os.sep}" in cwd[len(members) :]:
+                    os.kill(int(entry.name), signal.SIGKILL)
 
     # ---- jobs ---------------------------------------------------------------------------------------
 
