@@ -37,6 +37,13 @@ def test_a_launch_record_skips_the_fsync_and_an_end_record_does_not(
     assert len(synced) == 1
     assert MemberStore(tmp_path / "members").get(7).exit_code == 0
 
+    # A later write of an ended member (the pid of a collector a drain spawned) is made durable whatever
+    # its caller asks: it replaces the end record.
+    record.collector_pid = 4343
+    store.save(record, sync=False)
+    assert len(synced) == 2
+    assert MemberStore(tmp_path / "members").get(7).collector_pid == 4343
+
 
 def test_a_launch_record_outlives_a_kill_9_of_the_agent_that_wrote_it(tmp_path: Path) -> None:
     """What the launch records guard against is the agent's own end: the page cache outlives it."""

@@ -200,7 +200,7 @@ class MemberCollectors:
             return False
         self.processes[record.member_id] = process
         record.collector_pid, record.collector_started = process.pid, start_time(process.pid)
-        self.store.save(record, sync=False)  # a launch record (MemberStore.save)
+        self.store.save(record, sync=False)  # fsync'd only when the member already ended (MemberStore.save)
         return True
 
     def running(self, record: MemberRecord) -> bool:

@@ -99,9 +99,10 @@ class MemberStore:
         and the page cache outlives that; a crash of the machine ends the member's processes with it, so a
         launch record kept through one would only name processes that are gone (the member is reported
         lost either way, docs/launch.md). Each fsync is a journal commit that every other writer on the
-        filesystem waits behind: eight members preparing at once on one disk queued 24 of them. The end
-        record, deliveries and unreported ends keep theirs (work that finished must survive the machine).
-        ADR 0260."""
+        filesystem waits behind: eight members preparing at once on one disk queued 24 of them. A record
+        of an ended member is fsync'd whatever the caller says (the collector a drain spawns records its pid
+        in one): work that finished must survive the machine, and a rename not preceded by an fsync may
+        leave an empty file after a power loss on some filesystems. ADR 0260."""
         self.records[record.member_id] = record
         path = self.directory / f"{record.member_id}.json"
         tmp = path.with_name(path.name + ".tmp")
@@ -112,7 +113,7 @@ class MemberStore:
                 view = memoryview(data)
                 while view:  # a write may take only part (the disk filling up); the rest or ENOSPC follows
                     view = view[os.write(fd, view) :]
-                if sync:
+                if sync or record.state == "ended":  # an end record is always made durable
                     os.fsync(fd)
             finally:
                 os.close(fd)
