@@ -183,8 +183,9 @@ async def prepare_member_dir(
     progress: Progress | None = None,
 ) -> None:
     """Everything PREPARE does for one member; fills `checks` (peer_check, storage_check) once every local
-    step passed; `progress` gets the environment build's steps (workers/agent/environments.py). Two thread
-    hops where there were five: on a node busy starting a gang, each one waits its turn for a CPU."""
+    step passed; `progress` gets the environment build's steps (workers/agent/environments.py). The blocking
+    steps take two thread hops (unpack_member, node_checks), not one each: on a node busy starting a gang,
+    every hop waits its turn for a CPU."""
     digest = str(payload["capsule_digest"])
     tar_path = None
     if not (directory / "capsule" / "manifest.json").is_file():
