@@ -15,7 +15,7 @@ from tuneplane.workers.agent.probe import (
     PROBE_GREETING,
     ProbeServer,
     can_bind,
-    peer_check,
+    check_peers,
     reach_all,
     storage_check,
 )
@@ -38,7 +38,7 @@ def test_a_peer_with_a_probe_is_reachable_and_one_without_is_named() -> None:
                 {"rank": 2, "node": "bad", "address": "127.0.0.1", "probe_port": _closed_port()},
                 {"rank": 3, "node": "old", "address": "127.0.0.1", "probe_port": None},
             ]
-            return await peer_check(0, peers, None)
+            return await asyncio.to_thread(check_peers, 0, peers, None)
         finally:
             await probe.close()
 
@@ -58,8 +58,8 @@ def test_something_else_on_the_probe_port_is_not_taken_for_a_peer() -> None:
         server = await asyncio.start_server(other, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         try:
-            return await peer_check(
-                1, [{"rank": 0, "node": "x", "address": "127.0.0.1", "probe_port": port}], None
+            return await asyncio.to_thread(
+                check_peers, 1, [{"rank": 0, "node": "x", "address": "127.0.0.1", "probe_port": port}], None
             )
         finally:
             server.close()
@@ -89,7 +89,7 @@ def test_a_member_reaches_its_peers_side_by_side_not_one_after_the_other() -> No
         port = server.sockets[0].getsockname()[1]
         peers = [{"rank": r, "node": f"n{r}", "address": "127.0.0.1", "probe_port": port} for r in range(6)]
         try:
-            return await peer_check(0, peers, None)
+            return await asyncio.to_thread(check_peers, 0, peers, None)
         finally:
             server.close()
 
@@ -127,10 +127,10 @@ def test_rank_zero_fails_when_master_port_is_taken() -> None:
         busy.listen()
         port = busy.getsockname()[1]
         assert can_bind(port) is not None
-        check = asyncio.run(peer_check(0, [], port))
+        check = check_peers(0, [], port)
     assert check["ok"] is False and check["master_port"]["ok"] is False
     assert f"cannot bind MASTER_PORT {port}" in check["error"]
-    assert asyncio.run(peer_check(1, [], port))["ok"] is True  # only rank 0 binds it
+    assert check_peers(1, [], port)["ok"] is True  # only rank 0 binds it
 
 
 def test_shared_storage_must_exist_and_take_a_write(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ where the fleet declares `shared_path`, it must exist here and take a write, fsy
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import errno
 import os
@@ -158,11 +157,6 @@ def can_bind(port: int) -> str | None:
 # connections in all), and one after the other a node would wait N-1 round trips to its peers, each of them
 # as busy starting its own member: side by side, the check costs about one.
 PEER_CHECKS_AT_ONCE = 32
-
-
-async def peer_check(rank: int, peers: list[dict], master_port: int | None) -> dict:
-    """check_peers from a thread: the event loop goes on with the agent's other work meanwhile."""
-    return await asyncio.to_thread(check_peers, rank, peers, master_port)
 
 
 def check_peers(rank: int, peers: list[dict], master_port: int | None) -> dict:
