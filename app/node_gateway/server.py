@@ -11,6 +11,7 @@ never a NOTIFY); LISTEN on `tuneplane_node_commands` wakes delivery and a short 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime as dt
 import gc
@@ -40,6 +41,9 @@ from tuneplane.app.security import new_token, token_hash
 log = logging.getLogger("tuneplane.node_gateway")
 
 COMMANDS_CHANNEL = "tuneplane_node_commands"
+# One claim call takes the commands of at most this many woken sessions, at most CLAIM_PER_NODE each.
+CLAIM_SESSIONS_AT_ONCE = 500
+CLAIM_PER_NODE = 100
 # Database trouble that is nobody's fault and not final (deadlock victim, serialization failure, lost or
 # exhausted connection): answered as retryable, never allowed to end a node's control session.
 DB_TROUBLE: tuple[type[BaseException], ...] = (psycopg.Error,)  # PoolTimeout is one too
@@ -57,8 +61,10 @@ class NodeSession:
     ws: web.WebSocketResponse
     send_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_running: list | None = None
-    delivering: bool = False
-    again: bool = False
+    # Commands claimed for this session and not yet sent, in claim order (Gateway._claim fills it, one
+    # sender task per session empties it: a node whose socket is slow holds back only its own commands).
+    outbox: collections.deque = field(default_factory=collections.deque)
+    sending: bool = False
     rotation_pending: int | None = None
     close_reason: str = ""
 
@@ -109,6 +115,9 @@ class Gateway:
         self.name = name
         self.poll_interval = poll_interval
         self.sessions: dict[int, NodeSession] = {}
+        # Nodes woken (NOTIFY, poll, a new session) whose commands the claim task has not taken yet.
+        self.to_claim: set[int] = set()
+        self.claiming = False
         self.pending_heartbeats: dict[int, dict] = {}
         self.settings: dict[str, float] = {
             "heartbeat_interval": 10.0,
@@ -486,35 +495,69 @@ class Gateway:
     # ---- command delivery ---------------------------------------------------------------------------
 
     def wake(self, node_id: int) -> None:
-        session = self.sessions.get(node_id)
-        if session is None:
+        """Claim node_id's new commands soon: every node woken before the claim task next runs (the
+        NOTIFYs of one commit arrive together) is claimed for in one call."""
+        if node_id not in self.sessions:
             return
-        if session.delivering:
-            session.again = True
-            return
-        session.delivering = True
-        asyncio.get_running_loop().create_task(self._deliver(session))
+        self.to_claim.add(node_id)
+        if not self.claiming:
+            self.claiming = True
+            asyncio.get_running_loop().create_task(self._claim(), name="claim-commands")
 
-    async def _deliver(self, session: NodeSession) -> None:
+    async def _claim(self) -> None:
         try:
-            while not session.ws.closed:
-                session.again = False
-                rows = await self.db.call(fn.claim_node_commands, session.node_id, session.epoch, 100)
-                for row in rows:
-                    await session.send(
-                        {"type": "command", "id": row["id"], "kind": row["kind"], "payload": row["payload"]}
-                    )
-                    self.stats["commands_delivered"] += 1
-                if not rows and not session.again:
-                    break
-        except Refusal as refusal:
-            log.info("delivery to node %s stopped: %s", session.node, refusal.message)
+            while self.to_claim:
+                woken, self.to_claim = sorted(self.to_claim), set()
+                sessions = [s for i in woken if (s := self.sessions.get(i)) is not None and not s.ws.closed]
+                for first in range(0, len(sessions), CLAIM_SESSIONS_AT_ONCE):
+                    await self._claim_for(sessions[first : first + CLAIM_SESSIONS_AT_ONCE])
+        finally:
+            self.claiming = False
+
+    async def _claim_for(self, sessions: list[NodeSession]) -> None:
+        try:
+            rows = await self.db.call(
+                fn.claim_sessions_commands,
+                [s.node_id for s in sessions],
+                [s.epoch for s in sessions],
+                CLAIM_PER_NODE,
+            )
+        except (Refusal, *DB_TROUBLE) as exc:
+            # Nothing was claimed (one transaction): the poll loop finds these commands again.
+            why = exc.message if isinstance(exc, Refusal) else describe_db_error(exc)
+            log.warning("claiming commands for %d node(s) failed: %s", len(sessions), why)
+            return
+        by_node: dict[int, list[dict]] = {}
+        for row in rows:
+            by_node.setdefault(row["node_id"], []).append(row)
+        for session in sessions:
+            claimed = by_node.get(session.node_id)
+            if not claimed:
+                continue
+            if len(claimed) >= CLAIM_PER_NODE:  # more may be waiting: claim again
+                self.to_claim.add(session.node_id)
+            # Sent to the session they were claimed for (its epoch), even if a newer one replaced it since:
+            # a closed socket fails the send, and the newer session is delivered them after it reconciles.
+            session.outbox.extend(claimed)
+            if not session.sending:
+                session.sending = True
+                asyncio.get_running_loop().create_task(self._send_outbox(session))
+
+    async def _send_outbox(self, session: NodeSession) -> None:
+        try:
+            while session.outbox and not session.ws.closed:
+                row = session.outbox.popleft()
+                await session.send(
+                    {"type": "command", "id": row["id"], "kind": row["kind"], "payload": row["payload"]}
+                )
+                self.stats["commands_delivered"] += 1
         except (ConnectionError, RuntimeError) as exc:
             log.info("delivery to node %s interrupted: %s", session.node, exc)
         except Exception:
             log.exception("delivery to node %s failed", session.node)
         finally:
-            session.delivering = False
+            session.outbox.clear()  # claimed by this session only: delivered again to the node's next one
+            session.sending = False
 
     # ---- background loops ---------------------------------------------------------------------------
 

@@ -76,8 +76,9 @@ DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 -- No function waits for a lock of steps 1-7 while it holds a leaf row another transaction may want: a
 -- member's gpu_allocations and usage_ledger rows and an attempt's launch_decisions row are written only
 -- under their job's lock (release_member writes them just before its node_usage row); a command row is
--- written by its acknowledgement after launch_command_locks, or taken SKIP LOCKED by claim_node_commands,
--- which holds nothing else; the rest are inserts.
+-- written by its acknowledgement after launch_command_locks, or taken SKIP LOCKED by claim_node_commands
+-- (or claim_sessions_commands, for several nodes), which hold nothing else but session locks (shared); the
+-- rest are inserts.
 -- Foreign-key share locks: inserting node_commands, node_events, members or gpu_allocations takes FOR KEY
 -- SHARE on the node row named, job_events on the job row. KEY SHARE conflicts only with FOR UPDATE, which
 -- only the functions of step 6 that hold no other row take: such a wait never closes a cycle.

@@ -9,7 +9,8 @@
 -- node row → usage rows → leaf rows). Every other function here locks at most the node row (cordon, drain,
 -- uncordon FOR UPDATE; heartbeats, session open/close, capacity FOR NO KEY UPDATE, capacity then its
 -- node_usage row through node_gpus' trigger), credential or token rows, and inserts leaf rows (events,
--- commands) while holding no lock of a job.
+-- commands) while holding no lock of a job. claim_node_commands and claim_sessions_commands take session
+-- locks (shared, in node id order) and command rows SKIP LOCKED, nothing else.
 --
 -- Repeatable file (ADR 0012): `tuneplane db migrate` re-applies every file of sql/functions/ (in the order
 -- of order.txt, one transaction) whenever one changes. Edit definitions here, never in a migration.
@@ -639,6 +640,34 @@ BEGIN
            SET claimed_epoch = p_epoch, delivered_at = clock_timestamp(), delivery_count = nc.delivery_count + 1
           FROM c WHERE nc.id = c.id
         RETURNING nc.*;
+END;
+$$;
+
+-- claim_sessions_commands: claim_node_commands for several control sessions in one call (the gateway
+-- wakes every node a commit or a placement pass wrote commands for at once: one transaction for them all,
+-- not one each). p_node_ids[i] is held by session p_epochs[i]; a session that is no longer current is
+-- skipped (its node's newer session claims for itself), one not yet reconciled gets nothing. Rows come
+-- node by node, each node's oldest first. Locks: each node's session lock (shared) in node id order, as
+-- member_reports takes them, then that node's command rows SKIP LOCKED.
+CREATE OR REPLACE FUNCTION tuneplane.claim_sessions_commands(p_node_ids bigint[], p_epochs bigint[],
+                                                            p_limit integer DEFAULT 100)
+RETURNS SETOF tuneplane.node_commands
+LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+BEGIN
+    IF cardinality(p_node_ids) IS DISTINCT FROM cardinality(p_epochs) THEN
+        RAISE EXCEPTION 'one epoch per node: % node(s), % epoch(s)', cardinality(p_node_ids), cardinality(p_epochs)
+            USING ERRCODE = 'TP400', COLUMN = 'epochs';
+    END IF;
+    FOR s IN SELECT DISTINCT u.node_id, u.epoch FROM unnest(p_node_ids, p_epochs) AS u(node_id, epoch)
+              ORDER BY u.node_id, u.epoch LOOP
+        PERFORM pg_advisory_xact_lock_shared(hashtext('tuneplane.node_session'), s.node_id::integer);
+        -- Under the shared session lock the epoch cannot change (node_session_opened takes it exclusively).
+        IF EXISTS (SELECT 1 FROM tuneplane.nodes WHERE id = s.node_id AND session_epoch = s.epoch) THEN
+            RETURN QUERY SELECT * FROM tuneplane.claim_node_commands(s.node_id, s.epoch, p_limit);
+        END IF;
+    END LOOP;
 END;
 $$;
 

@@ -110,6 +110,71 @@ def test_agent_enrolls_connects_reports_capacity_and_runs_commands_in_order(
     assert "enrolled" in kinds and "session_opened" in kinds and "capacity" in kinds
 
 
+def test_commands_written_for_several_nodes_together_are_claimed_in_one_transaction(
+    db_url: str, db: Database, tmp_path: Path
+) -> None:
+    """A COMMIT writes a START for every member's node in one transaction; the gateway claims them for all
+    those sessions in one call (claim_sessions_commands), not one claim per node."""
+    make_fleet(db)
+    names = ["n1", "n2", "n3"]
+    held: dict[str, asyncio.Event] = {}
+    release = asyncio.Event()
+
+    @command("test.hold")
+    async def hold(ctx: AgentContext, payload: dict) -> dict:
+        held[ctx.node].set()
+        await release.wait()  # unacknowledged until the test has looked at the claimed rows
+        return {}
+
+    async def scenario() -> list[int]:
+        async with running_gateway(db_url) as (gateway, url), aiohttp.ClientSession() as http:
+            gateway.poll_interval = 3600.0  # only the NOTIFY wakes delivery here
+            sessions, tasks = [], []
+            for name in names:
+                held[name] = asyncio.Event()
+                paths = AgentPaths.prepare(tmp_path / name)
+                store = MemoryCredentialStore()
+                store.save(await enroll(http, url, make_token(db), name))
+                session = ControlSession(
+                    http, url, store, AgentContext(paths=paths), simulated_capacity, say=lambda _m: None
+                )
+                tasks.append(asyncio.create_task(session.run()))
+                await asyncio.wait_for(session.connected.wait(), 10)
+                await session.report("reconcile", {"running": [], "exited": []})
+                sessions.append(session)
+            await until(lambda: not gateway.claiming)
+
+            def enqueue_together() -> None:
+                with db.transaction() as conn:
+                    for session in sessions:
+                        conn.execute(
+                            "SELECT enqueue_node_command(%s, 'test.hold', '{}'::jsonb, 't')",
+                            (session.ctx.node_id,),
+                        )
+
+            await asyncio.to_thread(enqueue_together)
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in held.values())), 10)
+            # The claim's UPDATE is each row's last writer until the acknowledgement: one transaction id.
+            claimers = db.fetch_all(
+                "SELECT DISTINCT xmin::text AS x FROM node_commands WHERE kind = 'test.hold'"
+            )
+            release.set()
+            acked = (
+                "SELECT count(*) AS n FROM node_commands WHERE kind = 'test.hold' AND acked_at IS NOT NULL"
+            )
+            await until(lambda: db.fetch_one(acked)["n"] == len(names))
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return claimers
+
+    try:
+        claimers = asyncio.run(scenario())
+    finally:
+        COMMAND_HANDLERS.pop("test.hold", None)
+    assert len(claimers) == 1, claimers
+
+
 def test_refused_enrollments_answer_clearly_and_leave_events(db_url: str, db: Database) -> None:
     make_fleet(db)
     token = make_token(db)

@@ -397,6 +397,46 @@ def test_commands_are_withheld_from_a_session_until_it_reconciled(db: Database) 
     assert len(db.call("claim_node_commands", node_id, epoch, 10)) == 1
 
 
+def test_one_claim_takes_several_sessions_commands_and_skips_a_replaced_or_unreconciled_one(
+    db: Database,
+) -> None:
+    make_fleet(db)
+    ids = {name: enroll(db, make_token(db), name)[0]["node_id"] for name in ("n1", "n2", "n3", "n4")}
+    epochs = {name: _open(db, node_id) for name, node_id in ids.items()}
+    stale = epochs["n3"]
+    epochs["n3"] = _open(db, ids["n3"])  # n3's first session was replaced: its claim gets nothing
+    epochs["n4"] = _open(db, ids["n4"], reconcile=False)  # n4's session has not reconciled yet
+    sent = {
+        name: [
+            db.call("enqueue_node_command", node_id, "ping", Jsonb({"i": i}), "test")[0]["id"]
+            for i in range(3)
+        ]
+        for name, node_id in ids.items()
+    }
+    names = ["n2", "n1", "n3", "n4"]
+    claimed = db.call(
+        "claim_sessions_commands",
+        [ids[n] for n in names],
+        [stale if n == "n3" else epochs[n] for n in names],
+        2,
+    )
+    # Node by node in node id order, each node's oldest first, at most p_limit each.
+    assert [r["id"] for r in claimed] == sent["n1"][:2] + sent["n2"][:2]
+    assert {r["claimed_epoch"] for r in claimed if r["node_id"] == ids["n1"]} == {epochs["n1"]}
+    rest = db.call("claim_sessions_commands", [ids["n1"], ids["n2"], ids["n3"]],
+                   [epochs["n1"], epochs["n2"], epochs["n3"]], 10)  # fmt: skip
+    assert [r["id"] for r in rest] == sent["n1"][2:] + sent["n2"][2:] + sent["n3"]
+    assert db.call("claim_sessions_commands", [ids["n1"]], [epochs["n1"]], 10) == []
+    with pytest.raises(Refusal) as mismatch:
+        db.call("claim_sessions_commands", [ids["n1"], ids["n2"]], [epochs["n1"]], 10)
+    assert mismatch.value.status == 400 and mismatch.value.field == "epochs"
+    # n4 reconciles: its commands flow, through the many-session claim as through the one-session one.
+    db.call("reconcile_node", ids["n4"], epochs["n4"], Jsonb({"running": [], "exited": []}))
+    assert [r["id"] for r in db.call("claim_sessions_commands", [ids["n4"]], [epochs["n4"]], 10)] == sent[
+        "n4"
+    ]
+
+
 def test_concurrent_claims_of_one_session_never_hand_out_a_command_twice(db_url: str, db: Database) -> None:
     make_fleet(db)
     node, _ = enroll(db, make_token(db), "n1")
