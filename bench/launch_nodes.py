@@ -48,6 +48,16 @@ SELECT j.state, j.state_reason, j.created_at, a.id AS attempt_id, a.created_at A
   FROM tuneplane.jobs j LEFT JOIN tuneplane.attempts a ON a.job_id = j.id AND a.number = 1
  WHERE j.id = %s
 """
+# What the bench polls for while the launch runs: one indexed row, every WAIT_POLL seconds. The stages are
+# read from the database's timestamps once the run is over (TIMES), so how often this runs changes no
+# figure, only how much the bench itself loads the machine it measures (TIMES every 10 ms was a query and a
+# Python round trip on a 2-core machine busy starting eight members).
+PROGRESS = """
+SELECT j.state, a.running_at FROM tuneplane.jobs j
+  LEFT JOIN tuneplane.attempts a ON a.job_id = j.id AND a.number = 1
+ WHERE j.id = %s
+"""
+WAIT_POLL = 0.05
 MEMBERS = """
 SELECT m.id, n.name AS node, m.started_at, m.ended_at,
        (SELECT t.finished_at FROM tuneplane.telemetry_members t
@@ -181,8 +191,17 @@ def one_run(
     def row() -> dict:
         return conn.execute(TIMES, (job_id,)).fetchone()
 
+    def progress() -> dict:
+        return conn.execute(PROGRESS, (job_id,)).fetchone()
+
     cpu_before = cpu_by_kind() if trace else {}
-    poll(lambda: (r := row())["running_at"] is not None or r["state"] in TERMINAL, timeout)
+    # --trace reads the CPU spent until all run when it sees them running: it looks as often as before.
+    until_running = 0.01 if trace else WAIT_POLL
+    poll(
+        lambda: (r := progress())["running_at"] is not None or r["state"] in TERMINAL,
+        timeout,
+        until_running,
+    )
     current = row()
     if trace:
         cpu_after = cpu_by_kind()
@@ -190,7 +209,7 @@ def one_run(
         print(f"  CPU ms from confirmation to all running (±10 ms each): {spent}")
     if current["running_at"] is None:
         return {"ok": False, "job_id": job_id, "state": current["state"], "reason": current["state_reason"]}
-    poll(lambda: row()["state"] in TERMINAL, timeout, 0.02)
+    poll(lambda: progress()["state"] in TERMINAL, timeout, WAIT_POLL)
     members = conn.execute(MEMBERS, (current["attempt_id"],)).fetchall()
     last_end = max((m["ended_at"] for m in members if m["ended_at"]), default=None)
     gone = poll(lambda: children(pids) == 0, 30, 0.02)
