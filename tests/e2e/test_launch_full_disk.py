@@ -4,7 +4,9 @@ The agent writes member → runner pid to its state directory before it reports 
 durable end record before it reports an end. When that write fails (the disk is full), the job must still
 say what runs: a START whose record cannot be written leaves nothing running and fails the member with
 the reason; a member that ends while its record cannot be written is still reported ended (the job is not
-left running for ever).
+left running for ever). (A START's record that exists and fits a page is rewritten in place and needs no
+space: MemberStore.save; the test below removes it, so START must write it whole, as it does a record
+larger than a page.)
 
 Needs root to mount a tmpfs (skipped otherwise).
 """
@@ -67,6 +69,9 @@ def test_a_start_whose_record_cannot_be_written_runs_nothing_and_fails_with_the_
             timeout=30,
             what="a's member prepared",
         )
+        # Written whole at START (a temporary file and a rename), which a full disk refuses; an existing
+        # record would be rewritten in place (tests/unit/test_member_records.py).
+        (state / "members" / f"{on_a['id']}.json").unlink()
         filler = fill_up(state)
         try:
             assert cluster.job(job_id)["state"] == "preparing", (

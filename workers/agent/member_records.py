@@ -72,6 +72,35 @@ def settled(record: MemberRecord) -> bool:
     return record.state == "ended" and not record.unreported and not pending(record)
 
 
+# A record rewritten in place fits one page: the kernel copies a page into the page cache whole, so a writer
+# killed mid-write leaves the old record or the new one, never a mix.
+IN_PLACE_LIMIT = 4096
+
+
+def _rewrite_in_place(path: Path, data: bytes) -> bool:
+    """Overwrite an existing record of at most one page with `data` (padded with spaces to the old length,
+    which JSON ignores), without a temporary file and a rename: on ext4 a rename over an existing file starts
+    the new file's writeback and waits for a journal handle, several milliseconds on the event loop of a
+    node whose disk is busy (docs/launch.md). False when the record does not exist yet or would not fit
+    one page: the caller writes it whole and renames. Raises OSError as a failed write would."""
+    if len(data) > IN_PLACE_LIMIT:
+        return False
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        size = os.fstat(fd).st_size
+        if size > IN_PLACE_LIMIT:
+            return False
+        padded = data.ljust(size, b" ")
+        if os.pwrite(fd, padded, 0) != len(padded):  # one page: all or nothing, but never assume
+            raise OSError(f"short write of {path}")
+    finally:
+        os.close(fd)
+    return True
+
+
 class MemberStore:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -107,6 +136,8 @@ class MemberStore:
         path = self.directory / f"{record.member_id}.json"
         tmp = path.with_name(path.name + ".tmp")
         data = json.dumps(asdict(record)).encode()
+        if not sync and record.state != "ended" and _rewrite_in_place(path, data):
+            return
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
