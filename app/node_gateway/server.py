@@ -510,7 +510,10 @@ class Gateway:
                 woken, self.to_claim = sorted(self.to_claim), set()
                 sessions = [s for i in woken if (s := self.sessions.get(i)) is not None and not s.ws.closed]
                 for first in range(0, len(sessions), CLAIM_SESSIONS_AT_ONCE):
-                    await self._claim_for(sessions[first : first + CLAIM_SESSIONS_AT_ONCE])
+                    try:
+                        await self._claim_for(sessions[first : first + CLAIM_SESSIONS_AT_ONCE])
+                    except Exception:  # a bug: said, and the poll loop finds these commands again
+                        log.exception("claiming commands for %d node(s) failed", len(sessions))
         finally:
             self.claiming = False
 

@@ -131,7 +131,9 @@ class MemberStore:
         filesystem waits behind: eight members preparing at once on one disk queued 24 of them. A record
         of an ended member is fsync'd whatever the caller says (the collector a drain spawns records its pid
         in one): work that finished must survive the machine, and a rename not preceded by an fsync may
-        leave an empty file after a power loss on some filesystems. ADR 0260."""
+        leave an empty file after a power loss on some filesystems. Such a launch write to a record that
+        exists and fits a page rewrites it in place (_rewrite_in_place: whole as far as the agent's own end
+        goes, and without the rename). ADR 0260."""
         self.records[record.member_id] = record
         path = self.directory / f"{record.member_id}.json"
         tmp = path.with_name(path.name + ".tmp")
