@@ -1,6 +1,7 @@
 """The agent's record of each member it prepares or runs: one JSON file per member in the state
-directory (`<state-dir>/members/<id>.json`, written atomically), so an agent restarted after kill -9
-still knows which runner pid belongs to which member and what it has not yet told the control plane.
+directory (`<state-dir>/members/<id>.json`, written whole: a temporary file and a rename, or in place within
+one page), so an agent restarted after kill -9 still knows which runner pid belongs to which member and
+what it has not yet told the control plane.
 
 The member's own files live under the work directory (`<work-dir>/members/<id>/`, see docs/launch.md).
 """
