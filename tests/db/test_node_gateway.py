@@ -142,6 +142,14 @@ def test_commands_written_for_several_nodes_together_are_claimed_in_one_transact
                 await asyncio.wait_for(session.connected.wait(), 10)
                 await session.report("reconcile", {"running": [], "exited": []})
                 sessions.append(session)
+            # NOTIFYs reach the gateway in commit order: once a ping written after every reconcile has been
+            # acknowledged, no wake-up of a reconcile is still on its way to start a claim of its own.
+            for session in sessions:
+                await asyncio.to_thread(
+                    db.call, "enqueue_node_command", session.ctx.node_id, "ping", Jsonb({}), "t"
+                )
+            pinged = "SELECT count(*) AS n FROM node_commands WHERE kind = 'ping' AND acked_at IS NOT NULL"
+            await until(lambda: db.fetch_one(pinged)["n"] == len(names))
             await until(lambda: not gateway.claiming)
 
             def enqueue_together() -> None:
