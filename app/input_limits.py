@@ -6,9 +6,11 @@ sends reaches PostgreSQL or a recursive parser in a shape that fails as a 500:
     recurse), no NaN/Infinity, integers within PostgreSQL's bigint, strings without NUL or lone surrogates
     (PostgreSQL text refuses NUL; UTF-8 cannot encode a lone surrogate);
   - query parameters and form fields: the same string rules, at most MAX_TEXT_CHARS each, and the
-    integer parameters the endpoints document (INT_PARAMS) are integers. Their range is the endpoint's
-    to state (`parse_int` with the range it accepts, or the stored function's check): one parameter
-    gets one range in its refusal, worded the same everywhere (`out_of_range`).
+    integer parameters the endpoints take (INT_PARAMS) are integers within their declared range — the
+    widest any endpoint accepts, the SQL type of the argument they become at least — so no query
+    reaches PostgreSQL with a value its function cannot take. An endpoint may narrow a range further
+    (`parse_int` with the range it accepts, or the stored function's check); every range refusal is
+    worded the same everywhere (`out_of_range`).
 Every refusal is a Refusal (4xx) naming the field; the endpoint's own rules (a JobSpec's ranges, a job
 the user may see) come after and stay where they are.
 """
@@ -29,14 +31,22 @@ _INTEGER = re.compile(r"([+-]?)0*([0-9]+)\Z")
 INT4 = (-(2**31), 2**31 - 1)
 INT8 = (-(2**63), 2**63 - 1)
 
-# Query parameters that are integers on every endpoint that takes them (the endpoint checks the range).
-INT_PARAMS = frozenset(
-    ("limit", "member", "attempt", "rank", "max_points", "skip", "page", "before", "after", "tail",
-     "step_from", "step_to", "series", "job")
-)  # fmt: skip
+INT4_MAX, INT8_MAX = INT4[1], INT8[1]
+
+# Query parameters that are integers on every endpoint that takes them, with their declared range: the
+# widest any endpoint accepts (an endpoint may narrow it). Attempts count from 1, member ranks from 0 (both
+# SQL integer); ids are positive bigints; steps any bigint. `limit` (None) has no range shared by every
+# endpoint: each one that reads it states its own (the jobs list's 1..1000, a log's the stored
+# function's), so that one parameter is refused with one range whatever the value.
+INT_PARAMS: dict[str, tuple[int, int] | None] = {
+    "limit": None, "member": (0, INT4_MAX), "attempt": (1, INT4_MAX), "rank": (0, INT4_MAX),
+    "max_points": (1, INT4_MAX), "skip": (0, INT4_MAX), "page": (1, INT4_MAX), "before": (1, INT8_MAX),
+    "after": (0, INT8_MAX), "tail": (0, INT8_MAX), "step_from": INT8, "step_to": INT8,
+    "series": (1, INT8_MAX), "job": (1, INT8_MAX), "smooth": (1, INT8_MAX),
+}  # fmt: skip
 
 
-def out_of_range(field: str, low: int, high: int, unit: str = "", status: int = 400) -> Refusal:
+def out_of_range(field: str, low: int | str, high: int | str, unit: str = "", status: int = 400) -> Refusal:
     """The one wording of a range refusal (stored functions raise the same sentence)."""
     return Refusal(f"{field} must be between {low} and {high}{' ' + unit if unit else ''}", status, field)
 
@@ -86,12 +96,18 @@ def check_route_value(name: str, value: object) -> None:
 
 
 def check_query(args: Any) -> None:
-    """Every query parameter (a MultiDict or aiohttp's MultiDictProxy) against the generic rules."""
+    """Every query parameter (a MultiDict or aiohttp's MultiDictProxy) against the generic rules, and each
+    integer parameter (INT_PARAMS) within its declared range."""
     for key, value in args.items():
         check_text(key, "query parameter name", 200)
         check_text(value, key, 64 * 1024)
-        if key in INT_PARAMS and value != "" and not _INTEGER.match(value.strip()):
-            raise Refusal(f"{key} must be an integer", status=400, field=key)
+        if key in INT_PARAMS and value != "":
+            declared = INT_PARAMS[key]
+            if declared is None:
+                if not _INTEGER.match(value.strip()):
+                    raise Refusal(f"{key} must be an integer", status=400, field=key)
+            else:
+                parse_int(value, key, *declared)
 
 
 def _refuse_constant(name: str) -> Any:

@@ -17,7 +17,7 @@ GROUPINGS = ("team", "user", "job", "day")
 KEYS = {"team": ["team"], "user": ["team", "user"], "job": ["team", "user", "job"], "day": ["day", "team"]}
 FIGURES = ["members", "GPU-hours", "charged GPU-hours", "CPU-hours", "lost GPU-hours", "idle GPU-hours",
            "cost"]  # fmt: skip
-_RELATIVE = re.compile(r"^\s*(\d{1,6})\s*([hdw])\s*$")
+_RELATIVE = re.compile(r"([0-9]{1,6})([hdw])\Z")  # ASCII digits: `\d` would read `３０d` as 30 days
 _UNITS = {"h": dt.timedelta(hours=1), "d": dt.timedelta(days=1), "w": dt.timedelta(weeks=1)}
 DEFAULT_SINCE = "30d"
 
@@ -33,6 +33,8 @@ def parse_when(raw: str | None, field: str, default: str | None) -> dt.datetime 
     if match:
         return now - int(match.group(1)) * _UNITS[match.group(2)]
     try:
+        if not text.isascii():
+            raise ValueError(text)
         when = dt.datetime.fromisoformat(text)
     except ValueError:
         raise Refusal(f"{field} must be like 30d, 24h, 2w or an ISO date (2026-11-01)", status=400,

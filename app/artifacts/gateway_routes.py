@@ -219,10 +219,10 @@ def add_artifact_routes(
     app.on_cleanup.append(close)
     r = app.router
     # Ids past bigint (indexes past integer) do not match: a 404, not a database error answered with 500.
-    art, idx = "{artifact_id:\\d{1,18}}", "{file_index:\\d{1,9}}"
+    art, idx = "{artifact_id:[0-9]{1,18}}", "{file_index:[0-9]{1,9}}"
     r.add_post("/api/artifacts", _handler(_register))
     r.add_get(f"/api/artifacts/{art}/upload", _handler(_status))
-    r.add_put(f"/api/artifacts/{art}/files/{idx}/chunks/{{chunk_index:\\d{{1,9}}}}", _handler(_put_chunk))
+    r.add_put(f"/api/artifacts/{art}/files/{idx}/chunks/{{chunk_index:[0-9]{{1,9}}}}", _handler(_put_chunk))
     r.add_post(f"/api/artifacts/{art}/finish", _handler(_finish))
     r.add_post(f"/api/artifacts/{art}/fail", _handler(_fail))
     r.add_post("/api/artifacts/refused", _handler(_refused))

@@ -20,7 +20,7 @@ from tuneplane.app.submission.images import ImageRefError, normalise_image_ref
 SHA256_REF = re.compile(r"^(sha256:)?([0-9a-f]{64})$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.IGNORECASE)
+_MEMORY = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGTP]?)(i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 LAUNCHERS = ("script", "torchrun")
 # One requirement: a PEP 508 name with optional extras, version specifiers and markers. Options (`-e`,

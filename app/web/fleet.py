@@ -7,12 +7,12 @@ function (create_fleet, create_enrollment_token, change_node_scheduling) with th
 from __future__ import annotations
 
 import datetime as dt
-import re
 
 from flask import Blueprint, current_app, render_template, request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tuneplane.app import db_functions as fn
+from tuneplane.app.durations import MINUTE, parse_duration
 from tuneplane.app.errors import Refusal
 from tuneplane.app.input_limits import check_text
 from tuneplane.app.node_gateway.config import gateway_url
@@ -35,20 +35,12 @@ BUTTONS = {
     "retired": [],
 }
 STATE_DIR_HINT = "/var/lib/tuneplane/node"
-_TTL = re.compile(r"^\s*(\d{1,9})\s*([smhd]?)\s*$")
-_TTL_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_TTL = dt.timedelta(days=30)
 
 
-def parse_ttl(raw: str | int | None) -> dt.timedelta:
-    """`90`, `90s`, `15m`, `1h`, `7d` (at most 30 days) -> timedelta; refuses anything else (400, ttl)."""
-    match = _TTL.match(str(raw if raw is not None else "1h"))
-    if not match:
-        raise Refusal("ttl must look like 90s, 15m, 1h or 7d", status=400, field="ttl")
-    seconds = int(match.group(1)) * _TTL_UNITS[match.group(2)]
-    if seconds > MAX_TTL.total_seconds():
-        raise Refusal("ttl must be at most 30 days", status=400, field="ttl")
-    return dt.timedelta(seconds=seconds)
+def parse_ttl(raw: str | None) -> dt.timedelta:
+    """An enrollment token's `ttl` (`15m`, `1h`, `7d`; absent: 1h) between 1 minute and 30 days (400, ttl)."""
+    return parse_duration("1h" if raw is None else raw, "ttl", MINUTE, MAX_TTL)
 
 
 class _Body(BaseModel):
@@ -64,7 +56,7 @@ class FleetCreate(_Body):
 
 
 class TokenCreate(_Body):
-    ttl: str | int | None = None
+    ttl: str | None = Field(None, max_length=40)
 
 
 class NodeAction(_Body):

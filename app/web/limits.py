@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from flask import Flask, Response, request
 from flask.json.provider import DefaultJSONProvider
 from flask.sessions import SecureCookieSessionInterface
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, ValidationInfo
 from werkzeug.routing import IntegerConverter
 
 from tuneplane.app import input_limits
@@ -117,11 +117,31 @@ def body_dict() -> dict[str, Any]:
 
 
 def parse_body(model: type[M], data: dict[str, Any] | None = None) -> M:
-    """`data` (default: body_dict()) validated by a strict pydantic model; a 400 naming every bad field."""
+    """`data` (default: body_dict()) validated by a pydantic model; a 400 naming every bad field.
+
+    A JSON body is held to the model strictly, whatever the model's own config: an unknown field is
+    refused by its name (a misspelt `limt_gpus` is not silently dropped) and no value is coerced
+    (`"overcommit": "yes"` is not true, `"5"` is not 5). A form post carries every value as text, the
+    CSRF token and the page's own hidden fields beside them: its values are converted, extras ignored."""
+    strict = request.is_json if data is None else True
+    if data is None:
+        data = body_dict()
+    if strict:
+        known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+        unknown = [key for key in data if key not in known]
+        if unknown:
+            refusal = Refusal(f"{unknown[0]}: unknown field", status=400, field=str(unknown[0]))
+            refusal.fields.update({str(key): "unknown field" for key in unknown})
+            raise refusal
     try:
-        return model.model_validate(body_dict() if data is None else data)
+        return model.model_validate(data, strict=strict or None, context={"form": not strict})
     except ValidationError as exc:
         raise refusal_from_errors(exc) from None
+
+
+def from_form(info: ValidationInfo) -> bool:
+    """Whether a validator sees a form post's text (parse_body's context), not a JSON client's value."""
+    return bool(info.context and info.context.get("form"))
 
 
 def refusal_from_errors(exc: ValidationError, status: int = 400) -> Refusal:

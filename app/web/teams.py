@@ -20,13 +20,13 @@ import secrets
 from datetime import UTC, datetime, timedelta
 
 from flask import Blueprint, flash, redirect, url_for
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tuneplane.app import db_functions as fn
 from tuneplane.app import usage_report
 from tuneplane.app.errors import Refusal
 from tuneplane.app.web.auth import current_user, login_required
-from tuneplane.app.web.limits import parse_body
+from tuneplane.app.web.limits import from_form, parse_body
 from tuneplane.app.web.negotiate import json_response, respond, wants_json
 from tuneplane.app.web.state import get_db
 
@@ -64,15 +64,16 @@ class QuotaForm(_Form):
     weight: float = Field(1.0, gt=0, le=1_000_000)
     overcommit: bool = False
 
+    # A form's empty field and its checkbox are text; a JSON client sends null and true/false.
     @field_validator("guaranteed_gpus", "limit_gpus", mode="before")
     @classmethod
-    def _empty_is_none(cls, value: object) -> object:
-        return None if value == "" else value
+    def _empty_is_none(cls, value: object, info: ValidationInfo) -> object:
+        return None if value == "" and from_form(info) else value
 
     @field_validator("overcommit", mode="before")
     @classmethod
-    def _checkbox(cls, value: object) -> object:
-        return value in (True, "1", "on", "true") if isinstance(value, str | bool) else value
+    def _checkbox(cls, value: object, info: ValidationInfo) -> object:
+        return value in ("1", "on", "true") if isinstance(value, str) and from_form(info) else value
 
 
 class WebhookForm(_Form):

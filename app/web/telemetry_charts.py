@@ -9,6 +9,7 @@ import psycopg
 from flask import Blueprint, request
 
 from tuneplane.app.errors import Refusal
+from tuneplane.app.input_limits import INT_PARAMS
 from tuneplane.app.telemetry import queries
 from tuneplane.app.web.auth import current_user, login_required
 from tuneplane.app.web.limits import query_int
@@ -21,7 +22,11 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def _int_arg(name: str, default: int | None = None) -> int | None:
-    return query_int(name, default, -(2**63), 2**63 - 1)
+    """An integer query parameter within its declared range (input_limits.INT_PARAMS: `member` is an SQL
+    integer, so 2147483648 is refused here, not by PostgreSQL's function lookup)."""
+    declared = INT_PARAMS[name]
+    assert declared is not None, name
+    return query_int(name, default, *declared)
 
 
 def _job_state(job_id: int) -> str | None:

@@ -5,33 +5,39 @@ POST /tokens               make a token: name, teams (names), read_only, ttl →
 POST /tokens/<id>/revoke   revoke one of the user's tokens
 
 Scope rules (a token never makes a wider one; read-only tokens change nothing) live in the stored
-functions issue_scoped_api_token and revoke_api_token.
+functions issue_scoped_api_token and revoke_api_token. A `ttl` is a duration between 1 minute and the
+installation's maximum (`TP_API_TOKEN_MAX_TTL`, default 365 days); absent, the token has no expiry; blank,
+`0`, `7 d` or `７d` are refused (app/durations.py). A name carries no control character.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
-from flask import Blueprint, redirect, request, url_for
+from flask import Blueprint, current_app, redirect, request, url_for
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tuneplane.app import db_functions as fn
+from tuneplane.app.durations import MINUTE, parse_duration
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import new_token
 from tuneplane.app.web.auth import current_user, login_required
-from tuneplane.app.web.fleet import parse_ttl
+from tuneplane.app.web.limits import refusal_from_errors
 from tuneplane.app.web.negotiate import json_response, respond, wants_json
 from tuneplane.app.web.state import get_db
 
 bp = Blueprint("tokens", __name__)
 
+MAX_TTL = dt.timedelta(days=365)
+
 
 class TokenCreate(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", str_strip_whitespace=True)
-    name: str = Field("api", min_length=1, max_length=100)
+    model_config = ConfigDict(strict=True, extra="forbid", str_strip_whitespace=True)
+    name: str = Field("api", min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f-\x9f]*$")
     teams: list[str] = Field(default_factory=list, max_length=100)
     read_only: bool = False
-    ttl: str | None = Field(None, max_length=20)
+    ttl: str | None = Field(None, max_length=40)
 
 
 def _body() -> TokenCreate:
@@ -45,14 +51,19 @@ def _body() -> TokenCreate:
             "name": form.get("name") or "api",
             "teams": [t.strip() for t in form.get("teams", "").replace(",", " ").split() if t.strip()],
             "read_only": bool(form.get("read_only")),
-            "ttl": form.get("ttl") or None,
+            "ttl": form.get("ttl") or None,  # the form's empty field: no expiry
         }
     try:
         return TokenCreate.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "body"
-        raise Refusal(f"{field}: {first['msg']}", status=400, field=field) from None
+        raise refusal_from_errors(exc) from None
+
+
+def _max_ttl() -> dt.timedelta:
+    configured = current_app.config.get("TP_API_TOKEN_MAX_TTL")
+    if not configured:
+        return MAX_TTL
+    return parse_duration(configured, "TP_API_TOKEN_MAX_TTL", MINUTE, dt.timedelta(days=3650))
 
 
 @bp.get("/tokens")
@@ -66,7 +77,7 @@ def tokens_page():
 @login_required
 def create_token():
     body = _body()
-    ttl = parse_ttl(body.ttl) if body.ttl else None
+    ttl = None if body.ttl is None else parse_duration(body.ttl, "ttl", MINUTE, _max_ttl())
     plaintext, digest = new_token("tpu")
     row = get_db().call(
         fn.issue_scoped_api_token, current_user().id, body.name, digest, ttl, body.teams, body.read_only

@@ -85,8 +85,20 @@ class PriceForm(BaseModel):
 
     @field_validator("price", mode="before")
     @classmethod
-    def _empty_is_none(cls, value: object) -> object:
-        return None if value == "" else value
+    def _decimal(cls, value: object) -> object:
+        # Money travels as text (`"3.50"`) or a JSON number; empty removes the price. ASCII only:
+        # Decimal() would read full-width digits.
+        if value == "":
+            return None
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            return value
+        text = str(value).strip()
+        if not text.isascii():
+            raise ValueError("price must be a decimal number")
+        try:
+            return Decimal(text)
+        except ArithmeticError:
+            raise ValueError("price must be a decimal number") from None
 
 
 def _prices() -> list[dict]:

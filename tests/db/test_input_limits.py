@@ -353,3 +353,34 @@ def test_one_parameter_is_refused_with_one_range_whatever_the_value(console, db:
         sep = "&" if "?" in path else "?"
         said = {_refused(console.get(f"{path}{sep}{field}={v}"), 400, field)["error"] for v in values}
         assert len(said) == 1 and "must be between" in said.pop(), (path, field)
+
+
+def test_metrics_member_and_attempt_beyond_sql_integer_are_400_not_500(console, db: Database) -> None:
+    """Issue 38: `member=2147483648` reached telemetry_job_series(integer) as a bigint (function not found)."""
+    from tests.launch_fixtures import make_fleet, make_job
+
+    job = make_job(db, db.fetch_one("SELECT id FROM users WHERE username = 'admin'")["id"], make_fleet(db))
+    for field, value in (("member", 2**31), ("member", -(2**31) - 1), ("member", -1), ("attempt", 10**12),
+                         ("attempt", 0), ("attempt", 2**63)):  # fmt: skip
+        body = _refused(console.get(f"/jobs/{job}/metrics?{field}={value}"), 400, field)
+        assert "must be between" in body["error"] or "must be an integer" in body["error"]
+    assert console.get(f"/jobs/{job}/metrics?member=0&attempt=1").status_code == 200
+
+
+def test_durations_and_dates_take_ascii_digits_only(console) -> None:
+    for since in ("３０d", "30 d", "２０２６-11-01"):
+        _refused(console.get(f"/usage?since={since}"), 400, "since")
+    assert console.get("/usage?since=30d").status_code == 200
+
+
+def test_quota_bodies_are_strict_unknown_fields_and_coerced_booleans_refused(console, db: Database) -> None:
+    db.call("create_team", db.fetch_one("SELECT id FROM users WHERE username = 'admin'")["id"], "vision")
+    quotas = "/teams/vision/quotas"
+    for body, field in (
+        ({"fleet": "local", "guaranteed_gpus": 0, "overcommit": "yes"}, "overcommit"),
+        ({"fleet": "local", "guaranteed_gpus": 0, "overcommit": 1}, "overcommit"),
+        ({"fleet": "local", "guaranteed_gpus": "1"}, "guaranteed_gpus"),
+        ({"fleet": "local", "guaranteed_gpus": 0, "limt_gpus": 2}, "limt_gpus"),
+    ):
+        _refused(console.post(quotas, json=body), 400, field)
+    assert db.fetch_one("SELECT count(*) AS n FROM team_quotas")["n"] == 0

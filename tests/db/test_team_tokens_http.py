@@ -152,3 +152,54 @@ def test_a_team_scoped_token_reaches_only_its_teams_and_makes_no_wider_token(
     assert revoked.status_code == 200
     stranger = client.post(f"/tokens/{listed['ro']['id']}/revoke", json={}, headers=crew["dave"])
     assert stranger.status_code == 404
+
+
+def test_a_team_scoped_token_cannot_create_a_team(client: FlaskClient, crew: dict, db: Database) -> None:
+    scoped = _bearer(db, crew["ids"]["bob"], teams=["vision"], name="scoped")
+    refused = client.post("/teams", json={"name": "escape"}, headers=scoped)
+    assert refused.status_code == 403 and refused.get_json()["fields"].keys() == {"token"}
+    assert db.fetch_one("SELECT count(*) AS n FROM teams WHERE name = 'escape'")["n"] == 0
+    assert client.post("/teams", json={"name": "escape"}, headers=crew["bob"]).status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("ttl", "said"),
+    [
+        ("0s", "between 1m and 365d"),
+        ("0", "unit"),
+        ("30s", "between 1m and 365d"),
+        (" ", "blank"),
+        ("", "blank"),
+        ("7 d", "unit"),
+        ("７d", "unit"),
+        ("366d", "between 1m and 365d"),
+        ("-1h", "unit"),
+        (3600, "string"),
+    ],
+)
+def test_a_token_ttl_is_a_positive_ascii_duration_within_the_range(
+    client: FlaskClient, crew: dict, db: Database, ttl: object, said: str
+) -> None:
+    refused = client.post("/tokens", json={"name": "t", "ttl": ttl}, headers=crew["alice"])
+    assert refused.status_code == 400 and refused.get_json()["fields"].keys() == {"ttl"}, refused.get_json()
+    assert said in refused.get_json()["error"]
+    assert db.fetch_one("SELECT count(*) AS n FROM api_tokens WHERE name = 't'")["n"] == 0
+
+
+def test_a_token_ttl_in_range_expires_and_no_ttl_never_does(client: FlaskClient, crew: dict) -> None:
+    made = client.post("/tokens", json={"name": "t", "ttl": "1m"}, headers=crew["alice"])
+    assert made.status_code == 201 and made.get_json()["expires_at"] is not None
+    made = client.post("/tokens", json={"name": "u", "ttl": "365d"}, headers=crew["alice"])
+    assert made.status_code == 201
+    forever = client.post("/tokens", json={"name": "v"}, headers=crew["alice"])
+    assert forever.status_code == 201 and forever.get_json()["expires_at"] is None
+
+
+def test_a_token_name_with_a_control_character_or_an_unknown_field_is_refused(
+    client: FlaskClient, crew: dict
+) -> None:
+    for name in ("bad\nname", "bell\x07", "esc\x1b[31m"):
+        refused = client.post("/tokens", json={"name": name}, headers=crew["alice"])
+        assert refused.status_code == 400 and "name" in refused.get_json()["fields"]
+    unknown = client.post("/tokens", json={"name": "ok", "expires": "1d"}, headers=crew["alice"])
+    assert unknown.status_code == 400 and unknown.get_json()["fields"] == {"expires": "unknown field"}
