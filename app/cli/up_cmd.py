@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from tuneplane.app import db_functions as fn
-from tuneplane.app import migrate
+from tuneplane.app import migrate, webhook_targets
 from tuneplane.app.cli.options import server_side, settings_from
 from tuneplane.app.cli.up_ports import check_ports_free
 from tuneplane.app.client.config import config_path, read_config_file, write_config_file
@@ -67,16 +67,30 @@ def _write_cli_config(db: Database, ctx: UpContext) -> None:
 @click.option(
     "--telemetry-gateway-port", type=int, help="The telemetry gateway's port.  [default: --port + 2]"
 )
+@click.option(
+    "--webhook-allow",
+    envvar="TUNEPLANE_WEBHOOK_ALLOW",
+    default="",
+    help="Team webhooks may reach these hosts/CIDRs, comma-separated (e.g. 127.0.0.1,10.20.0.0/16,"
+    "hooks.internal), besides public addresses; plain http:// only to these.  [env: TUNEPLANE_WEBHOOK_ALLOW]",
+)
 @server_side
 def up_cmd(
     host: str,
     port: int,
     node_gateway_port: int | None,
     telemetry_gateway_port: int | None,
+    webhook_allow: str,
     database_url: str | None,
     data_dir: str | None,
 ) -> None:
     """Run TunePlane on this machine (embedded PostgreSQL unless a database URL is given)."""
+    try:
+        webhook_targets.Policy.parse(webhook_allow)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--webhook-allow") from None
+    # The console (registration) and the workers (every connect) apply it: both inherit it from here.
+    os.environ[webhook_targets.ENV_ALLOW] = webhook_allow
     ports = UpContext("", Path(), host, port, node_gateway_port, telemetry_gateway_port)
     check_ports_free(
         host,

@@ -19,11 +19,11 @@ from __future__ import annotations
 import secrets
 from datetime import UTC, datetime, timedelta
 
-from flask import Blueprint, flash, redirect, url_for
+from flask import Blueprint, flash, redirect, request, url_for
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tuneplane.app import db_functions as fn
-from tuneplane.app import usage_report
+from tuneplane.app import usage_report, webhook_targets
 from tuneplane.app.errors import Refusal
 from tuneplane.app.web.auth import current_user, login_required
 from tuneplane.app.web.limits import from_form, parse_body
@@ -79,7 +79,7 @@ class QuotaForm(_Form):
 class WebhookForm(_Form):
     url: str = Field(max_length=2000)
     secret: str = Field("", max_length=200)
-    kinds: str | list[str] = ""
+    kinds: str | list[str] | None = Field(None, max_length=1000)
 
 
 def _done(team: str, message: str, data: dict):
@@ -164,16 +164,38 @@ def team_quota(name: str):
     return _done(name, said, {"team": name, "quota": row})
 
 
+def _webhook_kinds(form: WebhookForm) -> list[str] | None:
+    """The kinds asked for: a JSON list as sent (`[]` is refused by create_team_webhook, not read as every
+    kind), a form's text split on commas and spaces; absent, or a form's empty field: every kind."""
+    if isinstance(form.kinds, list):
+        return form.kinds
+    if form.kinds is None:
+        return None
+    kinds = form.kinds.replace(",", " ").split()
+    if not kinds and request.is_json:
+        raise Refusal("kinds must be a non-empty list of event kinds", status=400, field="kinds")
+    return kinds or None
+
+
 @bp.post("/teams/<name>/webhooks")
 @login_required
 def team_webhook(name: str):
     form = parse_body(WebhookForm)
-    kinds = form.kinds if isinstance(form.kinds, list) else form.kinds.replace(",", " ").split()
+    try:
+        webhook_targets.check_target(form.url, webhook_targets.current_policy())
+    except webhook_targets.TargetRefused as exc:
+        raise Refusal(f"url: {exc}", status=400, field="url") from None
+    generated = not form.secret
     secret = form.secret or secrets.token_urlsafe(24)
-    hook = get_db().call(fn.create_team_webhook, current_user().id, name, form.url, secret, kinds or None)[0]
-    # The secret is shown this once (the receiver needs it to check signatures).
-    shown = {"id": hook["id"], "url": hook["url"], "kinds": hook["kinds"], "secret": secret}
-    return _done(name, f"webhook {hook['id']} added; its secret (shown once): {secret}", shown)
+    hook = get_db().call(
+        fn.create_team_webhook, current_user().id, name, form.url, secret, _webhook_kinds(form)
+    )[0]
+    shown = {"id": hook["id"], "url": hook["url"], "kinds": hook["kinds"]}
+    if not generated:  # the sender knows its own secret: it is never echoed
+        return _done(name, f"webhook {hook['id']} added", shown)
+    # A generated secret is shown this once (the receiver needs it to check signatures), never again.
+    said = f"webhook {hook['id']} added; its secret (shown once): {secret}"
+    return _done(name, said, {**shown, "secret": secret})
 
 
 @bp.post("/teams/<name>/webhooks/<int:webhook_id>/remove")

@@ -111,34 +111,66 @@ $$;
 CREATE OR REPLACE TRIGGER jobs_team_event AFTER UPDATE OF state ON tuneplane.jobs
     FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state) EXECUTE FUNCTION tuneplane.jobs_team_event();
 
--- create_team_webhook: a team admin registers a URL (HTTPS, or plain HTTP to loopback) with its secret
--- (16–200 characters) and the kinds it takes (NULL: every kind). Refuses a bad URL, secret or kind (400,
--- naming the field). Returns the webhook (its secret included: the caller shows it once).
+-- team_event_kinds: every kind of event a webhook may take (a job's states, preemption, idle GPUs).
+CREATE OR REPLACE FUNCTION tuneplane.team_event_kinds()
+RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['job.queued', 'job.reserved', 'job.preparing', 'job.running', 'job.succeeded', 'job.failed',
+                 'job.cancelled', 'job.preempted', 'job.idle_warning', 'job.idle_reclaimed', 'job.idle_withdrawn'];
+$$;
+
+-- team_event_error_class: what a team admin sees of a failed try without an HTTP status: only a coarse
+-- class (app/webhook_targets.py names them), never an exception's text, which would map what the
+-- worker's host can reach. Anything else (older rows' raw text included) reads as 'connection failed'.
+CREATE OR REPLACE FUNCTION tuneplane.team_event_error_class(p_error text)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_error IS NULL THEN NULL
+                WHEN p_error IN ('refused by policy', 'connection failed', 'TLS failed', 'timeout', 'webhook removed')
+                THEN p_error
+                ELSE 'connection failed' END;
+$$;
+
+-- create_team_webhook: a team admin registers a URL (HTTPS, or plain HTTP to loopback; no credentials in
+-- it; a port 1–65535) with its secret (16–200 characters) and the kinds it takes (NULL: every kind; else a
+-- non-empty list of known kinds, stored once each). Refuses a bad URL, secret or kind (400, naming the
+-- field). Where the URL's host may point is the target policy's (app/webhook_targets.py), checked by the
+-- console at registration and by the worker at every connect. Returns the webhook (its secret included:
+-- the caller shows a generated one once).
 CREATE OR REPLACE FUNCTION tuneplane.create_team_webhook(p_actor_id bigint, p_team text, p_url text,
                                                          p_secret text, p_kinds text[] DEFAULT NULL)
 RETURNS tuneplane.team_webhooks
 LANGUAGE plpgsql AS $$
 DECLARE
     t      tuneplane.teams := tuneplane.team_admin_of(p_actor_id, p_team, 'act');
+    v_port text;
+    v_kinds text[];
     result tuneplane.team_webhooks;
 BEGIN
     IF p_url IS NULL OR length(p_url) > 2000 OR NOT (
-           p_url ~ '^https://[^/?#\s]+([/?#]\S*)?$'
+           p_url ~ '^https://[^/?#@\s]+([/?#]\S*)?$'
            OR p_url ~ '^http://(localhost|127\.[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}|\[::1\])(:[0-9]{1,5})?([/?#]\S*)?$')
     THEN
-        RAISE EXCEPTION 'url must be https://… (plain http:// only to a loopback address), at most 2000 characters'
+        RAISE EXCEPTION 'url must be https://… (plain http:// only to a loopback address), without credentials, at most 2000 characters'
             USING ERRCODE = 'TP400', COLUMN = 'url';
+    END IF;
+    v_port := substring(p_url FROM '^https?://(?:[^/?#]*\]|[^/?#:]*):([^/?#]*)');
+    IF v_port IS NOT NULL AND (v_port !~ '^[0-9]{1,5}$' OR v_port::integer NOT BETWEEN 1 AND 65535) THEN
+        RAISE EXCEPTION 'url: the port must be 1 to 65535' USING ERRCODE = 'TP400', COLUMN = 'url';
     END IF;
     IF p_secret IS NULL OR length(p_secret) NOT BETWEEN 16 AND 200 THEN
         RAISE EXCEPTION 'secret must be 16 to 200 characters' USING ERRCODE = 'TP400', COLUMN = 'secret';
     END IF;
-    IF p_kinds IS NOT NULL AND (cardinality(p_kinds) = 0 OR EXISTS (
-            SELECT 1 FROM unnest(p_kinds) k WHERE k IS NULL OR k !~ '^[a-z]+\.[a-z_]{1,60}$')) THEN
-        RAISE EXCEPTION 'kinds must be event kinds such as job.succeeded, job.failed' USING ERRCODE = 'TP400',
-            COLUMN = 'kinds';
+    IF p_kinds IS NOT NULL THEN
+        IF cardinality(p_kinds) = 0 OR cardinality(p_kinds) > 1000 OR EXISTS (
+                SELECT 1 FROM unnest(p_kinds) k WHERE k IS NULL OR k <> ALL (tuneplane.team_event_kinds())) THEN
+            RAISE EXCEPTION 'kinds must be a non-empty list of event kinds: %',
+                array_to_string(tuneplane.team_event_kinds(), ', ') USING ERRCODE = 'TP400', COLUMN = 'kinds';
+        END IF;
+        SELECT array_agg(DISTINCT k ORDER BY k) INTO v_kinds FROM unnest(p_kinds) k;
     END IF;
     INSERT INTO tuneplane.team_webhooks (team_id, url, secret, kinds, created_by)
-    VALUES (t.id, p_url, p_secret, p_kinds, p_actor_id)
+    VALUES (t.id, p_url, p_secret, v_kinds, p_actor_id)
     RETURNING * INTO result;
     RETURN result;
 END;
@@ -211,7 +243,7 @@ BEGIN
         RAISE EXCEPTION 'no delivery %', p_delivery_id USING ERRCODE = 'TP404', COLUMN = 'delivery';
     END IF;
     INSERT INTO tuneplane.team_event_attempts (delivery_id, attempt, status, error, duration_ms)
-    VALUES (d.id, p_attempt, p_status, left(p_error, 500), greatest(p_duration_ms, 0))
+    VALUES (d.id, p_attempt, p_status, tuneplane.team_event_error_class(p_error), greatest(p_duration_ms, 0))
     ON CONFLICT (delivery_id, attempt) DO NOTHING;
     IF d.state <> 'pending' OR d.attempts <> p_attempt THEN
         RETURN d.state;
@@ -226,7 +258,8 @@ BEGIN
            claimed_by = NULL, claimed_until = NULL,
            last_status = p_status,
            last_error = CASE WHEN v_ok THEN NULL
-                             ELSE left(coalesce(p_error, format('answered HTTP %s', p_status)), 500) END
+                             ELSE coalesce(tuneplane.team_event_error_class(p_error),
+                                           format('answered HTTP %s', p_status)) END
      WHERE id = d.id
     RETURNING state INTO d.state;
     RETURN d.state;
@@ -256,7 +289,9 @@ LANGUAGE sql STABLE AS $$
     SELECT w.id, w.url, w.kinds, w.created_at,
            count(*) FILTER (WHERE d.state = 'pending'), count(*) FILTER (WHERE d.state = 'delivered'),
            count(*) FILTER (WHERE d.state = 'gave_up'),
-           (SELECT x.last_error FROM tuneplane.team_event_deliveries x
+           (SELECT CASE WHEN x.last_error ~ '^answered HTTP [0-9]+$' THEN x.last_error
+                        ELSE tuneplane.team_event_error_class(x.last_error) END
+              FROM tuneplane.team_event_deliveries x
              WHERE x.webhook_id = w.id AND x.last_error IS NOT NULL ORDER BY x.id DESC LIMIT 1)
       FROM tuneplane.team_webhooks w
       LEFT JOIN tuneplane.team_event_deliveries d ON d.webhook_id = w.id
@@ -274,7 +309,8 @@ LANGUAGE sql STABLE AS $$
     SELECT d.id, d.event_id, d.webhook_id, d.job_id, d.kind, d.state, d.attempts, d.created_at,
            d.next_attempt_at, d.delivered_at,
            coalesce((SELECT jsonb_agg(jsonb_build_object('attempt', x.attempt, 'at', x.at, 'status', x.status,
-                                                         'error', x.error, 'duration_ms', x.duration_ms)
+                                                         'error', tuneplane.team_event_error_class(x.error),
+                                                         'duration_ms', x.duration_ms)
                                       ORDER BY x.attempt)
                        FROM tuneplane.team_event_attempts x WHERE x.delivery_id = d.id), '[]'::jsonb)
       FROM tuneplane.team_event_deliveries d

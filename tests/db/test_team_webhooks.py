@@ -21,6 +21,13 @@ from tuneplane.workers.backend.webhook_delivery import WebhookDeliverer
 SECRET = "s3cret-s3cret-s3cret"
 
 
+@pytest.fixture(autouse=True)
+def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver listens on loopback, which the webhook target policy refuses unless the operator
+    opens it (app/webhook_targets.py): these tests run with the allow-list set to 127.0.0.1."""
+    monkeypatch.setenv("TUNEPLANE_WEBHOOK_ALLOW", "127.0.0.1")
+
+
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
     r = Receiver()

@@ -25,6 +25,12 @@ pytestmark = pytest.mark.e2e
 
 SECRET = "e2e-idle-webhook-secret-01"
 
+
+@pytest.fixture(autouse=True)
+def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver is on loopback: the webhook target policy is opened for it (app/webhook_targets.py)."""
+    monkeypatch.setenv("TUNEPLANE_WEBHOOK_ALLOW", "127.0.0.1")
+
 # Holds its GPUs doing nothing until asked to checkpoint and stop (sdk.preempting(), which also traps the
 # SIGTERM that comes with the request), then publishes a checkpoint, waits for its verification and exits.
 # Started as `exec <this interpreter> idle.py`: a `python` found on PATH may be a wrapper script (pyenv's

@@ -22,6 +22,13 @@ pytestmark = pytest.mark.e2e
 SECRET = "e2e-webhook-secret-0123"
 
 
+@pytest.fixture(autouse=True)
+def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The receiver listens on loopback, which the webhook target policy refuses unless the operator
+    opens it (app/webhook_targets.py): these tests run with the allow-list set to 127.0.0.1."""
+    monkeypatch.setenv("TUNEPLANE_WEBHOOK_ALLOW", "127.0.0.1")
+
+
 def _submit_as(cluster: Cluster, user_id: int) -> int:
     blobs = FilesystemBlobStore(cluster.data_dir / "blobs")
     archive = archives.receive_archive(

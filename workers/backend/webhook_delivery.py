@@ -23,8 +23,8 @@ from collections.abc import Callable
 import psycopg
 
 from tuneplane.app import db_functions as fn
-from tuneplane.app.client.transport import ClientError, check_transport
-from tuneplane.app.errors import Refusal
+from tuneplane.app import webhook_targets
+from tuneplane.app.errors import Refusal, clip
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
 from tuneplane.app.webhook_signature import EVENT_ID_HEADER, EVENT_KIND_HEADER, SIGNATURE_HEADER, sign
 
@@ -35,22 +35,18 @@ CHANNEL = "tuneplane_team_events"
 BATCH = 16
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A redirect is an answer, not a place to send the event (its target was never registered)."""
-
-    def redirect_request(self, *args, **kwargs):
-        return None
-
-
-_opener = urllib.request.build_opener(_NoRedirect)
-
-
-def post_event(url: str, secret: str, body: dict, timeout: float) -> tuple[int | None, str | None]:
-    """One POST of a signed event: (HTTP status, None) or (None, why no status came back)."""
+def post_event(
+    url: str, secret: str, body: dict, timeout: float, policy: webhook_targets.Policy | None = None
+) -> tuple[int | None, str | None]:
+    """One POST of a signed event: (HTTP status, None) or (None, the coarse class of why no status came
+    back: refused by policy, connection failed, TLS failed, timeout). The target policy is applied where
+    the connection is made (app/webhook_targets.py), to the address actually connected to."""
+    policy = webhook_targets.current_policy() if policy is None else policy
     try:
-        check_transport(url)
-    except ClientError as exc:
-        return None, exc.message
+        webhook_targets.check_url(url, policy)
+    except webhook_targets.TargetRefused as exc:
+        log.warning("webhook to %s refused: %s", clip(url, 200), exc)
+        return None, webhook_targets.REFUSED
     data = json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
     request = urllib.request.Request(
         url,
@@ -65,14 +61,15 @@ def post_event(url: str, secret: str, body: dict, timeout: float) -> tuple[int |
         },
     )
     try:
-        with _opener.open(request, timeout=timeout) as response:
+        with webhook_targets.opener(policy).open(request, timeout=timeout) as response:
             response.read(65536)
             return response.status, None
     except urllib.error.HTTPError as exc:
         return exc.code, None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        return None, f"{type(exc).__name__}: {reason}"[:500]
+    except (webhook_targets.TargetRefused, urllib.error.URLError, OSError, ValueError) as exc:
+        # The operator's log keeps the detail; the team's page gets the class only.
+        log.info("webhook to %s failed: %s", clip(url, 200), clip(f"{type(exc).__name__}: {exc}", 300))
+        return None, webhook_targets.failure_class(exc)
 
 
 class WebhookDeliverer:
@@ -83,6 +80,7 @@ class WebhookDeliverer:
         self.poll_interval = poll_interval
         self.say = say
         self.wake = asyncio.Event()
+        self.policy = webhook_targets.current_policy()
 
     async def deliver_due(self) -> int:
         """Claims and sends one batch of due deliveries; returns how many were tried."""
@@ -93,7 +91,7 @@ class WebhookDeliverer:
     async def _send(self, row: dict) -> None:
         started = time.monotonic()
         status, error = await asyncio.to_thread(
-            post_event, row["url"], row["secret"], row["body"], row["timeout_s"]
+            post_event, row["url"], row["secret"], row["body"], row["timeout_s"], self.policy
         )
         elapsed_ms = int((time.monotonic() - started) * 1000)
         state = (

@@ -149,7 +149,7 @@ def simple_scalars(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> Simp
     ends_here = (varint & 0x80) == 0
     ok &= ends_here.any(axis=1)
     vlen = np.argmax(ends_here, axis=1) + 1
-    shifts = (np.arange(_MAX_VARINT, dtype=np.uint64) * np.uint64(7))
+    shifts = np.arange(_MAX_VARINT, dtype=np.uint64) * np.uint64(7)
     used = np.arange(_MAX_VARINT) < vlen[:, None]
     step = np.bitwise_or.reduce(np.where(used, (varint & np.uint64(0x7F)) << shifts, np.uint64(0)), axis=1)
     # A 10-byte varint carries at most one bit in its last byte (64 bits in all).
