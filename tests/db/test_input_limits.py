@@ -356,7 +356,7 @@ def test_one_parameter_is_refused_with_one_range_whatever_the_value(console, db:
 
 
 def test_metrics_member_and_attempt_beyond_sql_integer_are_400_not_500(console, db: Database) -> None:
-    """Issue 38: `member=2147483648` reached telemetry_job_series(integer) as a bigint (function not found)."""
+    """Issue 38: `member=2147483648` reached telemetry_job_series(integer) as a bigint: a 500."""
     from tests.launch_fixtures import make_fleet, make_job
 
     job = make_job(db, db.fetch_one("SELECT id FROM users WHERE username = 'admin'")["id"], make_fleet(db))

@@ -31,6 +31,7 @@ def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
     """The receiver is on loopback: the webhook target policy is opened for it (app/webhook_targets.py)."""
     monkeypatch.setenv("TUNEPLANE_WEBHOOK_ALLOW", "127.0.0.1")
 
+
 # Holds its GPUs doing nothing until asked to checkpoint and stop (sdk.preempting(), which also traps the
 # SIGTERM that comes with the request), then publishes a checkpoint, waits for its verification and exits.
 # Started as `exec <this interpreter> idle.py`: a `python` found on PATH may be a wrapper script (pyenv's
@@ -67,9 +68,7 @@ def test_idle_job_is_warned_then_reclaimed_and_the_team_webhook_hears_both_once(
         telemetry = cluster.start_telemetry_gateway()
         cluster.start_agent("a", "--simulate-gpus", "2")
         cluster.start_worker()
-        archive = cluster.upload_source(
-            {"idle.py": HOLDER}
-        )
+        archive = cluster.upload_source({"idle.py": HOLDER})
         job_id = cluster.submit(
             {
                 "source": {
