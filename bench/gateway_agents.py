@@ -192,7 +192,7 @@ async def listen_for_notifies(url: str, seconds: float) -> int:
 
 
 async def gateway_health(http: aiohttp.ClientSession, server: str, reset: bool = False) -> dict:
-    async with http.get(f"{server}/healthz", params={"reset": "1"} if reset else None) as response:
+    async with http.get(f"{server}/v1/stats", params={"reset": "1"} if reset else None) as response:
         return await response.json()
 
 

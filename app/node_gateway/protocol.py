@@ -23,6 +23,7 @@ CONTROL_PATH = "/v1/control"
 REPORTS_PATH = "/v1/reports"
 FILES_PATH = "/v1/files/"
 HEALTH_PATH = "/healthz"
+STATS_PATH = "/v1/stats"  # the counters, to a loopback peer only (the bench, an operator on the host)
 
 # Secrets' prefixes make a leaked string recognizable in logs and scanners.
 CREDENTIAL_PREFIX = "tpn"

@@ -15,6 +15,7 @@ import collections
 import contextlib
 import datetime as dt
 import gc
+import ipaddress
 import json
 import logging
 import ssl
@@ -155,6 +156,7 @@ class Gateway:
         app.router.add_post(protocol.REPORTS_PATH, self.http_report)
         app.router.add_get(protocol.FILES_PATH + "{kind}/{name:.+}", self.fetch_file)
         app.router.add_get(protocol.HEALTH_PATH, self.health)
+        app.router.add_get(protocol.STATS_PATH, self.stats_answer)
         launch.install(app, self.db, self.blob_dir)
         app.on_startup.append(self._on_startup)
         app.on_shutdown.append(self._on_shutdown)
@@ -194,7 +196,19 @@ class Gateway:
 
     # ---- HTTP endpoints -----------------------------------------------------------------------------
 
-    async def health(self, request: web.Request) -> web.Response:
+    async def health(self, _request: web.Request) -> web.Response:
+        """Unauthenticated liveness: that it is alive, nothing else (no version, host name or counters
+        for anyone probing)."""
+        return web.json_response({"status": "ok"})
+
+    async def stats_answer(self, request: web.Request) -> web.Response:
+        """The gateway's counters, to a peer on the gateway's own host only (404 to anyone else)."""
+        try:
+            local = request.remote is not None and ipaddress.ip_address(request.remote).is_loopback
+        except ValueError:
+            local = False
+        if not local:
+            raise web.HTTPNotFound()
         answer = {
             "status": "ok",
             "gateway": self.name,

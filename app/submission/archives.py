@@ -116,8 +116,11 @@ class _InflateCounter:
 
 
 def check_content_type(mimetype: str | None) -> None:
-    """Refuse (415) a body labelled as something other than an archive; an unlabelled part passes."""
-    if mimetype and mimetype.lower() not in ARCHIVE_TYPES:
+    """Refuse (415) a body not labelled as an archive: labelled as something else, or not labelled at all
+    (an upload says what it is; a body without a Content-Type is not guessed at)."""
+    if not mimetype:
+        raise _refuse("it has no Content-Type (send application/gzip)", status=415)
+    if mimetype.lower() not in ARCHIVE_TYPES:
         raise _refuse(
             f"its Content-Type is {clip(mimetype, 80)!r}, not an archive type (send application/gzip)",
             status=415,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Literal
 
 import numpy as np
 import psycopg
@@ -42,7 +43,10 @@ class SdkPoint(BaseModel):
 
 
 class SdkBatch(BaseModel):
-    model_config = ConfigDict(strict=True)
+    # Unknown top-level fields are refused by name (a misspelt `point` is not an empty batch); the format
+    # is versioned (`format`, only 1 so far) so the SDK can grow without the gateway guessing.
+    model_config = ConfigDict(strict=True, extra="forbid")
+    format: Literal[1] = 1
     client: str = Field(min_length=1, max_length=200)
     seq: int = Field(ge=0, lt=2**63)
     source: str = Field(default="sdk", min_length=1, max_length=limits.MAX_NAME_LEN)
@@ -72,7 +76,8 @@ async def refusals(request: web.Request, handler) -> web.StreamResponse:
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        return _error(400, f"{where}: {first.get('msg')}", {where: first.get("msg", "")})
+        said = "unknown field" if first.get("type") == "extra_forbidden" else first.get("msg", "")
+        return _error(400, f"{where}: {said}", {where: said})
     except (psycopg.OperationalError, PoolTimeout) as exc:
         log.warning("database unavailable: %s", str(exc).strip().splitlines()[0] if str(exc).strip() else exc)
         return _error(503, "the database is unavailable; retry later")

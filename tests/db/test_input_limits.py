@@ -209,6 +209,10 @@ def test_source_upload_with_a_non_archive_content_type_is_a_415(console, db: Dat
     multipart = {"archive": (io.BytesIO(data), "a.tar.gz", "text/html")}
     _refused(console.post("/sources", data=multipart, content_type="multipart/form-data"), 415, "archive")
     assert db.fetch_one("SELECT count(*) AS n FROM source_archives")["n"] == 0
+    unlabelled = console.post("/sources", data=data, headers={"Content-Type": ""})
+    _refused(unlabelled, 415, "archive")
+    assert "no Content-Type" in unlabelled.get_json()["error"]
+    assert db.fetch_one("SELECT count(*) AS n FROM source_archives")["n"] == 0
     assert console.post("/sources", data=data, content_type="application/gzip").status_code == 201
 
 
@@ -384,3 +388,37 @@ def test_quota_bodies_are_strict_unknown_fields_and_coerced_booleans_refused(con
     ):
         _refused(console.post(quotas, json=body), 400, field)
     assert db.fetch_one("SELECT count(*) AS n FROM team_quotas")["n"] == 0
+
+
+def test_an_sdk_batch_with_an_unknown_top_level_field_is_refused_by_name(db_url: str, db: Database) -> None:
+    from tests.telemetry_support import make_job, make_user, member_token, running_gateway
+
+    token = member_token(db, make_job(db, make_user(db, "carol")))
+    point = {"name": "loss", "step": 1, "value": 0.5}
+    with running_gateway(db_url) as gateway:
+        url = f"http://127.0.0.1:{gateway.port}/v1/telemetry/points"
+        headers = {"Authorization": f"Bearer {token}"}
+        for body, field in (
+            ({"client": "c", "seq": 1, "points": [point], "extra": 1}, "extra"),
+            ({"client": "c", "seq": 1, "point": [point], "points": []}, "point"),
+            ({"format": 2, "client": "c", "seq": 1, "points": [point]}, "format"),
+        ):
+            answer = httpx.post(url, json=body, headers=headers)
+            assert answer.status_code == 400 and field in answer.json()["fields"], answer.text
+        assert db.fetch_one("SELECT count(*) AS n FROM telemetry_series")["n"] == 0
+        ok = httpx.post(url, json={"format": 1, "client": "c", "seq": 1, "points": [point]}, headers=headers)
+        assert ok.status_code == 200, ok.text
+
+
+def test_unauthenticated_healthz_says_only_that_it_is_alive(db_url: str, db: Database) -> None:
+    from tests.telemetry_support import running_gateway as telemetry_gateway
+
+    async def node_gateway() -> tuple[dict, dict]:
+        async with running_gateway(db_url) as (_gateway, url), httpx.AsyncClient(base_url=url) as client:
+            return (await client.get("/healthz")).json(), (await client.get("/v1/stats")).json()
+
+    health, stats = asyncio.run(node_gateway())
+    assert health == {"status": "ok"}
+    assert {"version", "sessions", "gateway"} <= stats.keys()  # the counters: to a loopback peer only
+    with telemetry_gateway(db_url) as gateway:
+        assert httpx.get(f"{gateway.url}/healthz").json() == {"ok": True}

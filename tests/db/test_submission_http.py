@@ -277,7 +277,8 @@ def test_zip_bomb_is_refused_and_nothing_is_stored(
 def test_oversized_upload_is_a_413(client: FlaskClient, users: dict, db: Database, app: Flask) -> None:
     root = db.fetch_one("SELECT id FROM users WHERE username = 'root'")["id"]
     db.call("set_submission_setting", root, "archive_max_bytes", 1000)
-    response = client.post("/sources", data=ab.many_tiny_files(200), headers=users["alice"])
+    gzip = {**users["alice"], "Content-Type": "application/gzip"}
+    response = client.post("/sources", data=ab.many_tiny_files(200), headers=gzip)
     assert response.status_code == 413
     assert_nothing_stored(db, app)
 
@@ -296,7 +297,7 @@ def test_source_upload_then_preview_pins_the_archive(client: FlaskClient, users:
     facts = up.get_json()
     blob = Path(app.config["TP_DATA_DIR"]) / "blobs" / "sha256" / facts["sha256"][:2] / facts["sha256"]
     assert blob.read_bytes() == data
-    again = client.post("/sources", data=data, headers=users["alice"])
+    again = client.post("/sources", data=data, headers={**users["alice"], "Content-Type": "application/gzip"})
     assert again.get_json()["sha256"] == facts["sha256"]
     spec = {"source": {"archive": facts["archive"], "entrypoint": "python train.py"}}
     preview = client.post("/previews", json=spec, headers=users["alice"])
