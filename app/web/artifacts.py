@@ -241,6 +241,7 @@ def _checked_body(stream: BinaryIO, entry: dict, label: str) -> Iterable[bytes]:
 @bp.post("/artifacts/<int:artifact_id>/verify")
 @login_required
 def verify(artifact_id: int):
+    body_dict(())  # takes no fields: a JSON body naming one is refused by its name
     db = get_db()
     artifact = db.call(fn.artifact_to_verify, _user_id(), artifact_id)[0]
     report = verify_stored(FsBlobStore(blob_dir()), artifact)
@@ -257,7 +258,7 @@ def verify(artifact_id: int):
 def request_checkpoint(job_id: int):
     """Ask the job's running members (or the one of `rank`) for a checkpoint now (202: asked; each
     member's workload saves one and publishes it as checkpoint.N, docs/artifacts.md)."""
-    raw = body_dict().get("rank")
+    raw = body_dict(("rank",)).get("rank")
     rank = None
     if raw not in (None, ""):
         text = str(raw)

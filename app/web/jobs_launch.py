@@ -166,7 +166,7 @@ def exempt_idle(job_id: str):
     """An installation admin exempts a job from the idle-GPU policy (exempt_job_idle: admin only, a reason
     required, recorded on the job's timeline)."""
     jid = service.parse_job_id(job_id)
-    reason = body_dict().get("reason")
+    reason = body_dict(("reason",)).get("reason")
     if not isinstance(reason, str):
         raise Refusal("reason is required (text)", status=400, field="reason")
     row = get_db().call_retrying(fn.exempt_job_idle, current_user().id, jid, reason)[0]
@@ -181,7 +181,7 @@ def exempt_idle(job_id: str):
 def preempt(job_id: str):
     """Installation admins: ask the job to checkpoint and stop (docs/preemption.md); it resumes later."""
     jid = service.parse_job_id(job_id)
-    grace = body_dict().get("grace")
+    grace = body_dict(("grace",)).get("grace")
     if grace is not None and (isinstance(grace, bool) or not isinstance(grace, int)):
         raise Refusal("grace must be a whole number of seconds", status=422, field="grace")
     row = get_db().call_retrying(fn.admin_preempt_job, current_user().id, jid, grace)[0]
@@ -203,7 +203,7 @@ def preempt(job_id: str):
 @login_required
 def cancel(job_id: str):
     jid = service.parse_job_id(job_id)
-    reason = body_dict().get("reason")
+    reason = body_dict(("reason",)).get("reason")
     if reason is not None and not isinstance(reason, str):
         raise Refusal("reason must be text", status=400, field="reason")
     reason = (reason or "").strip() or None

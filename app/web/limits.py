@@ -14,6 +14,7 @@ session cookie's Secure flag whenever the request arrived over HTTPS.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, TypeVar
 
 from flask import Flask, Response, request
@@ -106,14 +107,26 @@ def install(app: Flask) -> None:
     app.after_request(security_headers)
 
 
-def body_dict() -> dict[str, Any]:
-    """The request's JSON object, or its form fields: the body of an endpoint that takes either."""
+def body_dict(allowed: Collection[str] | None = None) -> dict[str, Any]:
+    """The request's JSON object, or its form fields: the body of an endpoint that takes either. With
+    `allowed`, a JSON body naming any other field is refused by its name (a form carries the CSRF token
+    and the page's hidden fields beside its own)."""
     if request.is_json:
         body = request.get_json()
         if not isinstance(body, dict):
             raise Refusal("the body must be a JSON object", status=400, field="body")
+        if allowed is not None:
+            refuse_unknown(body, allowed)
         return body
     return request.form.to_dict()
+
+
+def refuse_unknown(body: dict[str, Any], known: Collection[str]) -> None:
+    unknown = [str(key) for key in body if key not in known]
+    if unknown:
+        refusal = Refusal(f"{unknown[0]}: unknown field", status=400, field=unknown[0])
+        refusal.fields.update({key: "unknown field" for key in unknown})
+        raise refusal
 
 
 def parse_body(model: type[M], data: dict[str, Any] | None = None) -> M:
@@ -127,12 +140,9 @@ def parse_body(model: type[M], data: dict[str, Any] | None = None) -> M:
     if data is None:
         data = body_dict()
     if strict:
-        known = set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
-        unknown = [key for key in data if key not in known]
-        if unknown:
-            refusal = Refusal(f"{unknown[0]}: unknown field", status=400, field=str(unknown[0]))
-            refusal.fields.update({str(key): "unknown field" for key in unknown})
-            raise refusal
+        refuse_unknown(
+            data, set(model.model_fields) | {f.alias for f in model.model_fields.values() if f.alias}
+        )
     try:
         return model.model_validate(data, strict=strict or None, context={"form": not strict})
     except ValidationError as exc:

@@ -16,6 +16,7 @@ from tuneplane.app import db_functions as fn
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import hash_password, new_token, verify_password
 from tuneplane.app.web.csrf import csrf_exempt, init_csrf, rotate_csrf_token
+from tuneplane.app.web.limits import refuse_unknown
 from tuneplane.app.web.negotiate import json_response, wants_json
 from tuneplane.app.web.state import get_db
 
@@ -108,12 +109,15 @@ def _issue_token():
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
         raise Refusal("the body must be a JSON object", status=400, field="body")
+    refuse_unknown(body, ("username", "password", "name"))
     username, password = body.get("username"), body.get("password")
     if not isinstance(username, str) or not username:
         raise Refusal("username is required", status=400, field="username")
     if not isinstance(password, str) or not password:
         raise Refusal("password is required", status=400, field="password")
-    name = body.get("name") if isinstance(body.get("name"), str) and body.get("name") else "tuneplane login"
+    name = body.get("name") or "tuneplane login"
+    if not isinstance(name, str):
+        raise Refusal("name must be text", status=400, field="name")
     user = _check_credentials(username, password)
     plaintext, digest = new_token("tpu")
     token = get_db().call(fn.issue_api_token, user["id"], name[:100], digest, None)[0]

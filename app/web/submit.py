@@ -28,6 +28,7 @@ from tuneplane.app.submission.io_flags import parse_input, parse_output
 from tuneplane.app.submission.jobspec import LAUNCHERS
 from tuneplane.app.submission.pins import recipes
 from tuneplane.app.web.auth import current_user, login_required
+from tuneplane.app.web.limits import refuse_unknown
 from tuneplane.app.web.negotiate import json_response, wants_json
 from tuneplane.app.web.state import get_db
 
@@ -246,6 +247,7 @@ def confirm(preview_id: str):
             raise Refusal(
                 "the body must be a JSON object with digest and retry_key", status=400, field="body"
             )
+        refuse_unknown(body, ("digest", "retry_key"))
     else:
         body = request.form
     digest, retry_key = body.get("digest"), body.get("retry_key")

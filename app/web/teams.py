@@ -26,7 +26,7 @@ from tuneplane.app import db_functions as fn
 from tuneplane.app import usage_report, webhook_targets
 from tuneplane.app.errors import Refusal
 from tuneplane.app.web.auth import current_user, login_required
-from tuneplane.app.web.limits import from_form, parse_body
+from tuneplane.app.web.limits import body_dict, from_form, parse_body
 from tuneplane.app.web.negotiate import json_response, respond, wants_json
 from tuneplane.app.web.state import get_db
 
@@ -201,5 +201,6 @@ def team_webhook(name: str):
 @bp.post("/teams/<name>/webhooks/<int:webhook_id>/remove")
 @login_required
 def team_webhook_remove(name: str, webhook_id: int):
+    body_dict(())  # takes no fields
     get_db().call(fn.remove_team_webhook, current_user().id, name, webhook_id)
     return _done(name, f"webhook {webhook_id} removed", {"id": webhook_id, "removed": True})

@@ -23,7 +23,7 @@ from tuneplane.app.durations import MINUTE, parse_duration
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import new_token
 from tuneplane.app.web.auth import current_user, login_required
-from tuneplane.app.web.limits import refusal_from_errors
+from tuneplane.app.web.limits import body_dict, refusal_from_errors
 from tuneplane.app.web.negotiate import json_response, respond, wants_json
 from tuneplane.app.web.state import get_db
 
@@ -99,6 +99,7 @@ def create_token():
 @bp.post("/tokens/<int:token_id>/revoke")
 @login_required
 def revoke_token(token_id: int):
+    body_dict(())  # takes no fields
     get_db().call(fn.revoke_api_token, current_user().id, token_id)
     if wants_json() or request.is_json:
         return json_response({"token_id": token_id, "revoked": True})

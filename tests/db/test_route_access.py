@@ -95,6 +95,7 @@ GATEWAY_NOT_JOB_SCOPED = {
     },
     "node": {
         "/v1/enroll": "an enrollment token makes a node; no job",
+        "/v1/stats": "the gateway's counters, to a loopback peer only; no job",
         "/v1/control": "the node's control session (node credential): its own members only "
         "(tests/db/test_node_gateway.py)",
         "/v1/reports": "the node's reports (node credential): member_of_node refuses another node's "
