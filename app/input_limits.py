@@ -35,9 +35,10 @@ INT4_MAX, INT8_MAX = INT4[1], INT8[1]
 
 # Query parameters that are integers on every endpoint that takes them, with their declared range: the
 # widest any endpoint accepts (an endpoint may narrow it). Attempts count from 1 (0: the job page's "no
-# attempt shown yet"), member ranks from 0 (both SQL integer); ids are positive bigints; steps any bigint. `limit` (None) has no range shared by every
-# endpoint: each one that reads it states its own (the jobs list's 1..1000, a log's the stored
-# function's), so that one parameter is refused with one range whatever the value.
+# attempt shown yet"), member ranks from 0 (both SQL integer); ids are positive bigints; steps any
+# bigint. `limit` (None) has no range shared by every endpoint: each one that reads it states its own
+# (the jobs list's 1..1000, a log's the stored function's), so that one parameter is refused with one
+# range whatever the value.
 INT_PARAMS: dict[str, tuple[int, int] | None] = {
     "limit": None, "member": (0, INT4_MAX), "attempt": (0, INT4_MAX), "rank": (0, INT4_MAX),
     "max_points": (1, INT4_MAX), "skip": (0, INT4_MAX), "page": (1, INT4_MAX), "before": (1, INT8_MAX),
