@@ -208,6 +208,7 @@ revoke_api_token = StoredFunction("revoke_api_token", "bigint", "bigint")
 rotate_node_credential = StoredFunction("rotate_node_credential", "bigint", "bigint", "text")
 server_secret = StoredFunction("server_secret", "text", "text")
 set_team_member_by_name = StoredFunction("set_team_member_by_name", "bigint", "text", "text", "text")
+set_team_priority_grant = StoredFunction("set_team_priority_grant", "bigint", "text", "text", "text")
 set_team_quota = StoredFunction(
     "set_team_quota",
     "bigint",
@@ -253,6 +254,7 @@ team_event_delivery_result = StoredFunction(
     "team_event_delivery_result", "bigint", "integer", "integer", "text", "integer"
 )
 team_members_of = StoredFunction("team_members_of", "bigint", "text")
+team_priority_grants_of = StoredFunction("team_priority_grants_of", "bigint")
 team_queue_of = StoredFunction("team_queue_of", "bigint", "text")
 team_quotas_of = StoredFunction("team_quotas_of", "bigint", "text")
 team_read_of = StoredFunction("team_read_of", "bigint", "text")

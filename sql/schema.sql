@@ -915,6 +915,19 @@ CREATE TABLE tuneplane.team_members (
 );
 CREATE INDEX team_members_user ON tuneplane.team_members USING btree (user_id, team_id);
 
+CREATE TABLE tuneplane.team_priority_grants (
+    team_id bigint NOT NULL,
+    fleet_id bigint,
+    max_class text NOT NULL,
+    granted_by bigint,
+    granted_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT team_priority_grants_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id) ON DELETE CASCADE,
+    CONSTRAINT team_priority_grants_granted_by_fkey FOREIGN KEY (granted_by) REFERENCES tuneplane.users(id),
+    CONSTRAINT team_priority_grants_max_class_fkey FOREIGN KEY (max_class) REFERENCES tuneplane.priority_classes(name) ON UPDATE CASCADE,
+    CONSTRAINT team_priority_grants_team_id_fkey FOREIGN KEY (team_id) REFERENCES tuneplane.teams(id) ON DELETE CASCADE
+);
+CREATE UNIQUE INDEX team_priority_grants_team_fleet ON tuneplane.team_priority_grants USING btree (team_id, COALESCE(fleet_id, (0)::bigint));
+
 CREATE TABLE tuneplane.team_quotas (
     team_id bigint NOT NULL,
     fleet_id bigint NOT NULL,

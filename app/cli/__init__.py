@@ -39,6 +39,7 @@ COMMANDS_BY_NAME: dict[str, tuple[str, ...]] = {
     "node-gateway": ("tuneplane.app.cli.node_cmd",),
     "fleet": ("tuneplane.app.cli.fleet_cmd",),
     "token": ("tuneplane.app.cli.teams_cmd",),
+    "teams": ("tuneplane.app.cli.teams_cmd",),
     "worker": ("tuneplane.app.cli.launch_cmd",),
     "runner": ("tuneplane.app.cli.launch_cmd",),
     "usage": ("tuneplane.app.cli.usage_cmd",),

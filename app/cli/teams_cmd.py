@@ -84,4 +84,39 @@ def token_revoke(token_id: int, server, token, ca_bundle) -> None:
     click.echo(f"token {token_id} revoked")
 
 
-COMMANDS = [token_group]
+@click.group("teams")
+def teams_group() -> None:
+    """Teams: what their members may use (more subcommands join this group)."""
+
+
+@teams_group.command("priority")
+@click.argument("team")
+@click.option("--max", "max_class", default=None, help="The highest class to allow (high, urgent).")
+@click.option("--fleet", default=None, help="Only on this fleet (default: every fleet).")
+@click.option("--remove", is_flag=True, help="Remove the grant (for --fleet, or the every-fleet one).")
+@json_option
+@client_options
+def teams_priority(
+    team: str, max_class: str | None, fleet: str | None, remove: bool, as_json: bool, server, token, ca_bundle
+) -> None:
+    """Show or grant the highest priority class TEAM's members may use (granting: installation admins).
+
+    Without --max or --remove it lists the team's grants (no grant: up to normal on every fleet)."""
+    from urllib.parse import quote
+
+    if max_class and remove:
+        raise click.UsageError("give --max or --remove, not both")
+    with api_client(server, token, ca_bundle) as api:
+        if max_class or remove:
+            body = {"max_class": "" if remove else max_class, "fleet": fleet or ""}
+            grants = api.post(f"/teams/{quote(team, safe='')}/priority", json=body)["priority"]
+        else:
+            grants = api.get(f"/teams/{quote(team, safe='')}")["priority"]
+    if as_json:
+        print_json(grants)
+        return
+    rows = [{"fleet": g["fleet"] or "every fleet", "up to": g["max_class"]} for g in grants]
+    print_table(rows, ["fleet", "up to"], empty=f"{team}: no grant, up to normal on every fleet")
+
+
+COMMANDS = [token_group, teams_group]

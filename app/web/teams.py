@@ -7,6 +7,8 @@ GET  /teams/<name>                            the team page (HTML or JSON)
 POST /teams/<name>/members                    username, role (admin|member|viewer|remove): team admins
 POST /teams/<name>/quotas                     fleet, gpu_model, guaranteed_gpus, limit_gpus, weight,
                                               overcommit: installation admins
+POST /teams/<name>/priority                   max_class (empty: remove), fleet (empty: every fleet):
+                                              installation admins (docs/teams.md "Priority classes")
 POST /teams/<name>/webhooks                   url, secret (empty: generated, shown once), kinds: team admins
 POST /teams/<name>/webhooks/<id>/remove       team admins
 
@@ -76,6 +78,11 @@ class QuotaForm(_Form):
         return value in ("1", "on", "true") if isinstance(value, str) and from_form(info) else value
 
 
+class PriorityForm(_Form):
+    max_class: str = Field("", max_length=32)
+    fleet: str = Field("", max_length=200)
+
+
 class WebhookForm(_Form):
     url: str = Field(max_length=2000)
     secret: str = Field("", max_length=200)
@@ -121,6 +128,7 @@ def team_page(name: str):
         "members": members,
         "quotas": db.call(fn.team_quotas_of, actor, name),
         "queue": db.call(fn.team_queue_of, actor, name),
+        "priority": db.call(fn.team_priority_grants_of, _team_id(db, actor, name)),
         "usage": usage,
         "webhooks": None,
         "deliveries": None,
@@ -130,6 +138,8 @@ def team_page(name: str):
         data["deliveries"] = db.call(fn.team_event_deliveries_of, actor, name, 20)
     if not wants_json():
         data["fleets"] = [r["name"] for r in db.fetch_all("SELECT name FROM fleets ORDER BY name")]
+        classes = db.fetch_all("SELECT name FROM priority_classes ORDER BY value")
+        data["classes"] = [r["name"] for r in classes]
     return respond("teams/team.html", data)
 
 
@@ -162,6 +172,28 @@ def team_quota(name: str):
         else f"quota on {form.fleet}: {form.guaranteed_gpus} guaranteed, limit {form.limit_gpus or 'none'}"
     )
     return _done(name, said, {"team": name, "quota": row})
+
+
+def _team_id(db, actor: int, name: str) -> int:
+    return db.call(fn.team_read_of, actor, name)[0]["id"]
+
+
+@bp.post("/teams/<name>/priority")
+@login_required
+def team_priority(name: str):
+    """The highest priority class the team's members may use (on one fleet or every fleet): installation
+    admins (set_team_priority_grant); an empty class removes the grant."""
+    form = parse_body(PriorityForm)
+    grants = get_db().call(
+        fn.set_team_priority_grant, current_user().id, name, form.fleet or None, form.max_class or None
+    )
+    where = f"on {form.fleet}" if form.fleet else "on every fleet"
+    said = (
+        f"{name} may use priority classes up to {form.max_class} {where}"
+        if form.max_class
+        else (f"{name}'s priority grant {where} removed")
+    )
+    return _done(name, said, {"team": name, "priority": grants})
 
 
 def _webhook_kinds(form: WebhookForm) -> list[str] | None:

@@ -681,6 +681,8 @@ BEGIN
         -- Only when set, so the digests of previews that do not use it stay as they were (docs/idle.md).
         || CASE WHEN p_spec ->> 'resume_when_idle_reclaimed' = 'true'
                 THEN jsonb_build_object('resume_when_idle_reclaimed', true) ELSE '{}'::jsonb END;
+    -- The priority class is the team's to use only up to its grant; the grace within the fleet's cap.
+    PERFORM tuneplane.require_priority_grant(owner, v_team, v_fleet.fleet_id, v_resolved);
     v_canonical := tuneplane.canonical_json(v_resolved);
 
     INSERT INTO tuneplane.previews (owner_id, fleet_id, spec, resolved, canonical, digest, observed, expires_at,

@@ -335,6 +335,99 @@ BEGIN
 END;
 $$;
 
+-- team_priority_limit: the highest priority class team p_team_id may use on fleet p_fleet_id: its grant for
+-- that fleet, else its grant for every fleet, else `normal` (migration 0300). Reads only.
+CREATE OR REPLACE FUNCTION tuneplane.team_priority_limit(p_team_id bigint, p_fleet_id bigint)
+RETURNS tuneplane.priority_classes
+LANGUAGE sql STABLE AS $$
+    SELECT c.* FROM tuneplane.priority_classes c
+     WHERE c.name = coalesce((SELECT g.max_class FROM tuneplane.team_priority_grants g
+                               WHERE g.team_id = p_team_id AND (g.fleet_id = p_fleet_id OR g.fleet_id IS NULL)
+                               ORDER BY g.fleet_id NULLS LAST LIMIT 1), 'normal');
+$$;
+
+-- require_priority_grant: at preview, refuses (403, field priority) a priority class above the team's
+-- limit on the fleet (team_priority_limit), naming the limit and the command that grants more, unless the
+-- user is an installation admin; and refuses (422, field preemption.grace_seconds) a grace above the
+-- fleet's cap (its max_preemption_grace, at most preemption_settings.max_grace) — refused rather than
+-- clamped, so that what the preview pins is what was asked (docs/preemption.md). p_resolved: the
+-- preview's resolved document (resolve_preemption's keys).
+CREATE OR REPLACE FUNCTION tuneplane.require_priority_grant(p_actor tuneplane.users, p_team tuneplane.teams,
+                                                            p_fleet_id bigint, p_resolved jsonb)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_fleet  tuneplane.fleets;
+    v_asked  tuneplane.priority_classes;
+    v_limit  tuneplane.priority_classes := tuneplane.team_priority_limit(p_team.id, p_fleet_id);
+    v_cap    integer;
+BEGIN
+    SELECT * INTO v_fleet FROM tuneplane.fleets WHERE id = p_fleet_id;
+    SELECT * INTO v_asked FROM tuneplane.priority_classes WHERE name = p_resolved ->> 'priority_class';
+    IF v_asked.value > v_limit.value AND p_actor.role <> 'admin' THEN
+        RAISE EXCEPTION 'priority: team % may use classes up to % on fleet %, not %; an installation admin grants more: tuneplane teams priority % --max % --fleet %',
+            p_team.name, v_limit.name, v_fleet.name, v_asked.name, p_team.name, v_asked.name, v_fleet.name
+            USING ERRCODE = 'TP403', COLUMN = 'priority';
+    END IF;
+    SELECT extract(epoch FROM least(coalesce(v_fleet.max_preemption_grace, s.max_grace), s.max_grace))::integer
+      INTO v_cap FROM tuneplane.preemption_settings s;
+    IF (p_resolved -> 'preemption' ->> 'grace_seconds')::integer > v_cap THEN
+        RAISE EXCEPTION 'preemption.grace_seconds must be at most % on fleet % (its cap), not %',
+            v_cap, v_fleet.name, p_resolved -> 'preemption' ->> 'grace_seconds'
+            USING ERRCODE = 'TP422', COLUMN = 'preemption.grace_seconds';
+    END IF;
+END;
+$$;
+
+-- set_team_priority_grant: an installation admin sets the highest priority class team p_team's members may
+-- use, on fleet p_fleet (NULL: every fleet); p_max_class NULL removes that grant (the team is back to its
+-- other grant or `normal`). Refuses a non-admin (403), an unknown team, fleet or class (404). Returns the
+-- team's grants. Locks the team's grant rows only.
+CREATE OR REPLACE FUNCTION tuneplane.set_team_priority_grant(p_actor_id bigint, p_team text, p_fleet text,
+                                                             p_max_class text)
+RETURNS TABLE (team text, fleet text, max_class text, granted_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    actor   tuneplane.users := tuneplane.require_admin(p_actor_id, 'granting priority classes');
+    v_team  tuneplane.teams := tuneplane.team_by_name(p_team, 'team');
+    v_fleet bigint;
+BEGIN
+    IF p_fleet IS NOT NULL THEN
+        SELECT id INTO v_fleet FROM tuneplane.fleets WHERE name = p_fleet;
+        IF v_fleet IS NULL THEN
+            RAISE EXCEPTION 'no fleet named %', left(p_fleet, 100) USING ERRCODE = 'TP404', COLUMN = 'fleet';
+        END IF;
+    END IF;
+    IF p_max_class IS NULL THEN
+        DELETE FROM tuneplane.team_priority_grants g
+         WHERE g.team_id = v_team.id AND g.fleet_id IS NOT DISTINCT FROM v_fleet;
+    ELSE
+        IF NOT EXISTS (SELECT 1 FROM tuneplane.priority_classes c WHERE c.name = p_max_class) THEN
+            RAISE EXCEPTION 'no priority class named %; the classes are %', left(p_max_class, 100),
+                (SELECT string_agg(c.name, ', ' ORDER BY c.value) FROM tuneplane.priority_classes c)
+                USING ERRCODE = 'TP404', COLUMN = 'max_class';
+        END IF;
+        INSERT INTO tuneplane.team_priority_grants (team_id, fleet_id, max_class, granted_by)
+        VALUES (v_team.id, v_fleet, p_max_class, actor.id)
+        ON CONFLICT (team_id, coalesce(fleet_id, 0))
+        DO UPDATE SET max_class = EXCLUDED.max_class, granted_by = EXCLUDED.granted_by, granted_at = now();
+    END IF;
+    RETURN QUERY SELECT g.team, g.fleet, g.max_class, g.granted_at FROM tuneplane.team_priority_grants_of(v_team.id) g;
+END;
+$$;
+
+-- team_priority_grants_of: a team's priority grants (fleet NULL: every fleet), for its page and the CLI.
+CREATE OR REPLACE FUNCTION tuneplane.team_priority_grants_of(p_team_id bigint)
+RETURNS TABLE (team text, fleet text, max_class text, granted_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT t.name, f.name, g.max_class, g.granted_at
+      FROM tuneplane.team_priority_grants g
+      JOIN tuneplane.teams t ON t.id = g.team_id
+      LEFT JOIN tuneplane.fleets f ON f.id = g.fleet_id
+     WHERE g.team_id = p_team_id
+     ORDER BY f.name NULLS FIRST;
+$$;
+
 -- teams_of: the teams the user has a role in, with the role (the submit dialog, `tuneplane teams`).
 CREATE OR REPLACE FUNCTION tuneplane.teams_of(p_actor_id bigint)
 RETURNS TABLE (team_id bigint, team text, role text, personal boolean, is_default boolean)

@@ -18,6 +18,13 @@ def preview(db: Database, user: int, **spec) -> dict:
     return service.create_preview(db, user, {"recipe": {"name": "demo"}, **spec})
 
 
+def grant(db: Database, team: str, max_class: str = "urgent", fleet: str | None = None) -> None:
+    """An installation admin grants `team` the classes up to `max_class` (issue 38: priority is granted)."""
+    row = db.fetch_one("SELECT id FROM users WHERE username = 'grantor'")
+    admin = row["id"] if row else add_user(db, "grantor", "admin")
+    db.call("set_team_priority_grant", admin, team, fleet, max_class)
+
+
 @pytest.mark.parametrize(
     ("priority", "value", "klass", "preemptible"),
     [
@@ -35,6 +42,7 @@ def test_a_priority_resolves_to_its_integer_class_and_default_preemptibility(
 ) -> None:
     user = add_user(db, "alice")
     one_local_fleet(db)
+    grant(db, "alice")
     resolved = preview(db, user, **({"priority": priority} if priority is not None else {}))["resolved"]
     assert (resolved["priority"], resolved["priority_class"], resolved["preemptible"]) == (
         value,
@@ -47,6 +55,7 @@ def test_a_priority_resolves_to_its_integer_class_and_default_preemptibility(
 def test_the_job_keeps_the_class_and_the_flag_and_the_summary_says_them(db: Database) -> None:
     user = add_user(db, "alice")
     one_local_fleet(db)
+    grant(db, "alice", fleet="local")
     shown = preview(db, user, priority="urgent", preemptible=True, preemption={"grace_seconds": 30})
     assert shown["summary"]["priority"] == "urgent (100)"
     assert "grace of 30 s" in shown["summary"]["preemption"]
@@ -58,6 +67,7 @@ def test_the_job_keeps_the_class_and_the_flag_and_the_summary_says_them(db: Data
 def test_an_operator_remaps_a_class(db: Database) -> None:
     user = add_user(db, "alice")
     one_local_fleet(db)
+    grant(db, "alice")
     with db.transaction() as conn:
         conn.execute("UPDATE priority_classes SET value = 500 WHERE name = 'urgent'")
     assert preview(db, user, priority="urgent")["resolved"]["priority"] == 500
@@ -80,3 +90,56 @@ def test_bad_values_are_refused_naming_the_field(db: Database, spec: dict, field
         preview(db, user, **spec)
     assert refused.value.status == 422
     assert field in refused.value.fields, refused.value.fields
+
+
+def test_a_class_above_the_teams_grant_is_refused_with_its_limit_and_the_command(db: Database) -> None:
+    user = add_user(db, "alice")
+    one_local_fleet(db)
+    assert preview(db, user, priority="normal")["resolved"]["priority_class"] == "normal"
+    with pytest.raises(Refusal) as refused:
+        preview(db, user, priority="urgent")
+    assert refused.value.status == 403 and "priority" in refused.value.fields
+    assert "up to normal" in refused.value.message
+    assert "tuneplane teams priority alice --max urgent --fleet local" in refused.value.message
+    grant(db, "alice", "high")  # every fleet: high, not urgent
+    assert preview(db, user, priority=60)["resolved"]["priority_class"] == "high"
+    with pytest.raises(Refusal):
+        preview(db, user, priority="urgent")
+    grant(db, "alice", "urgent", fleet="local")  # the fleet's own grant wins
+    assert preview(db, user, priority="urgent")["resolved"]["priority_class"] == "urgent"
+    admin = db.fetch_one("SELECT id FROM users WHERE username = 'grantor'")["id"]
+    db.call("set_team_priority_grant", admin, "alice", "local", None)  # removed: back to high
+    with pytest.raises(Refusal):
+        preview(db, user, priority="urgent")
+    assert preview(db, admin, priority="urgent", team="grantor")["resolved"]["priority_class"] == "urgent"
+
+
+def test_only_installation_admins_grant_and_unknown_names_are_404(db: Database) -> None:
+    user = add_user(db, "alice")
+    one_local_fleet(db)
+    with pytest.raises(Refusal) as refused:
+        db.call("set_team_priority_grant", user, "alice", None, "urgent")
+    assert refused.value.status == 403
+    admin = add_user(db, "grantor", "admin")
+    for team, fleet, klass, field in (("nope", None, "high", "team"), ("alice", "nope", "high", "fleet"),
+                                      ("alice", None, "mega", "max_class")):  # fmt: skip
+        with pytest.raises(Refusal) as refused:
+            db.call("set_team_priority_grant", admin, team, fleet, klass)
+        assert refused.value.status == 404 and field in refused.value.fields
+
+
+def test_a_grace_above_the_fleets_cap_is_refused_at_preview(db: Database) -> None:
+    user = add_user(db, "alice")
+    one_local_fleet(db)
+    with pytest.raises(Refusal) as refused:
+        preview(db, user, preemption={"grace_seconds": 1801})
+    assert refused.value.status == 422 and "preemption.grace_seconds" in refused.value.fields
+    assert "at most 1800 on fleet local" in refused.value.message
+    assert (
+        preview(db, user, preemption={"grace_seconds": 1800})["resolved"]["preemption"]["grace_seconds"]
+        == 1800
+    )
+    db.fetch_all("UPDATE fleets SET max_preemption_grace = interval '60 seconds' RETURNING 1")
+    with pytest.raises(Refusal) as refused:
+        preview(db, user, preemption={"grace_seconds": 61})
+    assert "at most 60 on fleet local" in refused.value.message
