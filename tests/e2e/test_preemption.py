@@ -22,6 +22,7 @@ import pytest
 
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.helpers import wait_for
+from tests.submission_setup import add_user
 
 pytestmark = pytest.mark.e2e
 
@@ -185,6 +186,9 @@ def test_an_urgent_job_preempts_a_running_fine_tune_which_resumes_after_it(clust
     cluster.start_agent("a", "--simulate-gpus", "1")
     cluster.start_worker()
     victim = _fine_tune(cluster, priority="normal")
+    # Priority is granted (issue 38): an installation admin lets team alice use `urgent`.
+    root = add_user(cluster.db, "root", "admin")
+    cluster.db.call("set_team_priority_grant", root, "alice", None, "urgent")
     urgent = cluster.submit(
         {
             "recipe": {"name": "demo", "params": {"steps": 20, "step_seconds": 0.05}},
