@@ -98,6 +98,7 @@ fleet_gpus = StoredFunction("fleet_gpus", "text")
 fleet_team_share_of = StoredFunction("fleet_team_share_of", "text")
 get_job = StoredFunction("get_job", "bigint", "bigint")
 get_preview = StoredFunction("get_preview", "bigint", "uuid")
+idle_policies_of = StoredFunction("idle_policies_of", "text")
 idle_warnings_of = StoredFunction("idle_warnings_of", "bigint")
 issue_api_token = StoredFunction("issue_api_token", "bigint", "text", "text", "interval")
 issue_member_telemetry_token = StoredFunction("issue_member_telemetry_token", *REPORT)
@@ -207,6 +208,17 @@ resume_pin = StoredFunction("resume_pin", "bigint")
 revoke_api_token = StoredFunction("revoke_api_token", "bigint", "bigint")
 rotate_node_credential = StoredFunction("rotate_node_credential", "bigint", "bigint", "text")
 server_secret = StoredFunction("server_secret", "text", "text")
+set_idle_policy = StoredFunction(
+    "set_idle_policy",
+    "bigint",
+    "text",
+    "bigint",
+    "interval",
+    "double precision",
+    "double precision",
+    "text",
+    "interval",
+)
 set_team_member_by_name = StoredFunction("set_team_member_by_name", "bigint", "text", "text", "text")
 set_team_priority_grant = StoredFunction("set_team_priority_grant", "bigint", "text", "text", "text")
 set_team_quota = StoredFunction(

@@ -161,6 +161,40 @@ def fleet_enroll_token(fleet: str, ttl: str, as_json: bool, server, token, ca_bu
     click.echo(f"  {data['command']}", err=True)
 
 
+@fleet_group.command("idle-policy")
+@click.argument("fleet")
+@click.option("--team", default=None, help="A team's override (default: the fleet's own policy).")
+@click.option("--idle-after", default=None, help="Idle this long before a warning (e.g. 30m, 1h).")
+@click.option("--utilization-below", type=float, default=None, help="A GPU under this % is idle.")
+@click.option("--power-below", type=float, default=None, help="…and under this fraction of its power limit.")
+@click.option("--action", type=click.Choice(["off", "warn", "reclaim"]), default=None)
+@click.option("--idle-grace", default=None, help="Warned this long before a reclaim (e.g. 30m).")
+@json_option
+@client_options
+def fleet_idle_policy(
+    fleet: str, team: str | None, as_json: bool, server, token, ca_bundle, **values
+) -> None:
+    """Show FLEET's idle-GPU policy and its teams' overrides, or set one (installation admins); a value
+    not given stays as it was (docs/idle.md)."""
+    changes = {k: v for k, v in values.items() if v is not None}
+    path = f"/fleets/{quote(fleet, safe='')}/idle-policy"
+    with api_client(server, token, ca_bundle) as api:
+        if changes or team:
+            if not changes:
+                raise click.UsageError("name what to set: --idle-after, --action, …")
+            api.post(path, json={**changes, **({"team": team} if team else {})})
+        data = api.get(path)
+    if as_json:
+        print_json(data)
+        return
+    rows = [
+        {"scope": f"team {p['team']}" if p["team"] else "the fleet", **{k: p["applies"][k] for k in
+         ("idle_after", "utilization_below", "power_below", "action", "idle_grace")}}
+        for p in data["policies"]
+    ]  # fmt: skip
+    print_table(rows, ["scope", "idle_after", "utilization_below", "power_below", "action", "idle_grace"])
+
+
 def _node_action(action: str, summary: str, path: str, describe: Callable[[str, dict], str]) -> click.Command:
     """`tuneplane fleet ACTION NODE [--reason]`: one admin action on a node through the HTTP API."""
 

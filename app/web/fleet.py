@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from flask import Blueprint, current_app, render_template, request
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from flask import Blueprint, current_app, flash, redirect, render_template, request, url_for
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tuneplane.app import db_functions as fn
 from tuneplane.app.durations import MINUTE, parse_duration
@@ -20,7 +20,7 @@ from tuneplane.app.node_gateway.protocol import ENROLL_TOKEN_PREFIX
 from tuneplane.app.plugins import load_plugins
 from tuneplane.app.security import new_token
 from tuneplane.app.web.auth import admin_required, current_user, login_required
-from tuneplane.app.web.limits import parse_body
+from tuneplane.app.web.limits import from_form, parse_body
 from tuneplane.app.web.negotiate import json_response, respond, wants_json
 from tuneplane.app.web.state import get_db
 
@@ -57,6 +57,25 @@ class FleetCreate(_Body):
 
 class TokenCreate(_Body):
     ttl: str | None = Field(None, max_length=40)
+
+
+class IdlePolicyForm(BaseModel):
+    # Not strict in itself: a form posts text; parse_body holds a JSON body to the types strictly.
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+    team: str | None = Field(None, max_length=200)
+    idle_after: str | None = Field(None, max_length=40)
+    utilization_below: float | None = None
+    power_below: float | None = None
+    action: str | None = Field(None, max_length=20)
+    idle_grace: str | None = Field(None, max_length=40)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_unchanged(cls, value: object, info: ValidationInfo) -> object:
+        return None if value == "" and from_form(info) else value
+
+
+IDLE_LIMIT = dt.timedelta(days=30)
 
 
 class NodeAction(_Body):
@@ -164,6 +183,7 @@ def _render(name: str | None, status: int = 200):
         "fleet_name": name,
         "gateway_url": _gateway_url(),
         "actions": SCHEDULING_ACTIONS,
+        "idle_policies": get_db().call(fn.idle_policies_of, name) if name is not None else None,
     }
     if wants_json():
         if name is not None:
@@ -285,3 +305,41 @@ def node_scheduling():
         return json_response(row)
     # The console's buttons swap the live part of the page.
     return _render(body.fleet or None)
+
+
+@bp.get("/fleets/<name>/idle-policy")
+@login_required
+def idle_policy_show(name: str):
+    """The fleet's idle policy and each team's override, as set and as they apply (docs/idle.md)."""
+    return json_response({"fleet": name, "policies": get_db().call(fn.idle_policies_of, name)})
+
+
+@bp.post("/fleets/<name>/idle-policy")
+@login_required
+def idle_policy_set(name: str):
+    """An installation admin sets the fleet's idle policy, or one team's override (`team`); a field left out
+    stays as it was (set_idle_policy refuses a non-admin, unknown fleet or team, a value out of range)."""
+    body = parse_body(IdlePolicyForm)
+    db = get_db()
+    team_id = None
+    if body.team:
+        team = db.fetch_one("SELECT id FROM teams WHERE name = %s", (body.team,))
+        if team is None:
+            raise Refusal(f"no team {body.team}", status=404, field="team")
+        team_id = team["id"]
+    idle_after = (
+        None if body.idle_after is None else parse_duration(body.idle_after, "idle_after", MINUTE, IDLE_LIMIT)
+    )
+    grace = (
+        None
+        if body.idle_grace is None
+        else parse_duration(body.idle_grace, "idle_grace", dt.timedelta(0), IDLE_LIMIT)
+    )
+    row = db.call(
+        fn.set_idle_policy, current_user().id, name, team_id, idle_after, body.utilization_below,
+        body.power_below, body.action, grace,
+    )[0]  # fmt: skip
+    if wants_json():
+        return json_response({"fleet": name, "team": body.team, "policy": row})
+    flash(f"idle policy of {name}{' for team ' + body.team if body.team else ''} set", "ok")
+    return redirect(url_for("fleet.fleet_show", name=name), 303)

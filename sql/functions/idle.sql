@@ -51,7 +51,8 @@ $$;
 
 -- set_idle_policy: an installation admin sets the fleet's policy (p_team_id NULL) or one team's override.
 -- A NULL argument leaves that field as it was (inherited when never set). Refuses a non-admin (403), an
--- unknown fleet (404) and values out of range (400, naming the field). Locks only its policy row.
+-- unknown fleet or team (404, not the foreign key's raw error) and values out of range (400, naming the
+-- field). Locks only its policy row.
 CREATE OR REPLACE FUNCTION tuneplane.set_idle_policy(
     p_actor_id bigint, p_fleet text, p_team_id bigint DEFAULT NULL, p_idle_after interval DEFAULT NULL,
     p_utilization_below double precision DEFAULT NULL, p_power_below double precision DEFAULT NULL,
@@ -68,6 +69,9 @@ BEGIN
      ORDER BY f.name = p_fleet DESC LIMIT 1;
     IF v_fleet.id IS NULL THEN
         RAISE EXCEPTION 'no fleet %', p_fleet USING ERRCODE = 'TP404', COLUMN = 'fleet';
+    END IF;
+    IF p_team_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM tuneplane.teams t WHERE t.id = p_team_id) THEN
+        RAISE EXCEPTION 'no team %', p_team_id USING ERRCODE = 'TP404', COLUMN = 'team';
     END IF;
     IF p_idle_after IS NOT NULL AND p_idle_after <= interval '0' THEN
         RAISE EXCEPTION 'idle_after must be positive' USING ERRCODE = 'TP400', COLUMN = 'idle_after';
@@ -100,6 +104,32 @@ BEGIN
     RETURN QUERY SELECT v_fleet.name, p_team_id, e.idle_after, e.utilization_below, e.power_below, e.action,
                         e.idle_grace
                    FROM tuneplane.idle_policy_of(v_fleet.id, p_team_id) e;
+END;
+$$;
+
+-- idle_policies_of: a fleet's idle policy and each team's override as set (NULL: inherited), with what
+-- applies (idle_policy_of), for the fleet page, `tuneplane fleet idle-policy` and GET /fleets/<f>/idle-policy.
+-- An unknown fleet is a 404.
+CREATE OR REPLACE FUNCTION tuneplane.idle_policies_of(p_fleet text)
+RETURNS TABLE (fleet text, team text, idle_after interval, utilization_below double precision,
+               power_below double precision, action text, idle_grace interval, applies jsonb)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+DECLARE
+    v_fleet tuneplane.fleets;
+BEGIN
+    SELECT * INTO v_fleet FROM tuneplane.fleets f WHERE f.name = p_fleet;
+    IF v_fleet.id IS NULL THEN
+        RAISE EXCEPTION 'no fleet %', left(p_fleet, 100) USING ERRCODE = 'TP404', COLUMN = 'fleet';
+    END IF;
+    RETURN QUERY
+    SELECT v_fleet.name, t.name, p.idle_after, p.utilization_below, p.power_below, p.action, p.idle_grace,
+           (SELECT to_jsonb(e) FROM tuneplane.idle_policy_of(v_fleet.id, s.team_id) e)
+      FROM (SELECT NULL::bigint AS team_id UNION SELECT q.team_id FROM tuneplane.idle_policies q
+             WHERE q.fleet_id = v_fleet.id AND q.team_id IS NOT NULL) s
+      LEFT JOIN tuneplane.idle_policies p ON p.fleet_id = v_fleet.id AND p.team_id IS NOT DISTINCT FROM s.team_id
+      LEFT JOIN tuneplane.teams t ON t.id = s.team_id
+     ORDER BY t.name NULLS FIRST;
 END;
 $$;
 
