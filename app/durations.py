@@ -1,4 +1,4 @@
-"""Durations a client writes (`90s`, `15m`, `1h`, `7d`): one parser for every TTL the HTTP API takes.
+"""Durations a client writes (`120s`, `15m`, `1h`, `7d`): one parser for every TTL the HTTP API takes.
 
 A duration is a positive number of ASCII digits directly followed by its unit, nothing between: `7 d`,
 a full-width `７d`, a bare `0` and a blank are refused, not read as 7 days, zero or "never" (Python's

@@ -143,7 +143,7 @@ def fleet_show(name: str, as_json: bool, server, token, ca_bundle) -> None:
 
 @fleet_group.command("enroll-token")
 @click.argument("fleet")
-@click.option("--ttl", default="1h", show_default=True, help="Lifetime: 90s, 15m, 1h, 7d.")
+@click.option("--ttl", default="1h", show_default=True, help="Lifetime: 15m, 1h, 7d (1 minute to 30 days).")
 @json_option
 @client_options
 def fleet_enroll_token(fleet: str, ttl: str, as_json: bool, server, token, ca_bundle) -> None:

@@ -21,7 +21,7 @@ def token_group() -> None:
 @click.option("--name", default="api", show_default=True, help="A name to tell the token apart.")
 @click.option("--team", "teams", multiple=True, help="Only this team (repeatable; default: all your teams).")
 @click.option("--read-only", is_flag=True, help="The token may only read (no preview, confirm, cancel).")
-@click.option("--ttl", default=None, help="Lifetime: 90s, 15m, 1h, 7d (default: no expiry).")
+@click.option("--ttl", default=None, help="Lifetime: 15m, 1h, 7d (1 minute to 365 days; default: no expiry).")
 @json_option
 @client_options
 def token_create(
