@@ -18,6 +18,23 @@ from tuneplane.app.security import new_token
 from tuneplane.app.web import create_app
 
 
+@contextmanager
+def serving_users(
+    db_url: str, db: Database, tmp_path: Path, port: int, roles: dict[str, str], gpus: int = 0
+) -> Iterator[dict]:
+    """One local fleet (`gpus` per node), the users of `roles` (name → role) each with an API token, and the
+    console serving them: {"fleet", "url", "<name>_id", "<name>": token}."""
+    from tests.submission_setup import add_user, one_local_fleet
+
+    info: dict = {"fleet": one_local_fleet(db, gpus=gpus)}
+    for name, role in roles.items():
+        info[f"{name}_id"] = add_user(db, name, role)
+        info[name] = api_token(db, info[f"{name}_id"])
+    with serving_console(db_url, tmp_path, port) as url:
+        info["url"] = url
+        yield info
+
+
 def api_token(db: Database, user_id: int) -> str:
     plaintext, digest = new_token("tpu")
     db.call("issue_api_token", user_id, "test", digest, None)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.console_server import api_token, cli_invoker, serving_console
+from tests.console_server import cli_invoker, serving_users
 from tests.helpers import OutputWatcher
 from tests.launch_fixtures import report, run_to_running
-from tests.submission_setup import add_node, add_user, one_local_fleet
+from tests.submission_setup import add_node
 from tuneplane.app.db import Database
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,11 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
-    info: dict = {"fleet": one_local_fleet(db)}
-    for name in ("alice", "bob"):
-        info[name] = api_token(db, add_user(db, name))
-    with serving_console(db_url, tmp_path, port) as url:
-        info["url"] = url
+    with serving_users(db_url, db, tmp_path, port, {"alice": "user", "bob": "user"}) as info:
         yield info
 
 

@@ -10,19 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.console_server import api_token, cli_invoker, serving_console
-from tests.submission_setup import add_user, one_local_fleet
+from tests.console_server import cli_invoker, serving_users
 from tuneplane.app.db import Database
 
 
 @pytest.fixture
 def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
-    info: dict = {"fleet": one_local_fleet(db)}
-    for name, role in (("alice", "user"), ("root", "admin")):
-        info[f"{name}_id"] = add_user(db, name, role)
-        info[name] = api_token(db, info[f"{name}_id"])
-    with serving_console(db_url, tmp_path, port) as url:
-        info["url"] = url
+    with serving_users(db_url, db, tmp_path, port, {"alice": "user", "root": "admin"}) as info:
         yield info
 
 
