@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from tuneplane.app import pool_check
+from tuneplane.app.db_functions import check_args
 from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, log_retry, refusal_from_db, rolled_back
 
 SEARCH_PATH_OPTION = "-c search_path=tuneplane,public"
@@ -98,6 +99,7 @@ class Database:
 
     def call(self, function: str, *args: Any) -> list[dict]:
         """`SELECT * FROM function(args…)` in its own transaction."""
+        check_args(function, args)
         placeholders = sql.SQL(", ").join(sql.Placeholder() for _ in args)
         query = sql.SQL("SELECT * FROM {}({})").format(sql.Identifier(function), placeholders)
         return self.fetch_all(query, args)

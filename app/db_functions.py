@@ -18,6 +18,12 @@ interpreter at import, where a string key into a file would be checked only when
 
 from __future__ import annotations
 
+import logging
+
+from tuneplane.app.errors import Refusal
+
+log = logging.getLogger("tuneplane.db")
+
 
 class StoredFunction(str):
     """A stored function's name (a `str`, so it goes wherever a function name went) and the argument
@@ -29,6 +35,31 @@ class StoredFunction(str):
         self = super().__new__(cls, name)
         self.args = args
         return self
+
+
+# The integer types a registered argument may have, and the values each can take.
+_INT_RANGES = {
+    "smallint": (-(2**15), 2**15 - 1),
+    "integer": (-(2**31), 2**31 - 1),
+    "bigint": (-(2**63), 2**63 - 1),
+}
+
+
+def check_args(function: str, args: tuple) -> None:
+    """The last guard before a call: an integer beyond its registered SQL type never reaches PostgreSQL
+    (it would be sent as a wider type, and the function would not be found: a 500). The request layer
+    declares every range (app/input_limits.py); a value that still gets here is the client's 400,
+    logged as a gap."""
+    types = getattr(function, "args", ())
+    for index, (value, sql_type) in enumerate(zip(args, types, strict=False)):
+        bounds = _INT_RANGES.get(sql_type)
+        if bounds is None or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if not bounds[0] <= value <= bounds[1]:
+            log.warning(
+                "%s: argument %d (%s) out of range reached the database layer", function, index + 1, sql_type
+            )
+            raise Refusal(f"a value is out of range: {value} is not a PostgreSQL {sql_type}", 400, "value")
 
 
 REPORT = (

@@ -18,6 +18,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tuneplane.app import pool_check
 from tuneplane.app.db import SEARCH_PATH_OPTION
+from tuneplane.app.db_functions import check_args
 from tuneplane.app.errors import (
     RETRY_PAUSES,
     busy_refusal,
@@ -63,6 +64,7 @@ class AsyncDatabase:
         await self.pool.close()
 
     async def call(self, function: str, *args: Any) -> list[dict]:
+        check_args(function, args)
         placeholders = sql.SQL(", ").join(sql.Placeholder() for _ in args)
         query = sql.SQL("SELECT * FROM {}({})").format(sql.Identifier(function), placeholders)
         return await self.fetch_all(query, args)

@@ -422,3 +422,14 @@ def test_unauthenticated_healthz_says_only_that_it_is_alive(db_url: str, db: Dat
     assert {"version", "sessions", "gateway"} <= stats.keys()  # the counters: to a loopback peer only
     with telemetry_gateway(db_url) as gateway:
         assert httpx.get(f"{gateway.url}/healthz").json() == {"ok": True}
+
+
+def test_an_integer_beyond_its_registered_sql_type_never_reaches_postgresql(db: Database) -> None:
+    """The last guard (app/db_functions.check_args): had a view missed a range, the call would be sent
+    with a bigint where the function takes an integer, found no function, and answered 500."""
+    from tuneplane.app import db_functions as fn
+    from tuneplane.app.errors import Refusal
+
+    with pytest.raises(Refusal) as refused:
+        db.call(fn.telemetry_job_series, 1, 1, None, None, 2**31, None)
+    assert refused.value.status == 400 and "integer" in refused.value.message
