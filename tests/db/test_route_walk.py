@@ -126,6 +126,9 @@ def bodies(world: dict) -> dict[str, tuple[str | None, dict]]:
         "fleet.node_scheduling": (None, {"node": "local-1", "action": "cordon", "reason": "walk"}),
         "submit.create_preview": (None, DEMO),
         "auth.issue_token": (None, {"username": "root", "password": "root-pw", "name": "walk"}),
+        "teams.team_priority": (None, {"max_class": "high", "fleet": "local"}),
+        "fleet.idle_policy_set": ("local", {"action": "warn", "idle_after": "45m", "utilization_below": 5.0,
+                                            "power_below": 0.2, "idle_grace": "10m"}),
         "jobs_launch.cancel": (None, {"reason": "walk"}),
     }  # fmt: skip
 
