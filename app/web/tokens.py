@@ -6,13 +6,14 @@ POST /tokens/<id>/revoke   revoke one of the user's tokens
 
 Scope rules (a token never makes a wider one; read-only tokens change nothing) live in the stored
 functions issue_scoped_api_token and revoke_api_token. A `ttl` is a duration between 1 minute and the
-installation's maximum (`TP_API_TOKEN_MAX_TTL`, default 365 days); absent, the token has no expiry; blank,
-`0`, `7 d` or `７d` are refused (app/durations.py). A name carries no control character.
+installation's maximum (`TUNEPLANE_API_TOKEN_MAX_TTL`, default 365 days); absent, the token has no
+expiry; blank, `0`, `7 d` or `７d` are refused (app/durations.py). A name carries no control character.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
 from typing import Any
 
 from flask import Blueprint, current_app, redirect, request, url_for
@@ -30,6 +31,7 @@ from tuneplane.app.web.state import get_db
 bp = Blueprint("tokens", __name__)
 
 MAX_TTL = dt.timedelta(days=365)
+ENV_MAX_TTL = "TUNEPLANE_API_TOKEN_MAX_TTL"
 
 
 class TokenCreate(BaseModel):
@@ -60,7 +62,8 @@ def _body() -> TokenCreate:
 
 
 def _max_ttl() -> dt.timedelta:
-    configured = current_app.config.get("TP_API_TOKEN_MAX_TTL")
+    # The operator's setting: the console's config, or the environment `tuneplane up`/`server` runs in.
+    configured = current_app.config.get("TP_API_TOKEN_MAX_TTL") or os.environ.get(ENV_MAX_TTL)
     if not configured:
         return MAX_TTL
     return parse_duration(configured, "TP_API_TOKEN_MAX_TTL", MINUTE, dt.timedelta(days=3650))

@@ -203,3 +203,12 @@ def test_a_token_name_with_a_control_character_or_an_unknown_field_is_refused(
         assert refused.status_code == 400 and "name" in refused.get_json()["fields"]
     unknown = client.post("/tokens", json={"name": "ok", "expires": "1d"}, headers=crew["alice"])
     assert unknown.status_code == 400 and unknown.get_json()["fields"] == {"expires": "unknown field"}
+
+
+def test_the_configured_maximum_ttl_bounds_a_token(
+    client: FlaskClient, crew: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNEPLANE_API_TOKEN_MAX_TTL", "7d")
+    refused = client.post("/tokens", json={"name": "t", "ttl": "8d"}, headers=crew["alice"])
+    assert refused.status_code == 400 and "between 1m and 7d" in refused.get_json()["error"]
+    assert client.post("/tokens", json={"name": "t", "ttl": "7d"}, headers=crew["alice"]).status_code == 201
