@@ -54,6 +54,42 @@ print(f"done: {steps} steps", flush=True)
 """
 
 
+# Issue 35: a plain training loop that knows nothing of the SDK's preemption check: it saves when SIGTERM
+# comes, and its save takes SAVE_SECONDS (longer than the runner's old 5 s cleanup of what a killed shell
+# left); it exits 0. Started as `python train.py`, without exec, so through Debian's dash as /bin/sh.
+PLAIN = """
+import json, os, pathlib, signal, sys, time
+from tuneplane import sdk
+asked = []
+signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
+out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
+steps, every = int(os.environ["STEPS"]), int(os.environ["EVERY"])
+
+def save(step):
+    d = out / "ckpt" / f"step-{step:06d}"
+    d.mkdir(parents=True)
+    (d / "state.json").write_text(json.dumps({"step": step}))
+    result = sdk.checkpoint(d, name="ckpt", step=step, wait=True)
+    print(f"step {step}: {result['artifact']} {result['state']}", flush=True)
+
+first = 1
+if sdk.resume_dir() is not None:
+    first = json.loads((sdk.resume_dir() / "state.json").read_text())["step"] + 1
+    print(f"resumed from {os.environ['TUNEPLANE_RESUME_FROM']} at step {first - 1}", flush=True)
+with open(out / "metrics.jsonl", "a") as metrics:
+    for step in range(first, steps + 1):
+        metrics.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\\n"); metrics.flush()
+        if asked:
+            time.sleep(float(os.environ["SAVE_SECONDS"]))  # a slow save
+            save(step)
+            sys.exit(0)
+        if step % every == 0:
+            save(step)
+        time.sleep(0.05)
+print(f"done: {steps} steps", flush=True)
+"""
+
+
 def _steps(cluster: Cluster, member: dict) -> list[int]:
     path = cluster.member_dir(member["node"], member["id"]) / "output" / "metrics.jsonl"
     return [json.loads(line)["step"] for line in path.read_text().splitlines()]
@@ -119,6 +155,35 @@ def test_a_cooperative_victim_checkpoints_within_its_grace_and_resumes_from_it(c
     assert _steps(cluster, member) == list(range(resumed + 1, STEPS + 1))  # exact, no step twice
 
 
+def test_a_plain_script_without_exec_gets_its_whole_grace_to_save_and_exits_0(cluster: Cluster) -> None:
+    """Issue 35, acceptance 1: dash runs `python train.py` as its child; the SIGTERM ends the shell at once,
+    but the program saves for longer than 5 s inside its grace, exits 0, and nothing is re-done."""
+    cluster.start_agent("a", "--simulate-gpus", "1")
+    cluster.start_worker()
+    archive = cluster.upload_source({"train.py": PLAIN})
+    job_id = cluster.submit(
+        {
+            "source": {"archive": archive, "entrypoint": "python train.py", "integration": "script"},
+            "resources": {"gpus_per_node": 1, "cpus_per_node": 1, "memory_per_node": 64 * MIB},
+            "env": {"STEPS": "300", "EVERY": "50", "SAVE_SECONDS": "7"},
+            "preemption": {"grace_seconds": 30},
+        }
+    )
+    cluster.wait_members(job_id, "running", timeout=60)
+    first = cluster.preempt_after_a_checkpoint(job_id, "e2e: a plain script", timeout=60)
+    assert first["lost_gpu_seconds"] == 0, first["reason"]
+    assert first["stop_requested_at"] <= first["end_checkpoint_at"] <= first["grace_deadline"], first
+    (victim,) = cluster.members_of_attempt(job_id, 1)
+    assert victim["exit_code"] == 0, victim  # the program's own status, not the killed shell's
+    saved = first["end_checkpoint_step"]
+    assert _steps(cluster, victim)[-1] == saved
+    done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
+    assert done["state"] == "succeeded", cluster.diagnose(job_id)
+    assert cluster.attempt(job_id, 2)["resume_artifact_id"] == first["end_checkpoint_id"]
+    (member,) = cluster.members_of_attempt(job_id, 2)
+    assert _steps(cluster, member) == list(range(saved + 1, 301))  # 0 steps re-done
+
+
 def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_the_work_since(
     cluster: Cluster,
 ) -> None:
@@ -129,9 +194,11 @@ def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_
         {
             "source": {"archive": archive, "entrypoint": "python job.py", "integration": "script"},
             "resources": {"gpus_per_node": 2, "cpus_per_node": 1, "memory_per_node": 64 * MIB},
-            # A checkpoint every 7.5 s: none can come between the request and the kill (2 s + 3 s).
-            "env": {"STEPS": "450", "EVERY": "150", "STEP_SECONDS": "0.05"},
-            "preemption": {"grace_seconds": 2},
+            # A checkpoint every 15 s: none can come between the request and the kill (8 s + 3 s). The
+            # grace is longer than the runner's old 5 s cleanup of what the killed shell (`python job.py`
+            # without exec runs below dash) left: the program is stopped at the deadline, not before.
+            "env": {"STEPS": "600", "EVERY": "300", "STEP_SECONDS": "0.05"},
+            "preemption": {"grace_seconds": 8},
         }
     )
     cluster.wait_members(job_id, "running", timeout=60)
@@ -145,13 +212,15 @@ def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_
     since = (first["ended_at"] - first["end_checkpoint_at"]).total_seconds()
     assert first["lost_gpu_seconds"] == pytest.approx(2 * since, abs=2 * 1.0)
     assert first["ended_at"] >= first["grace_deadline"]
+    (victim,) = cluster.members_of_attempt(job_id, 1)
+    assert victim["ended_at"] >= first["grace_deadline"], victim  # not killed before it (issue 35)
     done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
     assert done["state"] == "succeeded", cluster.diagnose(job_id)
     (member,) = cluster.members_of_attempt(job_id, 2)
     stdout = cluster.member_log(member)
     assert f"resumed from {first['end_checkpoint']}" in stdout
     resumed = int(stdout.split(" at step ")[1].split()[0])
-    assert _steps(cluster, member) == list(range(resumed + 1, 451))
+    assert _steps(cluster, member) == list(range(resumed + 1, 601))
 
 
 def test_a_job_past_its_time_limit_ends_timed_out_with_its_checkpoint_named(cluster: Cluster) -> None:

@@ -297,9 +297,10 @@ sys.exit(int(os.environ.get("EXIT", "0")))
 """
 
 
-def _start_runner(root: Path) -> subprocess.Popen:
+def _start_runner(root: Path, **env: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-P", "-m", "tuneplane", "runner", "--member-dir", str(root)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **env})  # fmt: skip
 
 
 def test_a_killed_runner_is_not_a_failed_workload_its_keeper_writes_the_real_exit_status(
@@ -374,3 +375,75 @@ def test_a_preemption_signal_sent_to_the_runner_and_keeper_ends_neither_and_reac
     # One request, though it reached the keeper twice (directly, and forwarded by the runner): a second copy
     # may land while the workload's interpreter shuts down, its trap gone, and kill it.
     assert (root / "output" / "saved").read_text() == "1"
+
+
+# Issue 35: a workload that saves for longer than the keeper's old 5 s leftover grace after the job's signal.
+SLOW_SAVE = """import os, pathlib, signal, sys, time
+out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
+asked = []
+signal.signal(signal.SIGTERM, signal.SIG_IGN if os.environ.get("IGNORE") else lambda *_: asked.append(1))
+(out / "started").write_text(f"{os.getpid()} {os.getppid()}")
+while not asked:
+    time.sleep(0.02)
+time.sleep(6.5)  # the checkpoint takes longer than 5 s
+(out / "saved").write_text("yes")
+sys.exit(0)
+"""
+
+
+def test_a_single_command_entrypoint_is_the_workload_process_itself_not_a_shells_child(
+    built, tmp_path: Path
+) -> None:
+    # Debian's /bin/sh (dash) runs `sh -c "python main.py"` as a child: the job's signal would end the shell.
+    root = _prepared_member(built, tmp_path, entrypoint="python main.py")
+    (root / "src" / "main.py").write_text(WAIT_THEN_EXIT.replace("str(os.getpid())", "str(os.getppid())"))
+    runner = _start_runner(root)
+    wait_for(lambda: (root / "output" / "started").exists(), timeout=30, what="the workload to start")
+    assert int((root / "output" / "started").read_text()) == read_runner_pids(root)["keeper"]
+    (root / "output" / "release").write_text("go")
+    assert runner.wait(30) == 0
+
+
+def _shell_and_program(root: Path) -> tuple[int, int]:
+    wait_for(lambda: (root / "output" / "started").exists(), timeout=30, what="the workload to start")
+    program, shell = map(int, (root / "output" / "started").read_text().split())
+    assert shell != read_runner_pids(root)["keeper"], "a compound command runs below /bin/sh"
+    return shell, program
+
+
+@pytest.mark.parametrize("how", ["stop", "preempt"])
+def test_a_program_below_a_signalled_shell_saves_for_as_long_as_it_needs_and_its_status_is_recorded(
+    built, tmp_path: Path, how: str
+) -> None:
+    root = _prepared_member(built, tmp_path, entrypoint="cd . && python main.py")
+    (root / "src" / "main.py").write_text(SLOW_SAVE)
+    runner = _start_runner(root)
+    shell, program = _shell_and_program(root)
+    if how == "stop":  # the agent's STOP: SIGTERM to the member's processes, the runner's keeper among them
+        os.kill(read_runner_pids(root)["keeper"], signal.SIGTERM)
+    else:  # the agent's PREEMPT: the request file, then the job's signal to the workload's processes only
+        (root / "output" / ".tuneplane").mkdir()
+        (root / "output" / ".tuneplane" / "preempt.json").write_text("{}")
+        os.kill(shell, signal.SIGTERM)
+        os.kill(program, signal.SIGTERM)
+    assert runner.wait(30) == 0
+    assert (root / "output" / "saved").read_text() == "yes"
+    status = json.loads((root / "exit_status.json").read_text())
+    assert status["exit_code"] == 0, status  # the program's, not the killed shell's
+
+
+def test_a_program_that_ignores_the_stop_is_left_to_the_deadline_not_killed_before_it(
+    built, tmp_path: Path
+) -> None:
+    root = _prepared_member(built, tmp_path, entrypoint="cd . && python main.py")
+    (root / "src" / "main.py").write_text(SLOW_SAVE)
+    runner = _start_runner(root, IGNORE="1")
+    _, program = _shell_and_program(root)
+    os.kill(read_runner_pids(root)["keeper"], signal.SIGTERM)
+    with pytest.raises(subprocess.TimeoutExpired):
+        runner.wait(6.0)  # past the old 5 s: the program still runs, the keeper still waits
+    assert os.path.exists(f"/proc/{program}")
+    os.kill(program, signal.SIGKILL)  # the agent's SIGKILL at the end of the grace
+    assert runner.wait(30) == 0
+    status = json.loads((root / "exit_status.json").read_text())
+    assert status["exit_code"] == -signal.SIGKILL, status

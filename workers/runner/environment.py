@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from tuneplane.workers.integrations.script import direct_argv
 from tuneplane.workers.runner.containers import (
     container_name,
     global_options,
@@ -236,7 +237,10 @@ def container_launch(
     argv.append(str(image))
     integration = (spec.get("integration") or {}).get("name")
     if integration == "script":
-        argv += ["/bin/sh", "-c", container_env.get("TUNEPLANE_ENTRYPOINT", "")]
+        # A single simple command runs as the container's process itself, not below a shell that the
+        # job's signal would end first (the script integration's rule, workers/integrations/script.py).
+        entrypoint = container_env.get("TUNEPLANE_ENTRYPOINT", "")
+        argv += direct_argv(entrypoint) or ["/bin/sh", "-c", entrypoint]
     else:
         argv += ["python3", str(inside / "capsule" / manifest["integration"]["entry"])]
     # SIGTERM to `podman run` reaches the container (its signal proxy, then catatonit); after the grace the

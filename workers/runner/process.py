@@ -8,9 +8,14 @@ It then forks a *keeper*: the workload's parent and the one process that learns 
 keeper is a child subreaper (prctl), so whatever the workload starts stays below it even when an
 intermediate process exits; on SIGTERM (the agent's stop) it passes the signal to every descendant and
 keeps waiting, so the exit status it writes is the workload's. When the workload's main process ends,
-leftover descendants get SIGTERM and, 5 s later, SIGKILL. The runner itself only waits for the keeper: a
-`kill -9` of the runner leaves the keeper (it inherited the lock) to finish, so the workload's real exit
-status is still written and a killed runner is not a failed workload. `runner.json` names both pids.
+leftover descendants get SIGTERM and, 5 s later, SIGKILL — unless a stop or a preemption is under way and
+the main process was ended by a signal: then it was a shell (`/bin/sh -c "python train.py"`, which dash
+runs as a child) that the signal ended while its program, orphaned to the keeper, is still saving its
+checkpoint. The keeper waits for every such process, with no deadline of its own (the agent's SIGKILL at
+the end of the grace is the deadline), and writes the exit status of the last of them: the program's.
+The runner itself only waits for the keeper: a `kill -9` of the runner leaves the keeper (it inherited the
+lock) to finish, so the workload's real exit status is still written and a killed runner is not a failed
+workload. `runner.json` names both pids.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ PREEMPTION_ONLY = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 # Copies of one preemption signal reaching the keeper within this many seconds are one request.
 PREEMPTION_REPEAT_WINDOW = 5.0
 LOCK_FILE = "runner.lock"
+# Under the member's output directory: written by the agent's PREEMPT (workers/agent/checkpoints.py's
+# control directory; the runner does not import the agent).
+PREEMPT_REQUEST = ".tuneplane/preempt.json"
 PIDS_FILE = "runner.json"
 # The agent probes the lock (a shared lock for an instant): the runner retries its exclusive lock a while.
 LOCK_WAIT = 3.0
@@ -255,6 +263,8 @@ def _keep(paths: MemberPaths, member: dict, launch, stdout_log, stderr_log) -> i
         )
         return REFUSED_EXIT
     code = _wait_for(child.pid)
+    if code < 0 and (stop_requested["signal"] or _preemption_requested(paths)):
+        code = _wait_for_orphans(code)
     _clean_up_leftovers()
     if launch.cleanup:  # e.g. the member's container (workers/runner/containers.py)
         with contextlib.suppress(OSError, subprocess.SubprocessError):
@@ -274,6 +284,24 @@ def _wait_for(main_pid: int) -> int:
             return -signal.SIGKILL  # nothing left to wait for: should not happen
         if pid == main_pid:
             return os.waitstatus_to_exitcode(status)
+
+
+def _preemption_requested(paths: MemberPaths) -> bool:
+    """The agent's PREEMPT wrote its request file (workers/agent/preemption.py) before it signalled the
+    workload; the keeper itself is not signalled then."""
+    return (paths.output / PREEMPT_REQUEST).is_file()
+
+
+def _wait_for_orphans(main_code: int) -> int:
+    """Reap every process left below the keeper until none is: the exit status of the last one to end
+    (the program a killed shell left behind), or `main_code` when there was none."""
+    code = main_code
+    while True:
+        try:
+            _, status = os.wait()
+        except ChildProcessError:
+            return code
+        code = os.waitstatus_to_exitcode(status)
 
 
 def _clean_up_leftovers(grace: float = 5.0) -> None:
