@@ -48,6 +48,17 @@ CREATE TABLE tuneplane.artifact_chunks (
     CONSTRAINT artifact_chunks_size_check CHECK (size > 0)
 );
 
+CREATE TABLE tuneplane.artifact_corruptions (
+    artifact_id bigint NOT NULL,
+    at timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
+    reason text NOT NULL,
+    found_by text NOT NULL,
+    CONSTRAINT artifact_corruptions_pkey PRIMARY KEY (artifact_id),
+    CONSTRAINT artifact_corruptions_artifact_id_fkey FOREIGN KEY (artifact_id) REFERENCES tuneplane.artifacts(id),
+    CONSTRAINT artifact_corruptions_found_by_check CHECK (found_by <> ''::text),
+    CONSTRAINT artifact_corruptions_reason_check CHECK (reason <> ''::text)
+);
+
 CREATE TABLE tuneplane.artifact_files (
     artifact_id bigint NOT NULL,
     file_index integer NOT NULL,
@@ -356,12 +367,14 @@ CREATE TABLE tuneplane.jobs (
     preemptible boolean DEFAULT false NOT NULL,
     preemptions_used integer DEFAULT 0 NOT NULL,
     priority_class text,
+    corrupt_resumes_used integer DEFAULT 0 NOT NULL,
     CONSTRAINT jobs_pkey PRIMARY KEY (id),
     CONSTRAINT jobs_preview_id_key UNIQUE (preview_id),
     CONSTRAINT jobs_fleet_id_fkey FOREIGN KEY (fleet_id) REFERENCES tuneplane.fleets(id),
     CONSTRAINT jobs_owner_id_fkey FOREIGN KEY (owner_id) REFERENCES tuneplane.users(id),
     CONSTRAINT jobs_preview_id_fkey FOREIGN KEY (preview_id) REFERENCES tuneplane.previews(id),
     CONSTRAINT jobs_team_id_fkey FOREIGN KEY (team_id) REFERENCES tuneplane.teams(id),
+    CONSTRAINT jobs_corrupt_resumes_used_check CHECK (corrupt_resumes_used >= 0),
     CONSTRAINT jobs_cpus_per_node_check CHECK (cpus_per_node >= 1),
     CONSTRAINT jobs_free_relaunches_used_check CHECK (free_relaunches_used >= 0),
     CONSTRAINT jobs_gpus_per_node_check CHECK (gpus_per_node >= 0),

@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.artifacts.blobs import FsBlobStore
 from tuneplane.app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified
 from tuneplane.app.artifacts.receiver import (
@@ -194,15 +195,30 @@ async def _input_file(request: web.Request, rx: ArtifactReceiver, cred: str) -> 
     try:
         first = await asyncio.to_thread(next, blocks, None)
     except StoredBytesMismatch as exc:
+        await _found_corrupt(rx, artifact_id, entry)
         raise Refusal(f"{entry['path']}: the stored bytes do not match the manifest", 409) from exc
     response = web.StreamResponse(headers={"Content-Length": str(entry["size"]), "X-Sha256": entry["sha256"]})
     await response.prepare(request)
-    while first is not None:
-        await response.write(first)
-        # A mismatch found at the end raises here and cuts the body short of Content-Length.
-        first = await asyncio.to_thread(next, blocks, None)
+    try:
+        while first is not None:
+            await response.write(first)
+            # A mismatch found at the end raises here and cuts the body short of Content-Length.
+            first = await asyncio.to_thread(next, blocks, None)
+    except StoredBytesMismatch:
+        await _found_corrupt(rx, artifact_id, entry)
+        raise
     await response.write_eof()
     return response
+
+
+async def _found_corrupt(rx: ArtifactReceiver, artifact_id: int, entry: dict) -> None:
+    """The server's own hash of the stored bytes disagrees with the manifest: the artifact is marked corrupt
+    (its job's timeline says so; a checkpoint is never resumed from again, issue 35)."""
+    await asyncio.to_thread(
+        rx.db.call, fn.mark_artifact_corrupt, artifact_id,
+        f"{entry['path']}: the stored bytes do not match the manifest",
+        "the node gateway serving it to a node",
+    )  # fmt: skip
 
 
 def add_artifact_routes(

@@ -902,8 +902,58 @@ BEGIN
     VALUES (a.id, p_ok, coalesce(p_checked, 0), coalesce(p_problems, '[]'::jsonb),
             coalesce((SELECT 'user:' || username FROM tuneplane.users WHERE id = p_user_id), 'user:?'))
     RETURNING * INTO v;
+    IF NOT p_ok THEN
+        PERFORM tuneplane.mark_artifact_corrupt(a.id,
+            coalesce(nullif(p_problems ->> 0, ''), 'its stored files do not match the manifest'),
+            'a verification by ' || v.requested_by);
+    END IF;
     RETURN v;
 END;
+$$;
+
+-- mark_artifact_corrupt: the one place an artifact is found corrupt (its stored bytes no longer match its
+-- manifest: the node gateway met it serving the files to a node, a verification found it — `tuneplane
+-- artifacts verify`, a store's own verifier). Marks it once (artifact_corruptions, 0280) and says so in
+-- its job's timeline, naming it (with its step); resume never picks a marked checkpoint again
+-- (resume_checkpoint_of). The artifact row itself is not changed (complete stays immutable). True when it
+-- was marked now, false when it already was. Locks nothing but the new row (any caller's locks are fine).
+-- p_found_by: who found it, as the timeline says it (`the node gateway serving it to node gpu-3`).
+CREATE OR REPLACE FUNCTION tuneplane.mark_artifact_corrupt(p_artifact_id bigint, p_reason text, p_found_by text)
+RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+    v_attempt integer;
+BEGIN
+    SELECT * INTO a FROM tuneplane.artifacts WHERE id = p_artifact_id;
+    IF a.id IS NULL THEN
+        RAISE EXCEPTION 'artifact % does not exist', p_artifact_id USING ERRCODE = 'TP404', COLUMN = 'artifact_id';
+    END IF;
+    INSERT INTO tuneplane.artifact_corruptions (artifact_id, reason, found_by)
+    VALUES (a.id, left(coalesce(nullif(p_reason, ''), 'its stored files do not match the manifest'), 500),
+            left(coalesce(nullif(p_found_by, ''), 'unknown'), 200))
+    ON CONFLICT (artifact_id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    SELECT number INTO v_attempt FROM tuneplane.attempts WHERE id = a.attempt_id;
+    INSERT INTO tuneplane.job_events (job_id, from_state, to_state, reason, detail)
+    SELECT j.id, j.state, j.state,
+           format('%s %s of attempt %s is corrupt (found by %s: %s)%s', a.kind, tuneplane.checkpoint_label(a),
+                  v_attempt, left(coalesce(nullif(p_found_by, ''), 'unknown'), 200),
+                  left(coalesce(nullif(p_reason, ''), 'its stored files do not match the manifest'), 500),
+                  CASE WHEN a.kind = 'checkpoint' THEN '; it is never resumed from again' ELSE '' END),
+           jsonb_build_object('kind', 'artifact_corrupt', 'artifact_id', a.id, 'name', a.name, 'step', a.step)
+      FROM tuneplane.jobs j WHERE j.id = a.job_id;
+    RETURN true;
+END;
+$$;
+
+-- artifact_is_corrupt: whether mark_artifact_corrupt marked it.
+CREATE OR REPLACE FUNCTION tuneplane.artifact_is_corrupt(p_artifact_id bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM tuneplane.artifact_corruptions c WHERE c.artifact_id = p_artifact_id);
 $$;
 
 -- Operators: every artifact with its job, member and progress.

@@ -1076,7 +1076,9 @@ $$;
 -- attempts remain), or failed. An attempt of a node fleet aborted after PREPARE was sent (a member failed
 -- to prepare, the prepare deadline passed) started nothing: it is queued again without using up one of
 -- max_attempts, at most launch_settings.free_relaunches times per job (jobs.free_relaunches_used); the
--- attempts that count are number - free_relaunches_used. Caller holds the job lock (lock_attempt).
+-- attempts that count are number - free_relaunches_used (- preemptions_used - corrupt_resumes_used: an
+-- attempt whose checkpoint to resume from was found corrupt while it prepared is queued again from the
+-- previous checkpoint, counting against nothing). Caller holds the job lock (lock_attempt).
 CREATE OR REPLACE FUNCTION tuneplane.finish_attempt_if_done(p_attempt_id bigint)
 RETURNS text
 LANGUAGE plpgsql AS $$
@@ -1123,7 +1125,7 @@ BEGIN
 
     SELECT * INTO j FROM tuneplane.jobs WHERE id = a.job_id;
     SELECT free_relaunches INTO v_free FROM tuneplane.launch_settings;
-    v_counted := a.number - j.free_relaunches_used - j.preemptions_used;
+    v_counted := a.number - j.free_relaunches_used - j.preemptions_used - j.corrupt_resumes_used;
     IF v_state = 'succeeded' THEN
         PERFORM tuneplane.set_job_state(j.id, 'succeeded', format('attempt %s: %s', a.number, v_reason));
     ELSIF v_state = 'cancelled' THEN
@@ -1142,6 +1144,21 @@ BEGIN
             format('attempt %s %s%s; queued for attempt %s (preemptions do not count against max_attempts)',
                    a.number, CASE WHEN tuneplane.idle_reclaimed(a.id) THEN 'preempted (idle): ' ELSE '' END,
                    v_reason, a.number + 1));
+        PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
+    ELSIF v_state = 'aborted' AND a.resume_artifact_id IS NOT NULL
+          AND tuneplane.artifact_is_corrupt(a.resume_artifact_id)
+          AND coalesce(j.spec -> 'resume' ->> 'mode', 'latest') = 'latest' THEN
+        -- Its checkpoint was found corrupt while the members prepared (mark_artifact_corrupt): the next
+        -- attempt resumes from the previous one, and this one counts against nothing. Bounded: each such
+        -- abort marks one more of the job's checkpoints, which is never picked again.
+        UPDATE tuneplane.jobs SET corrupt_resumes_used = corrupt_resumes_used + 1 WHERE id = j.id;
+        PERFORM tuneplane.set_job_state(j.id, 'queued',
+            format('attempt %s: %s; its checkpoint %s is corrupt, so it does not count against max_attempts: '
+                   'launching again as attempt %s from %s', a.number, v_reason,
+                   (SELECT tuneplane.checkpoint_label(c) FROM tuneplane.artifacts c WHERE c.id = a.resume_artifact_id),
+                   a.number + 1,
+                   coalesce((SELECT tuneplane.checkpoint_label(r) FROM tuneplane.resume_checkpoint_of(j.id) r
+                              WHERE r.id IS NOT NULL), 'scratch (no other verified checkpoint)')));
         PERFORM pg_notify('tuneplane_placement', j.fleet_id::text);
     ELSIF v_state = 'aborted' AND j.free_relaunches_used < v_free AND a.capsule_digest IS NOT NULL
           AND (SELECT f.backend FROM tuneplane.fleets f WHERE f.id = a.fleet_id) = 'node' THEN

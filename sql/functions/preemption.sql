@@ -16,8 +16,11 @@ DROP FUNCTION IF EXISTS tuneplane.plan_preemption(tuneplane.jobs, timestamptz, b
 -- resume_checkpoint_of: the checkpoint a new attempt of the job starts from, or NULL:
 --   spec.resume.mode 'none'    → never (the job asked to start from scratch every time);
 --   spec.resume.mode 'pinned'  → the checkpoint the preview pinned (spec.resume.artifact_id), while complete;
---   otherwise ('latest')       → the job's newest complete (server-verified) checkpoint, any attempt or rank.
+--   otherwise ('latest')       → the job's newest complete (server-verified) checkpoint, any attempt or rank,
+--                                that was not found corrupt since (mark_artifact_corrupt, artifacts.sql).
 -- A checkpoint still uploading or failed is never chosen: only bytes the server re-hashed are resumed from.
+-- A pinned checkpoint found corrupt is still the one: the job asked for exactly it, and its prepare fails
+-- naming it rather than the job silently starting from elsewhere.
 CREATE OR REPLACE FUNCTION tuneplane.resume_checkpoint_of(p_job_id bigint)
 RETURNS tuneplane.artifacts
 LANGUAGE sql STABLE AS $$
@@ -28,7 +31,9 @@ LANGUAGE sql STABLE AS $$
        AND coalesce(j.spec -> 'resume' ->> 'mode', 'latest') <> 'none'
        AND CASE WHEN j.spec -> 'resume' ->> 'mode' = 'pinned'
                 THEN a.id = (j.spec -> 'resume' ->> 'artifact_id')::bigint
-                ELSE a.job_id = j.id END
+                ELSE a.job_id = j.id
+                     AND NOT EXISTS (SELECT 1 FROM tuneplane.artifact_corruptions c WHERE c.artifact_id = a.id)
+           END
      ORDER BY a.completed_at DESC, a.id DESC
      LIMIT 1;
 $$;

@@ -38,9 +38,11 @@ def setup_job(db: Database, max_attempts: int = 3) -> MemberSetup:
     return MemberSetup(user_id, fleet_id, node_id, job_id, member, credential, credential_hash)
 
 
-def checkpoint(db: Database, setup: MemberSetup, tmp_path: Path, name: str, body: bytes) -> dict:
+def checkpoint(
+    db: Database, setup: MemberSetup, tmp_path: Path, name: str, body: bytes, step: int | None = None
+) -> dict:
     manifest = write_tree(tmp_path / name, {"model.npz": body})
-    return recorded_complete(db, setup, name, manifest, kind="checkpoint")
+    return recorded_complete(db, setup, name, manifest, kind="checkpoint", step=step)
 
 
 def fail_and_prepare_again(db: Database, setup: MemberSetup) -> dict:
@@ -148,3 +150,86 @@ def test_latest_and_none_resolve_without_an_artifact(db: Database) -> None:
     assert json.loads(
         json.dumps(db.call("resolve_resume", user_id, Jsonb("latest"))[0]["resolve_resume"])
     ) == {"mode": "latest"}
+
+
+# Issue 35: a corrupt newest checkpoint is marked, named in the timeline and never resumed from again.
+
+
+def _events(db: Database, job_id: int) -> list[str]:
+    return [r["reason"] for r in db.fetch_all("SELECT reason FROM job_events WHERE job_id = %s ORDER BY id",
+                                              (job_id,))]  # fmt: skip
+
+
+def test_a_checkpoint_a_verification_found_corrupt_is_never_resumed_from(
+    db: Database, tmp_path: Path
+) -> None:
+    setup = setup_job(db)
+    older = checkpoint(db, setup, tmp_path, "checkpoint.1", b"one")
+    newest = checkpoint(db, setup, tmp_path, "checkpoint.2", b"two")
+    db.call(
+        "record_artifact_verification", setup.user_id, newest["id"], False, 1,
+        Jsonb(["model.npz: sha256 differs from the manifest"]),
+    )  # fmt: skip
+    assert db.fetch_one("SELECT * FROM artifact_corruptions WHERE artifact_id = %s", (newest["id"],))
+    assert any(
+        "checkpoint checkpoint.2 of attempt 1 is corrupt (found by a verification by user:alice: model.npz"
+        in r and "never resumed from again" in r
+        for r in _events(db, setup.job_id)
+    ), _events(db, setup.job_id)
+    payload = fail_and_prepare_again(db, setup)
+    assert payload["resume"]["artifact_id"] == older["id"]
+    # Marked once: a second finding changes nothing and says nothing more.
+    again = db.call("mark_artifact_corrupt", newest["id"], "again", "test")[0]
+    assert again["mark_artifact_corrupt"] is False
+    assert sum("is corrupt" in r for r in _events(db, setup.job_id)) == 1
+
+
+def test_an_attempt_whose_checkpoint_is_found_corrupt_while_preparing_falls_back_without_spending_one(
+    db: Database, tmp_path: Path
+) -> None:
+    """The node gateway finds the stored bytes of the checkpoint it serves to the preparing node corrupt:
+    the prepare fails, and the job is queued again from the previous checkpoint, counting against neither
+    max_attempts nor the free re-launches."""
+    execute(db, "UPDATE launch_settings SET free_relaunches = 0")
+    setup = setup_job(db, max_attempts=2)
+    older = checkpoint(db, setup, tmp_path, "checkpoint.1", b"one", step=100)
+    newest = checkpoint(db, setup, tmp_path, "checkpoint.2", b"two")
+    report(db, "member_exited", members_of(db, setup.job_id)[-1], exit_code=1)  # attempt 1 of 2 failed
+    db.call("reserve_next", setup.fleet_id, 1000)
+    attempt = db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 2", (setup.job_id,))
+    epoch = db.call("claim_launch", attempt["id"], "w")[0]["epoch"]
+    db.call("begin_prepare", attempt["id"], epoch, "a" * 64)
+    assert db.fetch_one("SELECT resume_artifact_id FROM attempts WHERE id = %s", (attempt["id"],))[
+        "resume_artifact_id"
+    ] == newest["id"]
+    # What the gateway does when its hash of the stored bytes differs (app/artifacts/gateway_routes.py).
+    db.call("mark_artifact_corrupt", newest["id"], "model.npz: the stored bytes do not match the manifest",
+            "the node gateway serving it to a node")  # fmt: skip
+    (m,) = [m for m in members_of(db, setup.job_id) if m["attempt_id"] == attempt["id"]]
+    report(db, "member_prepare_failed", m, reason="input resume (checkpoint.2): transfer failed")
+    j = db.fetch_one("SELECT * FROM jobs WHERE id = %s", (setup.job_id,))
+    assert j["state"] == "queued", j
+    assert "its checkpoint checkpoint.2 is corrupt, so it does not count against max_attempts" in j[
+        "state_reason"
+    ], j["state_reason"]
+    assert "launching again as attempt 3 from checkpoint.1 (step 100)" in j["state_reason"]
+    assert j["corrupt_resumes_used"] == 1 and j["free_relaunches_used"] == 0
+    db.call("reserve_next", setup.fleet_id, 1000)
+    run_to_running(db, setup.job_id)
+    third = db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 3", (setup.job_id,))
+    assert third["resume_artifact_id"] == older["id"]
+    (m3,) = [m for m in members_of(db, setup.job_id) if m["attempt_id"] == third["id"]]
+    report(db, "member_exited", m3, exit_code=0)
+    assert db.fetch_one("SELECT state FROM jobs WHERE id = %s", (setup.job_id,))["state"] == "succeeded"
+
+
+def test_a_pinned_checkpoint_found_corrupt_is_still_the_one_asked_for(db: Database, tmp_path: Path) -> None:
+    # The job asked for exactly it: its prepare fails naming it, it does not silently start elsewhere.
+    setup = setup_job(db)
+    pinned = checkpoint(db, setup, tmp_path, "checkpoint.1", b"one")
+    resume = db.call("resolve_resume", setup.user_id, Jsonb(f"{setup.job_id}/checkpoint.1"))[0][
+        "resolve_resume"
+    ]
+    execute(db, "UPDATE jobs SET spec = spec || %s WHERE id = %s", (Jsonb({"resume": resume}), setup.job_id))
+    db.call("mark_artifact_corrupt", pinned["id"], "bad", "test")
+    assert fail_and_prepare_again(db, setup)["resume"]["artifact_id"] == pinned["id"]
