@@ -173,7 +173,8 @@ def test_a_checkpoint_a_verification_found_corrupt_is_never_resumed_from(
     assert db.fetch_one("SELECT * FROM artifact_corruptions WHERE artifact_id = %s", (newest["id"],))
     assert any(
         "checkpoint checkpoint.2 of attempt 1 is corrupt (found by a verification by user:alice: model.npz"
-        in r and "never resumed from again" in r
+        in r
+        and "never resumed from again" in r
         for r in _events(db, setup.job_id)
     ), _events(db, setup.job_id)
     payload = fail_and_prepare_again(db, setup)
@@ -199,9 +200,12 @@ def test_an_attempt_whose_checkpoint_is_found_corrupt_while_preparing_falls_back
     attempt = db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND number = 2", (setup.job_id,))
     epoch = db.call("claim_launch", attempt["id"], "w")[0]["epoch"]
     db.call("begin_prepare", attempt["id"], epoch, "a" * 64)
-    assert db.fetch_one("SELECT resume_artifact_id FROM attempts WHERE id = %s", (attempt["id"],))[
-        "resume_artifact_id"
-    ] == newest["id"]
+    assert (
+        db.fetch_one("SELECT resume_artifact_id FROM attempts WHERE id = %s", (attempt["id"],))[
+            "resume_artifact_id"
+        ]
+        == newest["id"]
+    )
     # What the gateway does when its hash of the stored bytes differs (app/artifacts/gateway_routes.py).
     db.call("mark_artifact_corrupt", newest["id"], "model.npz: the stored bytes do not match the manifest",
             "the node gateway serving it to a node")  # fmt: skip
@@ -209,9 +213,10 @@ def test_an_attempt_whose_checkpoint_is_found_corrupt_while_preparing_falls_back
     report(db, "member_prepare_failed", m, reason="input resume (checkpoint.2): transfer failed")
     j = db.fetch_one("SELECT * FROM jobs WHERE id = %s", (setup.job_id,))
     assert j["state"] == "queued", j
-    assert "its checkpoint checkpoint.2 is corrupt, so it does not count against max_attempts" in j[
-        "state_reason"
-    ], j["state_reason"]
+    assert (
+        "its checkpoint checkpoint.2 is corrupt, so it does not count against max_attempts"
+        in j["state_reason"]
+    ), j["state_reason"]
     assert "launching again as attempt 3 from checkpoint.1 (step 100)" in j["state_reason"]
     assert j["corrupt_resumes_used"] == 1 and j["free_relaunches_used"] == 0
     db.call("reserve_next", setup.fleet_id, 1000)

@@ -84,3 +84,48 @@ def test_the_retry_on_another_node_resumes_from_the_last_verified_checkpoint(
         for line in (member_dir / "output" / "metrics.jsonl").read_text().splitlines()
     ]
     assert steps == list(range(resumed + 1, STEPS + 1))  # continues at the resumed step, none twice
+
+
+def test_a_corrupt_newest_checkpoint_is_skipped_for_the_previous_verified_one(cluster: Cluster) -> None:
+    """Issue 35: a byte flipped in the stored copy of the newest checkpoint. The retry's prepare meets it
+    (the node gateway re-hashes what it serves), the checkpoint is marked corrupt and named in the
+    timeline, and the job runs again from the previous verified checkpoint — without spending one of its
+    max_attempts — and succeeds."""
+    from tuneplane.app.artifacts.blobs import FsBlobStore
+
+    cluster.start_agent("a")
+    cluster.start_worker()
+    job_id = cluster.submit(_spec())
+    cluster.wait_members(job_id, "running", timeout=60)
+    wait_for(
+        lambda: len(_complete_checkpoints(cluster, job_id)) >= 2, timeout=60, what="two verified checkpoints"
+    )
+    cluster.db.call("fence_node", "gpu/a", "e2e: node lost", "user:test")  # attempt 1 of 2 fails
+    cluster.wait_job(job_id, ("queued",), timeout=60)  # no other node yet: the checkpoints are final
+    *_, previous, newest = _complete_checkpoints(cluster, job_id)
+    # A file of the newest checkpoint whose bytes no other artifact shares (blobs are by content).
+    (blob,) = cluster.db.fetch_all(
+        """SELECT f.sha256 FROM artifact_files f WHERE f.artifact_id = %s AND f.size > 0
+              AND NOT EXISTS (SELECT 1 FROM artifact_files o
+                               WHERE o.sha256 = f.sha256 AND o.artifact_id <> f.artifact_id)
+            ORDER BY f.file_index LIMIT 1""",
+        (newest["id"],),
+    )
+    path = FsBlobStore(cluster.data_dir / "blobs").path(blob["sha256"])
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0x01
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    cluster.start_agent("b")
+    done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
+    assert done["state"] == "succeeded", cluster.diagnose(job_id)
+    ran = cluster.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND state = 'succeeded'", (job_id,))
+    assert ran["resume_artifact_id"] == previous["id"], cluster.diagnose(job_id)
+    corrupt = cluster.db.fetch_one(
+        "SELECT * FROM artifact_corruptions WHERE artifact_id = %s", (newest["id"],)
+    )
+    assert corrupt is not None and corrupt["found_by"] == "the node gateway serving it to a node"
+    reasons = [e["reason"] for e in cluster.db.fetch_all(
+        "SELECT reason FROM job_events WHERE job_id = %s ORDER BY id", (job_id,))]  # fmt: skip
+    assert any(f"checkpoint {newest['name']}" in r and "is corrupt" in r for r in reasons), reasons
+    assert cluster.job(job_id)["corrupt_resumes_used"] == 1
