@@ -4,6 +4,8 @@ Exact numbers stay in JSON answers and `--json` output; these are for display on
 from __future__ import annotations
 
 import datetime as dt
+import math
+import re
 
 _UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
@@ -65,3 +67,37 @@ def ago(when: dt.datetime | str | None, now: dt.datetime | None = None) -> str:
     span = duration(delta).split(" ")
     short = " ".join(span[:2])  # the largest unit is enough in a table
     return f"{short} ago" if delta > 0 else f"in {short}"
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(text: str) -> tuple:
+    """Sorts `checkpoint.2` before `checkpoint.10` (numbers in a name compared as numbers)."""
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(text))
+
+
+def number(value: float | int | None, digits: int = 6) -> str:
+    """A metric value at the precision it was written with: 6 significant digits, so the float noise of
+    `0.005000000000000001` reads `0.005`; integers stay integers."""
+    if value is None:
+        return ""
+    if isinstance(value, int) or (
+        isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 1e15
+    ):
+        return str(int(value))
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.{digits}g}"
+
+
+def epoch_ms_range(first: int, last: int) -> str:
+    """A system series' steps (milliseconds since the epoch) as the UTC times they are."""
+    start = dt.datetime.fromtimestamp(first / 1000, dt.UTC)
+    end = dt.datetime.fromtimestamp(last / 1000, dt.UTC)
+    same_day = start.date() == end.date()
+    return (
+        f"{start:%Y-%m-%d %H:%M:%S}..{end:%H:%M:%S} UTC"
+        if same_day
+        else (f"{start:%Y-%m-%d %H:%M}..{end:%Y-%m-%d %H:%M} UTC")
+    )

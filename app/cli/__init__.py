@@ -90,6 +90,14 @@ def _database_unreachable(exc: BaseException) -> bool:
     return psycopg is not None and isinstance(exc, psycopg.OperationalError)
 
 
+def _quiet_stdout() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
 class TunePlaneGroup(click.Group):
     """Loads each command's module when it runs; turns expected failures into `Error: <one line>` on
     stderr and a non-zero exit status."""
@@ -118,6 +126,11 @@ class TunePlaneGroup(click.Group):
             raise click.ClickException(message + (f" ({detail})" if detail else "")) from exc
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:
+            # The reader went away (`tuneplane jobs show 5 | head -1`): what it wanted it has. Every command
+            # ends here quietly; stdout points at /dev/null so the interpreter's last flush cannot fail again.
+            _quiet_stdout()
+            raise click.exceptions.Exit(0) from None
         except (OSError, ValueError, UnicodeError) as exc:
             # A file, a setting or a value the user gave: one line (the traceback only in the debug log).
             log.debug("command failed", exc_info=True)

@@ -65,11 +65,12 @@ def token_list(as_json: bool, server, token, ca_bundle) -> None:
                 "teams": ", ".join(r["teams"]) or "all",
                 "access": "read-only" if r["read_only"] else "read+act",
                 "last_used": humanize.ago(r["last_used_at"]) if r["last_used_at"] else "never",
+                "expires": humanize.ago(r["expires_at"]) if r["expires_at"] else "never",
                 "state": "revoked" if r["revoked_at"] else "live",
             }
             for r in rows
         ],
-        ["id", "name", "teams", "access", "last_used", "state"],
+        ["id", "name", "teams", "access", "last_used", "expires", "state"],
         empty="no tokens",
     )
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from tuneplane.app import humanize
 from tuneplane.app.cli import ExpectedError
 from tuneplane.app.cli.options import json_option, print_json, print_table, server_side, settings_from
 
@@ -248,6 +249,8 @@ def metrics_cmd(
     for series in data["series"]:
         buckets = series["buckets"]
         last = buckets[-1] if buckets else {}
+        lows = [b["min"] for b in buckets if b["min"] is not None]
+        highs = [b["max"] for b in buckets if b["max"] is not None]
         rows.append(
             {
                 "name": series["name"],
@@ -256,10 +259,14 @@ def metrics_cmd(
                 "attempt": series["attempt"],
                 "member": series["member"],
                 "points": series["point_count"],
-                "steps": f"{series['min_step']}..{series['max_step']}" if buckets else "",
-                "last": last.get("last_value") if last.get("non_finite") is None else last["non_finite"],
-                "min": min((b["min"] for b in buckets if b["min"] is not None), default=None),
-                "max": max((b["max"] for b in buckets if b["max"] is not None), default=None),
+                "steps": _steps(series) if buckets else "",
+                "last": (
+                    humanize.number(last.get("last_value"))
+                    if last.get("non_finite") is None
+                    else last["non_finite"]
+                ),
+                "min": humanize.number(min(lows, default=None)),
+                "max": humanize.number(max(highs, default=None)),
             }
         )
     print_table(
@@ -268,6 +275,15 @@ def metrics_cmd(
         empty="(no metrics yet)",
     )
     echo_health(health)
+
+
+def _steps(series: dict) -> str:
+    """A training series' step range; a system series' steps are epoch milliseconds: its time range."""
+    from tuneplane.workers.collector.system import SOURCE as SYSTEM_SOURCE
+
+    if series["source"] == SYSTEM_SOURCE:
+        return humanize.epoch_ms_range(series["min_step"], series["max_step"])
+    return f"{series['min_step']}..{series['max_step']}"
 
 
 def echo_health(health: dict) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -28,6 +29,19 @@ from tuneplane.app.supervisor import ComponentFailed, Supervisor
 
 def _say(message: str) -> None:
     click.echo(f"tuneplane up: {message}", err=True)
+
+
+def _migrate(url: str) -> None:
+    """Migrate, saying one line for the migrations (a fresh install applies dozens) and each other step."""
+    applied = migrate.migrate(url, progress=lambda m: None if _MIGRATION_LINE.match(m) else _say(m))
+    files = [name for name in applied if _MIGRATION_FILE.match(name)]
+    if files:
+        _say(f"applied {len(files)} migration(s): {files[0]} … {files[-1]}" if len(files) > 1
+             else f"applied {files[0]}")  # fmt: skip
+
+
+_MIGRATION_FILE = re.compile(r"^\d{4}_.*\.sql$")
+_MIGRATION_LINE = re.compile(r"^applying \d{4}_.*\.sql$")
 
 
 def _first_admin(db: Database, ctx: UpContext) -> tuple[str, str] | None:
@@ -117,7 +131,7 @@ def up_cmd(
             if supervisor.stop_requested.is_set():
                 raise ComponentFailed("stopped while PostgreSQL was starting")
             url = url_file.read_text().strip()
-        migrate.migrate(url, progress=_say)
+        _migrate(url)
         ctx = UpContext(url, settings.data_dir, host, port, node_gateway_port, telemetry_gateway_port)
         db = Database(url, max_size=2, name="tuneplane-up")
         try:
@@ -135,10 +149,11 @@ def up_cmd(
                 f"node gateway: {node_gateway_url(ctx)} (agents dial it); "
                 f"telemetry gateway: {telemetry_gateway_url(ctx)}"
             )
+            secret_file = ctx.data_dir / "initial-admin.txt"
             if admin:
-                click.echo(
-                    f"admin login: {admin[0]} / {admin[1]} (also in {ctx.data_dir / 'initial-admin.txt'})"
-                )
+                click.echo(f"admin login: {admin[0]} / {admin[1]} (also in {secret_file})")
+            elif secret_file.exists():  # a restart: the password is not shown again, but where it is
+                click.echo(f"admin login: see {secret_file}")
             click.echo("press Ctrl-C to stop", err=True)
             sys.stdout.flush()
         exit_code = supervisor.watch()

@@ -190,3 +190,48 @@ def test_kill_9_mid_upload_then_restart_resumes_and_never_completes_wrong_bytes(
     assert final == {"id": state["id"], "state": "complete"}
     for data in files.values():
         assert blob_path(env, data).read_bytes() == data
+
+
+def test_list_is_in_natural_order_with_a_step_column(db: Database, env) -> None:
+    """checkpoint.2 before checkpoint.10 (not text order), each with its step."""
+    from tests.artifact_fixtures import recorded_complete
+
+    setup = make_member(db)
+    manifest = write_tree(env["tmp"] / "ckpt", {"w.bin": b"w"})
+    for step in (1, 10, 11, 2):
+        recorded_complete(db, setup, f"checkpoint.{step}", manifest, kind="checkpoint", step=step * 100)
+    token = api_token(db, setup.user_id)
+    table = cli(env, token, "list", str(setup.job_id))
+    assert table.returncode == 0, table.stderr
+    header, *lines = table.stdout.splitlines()
+    assert header.split()[:4] == ["NAME", "ATTEMPT", "KIND", "STEP"]
+    assert [line.split()[0] for line in lines] == [f"checkpoint.{n}@0" for n in (1, 2, 10, 11)]
+    assert [line.split()[3] for line in lines] == ["100", "200", "1000", "1100"]
+
+
+def test_a_closed_pipe_ends_a_command_quietly(db: Database, env) -> None:
+    """`tuneplane artifacts list 5 | head -1`: the command exits 0 and writes no error (every command goes
+    through the one handler in app/cli/__init__.py)."""
+    from tests.artifact_fixtures import recorded_complete
+
+    setup = make_member(db)
+    manifest = write_tree(env["tmp"] / "ckpt", {"w.bin": b"w"})
+    for step in range(1500):  # more than a pipe buffer (64 KiB) of table
+        recorded_complete(db, setup, f"checkpoint.{step}", manifest, kind="checkpoint", step=step)
+    token = api_token(db, setup.user_id)
+    child_env = {
+        **os.environ,
+        "TUNEPLANE_SERVER": env["url"],
+        "TUNEPLANE_TOKEN": token,
+        "TUNEPLANE_CONFIG": str(env["tmp"] / "no-config.toml"),
+    }
+    for args in (["artifacts", "list", str(setup.job_id)], ["jobs", "show", str(setup.job_id)]):
+        shell = (
+            f'{sys.executable} -P -m tuneplane {" ".join(args)} | head -1; echo "status=${{PIPESTATUS[0]}}"'
+        )
+        done = subprocess.run(
+            ["bash", "-c", shell], capture_output=True, text=True, env=child_env, cwd=REPO, timeout=120
+        )
+        assert done.stderr == "", done.stderr
+        first, status = done.stdout.splitlines()
+        assert first and status == "status=0", done.stdout

@@ -187,3 +187,14 @@ def test_parse_input_and_output_text() -> None:
     assert parse_input(f"b=sha256:{digest}:p") == {"name": "b", "artifact": f"sha256:{digest}", "path": "p"}
     with pytest.raises(ValueError, match="NAME=REF"):
         parse_input("=12/ckpt")
+
+
+def test_token_list_shows_each_tokens_expiry(cli, logged_in: str) -> None:
+    made = cli("token", "create", "--name", "short", "--ttl", "2h")
+    assert made.exit_code == 0, made.output
+    listed = cli("token", "list")
+    header, *lines = listed.output.splitlines()
+    assert "EXPIRES" in header.split()
+    short = next(line for line in lines if " short " in line)
+    assert "in 1 h" in short or "in 2 h" in short, short
+    assert any("never" in line.split()[-2:] for line in lines if " short " not in line), listed.output

@@ -308,3 +308,39 @@ def test_extreme_steps_stored_before_the_range_check_still_read(db: Database, ga
     for rollups in (True, False):
         buckets = _buckets(db, series, 1000, rollups)
         assert buckets and sum(b["n"] for b in buckets) >= 100
+
+
+def test_metrics_cli_rounds_to_the_series_precision_and_shows_system_steps_as_times(
+    db: Database, db_url: str, gateway: GatewayThread
+) -> None:
+    """Floats as written (0.005, not 0.005000000000000001); a system series' steps (epoch milliseconds) as
+    the UTC times they are."""
+    from tuneplane.app.cli import main
+    from tuneplane.app.web import create_app
+
+    alice = make_user(db, "alice")
+    job = make_job(db, alice)
+    token = member_token(db, job)
+    _send(gateway, token, "lr", [0, 1, 2], np.array([0.1, 0.05, 0.1 * 0.05]), seq=1)
+    start_ms = 1_796_000_000_000  # 2026-11-30 00:53:20 UTC
+    _send(gateway, token, "system/cpu_percent", [start_ms, start_ms + 10_000], np.array([99.5, 110.25]),
+          seq=2, source="system")  # fmt: skip
+    server = make_server("127.0.0.1", 0, create_app(db_url), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        env = {
+            "TUNEPLANE_SERVER": f"http://127.0.0.1:{server.server_port}",
+            "TUNEPLANE_TOKEN": user_api_token(db, alice),
+            "TUNEPLANE_CONFIG": "/nonexistent",
+        }
+        table = CliRunner().invoke(main, ["metrics", str(job)], env=env)
+        assert table.exit_code == 0, table.output
+        lr = next(line for line in table.output.splitlines() if line.startswith("lr "))
+        assert lr.split()[-3:] == ["0.005", "0.005", "0.1"], lr
+        assert "0.005000000000000001" not in table.output
+        cpu = next(line for line in table.output.splitlines() if line.startswith("system/cpu_percent"))
+        assert "2026-11-30 00:53:20..00:53:30 UTC" in cpu and str(start_ms) not in cpu, cpu
+        assert cpu.split()[-3:] == ["110.25", "99.5", "110.25"], cpu
+    finally:
+        server.shutdown()
