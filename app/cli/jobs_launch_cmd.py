@@ -56,10 +56,8 @@ def echo_launch(job: dict) -> None:
         if p.get("in_grace"):
             until = humanize.utc_minute(str(p["grace_deadline"]))
             click.echo(f"       in its grace until {until}: {p['stop_cause']}")
-        if p.get("lost_gpu_seconds") is not None:
-            click.echo(
-                f"       lost {round(p['lost_gpu_seconds']):,} GPU-s since its last verified checkpoint"
-            )
+        if p.get("lost"):  # GPU-s and seconds, or seconds and CPU-s for a CPU-only job (lost_words)
+            click.echo(f"       {p['lost']} since its last verified checkpoint")
     click.echo("members:")
     rows = [
         {

@@ -12,6 +12,8 @@
 -- Drops (signature changes):
 -- plan_preemption takes the preemptor's team numbers (the reclaim rule).
 DROP FUNCTION IF EXISTS tuneplane.plan_preemption(tuneplane.jobs, timestamptz, bigint[]);
+-- job_attempt_preemption_of gained `lost` (the words: GPU-s and seconds, or seconds and CPU-s; issue 35).
+DROP FUNCTION IF EXISTS tuneplane.job_attempt_preemption_of(bigint, bigint);
 
 -- resume_checkpoint_of: the checkpoint a new attempt of the job starts from, or NULL:
 --   spec.resume.mode 'none'    → never (the job asked to start from scratch every time);
@@ -265,6 +267,40 @@ LANGUAGE sql STABLE AS $$
      WHERE m.attempt_id = p_attempt_id;
 $$;
 
+-- attempt_cpus: the CPUs an attempt's members hold (the job's cpus_per_node per member).
+CREATE OR REPLACE FUNCTION tuneplane.attempt_cpus(p_attempt_id bigint)
+RETURNS integer
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(sum(j.cpus_per_node), 0)::integer
+      FROM tuneplane.members m JOIN tuneplane.jobs j ON j.id = m.job_id
+     WHERE m.attempt_id = p_attempt_id;
+$$;
+
+-- attempt_work_ended_at: when the attempt's work ended, the end of its lost work: its last member's end
+-- (the attempt itself is settled once resources are released too, which may be later), else now.
+CREATE OR REPLACE FUNCTION tuneplane.attempt_work_ended_at(p_attempt_id bigint)
+RETURNS timestamptz
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(max(m.ended_at), clock_timestamp()) FROM tuneplane.members m WHERE m.attempt_id = p_attempt_id;
+$$;
+
+-- lost_words: the work an attempt lost, as every text says it: a GPU job's in GPU-seconds with the seconds
+-- (`lost 2,400 GPU-s (1200 s)`), a CPU-only job's in seconds with its CPU-seconds (`lost 12 s (24 CPU-s)`:
+-- not "0 GPU-s", which would say nothing was lost). Fractions of a second are kept below 10 s (`2.1 s`).
+CREATE OR REPLACE FUNCTION tuneplane.lost_words(p_attempt_id bigint, p_lost_seconds double precision)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    WITH x AS (SELECT greatest(coalesce(p_lost_seconds, 0), 0) AS s,
+                      tuneplane.attempt_gpus(p_attempt_id) AS gpus, tuneplane.attempt_cpus(p_attempt_id) AS cpus),
+         f AS (SELECT x.*, CASE WHEN x.s < 10 THEN to_char(round(x.s::numeric, 1), 'FM990.0')
+                                ELSE to_char(round(x.s::numeric), 'FM999,999,999,990') END AS secs FROM x)
+    SELECT CASE WHEN f.gpus > 0
+                THEN format('lost %s GPU-s (%s s)', to_char(round((f.s * f.gpus)::numeric), 'FM999,999,999,990'), f.secs)
+                ELSE format('lost %s s (%s CPU-s)', f.secs, to_char(round((f.s * f.cpus)::numeric), 'FM999,999,999,990'))
+           END
+      FROM f;
+$$;
+
 -- lost_work_of_failed: a failed attempt (a member failed, its node lost or fenced) loses the work since the
 -- job's last verified checkpoint too: recorded on the attempt and in the usage ledger, the next attempt
 -- resumes from that checkpoint (begin_prepare).
@@ -281,7 +317,7 @@ BEGIN
         RETURN;  -- nothing ran
     END IF;
     ck := tuneplane.resume_checkpoint_of(a.job_id);
-    v_lost := greatest(extract(epoch FROM clock_timestamp()
+    v_lost := greatest(extract(epoch FROM tuneplane.attempt_work_ended_at(a.id)
                                - greatest(coalesce(a.running_at, a.committed_at),
                                           coalesce(ck.completed_at, '-infinity'))), 0);
     UPDATE tuneplane.attempts
@@ -294,9 +330,11 @@ $$;
 
 -- settle_stopped_attempt: how an attempt asked to stop ends, called by finish_attempt_if_done once every
 -- member has ended. Records the checkpoint the next attempt resumes from (the job's newest verified one:
--- end_checkpoint_id) and the work lost since it: nothing when a checkpoint of this attempt became complete
--- between the request and the grace's end, else the wall time from that checkpoint's verification (or the
--- attempt's start, if it made none) to now, and GPUs × that time. Returns the timeline's words,
+-- end_checkpoint_id) and the work lost since it, measured: the wall time from that checkpoint's
+-- verification (or the attempt's start, if there is none) to the end of its work (its last member's end,
+-- attempt_work_ended_at), and GPUs × that time. A workload that saves in its grace and exits loses the moment it
+-- takes to exit; one that goes on running after a checkpoint completed in its grace loses what it did
+-- after it (issue 35: it was recorded as 0). Returns the timeline's words,
 -- naming the checkpoint with its step when the workload said it (`checkpoint ckpt.3 (step 1200) verified
 -- 38 s into a 120 s grace`, `resumes from ckpt.2 (step 1000)`).
 CREATE OR REPLACE FUNCTION tuneplane.settle_stopped_attempt(p_attempt_id bigint)
@@ -320,8 +358,8 @@ BEGIN
     v_saved := ck.id IS NOT NULL AND ck.attempt_id = a.id
                AND ck.completed_at BETWEEN a.stop_requested_at AND a.grace_deadline;
     v_gpus := tuneplane.attempt_gpus(a.id);
-    IF v_start IS NOT NULL AND NOT v_saved THEN
-        v_lost := greatest(extract(epoch FROM clock_timestamp()
+    IF v_start IS NOT NULL THEN
+        v_lost := greatest(extract(epoch FROM tuneplane.attempt_work_ended_at(a.id)
                                    - greatest(v_start, coalesce(ck.completed_at, v_start))), 0);
     END IF;
     UPDATE tuneplane.attempts
@@ -334,18 +372,18 @@ BEGIN
     IF v_start IS NULL THEN
         v_what := 'stopped before it started; nothing lost';
     ELSIF v_saved THEN
-        v_what := format('checkpoint %s verified %s s into a %s s grace; lost 0 GPU-s',
+        v_what := format('checkpoint %s verified %s s into a %s s grace; %s since',
                          tuneplane.checkpoint_label(ck),
                          round(extract(epoch FROM ck.completed_at - a.stop_requested_at)),
-                         round(extract(epoch FROM a.grace_deadline - a.stop_requested_at)));
+                         round(extract(epoch FROM a.grace_deadline - a.stop_requested_at)),
+                         tuneplane.lost_words(a.id, v_lost));
     ELSE
-        v_what := format('%s; %s; lost %s GPU-s (%s s)',
+        v_what := format('%s; %s; %s',
                          CASE WHEN clock_timestamp() >= a.grace_deadline THEN 'stopped at the end of its grace'
                               ELSE 'stopped within its grace without a new verified checkpoint' END,
                          CASE WHEN ck.id IS NULL THEN 'no verified checkpoint: the next attempt starts from scratch'
                               ELSE format('resumes from %s', tuneplane.checkpoint_label(ck)) END,
-                         to_char(round((v_lost * v_gpus)::numeric), 'FM999,999,999,990'),
-                         round(v_lost::numeric));
+                         tuneplane.lost_words(a.id, v_lost));
     END IF;
     RETURN format('%s at %s; %s', v_cause, to_char(a.stop_requested_at, 'HH24:MI:SS'), v_what);
 END;
@@ -722,15 +760,20 @@ $$;
 CREATE OR REPLACE FUNCTION tuneplane.job_attempt_preemption_of(p_actor_id bigint, p_job_id bigint)
 RETURNS TABLE (number integer, resumed_from text, stop_kind text, stop_cause text, preempted_by_job_id bigint,
                stop_requested_at timestamptz, grace_deadline timestamptz, in_grace boolean,
-               end_checkpoint text, lost_seconds double precision, lost_gpu_seconds double precision)
+               end_checkpoint text, lost_seconds double precision, lost_gpu_seconds double precision, lost text)
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     PERFORM 1 FROM tuneplane.get_job(p_actor_id, p_job_id);
+    -- resumed_from only for an attempt that started (an attempt aborted while preparing resumed nothing).
     RETURN QUERY
-        SELECT t.number, tuneplane.checkpoint_label(r), t.stop_kind, t.stop_cause, t.preempted_by_job_id, t.stop_requested_at,
+        SELECT t.number,
+               CASE WHEN coalesce(t.running_at, t.committed_at) IS NOT NULL OR t.state IN ('reserved', 'preparing')
+                    THEN tuneplane.checkpoint_label(r) END,
+               t.stop_kind, t.stop_cause, t.preempted_by_job_id, t.stop_requested_at,
                t.grace_deadline,
                t.stop_kind IS NOT NULL AND t.state IN ('running', 'stopping') AND t.grace_deadline > now(),
-               tuneplane.checkpoint_label(e), t.lost_seconds, t.lost_gpu_seconds
+               tuneplane.checkpoint_label(e), t.lost_seconds, t.lost_gpu_seconds,
+               CASE WHEN t.lost_seconds IS NOT NULL THEN tuneplane.lost_words(t.id, t.lost_seconds) END
           FROM tuneplane.attempts t
           LEFT JOIN tuneplane.artifacts r ON r.id = t.resume_artifact_id
           LEFT JOIN tuneplane.artifacts e ON e.id = t.end_checkpoint_id

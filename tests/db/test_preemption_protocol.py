@@ -124,12 +124,45 @@ def test_a_checkpoint_verified_within_the_grace_ends_the_attempt_preempted_with_
     a = attempt(db, setup.job_id)
     assert a["state"] == "preempted"
     assert a["end_checkpoint_id"] == saved["id"]
-    assert a["lost_gpu_seconds"] == 0 and a["lost_seconds"] == 0
-    assert "checkpoint checkpoint.2 verified" in a["reason"] and "lost 0 GPU-s" in a["reason"]
+    # Measured (issue 35): the moment between the verification and the member's end, no more.
+    assert a["lost_seconds"] < 1 and a["lost_gpu_seconds"] == pytest.approx(2 * a["lost_seconds"])
+    assert "checkpoint checkpoint.2 verified" in a["reason"] and "lost 0 GPU-s (0.0 s) since" in a["reason"]
     job = db.fetch_one("SELECT * FROM jobs WHERE id = %s", (setup.job_id,))
     # max_attempts is 1 and the job is queued again: a preemption does not spend an attempt.
     assert job["state"] == "queued" and job["preemptions_used"] == 1
     assert "preemptions do not count against max_attempts" in job["state_reason"]
+
+
+@pytest.mark.parametrize("gpus", [2, 0])
+def test_a_workload_that_runs_on_after_its_checkpoint_in_the_grace_loses_the_work_after_it(
+    db: Database, tmp_path: Path, gpus: int
+) -> None:
+    """Issue 35: a checkpoint completed inside the grace, but the workload went on for 20 s more before it
+    ended: those 20 s are lost (the next attempt resumes from the checkpoint), not 0. A CPU-only job says it
+    in seconds and CPU-seconds, not "0 GPU-s"."""
+    setup = running_job(db, gpus=gpus, spec={"preemption": {"grace_seconds": 120}})
+    backdate(db, setup, 600)
+    db.call("request_preemption", setup.job_id, "urgent work", None, "preempted", None)
+    saved = checkpoint(db, setup, tmp_path, "ckpt.1", step=500)
+    # 20 s pass while the workload runs on (test setup: every time of the request and checkpoint moves back).
+    verified_ago(db, saved["id"], 20)
+    execute(
+        db,
+        "UPDATE attempts SET stop_requested_at = stop_requested_at - interval '20 s',"
+        " grace_deadline = grace_deadline - interval '20 s' WHERE job_id = %s",
+        (setup.job_id,),
+    )
+    report(db, "member_exited", setup.member, exit_code=0)
+    a = attempt(db, setup.job_id)
+    assert a["state"] == "preempted" and a["end_checkpoint_id"] == saved["id"]
+    assert 20 <= a["lost_seconds"] < 30, a["lost_seconds"]
+    assert a["lost_gpu_seconds"] == pytest.approx(gpus * a["lost_seconds"])
+    words = db.call("job_attempt_preemption_of", setup.user_id, setup.job_id)[0]["lost"]
+    assert words in a["reason"], (words, a["reason"])
+    if gpus:
+        assert words.startswith("lost 4") and "GPU-s (2" in words, words  # 2 GPUs × 20-odd s
+    else:
+        assert words.startswith("lost 2") and " s (2" in words and "CPU-s" in words and "GPU" not in words
 
 
 def test_a_victim_without_a_new_checkpoint_loses_the_work_since_its_last_one(
@@ -172,7 +205,9 @@ def test_the_words_name_each_checkpoint_with_the_step_the_workload_gave(db: Data
     checkpoint(db, setup, tmp_path, "ckpt.2", step=1200)
     report(db, "member_exited", setup.member, exit_code=0)
     first = attempt(db, setup.job_id)
-    assert "; checkpoint ckpt.2 (step 1200) verified 0 s into a 120 s grace; lost 0 GPU-s" in first["reason"]
+    assert (
+        "; checkpoint ckpt.2 (step 1200) verified 0 s into a 120 s grace; lost 0 GPU-s" in first["reason"]
+    ), first["reason"]
     # Attempt 2 resumes from it: its timeline says so with the step; asked to stop, it makes none.
     db.call("reserve_next", setup.fleet_id, 1000)
     (member,) = run_to_running(db, setup.job_id)

@@ -156,7 +156,7 @@ def test_an_attempt_asked_to_stop_whose_workload_trapped_the_signal_and_exited_0
     assert state == "exited"  # the workload's own status: it was TunePlane's signal
     a = attempt(db, r.attempt_id)
     assert a["state"] == "preempted", a["reason"]
-    assert a["end_checkpoint_id"] == ck["id"] and a["lost_gpu_seconds"] == 0
+    assert a["end_checkpoint_id"] == ck["id"] and a["lost_seconds"] < 1  # measured: the moment to its end
     assert "checkpoint checkpoint.1 verified" in a["reason"] and "lost 0 GPU-s" in a["reason"]
     j = job(db, r.job_id)
     assert j["state"] == "queued" and j["preemptions_used"] == 1, j["state_reason"]

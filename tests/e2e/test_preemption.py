@@ -60,7 +60,7 @@ print(f"done: {steps} steps", flush=True)
 PLAIN = """
 import json, os, pathlib, signal, sys, time
 from tuneplane import sdk
-asked = []
+asked, saved_at = [], []
 signal.signal(signal.SIGTERM, lambda *_: asked.append(1))
 out = pathlib.Path(os.environ["TUNEPLANE_OUTPUT_DIR"])
 steps, every = int(os.environ["STEPS"]), int(os.environ["EVERY"])
@@ -78,12 +78,14 @@ if sdk.resume_dir() is not None:
     print(f"resumed from {os.environ['TUNEPLANE_RESUME_FROM']} at step {first - 1}", flush=True)
 with open(out / "metrics.jsonl", "a") as metrics:
     for step in range(first, steps + 1):
+        if saved_at and time.time() - saved_at[0] >= float(os.environ.get("RUN_ON", "0")):
+            sys.exit(0)  # RUN_ON: it trained on that long after its checkpoint
         metrics.write(json.dumps({"step": step, "loss": 1.0 / step}) + "\\n"); metrics.flush()
-        if asked:
+        if asked and not saved_at:
             time.sleep(float(os.environ["SAVE_SECONDS"]))  # a slow save
             save(step)
-            sys.exit(0)
-        if step % every == 0:
+            saved_at.append(time.time())
+        elif not saved_at and step % every == 0:
             save(step)
         time.sleep(0.05)
 print(f"done: {steps} steps", flush=True)
@@ -133,7 +135,7 @@ def test_a_cooperative_victim_checkpoints_within_its_grace_and_resumes_from_it(c
         timeout=60,
         what="attempt 1 preempted",
     )
-    assert first["lost_gpu_seconds"] == 0, first["reason"]
+    assert first["lost_seconds"] < 2, first["reason"]  # measured: the moment it took to exit
     assert first["end_checkpoint_at"] >= first["stop_requested_at"]  # verified within the grace
     assert first["end_checkpoint_at"] <= first["grace_deadline"]
     # The words name the checkpoint with the step the demo recipe gave sdk.checkpoint (issue 21, point 6).
@@ -171,7 +173,7 @@ def test_a_plain_script_without_exec_gets_its_whole_grace_to_save_and_exits_0(cl
     )
     cluster.wait_members(job_id, "running", timeout=60)
     first = cluster.preempt_after_a_checkpoint(job_id, "e2e: a plain script", timeout=60)
-    assert first["lost_gpu_seconds"] == 0, first["reason"]
+    assert first["lost_seconds"] < 2, first["reason"]  # measured: the moment it took to exit
     assert first["stop_requested_at"] <= first["end_checkpoint_at"] <= first["grace_deadline"], first
     (victim,) = cluster.members_of_attempt(job_id, 1)
     assert victim["exit_code"] == 0, victim  # the program's own status, not the killed shell's
@@ -182,6 +184,41 @@ def test_a_plain_script_without_exec_gets_its_whole_grace_to_save_and_exits_0(cl
     assert cluster.attempt(job_id, 2)["resume_artifact_id"] == first["end_checkpoint_id"]
     (member,) = cluster.members_of_attempt(job_id, 2)
     assert _steps(cluster, member) == list(range(saved + 1, 301))  # 0 steps re-done
+
+
+def test_a_workload_that_runs_on_after_its_checkpoint_in_the_grace_loses_the_work_after_it(
+    cluster: Cluster,
+) -> None:
+    """Issue 35, acceptance 3: a checkpoint completed inside the grace, but the workload trained on for
+    RUN_ON seconds before it exited: the recorded lost work is those seconds (was: 0), and the next attempt
+    re-does exactly the steps after the checkpoint. A CPU-only job: said in seconds and CPU-seconds."""
+    cluster.start_agent("a")
+    cluster.start_worker()
+    archive = cluster.upload_source({"train.py": PLAIN})
+    job_id = cluster.submit(
+        {
+            "source": {"archive": archive, "entrypoint": "python train.py", "integration": "script"},
+            "resources": {"cpus_per_node": 1, "memory_per_node": 64 * MIB},
+            "env": {"STEPS": "300", "EVERY": "50", "SAVE_SECONDS": "0", "RUN_ON": "4"},
+            "preemption": {"grace_seconds": 30},
+        }
+    )
+    cluster.wait_members(job_id, "running", timeout=60)
+    first = cluster.preempt_after_a_checkpoint(job_id, "e2e: runs on", timeout=60)
+    (victim,) = cluster.members_of_attempt(job_id, 1)
+    saved = first["end_checkpoint_step"]
+    assert first["stop_requested_at"] <= first["end_checkpoint_at"], first
+    after = (victim["ended_at"] - first["end_checkpoint_at"]).total_seconds()
+    assert first["lost_seconds"] == pytest.approx(after, abs=0.01)
+    assert 4 <= first["lost_seconds"] < 4 + 2.0, first["reason"]  # RUN_ON, within a report's delay
+    assert first["lost_gpu_seconds"] == 0
+    assert f"lost {first['lost_seconds']:.1f} s (" in first["reason"] and "CPU-s) since" in first["reason"]
+    re_done = [s for s in _steps(cluster, victim) if s > saved]
+    assert re_done, "it trained on after its checkpoint"
+    done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
+    assert done["state"] == "succeeded", cluster.diagnose(job_id)
+    (member,) = cluster.members_of_attempt(job_id, 2)
+    assert _steps(cluster, member)[: len(re_done)] == re_done  # exactly those steps are done again
 
 
 def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_the_work_since(
@@ -271,7 +308,7 @@ def test_an_urgent_job_preempts_a_running_fine_tune_which_resumes_after_it(clust
         what="the victim preempted",
     )
     assert first["preempted_by_job_id"] == urgent
-    assert first["lost_gpu_seconds"] == 0, first["reason"]
+    assert first["lost_seconds"] < 2, first["reason"]  # measured: the moment it took to exit
     assert f"preempted by job {urgent} (team alice, priority urgent (100))" in first["reason"], first[
         "reason"
     ]
