@@ -1370,9 +1370,11 @@ CREATE VIEW tuneplane.v_jobs AS
         END AS input_summary,
     j.spec,
     j.created_at,
-    j.updated_at
+    j.updated_at,
+    t.name AS team
    FROM tuneplane.jobs j
      JOIN tuneplane.users u ON u.id = j.owner_id
+     JOIN tuneplane.teams t ON t.id = j.team_id
      JOIN tuneplane.fleets f ON f.id = j.fleet_id
      JOIN tuneplane.previews p ON p.id = j.preview_id
      LEFT JOIN tuneplane.confirmations c ON c.job_id = j.id;

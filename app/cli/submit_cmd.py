@@ -410,6 +410,7 @@ def jobs_group() -> None:
 @click.option("--state", default=None, help="Only jobs in this state.")
 @click.option("--owner", default=None, help="Only this user's jobs (an admin sees everyone's).")
 @click.option("--fleet", default=None, help="Only jobs in this fleet.")
+@click.option("--team", default=None, help="Only jobs of this team.")
 @click.option("--before", default=None, type=int, help="Only jobs older than this job id (the next page).")
 @click.option("--limit", default=100, show_default=True, type=int)
 @json_option
@@ -418,6 +419,7 @@ def jobs_list(
     state: str | None,
     owner: str | None,
     fleet: str | None,
+    team: str | None,
     before: int | None,
     limit: int,
     as_json: bool,
@@ -431,6 +433,7 @@ def jobs_list(
         "state": state,
         "owner": owner,
         "fleet": fleet,
+        "team": team,
         "before": before,
     }
     with api_client(server, token, ca_bundle) as client:
@@ -448,9 +451,10 @@ def jobs_list(
         }
         for j in jobs
     ]
+    columns = ["id", "state", "team", "fleet", "gpus", "memory", "input_summary", "owner", "created"]
     print_table(
         rows,
-        ["id", "state", "fleet", "gpus", "memory", "input_summary", "owner", "created", "state_reason"],
+        [*columns, "state_reason"],
         empty="(no jobs)",
     )
     if answer.get("next_before"):
@@ -481,6 +485,7 @@ def jobs_show(job_id: str, as_json: bool, server, token, ca_bundle) -> None:
     }
     for label in (
         "owner",
+        "team",
         "fleet",
         "backend",
         "input_summary",

@@ -41,6 +41,7 @@ NAV = [
     ("fleet.fleet_page", "Fleet"),
     ("teams.teams_list", "Teams"),
     ("usage.usage_page", "Usage"),
+    ("tokens.tokens_page", "API tokens"),
 ]
 
 

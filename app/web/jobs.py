@@ -35,7 +35,8 @@ def job_json(row: dict, with_spec: bool = False) -> dict:
 @bp.get("/jobs")
 @login_required
 def jobs_list():
-    filters = {name: (request.args.get(name) or "").strip() or None for name in ("state", "owner", "fleet")}
+    names = ("state", "owner", "fleet", "team")
+    filters = {name: (request.args.get(name) or "").strip() or None for name in names}
     limit = query_int("limit", PAGE, 1, MAX_LIST)
     before = query_int("before", None)
     # One more than the page: whether an older page exists, without counting.
@@ -47,6 +48,7 @@ def jobs_list():
         before,
         filters["owner"],
         filters["fleet"],
+        filters["team"],
     )
     jobs = [job_json(r) for r in rows[:limit]]
     older = jobs[-1]["id"] if len(rows) > limit else None
@@ -56,6 +58,8 @@ def jobs_list():
     choices = {
         "fleets": [r["name"] for r in db.fetch_all("SELECT name FROM fleets ORDER BY name")],
         "owners": [r["owner"] for r in db.call(fn.job_owners_visible, current_user().id)],
+        # The teams whose jobs the user may read (the same rule as the Usage page's team filter).
+        "teams": [r["name"] for r in db.call(fn.usage_teams_of, current_user().id)],
     }
     return render_template(
         "jobs/list.html",

@@ -735,7 +735,7 @@ BEGIN
 END;
 $$;
 
--- v_jobs: one row per job with its owner, fleet, digest and the retry key that created it (operators).
+-- v_jobs: one row per job with its owner, team, fleet, digest and the retry key that created it (operators).
 CREATE OR REPLACE VIEW tuneplane.v_jobs AS
 SELECT j.id,
        j.owner_id,
@@ -764,9 +764,11 @@ SELECT j.id,
        END AS input_summary,
        j.spec,
        j.created_at,
-       j.updated_at
+       j.updated_at,
+       t.name AS team  -- last: CREATE OR REPLACE VIEW only adds columns at the end
   FROM tuneplane.jobs j
   JOIN tuneplane.users u ON u.id = j.owner_id
+  JOIN tuneplane.teams t ON t.id = j.team_id
   JOIN tuneplane.fleets f ON f.id = j.fleet_id
   JOIN tuneplane.previews p ON p.id = j.preview_id
   LEFT JOIN tuneplane.confirmations c ON c.job_id = j.id;
@@ -877,11 +879,12 @@ END;
 $$;
 
 -- list_jobs: the actor's jobs (an admin's: everyone's), newest first, optionally by state, owner
--- (username) and fleet (name); at most 500, older than p_before_id (keyset paging). A filter naming an
--- owner or fleet that does not exist matches nothing (it is not an error: the list is just empty).
+-- (username), fleet (name) and team (name); at most 500, older than p_before_id (keyset paging). A filter naming an
+-- owner, fleet or team that does not exist matches nothing (it is not an error: the list is just empty).
+DROP FUNCTION IF EXISTS tuneplane.list_jobs(bigint, text, integer, bigint, text, text);
 CREATE OR REPLACE FUNCTION tuneplane.list_jobs(p_actor_id bigint, p_state text DEFAULT NULL, p_limit integer DEFAULT 100,
                                     p_before_id bigint DEFAULT NULL, p_owner text DEFAULT NULL,
-                                    p_fleet text DEFAULT NULL)
+                                    p_fleet text DEFAULT NULL, p_team text DEFAULT NULL)
 RETURNS SETOF tuneplane.v_jobs
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -904,6 +907,7 @@ BEGIN
            AND (p_state IS NULL OR v.state = p_state)
            AND (p_owner IS NULL OR v.owner = p_owner)
            AND (p_fleet IS NULL OR v.fleet = p_fleet)
+           AND (p_team IS NULL OR v.team = p_team)
            AND (p_before_id IS NULL OR v.id < p_before_id)
          ORDER BY v.id DESC
          LIMIT least(greatest(coalesce(p_limit, 100), 1), 500);

@@ -198,3 +198,16 @@ def test_token_list_shows_each_tokens_expiry(cli, logged_in: str) -> None:
     short = next(line for line in lines if " short " in line)
     assert "in 1 h" in short or "in 2 h" in short, short
     assert any("never" in line.split()[-2:] for line in lines if " short " not in line), listed.output
+
+
+def test_a_jobs_team_is_in_list_show_their_json_and_the_team_filter(cli, logged_in: str) -> None:
+    receipt = json.loads(cli("submit", "--recipe", "demo", "--yes", "--json").stdout)
+    header, *lines = cli("jobs", "list").output.splitlines()
+    assert header.split()[:3] == ["ID", "STATE", "TEAM"] and lines[0].split()[2] == "alice"
+    assert "  team             alice" in cli("jobs", "show", str(receipt["job_id"])).output
+    assert json.loads(cli("jobs", "list", "--json").output)[0]["team"] == "alice"
+    assert json.loads(cli("jobs", "show", str(receipt["job_id"]), "--json").output)["team"] == "alice"
+    assert [j["id"] for j in json.loads(cli("jobs", "list", "--team", "alice", "--json").output)] == [
+        receipt["job_id"]
+    ]
+    assert json.loads(cli("jobs", "list", "--team", "nobody", "--json").output) == []
