@@ -154,7 +154,12 @@ def describe_preemption(resolved: dict) -> str:
     if "preemptible" not in resolved:
         return "not preemptible"
     if not resolved.get("preemptible"):
-        return "not preemptible: runs only within its team's guarantee"
+        # What the planner does (plan_preemption, admission_verdict): never a victim; on a fleet where its
+        # team has a GPU guarantee it cannot borrow above it. It does not say the job runs only within one.
+        return (
+            "not preemptible: never asked to stop for another job; where its team has a GPU guarantee on "
+            "the fleet, it cannot borrow idle GPUs above it"
+        )
     return (
         "preemptible: may borrow idle GPUs above the team's guarantee; "
         f"asked to checkpoint and stop with {rules.get('signal', 'SIGTERM')} and a grace of "

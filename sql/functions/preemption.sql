@@ -552,6 +552,52 @@ LANGUAGE sql IMMUTABLE AS $$
                   p_lender_guaranteed);
 $$;
 
+-- no_victim_words: why the planner found no victim for a job that would otherwise preempt, in numbers: the
+-- running jobs it outranks (or may reclaim from) that are excluded only for now — the soonest one too young
+-- (`job 5 can be preempted at 14:09:44 (min runtime 5 min)`) — or for good (`job 5 was preempted 3 times,
+-- its max_preemptions`); NULL when none is (nothing it outranks runs). Read only.
+CREATE OR REPLACE FUNCTION tuneplane.no_victim_words(p_job tuneplane.jobs, p_lent bigint[],
+                                                     s tuneplane.preemption_settings)
+RETURNS text
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_young record;
+    v_spent record;
+    v_min   text;
+BEGIN
+    v_min := CASE WHEN extract(epoch FROM s.min_runtime)::bigint % 60 = 0
+                  THEN format('%s min', extract(epoch FROM s.min_runtime)::bigint / 60)
+                  ELSE format('%s s', round(extract(epoch FROM s.min_runtime))) END;
+    SELECT t.job_id, coalesce(t.running_at, t.committed_at) + s.min_runtime AS at,
+           count(*) OVER () AS n
+      INTO v_young
+      FROM tuneplane.attempts t JOIN tuneplane.jobs j ON j.id = t.job_id
+     WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL
+       AND t.cancel_requested_at IS NULL AND j.preemptible
+       AND (j.priority < p_job.priority OR (t.id = ANY (p_lent) AND j.priority <= p_job.priority))
+       AND coalesce(t.running_at, t.committed_at) > now() - s.min_runtime
+       AND j.preemptions_used < coalesce((j.spec -> 'preemption' ->> 'max_preemptions')::integer, s.max_preemptions)
+     ORDER BY 2, t.job_id LIMIT 1;
+    IF v_young.job_id IS NOT NULL THEN
+        RETURN format('no job can be preempted for it yet: job %s can be preempted at %s (min runtime %s)%s',
+                      v_young.job_id, to_char(v_young.at, 'HH24:MI:SS'), v_min,
+                      CASE WHEN v_young.n > 1 THEN format('; %s more run(s) younger than that', v_young.n - 1)
+                           ELSE '' END);
+    END IF;
+    SELECT t.job_id, j.preemptions_used AS used INTO v_spent
+      FROM tuneplane.attempts t JOIN tuneplane.jobs j ON j.id = t.job_id
+     WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL AND j.preemptible
+       AND (j.priority < p_job.priority OR (t.id = ANY (p_lent) AND j.priority <= p_job.priority))
+       AND j.preemptions_used >= coalesce((j.spec -> 'preemption' ->> 'max_preemptions')::integer, s.max_preemptions)
+     ORDER BY t.job_id LIMIT 1;
+    IF v_spent.job_id IS NOT NULL THEN
+        RETURN format('no job can be preempted for it: job %s was preempted %s time(s), its max_preemptions',
+                      v_spent.job_id, v_spent.used);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
 -- plan_preemption: p_job does not fit now. If preempting lower-priority work — or, for a job within its
 -- team's guarantee, reclaiming GPUs its guarantee lent to other teams — makes its whole envelope fit,
 -- record one decision (preemptions + preemption_victims), hold the nodes for it and ask every victim to
@@ -675,7 +721,8 @@ BEGIN
       INTO v_nodes, v_names, v_victims, v_left
       FROM chosen ch;
     IF v_left < p_job.nodes OR coalesce(cardinality(v_victims), 0) = 0 THEN
-        RETURN NULL;  -- even preempting every candidate would not make it fit
+        -- Even preempting every candidate would not make it fit now: say why no victim exists (issue 35).
+        RETURN tuneplane.no_victim_words(p_job, v_lent, s);
     END IF;
 
     SELECT tm.name INTO v_team FROM tuneplane.teams tm WHERE tm.id = p_job.team_id;

@@ -149,6 +149,42 @@ def test_never_a_non_preemptible_job_an_equal_priority_one_a_young_one_or_one_pa
     assert db.fetch_one("SELECT count(*) AS n FROM preemptions")["n"] == 0
     reason = db.fetch_one("SELECT state_reason FROM jobs WHERE id = %s", (urgent,))["state_reason"]
     assert "preempting" not in reason
+    assert f"no job can be preempted for it yet: job {young} can be preempted at" in reason, reason
+
+
+def test_a_preemptor_waiting_for_min_runtime_is_told_which_job_and_when_in_numbers(db: Database) -> None:
+    """Issue 35: a victim younger than min_runtime cannot be taken yet; the urgent job's reason says which
+    job and when it can be (its start + min_runtime), not only "waiting for capacity to free up"."""
+    user, fleet, _ = setup(db)
+    young = job_with(db, user, fleet, 4, 0, True)
+    run(db, fleet, young, ran_for=60)
+    urgent = job_with(db, user, fleet, 2, 100, False)
+    db.call("reserve_next", fleet, 1000)
+    assert not asked(db, young)
+    started = db.fetch_one("SELECT running_at FROM attempts WHERE job_id = %s", (young,))["running_at"]
+    at = (started + dt.timedelta(minutes=5)).astimezone(dt.UTC).strftime("%H:%M:%S")
+    reason = db.fetch_one("SELECT state_reason FROM jobs WHERE id = %s", (urgent,))["state_reason"]
+    assert (
+        f"; no job can be preempted for it yet: job {young} can be preempted at {at} (min runtime 5 min)"
+        in reason
+    ), reason
+    # Once it has run min_runtime, the planner takes it.
+    execute(db, "UPDATE attempts SET running_at = running_at - interval '5 min' WHERE job_id = %s", (young,))
+    db.call("reserve_next", fleet, 1000)
+    assert asked(db, young)
+
+
+def test_a_preemptor_is_told_when_the_only_victim_spent_its_max_preemptions(db: Database) -> None:
+    user, fleet, _ = setup(db)
+    spent = job_with(db, user, fleet, 4, 0, True, preemption={"max_preemptions": 2})
+    run(db, fleet, spent)
+    execute(db, "UPDATE jobs SET preemptions_used = 2 WHERE id = %s", (spent,))
+    urgent = job_with(db, user, fleet, 2, 100, False)
+    db.call("reserve_next", fleet, 1000)
+    reason = db.fetch_one("SELECT state_reason FROM jobs WHERE id = %s", (urgent,))["state_reason"]
+    assert (
+        f"no job can be preempted for it: job {spent} was preempted 2 time(s), its max_preemptions" in reason
+    )
 
 
 def test_a_cpu_only_job_preempts_for_cpus(db: Database) -> None:
