@@ -63,14 +63,18 @@ def table(rows: list[dict], by: str) -> dict:
 
 
 def chart(day_rows: list[dict]) -> dict:
-    """GPU-hours per team per UTC day: {"days": [epoch seconds], "teams": [{"team", "gpu_hours": [...]}]},
+    """GPU-hours per team per UTC day, or CPU-hours when no GPU was used (a CPU-only installation):
+    {"days": [epoch seconds], "unit": "GPU-hours"|"CPU-hours", "teams": [{"team", "hours": [...]}]},
     every team with a value for every day (0 where it used nothing)."""
     days = sorted({r["day"] for r in day_rows})
     teams = sorted({r["team"] for r in day_rows})
-    value = {(r["day"], r["team"]): float((r["gpu_seconds"] or 0) / 3600) for r in day_rows}
+    gpu = any(r["gpu_seconds"] for r in day_rows)
+    column, unit = ("gpu_seconds", "GPU-hours") if gpu else ("cpu_seconds", "CPU-hours")
+    value = {(r["day"], r["team"]): float((r[column] or 0) / 3600) for r in day_rows}
     return {
         "days": [int(dt.datetime.combine(d, dt.time(), dt.UTC).timestamp()) for d in days],
-        "teams": [{"team": t, "gpu_hours": [round(value.get((d, t), 0.0), 3) for d in days]} for t in teams],
+        "unit": unit,
+        "teams": [{"team": t, "hours": [round(value.get((d, t), 0.0), 3) for d in days]} for t in teams],
     }
 
 

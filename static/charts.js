@@ -18,8 +18,65 @@
     return String(+v.toPrecision(4));
   }
   const yAxis = { values: (u, vals) => vals.map(tick), size: 60 };
+
+  // Bytes in binary units (256 MiB, 1.5 GiB), ticks on binary steps so that labels come out round.
+  const BINARY = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+  function bytes(v) {
+    if (v == null) return "";
+    let n = Math.abs(v), k = 0;
+    while (n >= 1024 && k < BINARY.length - 1) { n /= 1024; k++; }
+    return (v < 0 ? "-" : "") + String(+n.toPrecision(3)) + " " + BINARY[k];
+  }
+  const binaryIncrs = [];
+  for (let k = 0; k < 6; k++) for (const m of [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]) binaryIncrs.push(m * 1024 ** k);
+  const yAxes = {
+    bytes: { values: (u, vals) => vals.map(bytes), incrs: binaryIncrs, size: 80 },
+    // 100 % is one core: a member busy on four cores reads 400 %.
+    percent: { values: (u, vals) => vals.map(v => (v == null ? "" : tick(v) + " %")), size: 70 },
+    watts: { values: (u, vals) => vals.map(v => (v == null ? "" : tick(v) + " W")), size: 70 },
+  };
+
+  // A span of seconds as people say it: 45 s, 2 min 30 s, 3 h 10 min, 2 d 4 h.
+  function duration(seconds) {
+    const sign = seconds < 0 ? "-" : "", t = Math.round(Math.abs(seconds));
+    if (t < 60) return sign + t + " s";
+    const m = Math.floor(t / 60), s = t % 60;
+    if (m < 60) return sign + m + " min" + (s ? " " + s + " s" : "");
+    const h = Math.floor(m / 60), mm = m % 60;
+    if (h < 24) return sign + h + " h" + (mm ? " " + mm + " min" : "");
+    const d = Math.floor(h / 24), hh = h % 24;
+    return sign + d + " d" + (hh ? " " + hh + " h" : "");
+  }
+  // Whole seconds and up (a 10 s job gets 1 s or 2 s ticks, never :13.500), then minutes, hours, days.
+  const timeIncrs = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
+                     86400, 172800, 345600, 604800, 1209600, 2592000];
+  const pad = n => String(n).padStart(2, "0");
+  const MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
+  // A wall-clock tick (UTC, as the rest of the console) with as much as the visible range needs:
+  // seconds for a range under ten minutes, the day once it spans more than one.
+  function wallTicks(u, vals) {
+    const range = u.scales.x.max - u.scales.x.min;
+    return vals.map(v => {
+      if (v == null) return "";
+      const d = new Date(v * 1000);
+      const hm = pad(d.getUTCHours()) + ":" + pad(d.getUTCMinutes());
+      const day = MONTHS[d.getUTCMonth()] + " " + d.getUTCDate();
+      if (range < 600) return hm + ":" + pad(d.getUTCSeconds());
+      if (range < 86400) return hm;
+      if (range < 14 * 86400) return day + " " + hm;
+      return day;
+    });
+  }
+  // Steps are whole numbers: no 0.5 ticks on a short run.
+  const stepIncrs = [];
+  for (let p = 1; p <= 1e15; p *= 10) stepIncrs.push(p, 2 * p, 5 * p);
+  const xAxes = {
+    step: { incrs: stepIncrs },
+    relative: { values: (u, vals) => vals.map(v => (v == null ? "" : duration(v))), incrs: timeIncrs, space: 70 },
+    wall: { values: wallTicks, incrs: timeIncrs, space: 90 },
+  };
   // Shared with the other charts of the console (usage.js).
-  window.TunePlaneCharts = { palette, tick, yAxis, align };
+  window.TunePlaneCharts = { palette, tick, yAxis, align, bytes, duration, wallTicks, timeIncrs };
 
   function controls() {
     const log = document.getElementById("tp-log");
@@ -35,7 +92,9 @@
     const out = [xs];
     for (const t of tables) {
       for (let k = 1; k < t.length; k++) {
-        const col = new Array(xs.length).fill(null);
+        // undefined where this series has no point at another series' x: uPlot joins over it, so each
+        // series stays one line; null (a NaN bucket) is still drawn as a gap.
+        const col = new Array(xs.length).fill(undefined);
         t[0].forEach((x, i) => { col[index.get(x)] = t[k][i]; });
         out.push(col);
       }
@@ -45,7 +104,8 @@
 
   // Sources tell series apart: the job (when comparing), attempt, member, source and raw name.
   function labelOf(job, s, many) {
-    return `${many ? "job " + job + " · " : ""}a${s.attempt} m${s.member} · ${s.source} · ${s.name}`;
+    const copies = s.copies && s.copies.length ? ` (also ${s.copies.join(", ")})` : "";
+    return `${many ? "job " + job + " · " : ""}attempt ${s.attempt} · member ${s.member} · ${s.source}${copies} · ${s.name}`;
   }
 
   // Host and GPU samples (source "system", workers/collector/system.py) have a time in milliseconds as
@@ -56,15 +116,32 @@
     return opts.x === "step" && all.length && all.every(s => s.source === "system") ? "wall" : opts.x;
   }
 
+  // A metric written twice by the same member (the demo writes JSONL and TensorBoard: `jsonl:…` and
+  // `tensorboard:…` sources of one name) is drawn once: the JSONL copy wins (float64, as written; TensorBoard
+  // keeps float32). The copies' sources are named in the line's label.
+  const sourceRank = s => (s.source.startsWith("jsonl") ? 0 : s.source === "system" ? 1 : 2);
+  function onePerMetric(series) {
+    const kept = new Map();
+    for (const s of series) {
+      const key = [s.attempt, s.member, s.canonical || s.name].join("|");
+      const other = kept.get(key);
+      if (!other) { kept.set(key, { ...s, copies: [] }); continue; }
+      const [win, lose] = sourceRank(s) < sourceRank(other) ? [{ ...s, copies: other.copies }, other] : [other, s];
+      win.copies.push(lose.source);
+      kept.set(key, win);
+    }
+    return Array.from(kept.values()).sort((a, b) => a.attempt - b.attempt || a.member - b.member);
+  }
+
   function build(payloads, requested) {
     const opts = { ...requested, x: xModeOf(payloads, requested) };
-    const xLabel = { step: "step", relative: "seconds since start", wall: "wall time" }[opts.x] || "step";
+    const xLabel = { step: "step", relative: "time since start", wall: "wall time (UTC)" }[opts.x] || "step";
     const tables = [], series = [{ label: xLabel }], bands = [], names = [], markers = [];
     const many = payloads.length > 1;
     const positive = v => (opts.log && v != null && v <= 0 ? null : v);
     let i = 0;
     for (const { job, payload } of payloads) {
-      for (const s of payload.series) {
+      for (const s of onePerMetric(payload.series)) {
         // Time axes need each bucket's wall time (buckets stored before it was kept have none).
         const b = opts.x === "step" ? s.buckets : s.buckets.filter(x => x.last_wall != null);
         const start = b.length ? b[0].last_wall : 0;
@@ -113,7 +190,19 @@
   // The x axis's tick labels as drawn (uPlot draws them on the canvas), kept on the element so that what
   // a reader sees ("14:05", not "1764778000000") can be checked.
   function ticksPlugin(el) {
-    return { hooks: { drawAxes: [u => { el.dataset.xTicks = JSON.stringify((u.axes[0]._values || []).map(String)); }] } };
+    return { hooks: { drawAxes: [u => {
+      el.dataset.xTicks = JSON.stringify((u.axes[0]._values || []).map(String));
+      el.dataset.yTicks = JSON.stringify((u.axes[1]._values || []).map(String));
+    }] } };
+  }
+
+  // The legend lists each line once: its min and max series (the band's edges) are not entries of their own.
+  function bandLegendPlugin() {
+    return { hooks: { init: [u => {
+      u.root.querySelectorAll(".u-legend .u-series").forEach((row, i) => {
+        if (i > 0 && (i - 1) % 3 !== 0) row.style.display = "none";
+      });
+    }] } };
   }
 
   function remember(el, built) {
@@ -139,11 +228,13 @@
     const existing = charts.get(el);
     if (existing) existing.destroy();
     const target = el.querySelector(".tp-plot") || el;
+    const unit = el.dataset.unit || "";
     const uopts = {
       width: Math.max(320, target.clientWidth || 600), height: 260,
-      series: built.series, bands: built.bands, plugins: [markerPlugin(built.markers), ticksPlugin(el)],
+      series: built.series, bands: built.bands,
+      plugins: [markerPlugin(built.markers), ticksPlugin(el), bandLegendPlugin()],
       scales: { x: { time: built.x === "wall" }, y: opts.log ? { distr: 3 } : {} }, legend: { live: true },
-      axes: [{ label: built.xLabel }, yAxis],
+      axes: [{ label: built.xLabel, ...(xAxes[built.x] || {}) }, { ...yAxis, ...(yAxes[unit] || {}) }],
     };
     charts.set(el, new uPlot(uopts, built.data, target));
     el.dataset.drawn = [opts.log ? "log" : "linear", opts.smooth || 0, built.names.length].join(":");

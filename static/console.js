@@ -27,6 +27,16 @@
     }
   }, true);
 
+  // The Submit dialog: choosing a priority class sets the Preemptible box to that class's default
+  // (docs/preemption.md); the user may still change it, and the preview shows what was asked.
+  const PREEMPTIBLE_BY_DEFAULT = { scavenger: true, low: true, normal: true, high: false, urgent: false };
+  document.addEventListener("change", function (event) {
+    if (event.target.id !== "priority") return;
+    const box = document.querySelector("[data-preemptible-default]");
+    const value = event.target.value.trim();
+    if (box && value in PREEMPTIBLE_BY_DEFAULT) box.checked = PREEMPTIBLE_BY_DEFAULT[value];
+  });
+
   // <form data-clears="ID">: editing the form empties element ID (a stale preview).
   function clearStale(event) {
     const form = event.target.closest && event.target.closest("[data-clears]");

@@ -26,6 +26,16 @@ CANONICAL_LABELS = {
     "memory_rss": "Resident memory",
 }
 
+# How a canonical metric's values read on a chart's y axis (static/charts.js): bytes in binary units,
+# percent (CPU: 100 % is one core), watts. Others are plain numbers.
+CANONICAL_UNITS = {
+    "gpu_memory": "bytes",
+    "memory_rss": "bytes",
+    "gpu_utilization": "percent",
+    "cpu_utilization": "percent",
+    "gpu_power": "watts",
+}
+
 
 def finite(value: float | None) -> float | None:
     """A number JSON can carry: NaN and ±Infinity become None (their kind goes in a `non_finite` field)."""

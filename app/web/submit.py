@@ -120,7 +120,9 @@ def spec_from_form(form: MultiDict, files: MultiDict | None = None) -> dict[str,
         spec["fleet"] = value("fleet")
     if value("team"):
         spec["team"] = value("team")
-    if value("preemptible"):
+    if value("preemptible_shown"):  # the dialog: the box's state, checked or not, is what is asked
+        spec["preemptible"] = bool(value("preemptible"))
+    elif value("preemptible"):
         spec["preemptible"] = True
     if value("max_attempts"):
         spec["max_attempts"] = _form_int(value("max_attempts"), "max_attempts")

@@ -17,6 +17,8 @@ from tuneplane.app.web.negotiate import json_response, respond
 from tuneplane.app.web.state import get_db
 
 bp = Blueprint("telemetry", __name__)
+# The chart cards' y-axis units (templates/telemetry/_chart_parts.html: a global, so the macro sees it).
+bp.record_once(lambda state: state.app.jinja_env.globals.update(canonical_units=queries.CANONICAL_UNITS))
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 

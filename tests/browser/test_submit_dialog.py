@@ -131,3 +131,38 @@ def test_the_dialog_takes_outputs_and_an_input_chosen_from_complete_artifacts(
     assert [o["name"] for o in job["spec"]["outputs"]] == ["ckpt", "logs-copy"]
     (pinned,) = job["spec"]["inputs"]
     assert pinned["name"] == "base" and pinned["manifest_digest"] == manifest.digest
+
+
+def test_the_preemptible_box_agrees_with_the_preview(page, server_url: str, db: Database) -> None:
+    """A normal job is preemptible by default: the box starts checked, as the preview says; unchecked, the
+    preview says not preemptible; choosing the class `high` unchecks it (that class's default)."""
+    from playwright.sync_api import expect
+
+    page.goto(f"{server_url}/submit")
+    page.fill("#username", "alice")
+    page.fill("#password", "alice-pw")
+    page.click("button[type=submit]")
+    page.check("input[name=input_kind][value=recipe]")
+    page.select_option("#recipe-name", "demo")
+    page.fill("#gpus", "0")
+    page.fill("#memory", "512M")
+    expect(page.locator("#preemptible")).to_be_checked()
+    page.click("#preview-button")
+    summary = page.locator("#preview-result [data-summary=preemption]")
+    expect(summary).to_have_text(re.compile(r"^preemptible"))
+    shot(page, "preemptible-checked")
+
+    page.uncheck("#preemptible")
+    page.click("#preview-button")
+    expect(summary).to_have_text(re.compile(r"^not preemptible"))
+    shot(page, "preemptible-unchecked")
+
+    page.check("#preemptible")
+    page.fill("#priority", "high")
+    page.dispatch_event("#priority", "change")
+    expect(page.locator("#preemptible")).not_to_be_checked()
+    page.fill("#priority", "low")
+    page.dispatch_event("#priority", "change")
+    expect(page.locator("#preemptible")).to_be_checked()
+    page.click("#preview-button")
+    expect(summary).to_have_text(re.compile(r"^preemptible"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,6 +50,14 @@ def test_usage_chart_renders_for_two_teams_and_csv_is_the_table(page, server_url
     legend = chart.locator(".u-legend")
     expect(legend).to_contain_text("alice")
     expect(legend).to_contain_text("bob")
+    # One day of data: the x axis spans that day (half a day either side for its bars), labelled by date,
+    # not uPlot's automatic years.
+    expect(chart).to_have_attribute("data-x-ticks", re.compile(r"[A-Z][a-z]{2} \d"))
+    day = page.evaluate("JSON.parse(document.getElementById('usage-chart').dataset.chart).days")
+    low, high = json.loads(chart.get_attribute("data-x-range"))
+    assert len(day) == 1 and (low, high) == (day[0] - 43200, day[0] + 43200)
+    ticks = json.loads(chart.get_attribute("data-x-ticks"))
+    assert ticks and all(re.fullmatch(r"[A-Z][a-z]{2} \d{1,2}", t) for t in ticks), ticks
 
     shown = [
         [cell.strip() for cell in row.locator("th, td").all_inner_texts()]
