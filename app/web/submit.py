@@ -276,6 +276,8 @@ def upload_source():
     if upload is None and request.mimetype == "multipart/form-data":
         raise Refusal("the multipart body has no `archive` file", status=400, field="archive")
     archives.check_content_type(upload.mimetype if upload is not None else request.mimetype or "")
+    # A read-only token uploads nothing: asked before a byte is stored (record_source_archive asks again).
+    get_db().call(fn.require_token_write, "uploading a source archive")
     stream = upload.stream if upload is not None else request.stream
     facts = archives.receive_archive(get_db(), get_blobstore(), current_user().id, stream)
     if wants_json():

@@ -75,9 +75,11 @@ BEGIN
 END;
 $$;
 
--- require_admin: the users row of p_actor_id when it is an enabled admin; otherwise refuses 403
--- "<p_what> needs the admin role" naming the field `actor`. Used by every admin-only stored function and
--- by the console's admin_required (app/web/auth.py), so the rule is written once.
+-- require_admin: the users row of p_actor_id when it is an enabled admin whose request may make an
+-- installation-wide change (require_token_write, teams.sql: not under a read-only or team-scoped token);
+-- otherwise refuses 403 "<p_what> needs the admin role" naming the field `actor` (or the token's refusal,
+-- naming `token`). Used by every admin-only stored function — all of them change something — and by the
+-- console's admin_required (app/web/auth.py), so the rule is written once.
 CREATE OR REPLACE FUNCTION tuneplane.require_admin(p_actor_id bigint, p_what text)
 RETURNS tuneplane.users
 LANGUAGE plpgsql STABLE AS $$
@@ -89,6 +91,7 @@ BEGIN
         RAISE EXCEPTION '% needs the admin role', coalesce(nullif(p_what, ''), 'this')
             USING ERRCODE = 'TP403', COLUMN = 'actor';
     END IF;
+    PERFORM tuneplane.require_token_write(coalesce(nullif(p_what, ''), 'this'), 'installation');
     RETURN u;
 END;
 $$;

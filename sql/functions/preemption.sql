@@ -403,10 +403,7 @@ DECLARE
     a     tuneplane.attempts;
     p_id  bigint;
 BEGIN
-    SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id AND disabled_at IS NULL;
-    IF actor.id IS NULL OR actor.role <> 'admin' THEN
-        RAISE EXCEPTION 'preempting a job needs the admin role' USING ERRCODE = 'TP403', COLUMN = 'actor';
-    END IF;
+    actor := tuneplane.require_admin(p_actor_id, 'preempting a job');
     IF p_grace_seconds IS NOT NULL AND p_grace_seconds NOT BETWEEN 0 AND 86400 THEN
         RAISE EXCEPTION 'grace must be 0 to 86400 seconds' USING ERRCODE = 'TP422', COLUMN = 'grace';
     END IF;

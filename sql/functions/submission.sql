@@ -178,6 +178,9 @@ BEGIN
     IF NOT EXISTS (SELECT 1 FROM tuneplane.users WHERE id = p_user_id AND disabled_at IS NULL) THEN
         RAISE EXCEPTION 'no such active user' USING ERRCODE = 'TP401', COLUMN = 'user';
     END IF;
+    -- An upload is a write (stored blobs, counted against nothing yet but kept): not under a read-only
+    -- token (the console's /sources asks the same rule before it receives a byte).
+    PERFORM tuneplane.require_token_write('uploading a source archive');
     IF p_sha256 IS NULL OR p_sha256 !~ '^[0-9a-f]{64}$' THEN
         RAISE EXCEPTION 'archive digest must be a sha256 hex digest' USING ERRCODE = 'TP400', COLUMN = 'sha256';
     END IF;

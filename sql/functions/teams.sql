@@ -11,6 +11,8 @@
 -- membership after the users row exists and updates only that users row).
 --
 -- Drops (signature changes):
+-- require_installation_admin says what it guards (issue 34).
+DROP FUNCTION IF EXISTS tuneplane.require_installation_admin(bigint);
 
 -- users_personal_team: every new user gets a personal team (named after the user, `<name>-<id>` if a team
 -- of that name exists), is its admin, and it becomes the user's default team. Migration 0170 did the same
@@ -61,8 +63,52 @@ LANGUAGE sql STABLE AS $$
      WHERE tm.user_id = p_user_id AND tm.team_id = p_team_id AND u.disabled_at IS NULL;
 $$;
 
--- require_installation_admin: the actor, if an active installation admin; 403 otherwise.
-CREATE OR REPLACE FUNCTION tuneplane.require_installation_admin(p_actor_id bigint)
+-- require_token_write: THE rule for "may this request write", as far as its API token goes (a request
+-- without a token — the console's session, a local admin command — passes; the user's own rights are the
+-- caller's check). Every function that changes something asks it (job and team writes through
+-- token_scope_allows, which is the same rule as values), after the role check and before it writes:
+--   * a read-only token may only read: every write is refused (teams, members, quotas, fleet access,
+--     tokens, source uploads, every installation-admin change, cancel, checkpoints);
+--   * p_reach 'team': a token scoped to teams writes only in those (p_team_id, the team the write changes);
+--   * p_reach 'installation': an installation-wide change (fleets, nodes, prices, settings, quotas, a new
+--     team, preempting or exempting a job) needs a token that is not scoped to teams — a scoped token
+--     reaches only its teams, and these changes belong to none or to every team;
+--   * p_reach 'own': the caller's own things (a source upload, their tokens): any token that may write.
+-- Refuses 403 naming the field `token`, saying what was refused (p_what: "setting prices") and the command
+-- that makes a token that may (docs/teams.md "Tokens").
+CREATE OR REPLACE FUNCTION tuneplane.require_token_write(p_what text, p_reach text DEFAULT 'own',
+                                                         p_team_id bigint DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_scope record;
+BEGIN
+    IF p_reach IS NULL OR p_reach NOT IN ('own', 'team', 'installation') THEN
+        RAISE EXCEPTION 'require_token_write: unknown reach %', coalesce(p_reach, 'NULL');
+    END IF;
+    SELECT * INTO v_scope FROM tuneplane.request_token_scope();
+    IF coalesce(v_scope.read_only, false) THEN
+        RAISE EXCEPTION 'this API token is read-only: it may only read, and % is a change (make a token that '
+                        'may act: tuneplane token create)', coalesce(nullif(p_what, ''), 'this')
+            USING ERRCODE = 'TP403', COLUMN = 'token';
+    END IF;
+    IF v_scope.teams IS NOT NULL AND p_reach = 'installation' THEN
+        RAISE EXCEPTION 'this API token is scoped to teams: % is an installation-wide change (use a token '
+                        'made without --team: tuneplane token create)', coalesce(nullif(p_what, ''), 'this')
+            USING ERRCODE = 'TP403', COLUMN = 'token';
+    END IF;
+    IF v_scope.teams IS NOT NULL AND p_reach = 'team' AND NOT coalesce(p_team_id = ANY (v_scope.teams), false) THEN
+        RAISE EXCEPTION 'this API token does not reach team %: % (make one that does: tuneplane token create '
+                        '--team %)', (SELECT t.name FROM tuneplane.teams t WHERE t.id = p_team_id),
+            coalesce(nullif(p_what, ''), 'this'), (SELECT t.name FROM tuneplane.teams t WHERE t.id = p_team_id)
+            USING ERRCODE = 'TP403', COLUMN = 'token';
+    END IF;
+END;
+$$;
+
+-- require_installation_admin: the actor, if an active installation admin and the request's token may make
+-- an installation-wide change (require_token_write); 403 otherwise.
+CREATE OR REPLACE FUNCTION tuneplane.require_installation_admin(p_actor_id bigint, p_what text DEFAULT 'this')
 RETURNS tuneplane.users
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -71,6 +117,7 @@ BEGIN
     IF actor.role <> 'admin' THEN
         RAISE EXCEPTION 'only an installation admin may do this' USING ERRCODE = 'TP403', COLUMN = 'user';
     END IF;
+    PERFORM tuneplane.require_token_write(p_what, 'installation');
     RETURN actor;
 END;
 $$;
@@ -100,6 +147,8 @@ DECLARE
     actor  tuneplane.users := tuneplane.require_active_user(p_actor_id);
     result tuneplane.teams;
 BEGIN
+    -- Read-only: the one write rule; team-scoped: issue 38's (a new team is outside the token's scope).
+    PERFORM tuneplane.require_token_write('creating a team');
     IF (SELECT s.teams IS NOT NULL FROM tuneplane.request_token_scope() s) THEN
         RAISE EXCEPTION 'this token is scoped to some teams: it cannot create a team (use an unscoped token or the console)'
             USING ERRCODE = 'TP403', COLUMN = 'token';
@@ -140,6 +189,7 @@ BEGIN
         RAISE EXCEPTION 'only an admin of the team may change its members (you are %)', v_role
             USING ERRCODE = 'TP403', COLUMN = 'team';
     END IF;
+    PERFORM tuneplane.require_token_write('changing team members', 'team', p_team_id);
     IF p_role IS NOT NULL AND p_role NOT IN ('admin', 'member', 'viewer') THEN
         RAISE EXCEPTION 'role must be admin, member or viewer' USING ERRCODE = 'TP400', COLUMN = 'role';
     END IF;
@@ -171,7 +221,7 @@ CREATE OR REPLACE FUNCTION tuneplane.set_team_quota(p_actor_id bigint, p_team_id
 RETURNS tuneplane.team_quotas
 LANGUAGE plpgsql AS $$
 DECLARE
-    actor     tuneplane.users := tuneplane.require_installation_admin(p_actor_id);
+    actor     tuneplane.users := tuneplane.require_installation_admin(p_actor_id, 'setting a quota');
     v_fleet   tuneplane.fleets;
     v_team    tuneplane.teams;
     v_model   text := coalesce(p_gpu_model, '');
