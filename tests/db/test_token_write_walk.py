@@ -73,6 +73,8 @@ def _writes(world: dict) -> dict:
         "/nodes/fence": ("/nodes/fence", {"node": "local-1", "action": "fence", "reason": "walk"}),
         "/nodes/scheduling": ("/nodes/scheduling", {"node": "local-1", "action": "cordon", "reason": "walk"}),
         "/usage/prices": ("/usage/prices", {"fleet": "local", "price": "1.5"}),
+        "/fleets/<name>/idle-policy": ("/fleets/local/idle-policy", {"idle_after": "30m", "action": "warn"}),
+        "/teams/<name>/priority": (f"/teams/{team}/priority", {"max_class": "high", "fleet": ""}),
         "/jobs/<job_id>/exempt-idle": (f"/jobs/{job}/exempt-idle", {"reason": "walk"}),
         "/jobs/<job_id>/preempt": (f"/jobs/{job}/preempt", {}),
         "/jobs/<int:job_id>/checkpoints": (f"/jobs/{job}/checkpoints", {}),
@@ -86,7 +88,7 @@ def _writes(world: dict) -> dict:
         "/teams": ("/teams", {"name": "walked-team"}),
         "/teams/<name>/members": (f"/teams/{team}/members", {"username": "carl", "role": "admin"}),
         "/teams/<name>/quotas": (f"/teams/{team}/quotas", {"fleet": "local", "guaranteed_gpus": 0}),
-        "/teams/<name>/webhooks": (f"/teams/{team}/webhooks", {"url": "https://hooks.example/walk"}),
+        "/teams/<name>/webhooks": (f"/teams/{team}/webhooks", {"url": "http://127.0.0.1:9/walk"}),
         "/teams/<name>/webhooks/<int:webhook_id>/remove": (
             f"/teams/{team}/webhooks/{world['webhook_id']}/remove",
             {},
@@ -106,7 +108,8 @@ def _bearer(
 
 
 @pytest.fixture
-def app(db_url: str, tmp_path: Path) -> Flask:
+def app(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Flask:
+    monkeypatch.setenv("TUNEPLANE_WEBHOOK_ALLOW", "127.0.0.1")  # the webhook form's plain-http target
     return create_app(
         db_url,
         config={"SECRET_KEY": "t", "TP_DATA_DIR": str(tmp_path / "data"), "TP_BLOB_DIR": str(tmp_path / "b")},
