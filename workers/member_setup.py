@@ -27,6 +27,7 @@ MEMBER_FIELDS = (
     "master_port",
     "shared_path",
     "resume",
+    "checkpoint_numbers",
 )
 
 

@@ -219,6 +219,22 @@ LANGUAGE sql IMMUTABLE AS $$
                                    ELSE format(' (step %s)', p_artifact.step) END;
 $$;
 
+-- checkpoint_numbers: the highest number each checkpoint name has reached in the job for one rank, over every
+-- attempt ({"checkpoint": 4, "ckpt": 2}): PREPARE passes it on so an attempt's agent numbers its checkpoints
+-- on from there (checkpoint.5, …) and a name means one artifact of the job's rank (issue 35: each attempt
+-- restarted at checkpoint.1).
+CREATE OR REPLACE FUNCTION tuneplane.checkpoint_numbers(p_job_id bigint, p_rank integer)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(jsonb_object_agg(x.base, x.n), '{}'::jsonb)
+      FROM (SELECT substring(a.name FROM '^(.*)\.[0-9]{1,9}$') AS base,
+                   max(substring(a.name FROM '\.([0-9]{1,9})$')::bigint) AS n
+              FROM tuneplane.artifacts a
+             WHERE a.job_id = p_job_id AND a.rank = p_rank AND a.kind = 'checkpoint'
+             GROUP BY 1) x
+     WHERE x.base IS NOT NULL;
+$$;
+
 -- artifact_complete_when_verified: uploading → complete when no file of the artifact is unverified (every
 -- file re-hashed by the server; vacuously for a manifest without files), then checkpoint retention. Any
 -- other artifact, or one with a file left to verify, is returned unchanged. The one place completion is

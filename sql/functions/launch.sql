@@ -518,6 +518,7 @@ BEGIN
             'memory_bytes', m.memory_bytes, 'capsule_digest', p_capsule_digest,
             'master_addr', a.master_addr, 'master_port', a.master_port, 'peers', v_peers,
             'deadline', extract(epoch FROM now() + v_timeout), 'resume', tuneplane.resume_pin(a.id),
+            'checkpoint_numbers', tuneplane.checkpoint_numbers(a.job_id, m.rank),
             'shared_path', (SELECT f.capabilities ->> 'shared_path' FROM tuneplane.fleets f WHERE f.id = a.fleet_id)));
     END LOOP;
     PERFORM tuneplane.set_job_state(j.id, 'preparing',

@@ -411,7 +411,7 @@ BEGIN
     IF j.id IS NULL THEN
         RAISE EXCEPTION 'no job %', p_job_id USING ERRCODE = 'TP404', COLUMN = 'job_id';
     END IF;
-    a := tuneplane.request_preemption(p_job_id, format('preempted by admin %s', actor.username),
+    a := tuneplane.request_preemption(p_job_id, format('preempted by an admin (user %s)', actor.username),
                                       make_interval(secs => p_grace_seconds), 'preempted', NULL);
     IF NOT EXISTS (SELECT 1 FROM tuneplane.preemption_victims v WHERE v.attempt_id = a.id) THEN
         INSERT INTO tuneplane.preemptions (fleet_id, rule, state, reason, actor, resolved_at, numbers)

@@ -61,7 +61,8 @@ def test_an_admin_preempts_a_job_and_its_page_shows_the_grace_then_the_outcome(
     answer = client.post(f"/jobs/{job_id}/preempt", json={"grace": 30}, headers=users["root"])
     assert answer.status_code == 200, answer.get_data(as_text=True)
     attempt = answer.get_json()["attempt"]
-    assert attempt["stop_kind"] == "preempted" and attempt["stop_cause"] == "preempted by admin root"
+    assert attempt["stop_kind"] == "preempted"
+    assert attempt["stop_cause"] == "preempted by an admin (user root)"  # not "by admin root" (issue 35)
 
     page = client.get(f"/jobs/{job_id}", headers=users["alice"]).get_json()
     (shown,) = page["attempts"]
@@ -85,4 +86,4 @@ def test_an_admin_preempts_a_job_and_its_page_shows_the_grace_then_the_outcome(
     assert page["state"] == "queued"  # a preemption does not spend its one attempt
     html = client.get(f"/jobs/{job_id}", headers={"Authorization": users["alice"]["Authorization"]})
     text = html.get_data(as_text=True)
-    assert "Preemptions" in text and "preempted by admin root" in text
+    assert "Preemptions" in text and "preempted by an admin (user root)" in text

@@ -238,3 +238,17 @@ def test_a_pinned_checkpoint_found_corrupt_is_still_the_one_asked_for(db: Databa
     execute(db, "UPDATE jobs SET spec = spec || %s WHERE id = %s", (Jsonb({"resume": resume}), setup.job_id))
     db.call("mark_artifact_corrupt", pinned["id"], "bad", "test")
     assert fail_and_prepare_again(db, setup)["resume"]["artifact_id"] == pinned["id"]
+
+
+def test_prepare_tells_each_member_the_checkpoint_numbers_the_job_reached(
+    db: Database, tmp_path: Path
+) -> None:
+    """Issue 35: checkpoint names are numbered on across attempts, so a name means one artifact of the job's
+    rank (attempt 2 publishes checkpoint.3 after attempt 1's checkpoint.2, not checkpoint.1 again)."""
+    setup = setup_job(db)
+    first = db.fetch_one("SELECT payload FROM node_commands WHERE kind = 'prepare'")["payload"]
+    assert first["checkpoint_numbers"] == {}
+    checkpoint(db, setup, tmp_path, "checkpoint.1", b"one")
+    checkpoint(db, setup, tmp_path, "checkpoint.2", b"two")
+    checkpoint(db, setup, tmp_path, "best.7", b"best")
+    assert fail_and_prepare_again(db, setup)["checkpoint_numbers"] == {"checkpoint": 2, "best": 7}

@@ -184,6 +184,13 @@ def test_a_plain_script_without_exec_gets_its_whole_grace_to_save_and_exits_0(cl
     assert cluster.attempt(job_id, 2)["resume_artifact_id"] == first["end_checkpoint_id"]
     (member,) = cluster.members_of_attempt(job_id, 2)
     assert _steps(cluster, member) == list(range(saved + 1, 301))  # 0 steps re-done
+    # Checkpoint names go on numbering across attempts: one name, one artifact of the job (issue 35).
+    rows = cluster.db.fetch_all(
+        "SELECT name FROM artifacts WHERE job_id = %s AND kind = 'checkpoint' ORDER BY id", (job_id,)
+    )
+    names = [r["name"] for r in rows]  # retention may prune some, never rename one
+    assert names == [f"ckpt.{n}" for n in range(1, len(names) + 1)], names
+    assert names.index(first["end_checkpoint"]) < len(names) - 1, names  # attempt 2 numbered on
 
 
 def test_a_workload_that_runs_on_after_its_checkpoint_in_the_grace_loses_the_work_after_it(

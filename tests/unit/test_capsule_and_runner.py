@@ -447,3 +447,11 @@ def test_a_program_that_ignores_the_stop_is_left_to_the_deadline_not_killed_befo
     assert runner.wait(30) == 0
     status = json.loads((root / "exit_status.json").read_text())
     assert status["exit_code"] == -signal.SIGKILL, status
+
+
+def test_a_stop_inside_a_slurm_step_is_said_to_be_slurms_not_the_agents() -> None:
+    from tuneplane.workers.runner.process import describe_exit
+
+    assert describe_exit(-15, True, {}) == "killed by SIGTERM (stopped by the agent)"
+    assert describe_exit(-15, True, {"SLURM_JOB_ID": "12"}) == "killed by SIGTERM (stopped by Slurm)"
+    assert describe_exit(3, True, {"SLURM_JOB_ID": "12"}) == "exited with status 3 after Slurm's stop"

@@ -181,11 +181,17 @@ def publish_each(
     from tuneplane.workers.artifacts.upload import UploadError
 
     state_path = directory / "checkpoints.json"
-    state = _read_json(state_path) or {"published": {}, "counts": {}}
+    state = _read_json(state_path)
+    member = json.loads((directory / "member.json").read_text()) if state is None else None
+    if state is None:
+        # Numbered on from the job's earlier attempts (PREPARE's checkpoint_numbers), so a name is one
+        # artifact of the job: attempt 2 publishes checkpoint.5 after attempt 1's checkpoint.4.
+        counts = {str(k): int(v) for k, v in ((member or {}).get("checkpoint_numbers") or {}).items()}
+        state = {"published": {}, "counts": counts}
     todo = pending_checkpoints(directory, state["published"])
     if not todo:
         return 0
-    member = json.loads((directory / "member.json").read_text())
+    member = member or json.loads((directory / "member.json").read_text())
     done = 0
     for key, name, root, refused, step in todo:
         if root is None:

@@ -116,13 +116,20 @@ def read_exit_status(member_dir: Path) -> dict | None:
         return None
 
 
-def describe_exit(code: int, stopped: bool) -> str:
+def describe_exit(code: int, stopped: bool, env: dict[str, str] | None = None) -> str:
+    """A stop names who sent it (`stopped_by`)."""
+    who = stopped_by(env)
     if code == 0:
         return "exited with status 0"
     if code < 0:
         what = f"killed by {signal_name(-code)}"
-        return what + (" (stopped by the agent)" if stopped else "")
-    return f"exited with status {code}" + (" after the agent's stop" if stopped else "")
+        return what + (f" (stopped by {who})" if stopped else "")
+    return f"exited with status {code}" + (f" after {who}'s stop" if stopped else "")
+
+
+def stopped_by(env: dict[str, str] | None = None) -> str:
+    """The node agent, or Slurm inside a Slurm step (its scancel reaches the keeper; no agent runs there)."""
+    return "Slurm" if (os.environ if env is None else env).get("SLURM_JOB_ID") else "the agent"
 
 
 def _become_subreaper() -> None:

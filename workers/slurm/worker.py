@@ -423,6 +423,10 @@ class SlurmWorker:
                     "gpu_indices": list(range(attempt["gpus_per_node"])),
                     "cpus": job["cpus_per_node"],
                     "memory_bytes": job["memory_per_node"],
+                    # Checkpoint names numbered on from the job's earlier attempts (publish_each).
+                    "checkpoint_numbers": self.call(fn.checkpoint_numbers, row["job_id"], m["rank"])[0][
+                        "checkpoint_numbers"
+                    ],
                 }
                 for m in members
             ],
