@@ -187,6 +187,16 @@ def slurm_cluster():
 
 
 @pytest.fixture(scope="session")
+def seaweed():
+    """A real S3-compatible store (SeaweedFS `weed server -s3` on loopback ports, one identity, one bucket)
+    for the whole session (tests/seaweed_store.py). Skipped only when `weed` is missing outside CI."""
+    from tests.seaweed_store import require_binary, started_store
+
+    require_binary()
+    yield from started_store()
+
+
+@pytest.fixture(scope="session")
 def registry(tmp_path_factory: pytest.TempPathFactory):
     """A docker-registry on loopback with tuneplane/busybox:1 pushed (tests/container_registry.py).
     Skipped when the tools are missing outside CI; in CI (.ci/run sets TUNEPLANE_REQUIRE_CONTAINERS=1 after
@@ -208,10 +218,11 @@ def registry(tmp_path_factory: pytest.TempPathFactory):
 
 
 # Session fixtures that stand for one shared thing on this machine run on one xdist worker only: the Slurm
-# test cluster (slurmctld, slurmd nodes, munge) and the image registry with podman's storage. Every test
+# test cluster (slurmctld, slurmd nodes, munge), the image registry with podman's storage and the S3 store
+# (one weed per session: up to ~2 GiB under parallel uploads). Every test
 # that uses one is put in that fixture's group (`--dist loadgroup` in .ci/run), found by its fixtures, so
 # a new test cannot forget it; the rest spread over the workers.
-_ONE_WORKER_FIXTURES = {"slurm_cluster": "slurm", "registry": "containers"}
+_ONE_WORKER_FIXTURES = {"slurm_cluster": "slurm", "registry": "containers", "seaweed": "s3"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
