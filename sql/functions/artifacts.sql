@@ -940,14 +940,14 @@ LANGUAGE plpgsql AS $$
 DECLARE
     a tuneplane.artifacts;
     v_attempt integer;
+    v_reason  text := left(coalesce(nullif(p_reason, ''), 'its stored files do not match the manifest'), 500);
+    v_by      text := left(coalesce(nullif(p_found_by, ''), 'unknown'), 200);
 BEGIN
     SELECT * INTO a FROM tuneplane.artifacts WHERE id = p_artifact_id;
     IF a.id IS NULL THEN
         RAISE EXCEPTION 'artifact % does not exist', p_artifact_id USING ERRCODE = 'TP404', COLUMN = 'artifact_id';
     END IF;
-    INSERT INTO tuneplane.artifact_corruptions (artifact_id, reason, found_by)
-    VALUES (a.id, left(coalesce(nullif(p_reason, ''), 'its stored files do not match the manifest'), 500),
-            left(coalesce(nullif(p_found_by, ''), 'unknown'), 200))
+    INSERT INTO tuneplane.artifact_corruptions (artifact_id, reason, found_by) VALUES (a.id, v_reason, v_by)
     ON CONFLICT (artifact_id) DO NOTHING;
     IF NOT FOUND THEN
         RETURN false;
@@ -956,8 +956,7 @@ BEGIN
     INSERT INTO tuneplane.job_events (job_id, from_state, to_state, reason, detail)
     SELECT j.id, j.state, j.state,
            format('%s %s of attempt %s is corrupt (found by %s: %s)%s', a.kind, tuneplane.checkpoint_label(a),
-                  v_attempt, left(coalesce(nullif(p_found_by, ''), 'unknown'), 200),
-                  left(coalesce(nullif(p_reason, ''), 'its stored files do not match the manifest'), 500),
+                  v_attempt, v_by, v_reason,
                   CASE WHEN a.kind = 'checkpoint' THEN '; it is never resumed from again' ELSE '' END),
            jsonb_build_object('kind', 'artifact_corrupt', 'artifact_id', a.id, 'name', a.name, 'step', a.step)
       FROM tuneplane.jobs j WHERE j.id = a.job_id;

@@ -92,6 +92,25 @@ print(f"done: {steps} steps", flush=True)
 """
 
 
+def _script_job(cluster: Cluster, name: str, source: str, gpus: int, env: dict, grace: float) -> int:
+    """A job running `python NAME` (no exec: through dash) from `source`, on a node with `gpus` simulated
+    GPUs (none: CPU-only), once its member runs."""
+    cluster.start_agent("a", *(("--simulate-gpus", str(gpus)) if gpus else ()))
+    cluster.start_worker()
+    archive = cluster.upload_source({name: source})
+    resources = {"cpus_per_node": 1, "memory_per_node": 64 * MIB, **({"gpus_per_node": gpus} if gpus else {})}
+    job_id = cluster.submit(
+        {
+            "source": {"archive": archive, "entrypoint": f"python {name}", "integration": "script"},
+            "resources": resources,
+            "env": env,
+            "preemption": {"grace_seconds": grace},
+        }
+    )
+    cluster.wait_members(job_id, "running", timeout=60)
+    return job_id
+
+
 def _steps(cluster: Cluster, member: dict) -> list[int]:
     path = cluster.member_dir(member["node"], member["id"]) / "output" / "metrics.jsonl"
     return [json.loads(line)["step"] for line in path.read_text().splitlines()]
@@ -160,18 +179,8 @@ def test_a_cooperative_victim_checkpoints_within_its_grace_and_resumes_from_it(c
 def test_a_plain_script_without_exec_gets_its_whole_grace_to_save_and_exits_0(cluster: Cluster) -> None:
     """Issue 35, acceptance 1: dash runs `python train.py` as its child; the SIGTERM ends the shell at once,
     but the program saves for longer than 5 s inside its grace, exits 0, and nothing is re-done."""
-    cluster.start_agent("a", "--simulate-gpus", "1")
-    cluster.start_worker()
-    archive = cluster.upload_source({"train.py": PLAIN})
-    job_id = cluster.submit(
-        {
-            "source": {"archive": archive, "entrypoint": "python train.py", "integration": "script"},
-            "resources": {"gpus_per_node": 1, "cpus_per_node": 1, "memory_per_node": 64 * MIB},
-            "env": {"STEPS": "300", "EVERY": "50", "SAVE_SECONDS": "7"},
-            "preemption": {"grace_seconds": 30},
-        }
-    )
-    cluster.wait_members(job_id, "running", timeout=60)
+    env = {"STEPS": "300", "EVERY": "50", "SAVE_SECONDS": "7"}
+    job_id = _script_job(cluster, "train.py", PLAIN, gpus=1, env=env, grace=30)
     first = cluster.preempt_after_a_checkpoint(job_id, "e2e: a plain script", timeout=60)
     assert first["lost_seconds"] < 2, first["reason"]  # measured: the moment it took to exit
     assert first["stop_requested_at"] <= first["end_checkpoint_at"] <= first["grace_deadline"], first
@@ -199,18 +208,8 @@ def test_a_workload_that_runs_on_after_its_checkpoint_in_the_grace_loses_the_wor
     """Issue 35, acceptance 3: a checkpoint completed inside the grace, but the workload trained on for
     RUN_ON seconds before it exited: the recorded lost work is those seconds (was: 0), and the next attempt
     re-does exactly the steps after the checkpoint. A CPU-only job: said in seconds and CPU-seconds."""
-    cluster.start_agent("a")
-    cluster.start_worker()
-    archive = cluster.upload_source({"train.py": PLAIN})
-    job_id = cluster.submit(
-        {
-            "source": {"archive": archive, "entrypoint": "python train.py", "integration": "script"},
-            "resources": {"cpus_per_node": 1, "memory_per_node": 64 * MIB},
-            "env": {"STEPS": "300", "EVERY": "50", "SAVE_SECONDS": "0", "RUN_ON": "4"},
-            "preemption": {"grace_seconds": 30},
-        }
-    )
-    cluster.wait_members(job_id, "running", timeout=60)
+    env = {"STEPS": "300", "EVERY": "50", "SAVE_SECONDS": "0", "RUN_ON": "4"}
+    job_id = _script_job(cluster, "train.py", PLAIN, gpus=0, env=env, grace=30)
     first = cluster.preempt_after_a_checkpoint(job_id, "e2e: runs on", timeout=60)
     (victim,) = cluster.members_of_attempt(job_id, 1)
     saved = first["end_checkpoint_step"]
@@ -231,21 +230,11 @@ def test_a_workload_that_runs_on_after_its_checkpoint_in_the_grace_loses_the_wor
 def test_a_victim_that_ignores_the_request_is_stopped_at_the_deadline_and_loses_the_work_since(
     cluster: Cluster,
 ) -> None:
-    cluster.start_agent("a", "--simulate-gpus", "2")
-    cluster.start_worker()
-    archive = cluster.upload_source({"job.py": STUBBORN})
-    job_id = cluster.submit(
-        {
-            "source": {"archive": archive, "entrypoint": "python job.py", "integration": "script"},
-            "resources": {"gpus_per_node": 2, "cpus_per_node": 1, "memory_per_node": 64 * MIB},
-            # A checkpoint every 15 s: none can come between the request and the kill (8 s + 3 s). The
-            # grace is longer than the runner's old 5 s cleanup of what the killed shell (`python job.py`
-            # without exec runs below dash) left: the program is stopped at the deadline, not before.
-            "env": {"STEPS": "600", "EVERY": "300", "STEP_SECONDS": "0.05"},
-            "preemption": {"grace_seconds": 8},
-        }
-    )
-    cluster.wait_members(job_id, "running", timeout=60)
+    # A checkpoint every 15 s: none can come between the request and the kill (8 s + 3 s). The grace is
+    # longer than the runner's old 5 s cleanup of what the killed shell (`python job.py` without exec runs
+    # below dash) left: the program is stopped at the deadline, not before.
+    env = {"STEPS": "600", "EVERY": "300", "STEP_SECONDS": "0.05"}
+    job_id = _script_job(cluster, "job.py", STUBBORN, gpus=2, env=env, grace=8)
     first = cluster.preempt_after_a_checkpoint(job_id, "e2e: ignored")
     assert "stopped at the end of its grace" in first["reason"], first["reason"]
     assert f"resumes from {first['end_checkpoint']} (step {first['end_checkpoint_step']})" in first["reason"]
