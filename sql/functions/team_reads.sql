@@ -175,16 +175,20 @@ LANGUAGE sql STABLE AS $$
 $$;
 
 -- fleet_team_share_of: each team's share of a fleet now (the Fleet page): GPUs held, borrowed, guaranteed,
--- limit and weight, largest holder first.
+-- limit and weight, and the CPUs its running members hold (a CPU-only job holds no GPU but is not nothing),
+-- largest holder first.
+DROP FUNCTION IF EXISTS tuneplane.fleet_team_share_of(text);
 CREATE OR REPLACE FUNCTION tuneplane.fleet_team_share_of(p_fleet text)
 RETURNS TABLE (team text, used_gpus integer, borrowed_gpus integer, guaranteed_gpus integer, limit_gpus integer,
-               weight double precision)
+               weight double precision, used_cpus integer)
 LANGUAGE sql STABLE AS $$
     SELECT s.team, s.used_gpus,
            coalesce((SELECT sum(l.gpus) FROM tuneplane.usage_ledger l JOIN tuneplane.attempts a ON a.id = l.attempt_id
                       WHERE l.team_id = s.team_id AND l.fleet_id = f.id AND l.ended_at IS NULL AND a.borrowing),
                     0)::integer,
-           s.guaranteed_gpus, s.limit_gpus, s.weight
+           s.guaranteed_gpus, s.limit_gpus, s.weight,
+           coalesce((SELECT sum(l.cpus) FROM tuneplane.usage_ledger l
+                      WHERE l.team_id = s.team_id AND l.fleet_id = f.id AND l.ended_at IS NULL), 0)::integer
       FROM tuneplane.fleets f CROSS JOIN LATERAL tuneplane.fleet_team_shares(f.id) s
      WHERE f.name = p_fleet
      ORDER BY s.used_gpus DESC, s.team;

@@ -81,7 +81,7 @@ def test_dashboard_filters_and_paging(page, console: dict) -> None:
     expect(page).to_have_url(re.compile(r"before=\d+"))
     expect(rows).to_have_count(5)
     expect(page.locator("a[rel=next]")).to_have_count(0)
-    expect(rows.first.locator("td").nth(7)).to_have_text("0 B")  # memory for people
+    expect(rows.first.locator("td").nth(8)).to_have_text("0 B")  # memory for people (after the Team column)
 
     # The Job Charts page loads uPlot and its script under the CSP.
     page.goto(url + f"/jobs/{console['jobs']['root-local'][0]}/charts")

@@ -117,3 +117,29 @@ def test_admin_api_creates_fleets_tokens_and_changes_scheduling_with_who_and_why
     shown = client.get("/fleets/train", headers=headers).get_json()
     assert shown["fleet"]["node_list"][0]["node"] == "box1" and shown["events"]
     assert client.get("/fleets/nope", headers=headers).status_code == 404
+
+
+def test_team_table_counts_cpus_and_the_overview_is_not_a_fleets_page(db_url: str, db: Database) -> None:
+    """A CPU-only job holds no GPU but its CPUs show in its team's row; the new-fleet form is on the
+    overview (/fleets) only, below the fleets; a fleet's own page says which fleet and links back."""
+    from tests.launch_fixtures import make_fleet as make_launch_fleet
+    from tests.launch_fixtures import make_job, make_node, run_to_running
+
+    admin_id, headers = _user(db, "root", "admin")
+    fleet = make_launch_fleet(db, "cpu")
+    make_node(db, fleet, "c0", gpus=0, cpus=16)
+    job = make_job(db, admin_id, fleet, gpus_per_node=0, cpus_per_node=6)
+    db.call("reserve_next", fleet, 10)
+    run_to_running(db, job)
+    client = create_app(db_url).test_client()
+    shares = client.get("/fleets/cpu", headers=headers).get_json()["fleet"]["team_shares"]
+    assert [(s["team"], s["used_gpus"], s["used_cpus"]) for s in shares] == [("root", 0, 6)]
+
+    with client.session_transaction() as session:
+        session["user_id"] = admin_id
+    overview = client.get("/fleets").get_data(as_text=True)
+    assert "<h1>Fleets</h1>" in overview
+    assert overview.index('data-fleet="cpu"') < overview.index("New fleet")
+    assert '<td data-cell="cpus">6</td>' in overview
+    one = client.get("/fleets/cpu").get_data(as_text=True)
+    assert "<h1>Fleet cpu</h1>" in one and "New fleet" not in one and 'href="/fleets"' in one
