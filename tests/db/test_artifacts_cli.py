@@ -235,3 +235,25 @@ def test_a_closed_pipe_ends_a_command_quietly(db: Database, env) -> None:
         assert done.stderr == "", done.stderr
         first, status = done.stdout.splitlines()
         assert first and status == "status=0", done.stdout
+
+
+def test_the_job_pages_pruned_checkpoints_are_folded_into_one_line(db: Database, env) -> None:
+    import httpx
+
+    from tests.artifact_fixtures import recorded_complete
+
+    setup = make_member(db)
+    manifest = write_tree(env["tmp"] / "ckpt", {"w.bin": b"w"})
+    for step in (1, 2, 3):
+        recorded_complete(db, setup, f"checkpoint.{step}", manifest, kind="checkpoint", step=step)
+    db.fetch_all(
+        "UPDATE artifacts SET state = 'pruned', pruned_at = now()"
+        " WHERE name IN ('checkpoint.1', 'checkpoint.2') RETURNING id"
+    )
+    token = api_token(db, setup.user_id)
+    html = httpx.get(
+        f"{env['url']}/jobs/{setup.job_id}/artifacts", headers={"Authorization": f"Bearer {token}"}
+    ).text
+    table, folded = html.split('<details class="pruned-artifacts">')
+    assert "checkpoint.3" in table and "checkpoint.1" not in table and "checkpoint.2" not in table
+    assert "<summary>2 pruned checkpoints" in folded and "checkpoint.1" in folded
