@@ -127,6 +127,7 @@ fence_node = StoredFunction("fence_node", "text", "text", "text")
 find_artifact = StoredFunction("find_artifact", "bigint", "bigint", "text", "integer", "integer")
 finish_artifact = StoredFunction("finish_artifact", "text", "bigint")
 fleet_gpus = StoredFunction("fleet_gpus", "text")
+fleet_team_access_of = StoredFunction("fleet_team_access_of", "bigint", "text", "text")
 fleet_team_share_of = StoredFunction("fleet_team_share_of", "text")
 get_job = StoredFunction("get_job", "bigint", "bigint")
 get_preview = StoredFunction("get_preview", "bigint", "uuid")
@@ -242,6 +243,8 @@ resume_pin = StoredFunction("resume_pin", "bigint")
 revoke_api_token = StoredFunction("revoke_api_token", "bigint", "bigint")
 rotate_node_credential = StoredFunction("rotate_node_credential", "bigint", "bigint", "text")
 server_secret = StoredFunction("server_secret", "text", "text")
+set_fleet_access_mode = StoredFunction("set_fleet_access_mode", "bigint", "text", "text")
+set_fleet_team_access = StoredFunction("set_fleet_team_access", "bigint", "text", "text", "boolean", "text")
 set_idle_policy = StoredFunction(
     "set_idle_policy",
     "bigint",

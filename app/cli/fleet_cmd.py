@@ -246,4 +246,28 @@ fleet_group.add_command(
     _node_action("unfence", "Let a fenced NODE take work again", "/nodes/fence", _unfenced)
 )
 
+
+@fleet_group.command("access")
+@click.argument("fleet")
+@click.argument("mode", type=click.Choice(["open", "listed"]), required=False)
+@json_option
+@client_options
+def fleet_access(fleet: str, mode: str | None, as_json: bool, server, token, ca_bundle) -> None:
+    """Who may use FLEET: every team (open) or only the teams granted it (listed; grant one with
+    `tuneplane teams grant TEAM FLEET`). With MODE, set it (installation admins;
+    POST /fleets/FLEET/access)."""
+    path = f"/fleets/{quote(fleet, safe='')}/access"
+    with api_client(server, token, ca_bundle) as api:
+        data = api.post(path, json={"mode": mode}) if mode else api.get(path)
+    if as_json:
+        print_json(data)
+        return
+    if data["team_access"] == "open":
+        click.echo(f"fleet {fleet}: open to every team")
+    else:
+        click.echo(f"fleet {fleet}: only the teams granted it (tuneplane teams grant TEAM {fleet})")
+    rows = [{"team": g["team"], "slurm account": g["slurm_account"] or ""} for g in data["teams"]]
+    print_table(rows, ["team", "slurm account"], empty="no team granted")
+
+
 COMMANDS = [fleet_group]

@@ -6,6 +6,8 @@ console; the rules (roles, token scopes, quota sums) are the stored functions' (
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import click
 
 from tuneplane.app import humanize
@@ -87,7 +89,218 @@ def token_revoke(token_id: int, server, token, ca_bundle) -> None:
 
 @click.group("teams")
 def teams_group() -> None:
-    """Teams: what their members may use (more subcommands join this group)."""
+    """Teams: make and list them, their members and roles, quotas, the listed fleets they may use and
+    their priority classes. Each command is a form of the console's team and fleet pages (same endpoint,
+    same checks)."""
+
+
+def _team_path(team: str, *rest: str) -> str:
+    return "/".join(["/teams", quote(team, safe=""), *rest])
+
+
+@teams_group.command("create")
+@click.argument("name")
+@json_option
+@client_options
+def teams_create(name: str, as_json: bool, server, token, ca_bundle) -> None:
+    """Make a shared team NAME; you become its admin (POST /teams)."""
+    with api_client(server, token, ca_bundle) as api:
+        team = api.post("/teams", json={"name": name})
+    if as_json:
+        print_json(team)
+        return
+    click.echo(f"team {team['name']} created; you are its admin (add members: tuneplane teams members add)")
+
+
+@teams_group.command("list")
+@json_option
+@client_options
+def teams_list(as_json: bool, server, token, ca_bundle) -> None:
+    """The teams you have a role in (GET /teams)."""
+    with api_client(server, token, ca_bundle) as api:
+        teams = api.get("/teams")["teams"]
+    if as_json:
+        print_json(teams)
+        return
+    rows = [
+        {
+            "team": t["team"],
+            "role": t["role"],
+            "kind": "personal" if t["personal"] else "shared",
+            "default": "yes" if t["is_default"] else "",
+        }
+        for t in teams
+    ]
+    print_table(rows, ["team", "role", "kind", "default"], empty="no teams")
+
+
+@teams_group.command("show")
+@click.argument("team")
+@json_option
+@client_options
+def teams_show(team: str, as_json: bool, server, token, ca_bundle) -> None:
+    """TEAM's members and roles, quotas per fleet, listed fleets it may use and queue (GET /teams/TEAM)."""
+    with api_client(server, token, ca_bundle) as api:
+        page = api.get(_team_path(team))
+    if as_json:
+        print_json(page)
+        return
+    click.echo(f"team {page['team']}" + (f" (you: {page['my_role']})" if page.get("my_role") else ""))
+    click.echo("\nmembers")
+    print_table(page["members"], ["username", "role"], empty="  none")
+    click.echo("\nquotas")
+    quotas = [
+        {
+            "fleet": q["fleet"],
+            "model": q["gpu_model"] or "any",
+            "guaranteed": q["guaranteed_gpus"],
+            "limit": "none" if q["limit_gpus"] is None else q["limit_gpus"],
+            "weight": q["weight"],
+            "in use": q["used_gpus"],
+        }
+        for q in page["quotas"]
+        if q.get("guaranteed_gpus") is not None
+    ]
+    print_table(quotas, ["fleet", "model", "guaranteed", "limit", "weight", "in use"], empty="  none")
+    click.echo("\nlisted fleets granted")
+    grants = [{"fleet": g["fleet"], "slurm account": g["slurm_account"] or ""} for g in page["fleet_access"]]
+    print_table(grants, ["fleet", "slurm account"], empty="  none (open fleets take every team)")
+    click.echo(f"\nqueue: {len(page['queue'])} job(s) waiting")
+
+
+@teams_group.group("members")
+def teams_members() -> None:
+    """Add, remove or change the role of a team's members (team admins; POST /teams/TEAM/members)."""
+
+
+def _set_member(team: str, username: str, role: str, server, token, ca_bundle) -> dict:
+    with api_client(server, token, ca_bundle) as api:
+        return api.post(_team_path(team, "members"), json={"username": username, "role": role})
+
+
+ROLES = click.Choice(["admin", "member", "viewer"])
+
+
+@teams_members.command("add")
+@click.argument("team")
+@click.argument("username")
+@click.option("--role", type=ROLES, default="member", show_default=True)
+@client_options
+def members_add(team: str, username: str, role: str, server, token, ca_bundle) -> None:
+    """Add USERNAME to TEAM with a role."""
+    _set_member(team, username, role, server, token, ca_bundle)
+    click.echo(f"{username} is now {role} of {team}")
+
+
+@teams_members.command("remove")
+@click.argument("team")
+@click.argument("username")
+@client_options
+def members_remove(team: str, username: str, server, token, ca_bundle) -> None:
+    """Remove USERNAME from TEAM (a team keeps at least one admin)."""
+    _set_member(team, username, "remove", server, token, ca_bundle)
+    click.echo(f"{username} removed from {team}")
+
+
+@teams_members.command("role")
+@click.argument("team")
+@click.argument("username")
+@click.argument("role", type=ROLES)
+@client_options
+def members_role(team: str, username: str, role: str, server, token, ca_bundle) -> None:
+    """Change USERNAME's role in TEAM to ROLE."""
+    _set_member(team, username, role, server, token, ca_bundle)
+    click.echo(f"{username} is now {role} of {team}")
+
+
+@teams_group.group("quota")
+def teams_quota() -> None:
+    """A team's quota on a fleet (installation admins; POST /teams/TEAM/quotas)."""
+
+
+@teams_quota.command("set")
+@click.argument("team")
+@click.argument("fleet")
+@click.option("--guaranteed", type=click.IntRange(0), required=True, help="GPUs always available to TEAM.")
+@click.option(
+    "--limit", type=click.IntRange(0), default=None, help="Most GPUs TEAM may hold (default: none)."
+)
+@click.option("--weight", type=float, default=1.0, show_default=True, help="Fair-share weight.")
+@click.option("--gpu-model", default="", help="Only GPUs of this model (default: every model).")
+@click.option("--overcommit", is_flag=True, help="Accept guarantees that sum past the fleet's GPUs.")
+@json_option
+@client_options
+def quota_set(
+    team: str, fleet: str, guaranteed: int, limit: int | None, weight: float, gpu_model: str,
+    overcommit: bool, as_json: bool, server, token, ca_bundle,
+) -> None:  # fmt: skip
+    """Set TEAM's quota on FLEET."""
+    body = {"fleet": fleet, "gpu_model": gpu_model, "guaranteed_gpus": guaranteed, "limit_gpus": limit,
+            "weight": weight, "overcommit": overcommit}  # fmt: skip
+    with api_client(server, token, ca_bundle) as api:
+        data = api.post(_team_path(team, "quotas"), json=body)
+    if as_json:
+        print_json(data)
+        return
+    click.echo(
+        f"quota of {team} on {fleet}: {guaranteed} guaranteed, limit {'none' if limit is None else limit}"
+    )
+
+
+@teams_quota.command("remove")
+@click.argument("team")
+@click.argument("fleet")
+@click.option("--gpu-model", default="", help="The per-model quota to remove (default: the fleet-wide one).")
+@client_options
+def quota_remove(team: str, fleet: str, gpu_model: str, server, token, ca_bundle) -> None:
+    """Remove TEAM's quota on FLEET."""
+    with api_client(server, token, ca_bundle) as api:
+        api.post(
+            _team_path(team, "quotas"), json={"fleet": fleet, "gpu_model": gpu_model, "guaranteed_gpus": None}
+        )
+    click.echo(f"quota of {team} on {fleet} removed")
+
+
+def _team_access(fleet: str, body: dict, server, token, ca_bundle) -> dict:
+    with api_client(server, token, ca_bundle) as api:
+        return api.post(f"/fleets/{quote(fleet, safe='')}/team-access", json=body)
+
+
+@teams_group.command("grant")
+@click.argument("team")
+@click.argument("fleet")
+@click.option(
+    "--slurm-account", default=None, help="Slurm fleets: the account TEAM's jobs are submitted under."
+)
+@json_option
+@client_options
+def teams_grant(
+    team: str, fleet: str, slurm_account: str | None, as_json: bool, server, token, ca_bundle
+) -> None:
+    """Let TEAM use FLEET when the fleet takes listed teams only (installation admins; see
+    `tuneplane fleet access`). Granting again changes the Slurm account."""
+    body = {"team": team, "action": "grant", "slurm_account": slurm_account}
+    data = _team_access(fleet, body, server, token, ca_bundle)
+    if as_json:
+        print_json(data)
+        return
+    account = f" (Slurm account {slurm_account})" if slurm_account else ""
+    note = "" if data["team_access"] == "listed" else f"; {fleet} is open to every team for now"
+    click.echo(f"team {team} may use fleet {fleet}{account}{note}")
+
+
+@teams_group.command("revoke")
+@click.argument("team")
+@click.argument("fleet")
+@json_option
+@client_options
+def teams_revoke(team: str, fleet: str, as_json: bool, server, token, ca_bundle) -> None:
+    """Take back TEAM's grant on FLEET (installation admins)."""
+    data = _team_access(fleet, {"team": team, "action": "revoke"}, server, token, ca_bundle)
+    if as_json:
+        print_json(data)
+        return
+    click.echo(f"team {team}'s grant on fleet {fleet} revoked")
 
 
 @teams_group.command("priority")
@@ -103,8 +316,6 @@ def teams_priority(
     """Show or grant the highest priority class TEAM's members may use (granting: installation admins).
 
     Without --max or --remove it lists the team's grants (no grant: up to normal on every fleet)."""
-    from urllib.parse import quote
-
     if max_class and remove:
         raise click.UsageError("give --max or --remove, not both")
     with api_client(server, token, ca_bundle) as api:

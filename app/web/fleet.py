@@ -1,7 +1,13 @@
 """The Fleet page and the fleet/node HTTP API (the CLI's `tuneplane fleet …` uses the same endpoints).
 
 Reads come from the operator views v_fleet, v_nodes and v_node_events; every change is one stored
-function (create_fleet, create_enrollment_token, change_node_scheduling) with the user as the actor.
+function (create_fleet, create_enrollment_token, change_node_scheduling, set_fleet_access_mode,
+set_fleet_team_access) with the user as the actor.
+
+GET  /fleets/<name>/access        who may use the fleet: its mode (open|listed) and its team grants
+POST /fleets/<name>/access        mode=open|listed (installation admins; `tuneplane fleet access`)
+POST /fleets/<name>/team-access   team, action=grant|revoke, slurm_account (installation admins;
+                                  `tuneplane teams grant|revoke`)
 """
 
 from __future__ import annotations
@@ -53,6 +59,16 @@ class FleetCreate(_Body):
     name: str = Field("", max_length=200)
     backend: str = Field("node", max_length=200)
     capabilities: dict = Field(default_factory=dict)
+
+
+class AccessMode(_Body):
+    mode: str = Field("", max_length=20)
+
+
+class TeamAccess(_Body):
+    team: str = Field(max_length=200)
+    action: str = Field("grant", max_length=20)
+    slurm_account: str | None = Field(None, max_length=200)
 
 
 class TokenCreate(_Body):
@@ -184,6 +200,7 @@ def _render(name: str | None, status: int = 200):
         "gateway_url": _gateway_url(),
         "actions": SCHEDULING_ACTIONS,
         "idle_policies": get_db().call(fn.idle_policies_of, name) if name is not None else None,
+        "access": _access(name) if name is not None else None,
     }
     if wants_json():
         if name is not None:
@@ -343,3 +360,50 @@ def idle_policy_set(name: str):
         return json_response({"fleet": name, "team": body.team, "policy": row})
     flash(f"idle policy of {name}{' for team ' + body.team if body.team else ''} set", "ok")
     return redirect(url_for("fleet.fleet_show", name=name), 303)
+
+
+def _access(name: str) -> dict:
+    """The fleet's mode and the grants the user may see (fleet_team_access_of, teams.sql)."""
+    rows = get_db().call(fn.fleet_team_access_of, current_user().id, name, None)
+    if not rows:
+        raise Refusal(f"no fleet named {name}", status=404, field="fleet")
+    grants = [
+        {"team": r["team"], "slurm_account": r["slurm_account"], "granted_at": r["granted_at"]}
+        for r in rows
+        if r["team"] is not None
+    ]
+    return {"fleet": name, "team_access": rows[0]["team_access"], "teams": grants}
+
+
+def _access_done(name: str, message: str):
+    if wants_json():
+        return json_response(_access(name))
+    flash(message, "ok")
+    return redirect(url_for("fleet.fleet_show", name=name), 303)
+
+
+@bp.get("/fleets/<name>/access")
+@login_required
+def access_show(name: str):
+    return json_response(_access(name))
+
+
+@bp.post("/fleets/<name>/access")
+@login_required
+def access_mode(name: str):
+    """Open the fleet to every team or only to the teams granted it (set_fleet_access_mode)."""
+    body = parse_body(AccessMode)
+    row = get_db().call(fn.set_fleet_access_mode, current_user().id, name, body.mode)[0]
+    return _access_done(name, f"fleet {name}: {row['team_access']}")
+
+
+@bp.post("/fleets/<name>/team-access")
+@login_required
+def team_access(name: str):
+    """Grant a team the fleet (with its Slurm account) or revoke it (set_fleet_team_access)."""
+    body = parse_body(TeamAccess)
+    if body.action not in ("grant", "revoke"):
+        raise Refusal("action must be grant or revoke", status=400, field="action")
+    granted = body.action == "grant"
+    get_db().call(fn.set_fleet_team_access, current_user().id, name, body.team, granted, body.slurm_account)
+    return _access_done(name, f"team {body.team} {'granted' if granted else 'revoked'} on fleet {name}")

@@ -129,6 +129,11 @@ def team_page(name: str):
         "quotas": db.call(fn.team_quotas_of, actor, name),
         "queue": db.call(fn.team_queue_of, actor, name),
         "priority": db.call(fn.team_priority_grants_of, _team_id(db, actor, name)),
+        # The listed fleets granted to the team, with their Slurm accounts (`tuneplane teams grant`).
+        "fleet_access": [
+            {k: r[k] for k in ("fleet", "team_access", "slurm_account", "granted_at")}
+            for r in db.call(fn.fleet_team_access_of, actor, None, name)
+        ],
         "usage": usage,
         "webhooks": None,
         "deliveries": None,

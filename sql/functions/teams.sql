@@ -379,8 +379,8 @@ BEGIN
     IF v_fleet.team_access = 'listed'
        AND NOT EXISTS (SELECT 1 FROM tuneplane.fleet_team_access a
                         WHERE a.fleet_id = p_fleet_id AND a.team_id = p_team.id) THEN
-        RAISE EXCEPTION 'team % may not use fleet % (an installation admin grants it: tuneplane teams grant)',
-            p_team.name, v_fleet.name USING ERRCODE = 'TP403', COLUMN = 'fleet';
+        RAISE EXCEPTION 'team % may not use fleet % (an installation admin grants it: tuneplane teams grant % %)',
+            p_team.name, v_fleet.name, p_team.name, v_fleet.name USING ERRCODE = 'TP403', COLUMN = 'fleet';
     END IF;
 END;
 $$;
@@ -476,6 +476,102 @@ LANGUAGE sql STABLE AS $$
       LEFT JOIN tuneplane.fleets f ON f.id = g.fleet_id
      WHERE g.team_id = p_team_id
      ORDER BY f.name NULLS FIRST;
+$$;
+
+-- fleet_for_access: the fleet named p_fleet, locked FOR NO KEY UPDATE (two admins changing its access
+-- serialise; job inserts' KEY SHARE still pass); 404 naming `fleet` otherwise.
+CREATE OR REPLACE FUNCTION tuneplane.fleet_for_access(p_fleet text)
+RETURNS tuneplane.fleets
+LANGUAGE plpgsql AS $$
+DECLARE
+    result tuneplane.fleets;
+BEGIN
+    SELECT * INTO result FROM tuneplane.fleets WHERE name = p_fleet FOR NO KEY UPDATE;
+    IF result.id IS NULL THEN
+        RAISE EXCEPTION 'no fleet named %', left(coalesce(p_fleet, ''), 100) USING ERRCODE = 'TP404', COLUMN = 'fleet';
+    END IF;
+    RETURN result;
+END;
+$$;
+
+-- set_fleet_team_access: an installation admin grants team p_team the use of fleet p_fleet (a row of
+-- fleet_team_access, with the Slurm account its jobs are submitted under, NULL: none; granting again
+-- changes the account) or revokes it (p_grant false; 404 when there is none). Only a fleet whose
+-- team_access is 'listed' asks the list (require_fleet_for_team); set_fleet_access_mode switches it.
+-- Locks the fleet row (fleet_for_access), then the grant row.
+CREATE OR REPLACE FUNCTION tuneplane.set_fleet_team_access(p_actor_id bigint, p_fleet text, p_team text,
+                                                           p_grant boolean, p_slurm_account text DEFAULT NULL)
+RETURNS TABLE (fleet text, team text, team_access text, slurm_account text, granted boolean)
+LANGUAGE plpgsql AS $$
+DECLARE
+    actor   tuneplane.users := tuneplane.require_installation_admin(p_actor_id,
+                                   CASE WHEN p_grant THEN 'granting a fleet to a team' ELSE 'revoking a team''s fleet' END);
+    v_fleet tuneplane.fleets := tuneplane.fleet_for_access(p_fleet);
+    v_team  tuneplane.teams := tuneplane.team_by_name(p_team);
+    v_acct  text := nullif(btrim(coalesce(p_slurm_account, '')), '');
+BEGIN
+    IF p_grant IS NULL THEN
+        RAISE EXCEPTION 'say grant or revoke' USING ERRCODE = 'TP400', COLUMN = 'action';
+    END IF;
+    IF NOT p_grant THEN
+        DELETE FROM tuneplane.fleet_team_access a WHERE a.fleet_id = v_fleet.id AND a.team_id = v_team.id;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'team % has no grant on fleet % (tuneplane teams show %)', v_team.name, v_fleet.name,
+                v_team.name USING ERRCODE = 'TP404', COLUMN = 'team';
+        END IF;
+        RETURN QUERY SELECT v_fleet.name, v_team.name, v_fleet.team_access, NULL::text, false;
+        RETURN;
+    END IF;
+    IF v_acct IS NOT NULL AND v_acct !~ '^[A-Za-z0-9_.-]{1,64}$' THEN
+        RAISE EXCEPTION 'slurm_account must be 1-64 characters of A-Z, a-z, 0-9, _ . -'
+            USING ERRCODE = 'TP400', COLUMN = 'slurm_account';
+    END IF;
+    INSERT INTO tuneplane.fleet_team_access AS a (fleet_id, team_id, slurm_account, granted_by)
+    VALUES (v_fleet.id, v_team.id, v_acct, actor.id)
+    ON CONFLICT (fleet_id, team_id) DO UPDATE
+       SET slurm_account = EXCLUDED.slurm_account, granted_at = now(), granted_by = EXCLUDED.granted_by;
+    RETURN QUERY SELECT v_fleet.name, v_team.name, v_fleet.team_access, v_acct, true;
+END;
+$$;
+
+-- set_fleet_access_mode: an installation admin opens fleet p_fleet to every team ('open') or to the teams
+-- granted it only ('listed'). Refuses another mode (400 naming `mode`). Locks the fleet row.
+CREATE OR REPLACE FUNCTION tuneplane.set_fleet_access_mode(p_actor_id bigint, p_fleet text, p_mode text)
+RETURNS TABLE (fleet text, team_access text, teams_granted integer)
+LANGUAGE plpgsql AS $$
+DECLARE
+    actor   tuneplane.users := tuneplane.require_installation_admin(p_actor_id, 'changing who may use a fleet');
+    v_fleet tuneplane.fleets := tuneplane.fleet_for_access(p_fleet);
+BEGIN
+    IF p_mode IS NULL OR p_mode NOT IN ('open', 'listed') THEN
+        RAISE EXCEPTION 'mode must be open (every team) or listed (the teams granted it)'
+            USING ERRCODE = 'TP400', COLUMN = 'mode';
+    END IF;
+    UPDATE tuneplane.fleets f SET team_access = p_mode WHERE f.id = v_fleet.id;
+    RETURN QUERY SELECT v_fleet.name, p_mode,
+                        (SELECT count(*)::integer FROM tuneplane.fleet_team_access a WHERE a.fleet_id = v_fleet.id);
+END;
+$$;
+
+-- fleet_team_access_of: who may use which fleet — each fleet (or only p_fleet) with its mode, and its
+-- grants (or only p_team's) to the teams the actor may read (an installation admin: every team; others:
+-- their own, narrowed by the request's token); a fleet with no grant shown gets one row with team NULL.
+CREATE OR REPLACE FUNCTION tuneplane.fleet_team_access_of(p_actor_id bigint, p_fleet text DEFAULT NULL,
+                                                          p_team text DEFAULT NULL)
+RETURNS TABLE (fleet text, team_access text, team text, slurm_account text, granted_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    WITH actor AS (SELECT u FROM tuneplane.users u WHERE u.id = p_actor_id AND u.disabled_at IS NULL),
+    grants AS (
+        SELECT a.fleet_id, t.name AS team, a.slurm_account, a.granted_at
+          FROM tuneplane.fleet_team_access a JOIN tuneplane.teams t ON t.id = a.team_id, actor
+         WHERE (p_team IS NULL OR t.name = p_team)
+           AND tuneplane.team_access_allowed(actor.u, tuneplane.team_role(p_actor_id, t.id), t.id, 'read')
+    )
+    SELECT f.name, f.team_access, g.team, g.slurm_account, g.granted_at
+      FROM tuneplane.fleets f LEFT JOIN grants g ON g.fleet_id = f.id
+     WHERE EXISTS (SELECT 1 FROM actor) AND (p_fleet IS NULL OR f.name = p_fleet)
+       AND (p_team IS NULL OR g.team IS NOT NULL)
+     ORDER BY f.name, g.team;
 $$;
 
 -- teams_of: the teams the user has a role in, with the role (the submit dialog, `tuneplane teams`).

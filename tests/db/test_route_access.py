@@ -60,6 +60,8 @@ NOT_JOB_SCOPED = {
     "/fleets": "fleets (admin to create: require_admin)",
     "/fleets/<name>": "one fleet, no job data",
     "/fleets/<name>/enrollment-tokens": "admin only (require_admin)",
+    "/fleets/<name>/access": "team access, no job data (installation admins: set_fleet_access_mode)",
+    "/fleets/<name>/team-access": "a team's grant on a fleet (installation admins: set_fleet_team_access)",
     "/fleets/<name>/idle-policy": "a fleet's idle policy, no job data; admins only to set (set_idle_policy)",
     "/nodes/fence": "admin only (require_admin)",
     "/nodes/scheduling": "admin only (require_admin)",

@@ -73,6 +73,8 @@ def _writes(world: dict) -> dict:
         "/nodes/fence": ("/nodes/fence", {"node": "local-1", "action": "fence", "reason": "walk"}),
         "/nodes/scheduling": ("/nodes/scheduling", {"node": "local-1", "action": "cordon", "reason": "walk"}),
         "/usage/prices": ("/usage/prices", {"fleet": "local", "price": "1.5"}),
+        "/fleets/<name>/access": ("/fleets/local/access", {"mode": "listed"}),
+        "/fleets/<name>/team-access": ("/fleets/local/team-access", {"team": team, "slurm_account": "acct"}),
         "/fleets/<name>/idle-policy": ("/fleets/local/idle-policy", {"idle_after": "30m", "action": "warn"}),
         "/teams/<name>/priority": (f"/teams/{team}/priority", {"max_class": "high", "fleet": ""}),
         "/jobs/<job_id>/exempt-idle": (f"/jobs/{job}/exempt-idle", {"reason": "walk"}),
