@@ -8,15 +8,17 @@ import csv
 import datetime as dt
 import io
 import re
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 
 from tuneplane.app.errors import Refusal
 
 GROUPINGS = ("team", "user", "job", "day")
 # The key columns of each grouping (usage_report fills the others with NULL).
 KEYS = {"team": ["team"], "user": ["team", "user"], "job": ["team", "user", "job"], "day": ["day", "team"]}
-FIGURES = ["members", "GPU-hours", "charged GPU-hours", "CPU-hours", "lost GPU-hours", "idle GPU-hours",
-           "cost"]  # fmt: skip
+# GPU- and CPU-seconds as whole numbers beside the hours: hours to three decimals show a 3-second job as
+# 0.001 and a 1-second one as 0.000 (issue 34). They are the only cells that are numbers, not text.
+FIGURES = ["members", "GPU-hours", "GPU-seconds", "charged GPU-hours", "CPU-hours", "CPU-seconds",
+           "lost GPU-hours", "idle GPU-hours", "cost"]  # fmt: skip
 _RELATIVE = re.compile(r"([0-9]{1,6})([hdw])\Z")  # ASCII digits: `\d` would read `３０d` as 30 days
 _UNITS = {"h": dt.timedelta(hours=1), "d": dt.timedelta(days=1), "w": dt.timedelta(weeks=1)}
 DEFAULT_SINCE = "30d"
@@ -46,8 +48,14 @@ def _hours(seconds: Decimal | None) -> str:
     return f"{(seconds or Decimal(0)) / 3600:.3f}"
 
 
+def _seconds(seconds: Decimal | None) -> int:
+    """Whole seconds, half up (the ledger's intervals have microseconds)."""
+    return int((seconds or Decimal(0)).quantize(Decimal(1), rounding=ROUND_HALF_UP))
+
+
 def table(rows: list[dict], by: str) -> dict:
-    """{"columns": [...], "rows": [[cell, …], …]} with every cell a string, as shown."""
+    """{"columns": [...], "rows": [[cell, …], …]} with every cell a string, as shown, but the GPU- and
+    CPU-seconds, integers (JSON numbers; the CSV and the CLI print them as they are)."""
     keys = KEYS[by]
     out = []
     for r in rows:
@@ -56,8 +64,9 @@ def table(rows: list[dict], by: str) -> dict:
         cost = "" if r["cost"] is None else f"{r['cost']:.2f} {r['currency']}"
         out.append(
             [key_cells[k] for k in keys]
-            + [str(r["members"]), _hours(r["gpu_seconds"]), _hours(r["charged_gpu_seconds"]),
-               _hours(r["cpu_seconds"]), _hours(r["lost_gpu_seconds"]), _hours(r["idle_gpu_seconds"]), cost]
+            + [str(r["members"]), _hours(r["gpu_seconds"]), _seconds(r["gpu_seconds"]),
+               _hours(r["charged_gpu_seconds"]), _hours(r["cpu_seconds"]), _seconds(r["cpu_seconds"]),
+               _hours(r["lost_gpu_seconds"]), _hours(r["idle_gpu_seconds"]), cost]
         )  # fmt: skip
     return {"columns": keys + FIGURES, "rows": out}
 

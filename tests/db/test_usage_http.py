@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from html.parser import HTMLParser
 
 import pytest
@@ -180,3 +181,35 @@ def test_a_token_requests_scope_does_not_outlive_the_request(db_url: str, db: Da
     # The test's own database calls after the request (same thread) act under no token.
     assert request_token_id.get() is None
     assert db.fetch_one("SELECT request_token() AS t")["t"] is None
+
+
+def test_a_short_job_shows_its_gpu_and_cpu_seconds_as_integers_in_json_csv_and_the_cli(
+    db_url: str, db: Database, tmp_path, port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hours to three decimals blur a 7-second job (0.004 h); the seconds beside them do not (issue 34)."""
+    alice, headers = _user(db, "alice")
+    _used(db, [alice])  # one member, 2 GPUs, 1 CPU
+    db.fetch_all(  # test setup: the member ran 7.4 s, a minute ago
+        "UPDATE usage_ledger SET started_at = now() - interval '60.4 seconds',"
+        " ended_at = now() - interval '53 seconds' RETURNING 1"
+    )
+    client = create_app(db_url).test_client()
+    table = client.get("/usage?since=1d", headers=headers).get_json()["table"]
+    row = dict(zip(table["columns"], table["rows"][0], strict=True))
+    assert row["GPU-seconds"] == 15 and row["CPU-seconds"] == 7  # 2 x 7.4 = 14.8, 1 x 7.4: whole, half up
+    assert row["GPU-hours"] == "0.004" and row["CPU-hours"] == "0.002"
+    assert table["columns"].index("GPU-seconds") == table["columns"].index("GPU-hours") + 1
+    csv_text = client.get("/usage.csv?since=1d", headers=headers).get_data(as_text=True)
+    exported = list(csv.reader(io.StringIO(csv_text)))
+    assert dict(zip(exported[0], exported[1], strict=True))["GPU-seconds"] == "15"
+    with serving_console(db_url, tmp_path, port) as url:
+        run = cli_invoker(monkeypatch, tmp_path, url, {"alice": api_token(db, alice)})
+        printed = run("usage", "--since", "1d")
+        assert printed.exit_code == 0, printed.output
+        header, line = printed.output.splitlines()
+        assert "GPU-SECONDS" in header and "CPU-SECONDS" in header
+        # Columns are left-aligned under their headers (some headers have spaces: read by position).
+        assert line[header.index("GPU-SECONDS") :].split()[0] == "15"
+        assert line[header.index("CPU-SECONDS") :].split()[0] == "7"
+        shown = json.loads(run("usage", "--since", "1d", "--json").output)["table"]
+        assert dict(zip(shown["columns"], shown["rows"][0], strict=True))["GPU-seconds"] == 15
