@@ -245,6 +245,7 @@ rotate_node_credential = StoredFunction("rotate_node_credential", "bigint", "big
 server_secret = StoredFunction("server_secret", "text", "text")
 set_fleet_access_mode = StoredFunction("set_fleet_access_mode", "bigint", "text", "text")
 set_fleet_team_access = StoredFunction("set_fleet_team_access", "bigint", "text", "text", "boolean", "text")
+set_fleet_storage = StoredFunction("set_fleet_storage", "text", "jsonb", "text")
 set_idle_policy = StoredFunction(
     "set_idle_policy",
     "bigint",

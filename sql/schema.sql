@@ -250,11 +250,13 @@ CREATE TABLE tuneplane.fleets (
     team_access text DEFAULT 'open'::text NOT NULL,
     usage_half_life interval,
     max_preemption_grace interval,
+    storage jsonb,
     CONSTRAINT fleets_pkey PRIMARY KEY (id),
     CONSTRAINT fleets_name_key UNIQUE (name),
     CONSTRAINT fleets_created_by_fkey FOREIGN KEY (created_by) REFERENCES tuneplane.users(id),
     CONSTRAINT fleets_max_preemption_grace_check CHECK (max_preemption_grace >= '00:00:00'::interval),
     CONSTRAINT fleets_name_check CHECK (name ~ '^[a-z0-9][a-z0-9-]{0,62}$'::text),
+    CONSTRAINT fleets_storage_check CHECK (storage IS NULL OR jsonb_typeof(storage) = 'object'::text AND ((storage ->> 'kind'::text) = ANY (ARRAY['filesystem'::text, 's3'::text]))),
     CONSTRAINT fleets_team_access_check CHECK (team_access = ANY (ARRAY['open'::text, 'listed'::text])),
     CONSTRAINT fleets_usage_half_life_check CHECK (usage_half_life > '00:00:00'::interval)
 );
@@ -1300,7 +1302,8 @@ CREATE VIEW tuneplane.v_fleet AS
     COALESCE(sum(v.cpus) FILTER (WHERE v.scheduling_state <> 'retired'::text), 0::bigint)::integer AS cpus,
     COALESCE(sum(v.memory_bytes) FILTER (WHERE v.scheduling_state <> 'retired'::text), 0::numeric)::bigint AS memory_bytes,
     f.created_at,
-    count(*) FILTER (WHERE v.fenced_at IS NOT NULL AND v.scheduling_state <> 'retired'::text)::integer AS fenced
+    count(*) FILTER (WHERE v.fenced_at IS NOT NULL AND v.scheduling_state <> 'retired'::text)::integer AS fenced,
+    f.storage
    FROM tuneplane.fleets f
      LEFT JOIN tuneplane.v_nodes v ON v.fleet_id = f.id
   GROUP BY f.id;

@@ -37,10 +37,32 @@ def fleet_group() -> None:
     metavar="KEY=VALUE",
     help="Declared capability (repeatable), e.g. shared_mounts=true.",
 )
+@click.option(
+    "--storage",
+    default=None,
+    metavar="filesystem|s3://BUCKET/PREFIX",
+    help="Where artifact bytes live (default: the server's own store). Credentials stay with the server "
+    "(TUNEPLANE_S3_ACCESS_KEY_ID / TUNEPLANE_S3_SECRET_ACCESS_KEY).",
+)
+@click.option("--s3-endpoint", default=None, metavar="URL", help="S3 API endpoint (omit for AWS S3).")
+@click.option("--s3-region", default="us-east-1", show_default=True)
+@click.option(
+    "--s3-addressing-style", type=click.Choice(["path", "virtual", "auto"]), default="path", show_default=True
+)
 @json_option
 @client_options
 def fleet_create(
-    name: str, backend: str, capabilities: tuple[str, ...], as_json: bool, server, token, ca_bundle
+    name: str,
+    backend: str,
+    capabilities: tuple[str, ...],
+    storage: str | None,
+    s3_endpoint: str | None,
+    s3_region: str,
+    s3_addressing_style: str,
+    as_json: bool,
+    server,
+    token,
+    ca_bundle,
 ) -> None:
     """Create a fleet (admin)."""
     declared: dict[str, object] = {}
@@ -50,11 +72,26 @@ def fleet_create(
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--capability")
         declared[key] = {"true": True, "false": False}.get(value.lower(), value)
     with api_client(server, token, ca_bundle) as api:
-        row = api.post("/fleets", json={"name": name, "backend": backend, "capabilities": declared})
+        body: dict[str, object] = {"name": name, "backend": backend, "capabilities": declared}
+        if storage is not None:
+            body.update(storage=storage, s3_endpoint=s3_endpoint, s3_region=s3_region,
+                        s3_addressing_style=s3_addressing_style)  # fmt: skip
+        row = api.post("/fleets", json=body)
     if as_json:
         print_json(row)
     else:
-        click.echo(f"created fleet {row['name']} (backend {row['backend']}, id {row['id']})")
+        click.echo(
+            f"created fleet {row['name']} (backend {row['backend']}, id {row['id']}, "
+            f"storage {storage_words(row.get('storage'))})"
+        )
+
+
+def storage_words(storage: dict | None) -> str:
+    """A fleet's store in a few words: `filesystem` or `s3://bucket/prefix at endpoint`."""
+    if not storage or storage.get("kind") != "s3":
+        return "filesystem"
+    url = f"s3://{storage['bucket']}/{storage.get('prefix') or ''}".rstrip("/")
+    return f"{url} at {storage['endpoint']}" if storage.get("endpoint") else url
 
 
 @fleet_group.command("list")
@@ -96,8 +133,10 @@ def fleet_show(name: str, as_json: bool, server, token, ca_bundle) -> None:
         print_json(data)
         return
     fleet = data["fleet"]
+    store = storage_words(fleet.get("storage"))
     click.echo(
-        f"fleet {fleet['fleet']} (backend {fleet['backend']}): {fleet['nodes']} nodes, "
+        f"fleet {fleet['fleet']} (backend {fleet['backend']}, storage {store}): "
+        f"{fleet['nodes']} nodes, "
         f"{fleet['connected']} connected; GPUs {fleet['allocated_gpus']} allocated / "
         f"{fleet['schedulable_gpus']} schedulable / {fleet['gpus']} reported"
     )

@@ -59,6 +59,41 @@ class FleetCreate(_Body):
     name: str = Field("", max_length=200)
     backend: str = Field("node", max_length=200)
     capabilities: dict = Field(default_factory=dict)
+    # Where the fleet's artifact bytes live (docs/artifacts.md "Object storage"): "filesystem" or
+    # "s3://bucket/prefix" with the s3_* fields; never credentials (the server's, app/s3store.py).
+    storage: str | None = Field(None, max_length=1100)
+    s3_endpoint: str | None = Field(None, max_length=1000)
+    s3_region: str = Field("us-east-1", max_length=64)
+    s3_addressing_style: str = Field("path", max_length=16)
+
+
+def _storage(body: FleetCreate) -> dict | None:
+    """The fleet's storage row from the request, checked field by field (400 naming the field)."""
+    from tuneplane.app.s3store import S3ConfigError, S3Location
+
+    if body.storage in (None, "", "filesystem"):
+        if body.s3_endpoint:
+            raise Refusal("--s3-endpoint needs an s3:// storage", status=400, field="s3_endpoint")
+        return None
+    try:
+        location = S3Location.parse(
+            body.storage,
+            endpoint=body.s3_endpoint or None,
+            region=body.s3_region,
+            addressing_style=body.s3_addressing_style,
+        )
+    except S3ConfigError as exc:
+        field, _, _ = str(exc).partition(":")
+        field = {"storage": "storage", "bucket": "storage", "prefix": "storage"}.get(field, f"s3_{field}")
+        raise Refusal(str(exc), status=400, field=field) from exc
+    return {
+        "kind": "s3",
+        "bucket": location.bucket,
+        "prefix": location.prefix,
+        "endpoint": location.endpoint,
+        "region": location.region,
+        "addressing_style": location.addressing_style,
+    }
 
 
 class AccessMode(_Body):
@@ -239,6 +274,7 @@ def fleet_create():
             status=400,
             field="backend",
         )
+    storage = _storage(body)
     user = current_user()
     row = get_db().call(
         fn.create_fleet,
@@ -247,6 +283,8 @@ def fleet_create():
         _jsonb(body.capabilities),
         user.id if user else None,
     )[0]
+    if storage is not None:
+        row = get_db().call(fn.set_fleet_storage, body.name, _jsonb(storage), _actor())[0]
     if wants_json():
         return json_response(row, 201)
     return _render(None, 201)

@@ -125,6 +125,57 @@ BEGIN
 END;
 $$;
 
+-- set_fleet_storage: where a fleet's artifact bytes live (migration 0245). NULL or {"kind": "filesystem"}: the
+-- installation's default store. {"kind": "s3", "bucket", "prefix", "endpoint", "region", "addressing_style"}:
+-- an S3 API. Any other key is refused, so credentials can never be stored here (the server holds them).
+CREATE OR REPLACE FUNCTION tuneplane.set_fleet_storage(p_fleet text, p_storage jsonb, p_actor text DEFAULT NULL)
+RETURNS tuneplane.fleets
+LANGUAGE plpgsql AS $$
+DECLARE
+    f tuneplane.fleets;
+    extra text;
+    kind text := coalesce(p_storage ->> 'kind', 'filesystem');
+BEGIN
+    SELECT * INTO f FROM tuneplane.fleets WHERE name = p_fleet FOR UPDATE;
+    IF f.id IS NULL THEN
+        RAISE EXCEPTION 'no fleet named %', p_fleet USING ERRCODE = 'TP404', COLUMN = 'fleet';
+    END IF;
+    IF p_storage IS NOT NULL AND jsonb_typeof(p_storage) <> 'object' THEN
+        RAISE EXCEPTION 'storage must be a JSON object' USING ERRCODE = 'TP400', COLUMN = 'storage';
+    END IF;
+    IF kind NOT IN ('filesystem', 's3') THEN
+        RAISE EXCEPTION 'storage kind must be filesystem or s3, not %', kind USING ERRCODE = 'TP400', COLUMN = 'storage';
+    END IF;
+    SELECT k INTO extra FROM jsonb_object_keys(coalesce(p_storage, '{}'::jsonb)) k
+     WHERE k NOT IN ('kind', 'bucket', 'prefix', 'endpoint', 'region', 'addressing_style') LIMIT 1;
+    IF extra IS NOT NULL THEN
+        RAISE EXCEPTION 'storage has no field % (credentials are the server''s, never a fleet''s)', extra
+            USING ERRCODE = 'TP400', COLUMN = 'storage';
+    END IF;
+    IF kind = 's3' THEN
+        IF coalesce(p_storage ->> 'bucket', '') !~ '^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$' THEN
+            RAISE EXCEPTION 'storage bucket must be an S3 bucket name' USING ERRCODE = 'TP400', COLUMN = 'storage';
+        END IF;
+        IF coalesce(p_storage ->> 'endpoint', 'https://x') !~ '^https?://[^\s/]+(/\S*)?$' THEN
+            RAISE EXCEPTION 'storage endpoint must be an http(s) URL' USING ERRCODE = 'TP400', COLUMN = 'storage';
+        END IF;
+        IF coalesce(p_storage ->> 'addressing_style', 'path') NOT IN ('path', 'virtual', 'auto') THEN
+            RAISE EXCEPTION 'storage addressing_style must be path, virtual or auto'
+                USING ERRCODE = 'TP400', COLUMN = 'storage';
+        END IF;
+        IF coalesce(p_storage ->> 'prefix', '') ~ '(^/|(^|/)\.\.(/|$))' THEN
+            RAISE EXCEPTION 'storage prefix must be relative, without ..' USING ERRCODE = 'TP400', COLUMN = 'storage';
+        END IF;
+    END IF;
+    UPDATE tuneplane.fleets SET storage = CASE WHEN kind = 'filesystem' THEN NULL ELSE p_storage END
+     WHERE id = f.id RETURNING * INTO f;
+    PERFORM tuneplane.log_node_event(f.id, NULL, 'fleet_storage', p_actor,
+                                     CASE WHEN kind = 's3' THEN 's3://' || (p_storage ->> 'bucket') || '/'
+                                          || coalesce(p_storage ->> 'prefix', '') ELSE 'filesystem' END);
+    RETURN f;
+END;
+$$;
+
 -- create_enrollment_token: stores the hash of a one-time token for a node fleet. Refuses an unknown
 -- fleet, a fleet whose backend is not `node`, and a TTL that is not positive or exceeds the maximum.
 CREATE OR REPLACE FUNCTION tuneplane.create_enrollment_token(p_fleet text, p_token_hash text, p_ttl interval,
@@ -912,7 +963,8 @@ SELECT f.id AS fleet_id,
        coalesce(sum(v.memory_bytes) FILTER (WHERE v.scheduling_state <> 'retired'), 0)::bigint AS memory_bytes,
        f.created_at,
        -- Appended (CREATE OR REPLACE VIEW only appends): fenced nodes, whatever their scheduling state.
-       count(*) FILTER (WHERE v.fenced_at IS NOT NULL AND v.scheduling_state <> 'retired')::integer AS fenced
+       count(*) FILTER (WHERE v.fenced_at IS NOT NULL AND v.scheduling_state <> 'retired')::integer AS fenced,
+       f.storage
   FROM tuneplane.fleets f
   LEFT JOIN tuneplane.v_nodes v ON v.fleet_id = f.id
  GROUP BY f.id;

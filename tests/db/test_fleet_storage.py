@@ -1,0 +1,78 @@
+"""A fleet's storage (issue 32, migration 0245): `filesystem` (the default) or an S3 location, set by an admin
+through POST /fleets (`tuneplane fleet create --storage s3://… --s3-endpoint …`), shown on the Fleet page
+and in the JSON; every field checked (400 naming it); credentials can never be stored with a fleet."""
+
+from __future__ import annotations
+
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.db.test_fleet_web import _user
+from tuneplane.app.cli.fleet_cmd import storage_words
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.web import create_app
+
+
+def test_admin_creates_an_s3_fleet_and_the_page_and_json_show_it(db_url: str, db: Database) -> None:
+    admin_id, headers = _user(db, "root", "admin")
+    client = create_app(db_url).test_client()
+    body = {"name": "gpu-s3", "storage": "s3://ckpt-bucket/team-a/", "s3_endpoint": "http://127.0.0.1:8333"}
+    created = client.post("/fleets", json=body, headers=headers)
+    assert created.status_code == 201, created.get_data(as_text=True)
+    storage = created.get_json()["storage"]
+    assert storage == {"kind": "s3", "bucket": "ckpt-bucket", "prefix": "team-a", "region": "us-east-1",
+                       "endpoint": "http://127.0.0.1:8333", "addressing_style": "path"}  # fmt: skip
+    assert storage_words(storage) == "s3://ckpt-bucket/team-a at http://127.0.0.1:8333"
+    plain = client.post("/fleets", json={"name": "plain"}, headers=headers)
+    assert plain.status_code == 201 and plain.get_json()["storage"] is None
+    assert storage_words(None) == "filesystem"
+    shown = client.get("/fleets/gpu-s3", headers=headers).get_json()["fleet"]
+    assert shown["storage"]["bucket"] == "ckpt-bucket"
+    with client.session_transaction() as session:
+        session["user_id"] = admin_id
+    html = client.get("/fleets").get_data(as_text=True)
+    assert "storage s3://ckpt-bucket/team-a at http://127.0.0.1:8333" in html
+    assert 'data-storage="filesystem"' in html and 'name="storage"' in html
+    events = db.fetch_all("SELECT kind, reason FROM v_node_events WHERE fleet = 'gpu-s3' ORDER BY id")
+    assert events[-1] == {"kind": "fleet_storage", "reason": "s3://ckpt-bucket/team-a"}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"storage": "gs://bucket/x"}, "storage"),
+        ({"storage": "s3://Bad_Bucket/x"}, "storage"),
+        ({"storage": "s3://bucket/../x"}, "storage"),
+        ({"storage": "s3://bucket", "s3_endpoint": "ftp://host"}, "s3_endpoint"),
+        ({"storage": "s3://bucket", "s3_addressing_style": "dns"}, "s3_addressing_style"),
+        ({"s3_endpoint": "http://127.0.0.1:9000"}, "s3_endpoint"),
+    ],
+)
+def test_bad_storage_is_a_400_naming_the_field_and_creates_nothing(
+    db_url: str, db: Database, body: dict, field: str
+) -> None:
+    _, headers = _user(db, "root", "admin")
+    client = create_app(db_url).test_client()
+    refused = client.post("/fleets", json={"name": "f1", **body}, headers=headers)
+    assert refused.status_code == 400, refused.get_data(as_text=True)
+    assert list(refused.get_json()["fields"]) == [field]
+    assert db.fetch_all("SELECT 1 FROM fleets WHERE name = 'f1'") == []
+
+
+def test_set_fleet_storage_refuses_credentials_and_bad_fields(db: Database) -> None:
+    db.call("create_fleet", "f2", "node", Jsonb({}), None)
+    for storage, words in (
+        ({"kind": "s3", "bucket": "b-1", "secret_access_key": "x"}, "no field secret_access_key"),
+        ({"kind": "gcs", "bucket": "b-1"}, "kind must be filesystem or s3"),
+        ({"kind": "s3", "bucket": "B"}, "bucket"),
+        ({"kind": "s3", "bucket": "b-1", "endpoint": "file:///x"}, "endpoint"),
+        ({"kind": "s3", "bucket": "b-1", "prefix": "a/../b"}, "prefix"),
+    ):
+        with pytest.raises(Refusal, match=words):
+            db.call("set_fleet_storage", "f2", Jsonb(storage), "user:t")
+    with pytest.raises(Refusal, match="no fleet named"):
+        db.call("set_fleet_storage", "nope", Jsonb({"kind": "filesystem"}), "user:t")
+    row = db.call("set_fleet_storage", "f2", Jsonb({"kind": "s3", "bucket": "b-1"}), "user:t")[0]
+    assert row["storage"] == {"kind": "s3", "bucket": "b-1"}
+    assert db.call("set_fleet_storage", "f2", Jsonb({"kind": "filesystem"}), "user:t")[0]["storage"] is None
