@@ -252,3 +252,29 @@ def test_prepare_tells_each_member_the_checkpoint_numbers_the_job_reached(
     checkpoint(db, setup, tmp_path, "checkpoint.2", b"two")
     checkpoint(db, setup, tmp_path, "best.7", b"best")
     assert fail_and_prepare_again(db, setup)["checkpoint_numbers"] == {"checkpoint": 2, "best": 7}
+
+
+def test_migration_0281_marks_what_a_past_verification_found_corrupt(db: Database, tmp_path: Path) -> None:
+    setup = setup_job(db)
+    bad = checkpoint(db, setup, tmp_path, "checkpoint.1", b"one")
+    good = checkpoint(db, setup, tmp_path, "checkpoint.2", b"two")
+    # Verifications recorded before 0280 (no mark then): bad's latest failed, good's latest passed.
+    for artifact, ok in ((bad, False), (good, False), (good, True)):
+        execute(
+            db,
+            "INSERT INTO artifact_verifications (artifact_id, ok, problems, requested_by)"
+            " VALUES (%s, %s, %s, 'user:x')",
+            (artifact["id"], ok, Jsonb([] if ok else ["model.npz: sha256 differs"])),
+        )
+    migration = (
+        Path(__file__).parents[2] / "sql" / "migrations" / "0281_corruptions_from_past_verifications.sql"
+    )
+    execute(db, migration.read_text())
+    marked = db.fetch_all("SELECT artifact_id, reason, found_by FROM artifact_corruptions")
+    assert marked == [
+        {
+            "artifact_id": bad["id"],
+            "reason": "model.npz: sha256 differs",
+            "found_by": "a verification by user:x",
+        }
+    ]
