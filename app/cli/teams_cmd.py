@@ -22,7 +22,7 @@ def token_group() -> None:
 @token_group.command("create")
 @click.option("--name", default="api", show_default=True, help="A name to tell the token apart.")
 @click.option("--team", "teams", multiple=True, help="Only this team (repeatable; default: all your teams).")
-@click.option("--read-only", is_flag=True, help="The token may only read (no preview, confirm, cancel).")
+@click.option("--read-only", is_flag=True, help="The token may only read: every change is refused.")
 @click.option("--ttl", default=None, help="Lifetime: 15m, 1h, 7d (1 minute to 365 days; default: no expiry).")
 @json_option
 @client_options

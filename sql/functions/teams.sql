@@ -611,10 +611,8 @@ BEGIN
         RAISE EXCEPTION 'no team % of yours', left(v_bad, 200) USING ERRCODE = 'TP404', COLUMN = 'teams';
     END IF;
     SELECT * INTO v_parent FROM tuneplane.api_tokens WHERE id = tuneplane.request_token();
+    PERFORM tuneplane.require_token_write('making a token');
     IF v_parent.id IS NOT NULL THEN
-        IF v_parent.read_only THEN
-            RAISE EXCEPTION 'a read-only token cannot make tokens' USING ERRCODE = 'TP403', COLUMN = 'token';
-        END IF;
         IF EXISTS (SELECT 1 FROM tuneplane.api_token_teams s WHERE s.token_id = v_parent.id)
            AND (cardinality(coalesce(v_ids, '{}')) = 0
                 OR EXISTS (SELECT 1 FROM unnest(v_ids) i

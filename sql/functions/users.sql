@@ -128,10 +128,8 @@ DECLARE
     actor tuneplane.users;
 BEGIN
     SELECT * INTO actor FROM tuneplane.users WHERE id = p_actor_id;
-    -- A read-only request token changes nothing, not even a revocation (teams.sql).
-    IF EXISTS (SELECT 1 FROM tuneplane.api_tokens r WHERE r.id = tuneplane.request_token() AND r.read_only) THEN
-        RAISE EXCEPTION 'a read-only token cannot revoke tokens' USING ERRCODE = 'TP403', COLUMN = 'token';
-    END IF;
+    -- A read-only request token changes nothing, not even a revocation (require_token_write, teams.sql).
+    PERFORM tuneplane.require_token_write('revoking a token');
     UPDATE tuneplane.api_tokens t SET revoked_at = coalesce(t.revoked_at, now())
      WHERE t.id = p_token_id AND (t.user_id = p_actor_id OR actor.role = 'admin');
     IF NOT FOUND THEN
