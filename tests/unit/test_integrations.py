@@ -140,6 +140,28 @@ def test_script_runs_the_entrypoint_through_the_shell_with_its_exit_status(tmp_p
     assert result.returncode == 3 and result.stdout.strip() == f"rank=1 in {tmp_path}"
 
 
+def test_script_execs_a_single_simple_command_and_leaves_anything_else_to_the_shell() -> None:
+    """Issue 35: `python train.py` replaces the integration's process (dash would run it as a child that
+    the job's signal outlives the shell of); shell syntax still goes through /bin/sh."""
+    from tuneplane.workers.integrations.script import direct_argv
+
+    assert direct_argv("python train.py --lr 3e-4") == ["python", "train.py", "--lr", "3e-4"]
+    assert direct_argv("python 'my script.py' --name=\"a b\"") == ["python", "my script.py", "--name=a b"]
+    for shell in ("cd src && make", "echo $HOME", "python t.py > log", "A=1 python t.py", "exec python t.py",
+                  "python *.py", "python t.py; echo done", "cd src", "python 'open", "~/bin/train"):
+        assert direct_argv(shell) is None, shell
+
+
+def test_script_says_a_missing_program_as_the_shell_does(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TUNEPLANE_ENTRYPOINT": "no-such-program-35 --x"}
+    result = subprocess.run(
+        [sys.executable, "-m", "tuneplane.workers.integrations.script"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 127 and "no-such-program-35" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_torchrun_builds_a_static_rendezvous_from_the_runner_environment() -> None:
     env = {
         "RANK": "1",
