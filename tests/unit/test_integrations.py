@@ -147,8 +147,18 @@ def test_script_execs_a_single_simple_command_and_leaves_anything_else_to_the_sh
 
     assert direct_argv("python train.py --lr 3e-4") == ["python", "train.py", "--lr", "3e-4"]
     assert direct_argv("python 'my script.py' --name=\"a b\"") == ["python", "my script.py", "--name=a b"]
-    for shell in ("cd src && make", "echo $HOME", "python t.py > log", "A=1 python t.py", "exec python t.py",
-                  "python *.py", "python t.py; echo done", "cd src", "python 'open", "~/bin/train"):
+    for shell in (
+        "cd src && make",
+        "echo $HOME",
+        "python t.py > log",
+        "A=1 python t.py",
+        "exec python t.py",
+        "python *.py",
+        "python t.py; echo done",
+        "cd src",
+        "python 'open",
+        "~/bin/train",
+    ):
         assert direct_argv(shell) is None, shell
 
 
