@@ -14,7 +14,7 @@
 
   function tick(v) {
     if (v == null) return "";
-    if (v !== 0 && Math.abs(v) < 0.01) return v.toExponential(1);
+    if (v !== 0 && Math.abs(v) < 1e-4) return v.toExponential(1);
     return String(+v.toPrecision(4));
   }
   const yAxis = { values: (u, vals) => vals.map(tick), size: 60 };

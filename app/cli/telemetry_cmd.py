@@ -245,8 +245,13 @@ def metrics_cmd(
     if as_json:
         print_json({**data, "health": health})
         return
+    from tuneplane.app.telemetry.queries import CANONICAL_UNITS
+
     rows = []
     for series in data["series"]:
+        # Bytes (resident memory, GPU memory) in binary units, as the charts; --json keeps exact values.
+        in_bytes = CANONICAL_UNITS.get(series.get("canonical") or "") == "bytes"
+        shown = humanize.size if in_bytes else humanize.number
         buckets = series["buckets"]
         last = buckets[-1] if buckets else {}
         lows = [b["min"] for b in buckets if b["min"] is not None]
@@ -261,12 +266,12 @@ def metrics_cmd(
                 "points": series["point_count"],
                 "steps": _steps(series) if buckets else "",
                 "last": (
-                    humanize.number(last.get("last_value"))
+                    shown(last.get("last_value"))
                     if last.get("non_finite") is None
                     else last["non_finite"]
                 ),
-                "min": humanize.number(min(lows, default=None)),
-                "max": humanize.number(max(highs, default=None)),
+                "min": shown(min(lows, default=None)),
+                "max": shown(max(highs, default=None)),
             }
         )
     print_table(

@@ -206,7 +206,9 @@ BEGIN
     VALUES (f.id, p_token_hash, coalesce(nullif(p_created_by, ''), 'db:' || session_user), now() + p_ttl)
     RETURNING * INTO tok;
     PERFORM tuneplane.log_node_event(f.id, NULL, 'enrollment_token_created', p_created_by,
-                                     'expires ' || tok.expires_at::text, jsonb_build_object('token_id', tok.id));
+                                     -- read on the Fleet page: a minute in UTC, not timestamptz's text
+                                     'expires ' || to_char(tok.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI "UTC"'),
+                                     jsonb_build_object('token_id', tok.id));
     RETURN QUERY SELECT tok.id, f.name, tok.expires_at;
 END;
 $$;

@@ -143,3 +143,14 @@ def test_team_table_counts_cpus_and_the_overview_is_not_a_fleets_page(db_url: st
     assert '<td data-cell="cpus">6</td>' in overview
     one = client.get("/fleets/cpu").get_data(as_text=True)
     assert "<h1>Fleet cpu</h1>" in one and "New fleet" not in one and 'href="/fleets"' in one
+
+
+def test_an_enrollment_tokens_event_says_its_expiry_to_the_minute_in_utc(db: Database) -> None:
+    import re
+
+    make_fleet(db)
+    make_token(db)
+    reason = db.fetch_one(
+        "SELECT reason FROM node_events WHERE kind = 'enrollment_token_created' ORDER BY id DESC LIMIT 1"
+    )["reason"]
+    assert re.fullmatch(r"expires \d{4}-\d\d-\d\d \d\d:\d\d UTC", reason), reason

@@ -325,6 +325,8 @@ def test_metrics_cli_rounds_to_the_series_precision_and_shows_system_steps_as_ti
     start_ms = 1_796_000_000_000  # 2026-11-30 00:53:20 UTC
     _send(gateway, token, "system/cpu_percent", [start_ms, start_ms + 10_000], np.array([99.5, 110.25]),
           seq=2, source="system")  # fmt: skip
+    rss = np.array([300 * 2**20, 1.5 * 2**30])
+    _send(gateway, token, "system/rss_bytes", [start_ms, start_ms + 10_000], rss, seq=3, source="system")
     server = make_server("127.0.0.1", 0, create_app(db_url), threaded=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -342,5 +344,7 @@ def test_metrics_cli_rounds_to_the_series_precision_and_shows_system_steps_as_ti
         cpu = next(line for line in table.output.splitlines() if line.startswith("system/cpu_percent"))
         assert "2026-11-30 00:53:20..00:53:30 UTC" in cpu and str(start_ms) not in cpu, cpu
         assert cpu.split()[-3:] == ["110.25", "99.5", "110.25"], cpu
+        rss = next(line for line in table.output.splitlines() if line.startswith("system/rss_bytes"))
+        assert rss.split()[-6:] == ["1.5", "GiB", "300.0", "MiB", "1.5", "GiB"], rss
     finally:
         server.shutdown()
