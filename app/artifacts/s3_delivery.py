@@ -1,0 +1,151 @@
+"""Direct delivery of an artifact's files to an S3 store (issue 32; docs/artifacts.md "Object storage").
+
+The node never holds the store's keys. For each file of its artifact that is not verified yet it asks the
+server to `begin` (the server opens, or finds again, a multipart upload at the file's staging key
+`uploads/<artifact>/<file>`, and answers the part size and the parts the store already holds: a restarted
+agent resends only the others), then for presigned part URLs (`presign`: each bound to that key, upload,
+part number and the part's Content-MD5, for minutes), PUTs the parts in parallel straight to the store, and
+asks the server to `complete`. The server completes the upload with the parts the store lists, streams the
+object once and checks its sha256 and size against the manifest (off the node: ADR 0245); only then does it
+copy it (inside the store) to its content address `sha256/ab/…` and record the file verified, which makes
+the artifact `complete` once every file is (record_artifact_file). Bytes that do not match fail the
+artifact (fail_artifact): it is never complete. Every call names the node's credential, so the stored
+functions refuse a node that did not produce the artifact before any URL is signed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from tuneplane.app import db_functions as fn
+from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
+from tuneplane.app.s3store import MAX_PARTS, MIN_PART_SIZE, S3Store
+
+DEFAULT_PART_SIZE = 64 * 1024 * 1024
+MAX_URLS_PER_CALL = 64
+
+
+def _staging_name(artifact_id: int, file_index: int) -> str:
+    return f"uploads/{artifact_id}/{file_index}"
+
+
+def part_size_for(size: int, preferred: int = DEFAULT_PART_SIZE) -> int:
+    """At least S3's 5 MiB minimum, and large enough that the file fits in 10,000 parts."""
+    needed = -(-size // MAX_PARTS)
+    return max(MIN_PART_SIZE, preferred, needed)
+
+
+class S3Delivery:
+    def __init__(
+        self, db: Database, store: S3Store, *, url_ttl: int = 600, part_size: int = DEFAULT_PART_SIZE
+    ):
+        self.db = db
+        self.store = store
+        self.url_ttl = url_ttl
+        self.part_size = part_size
+
+    def staging_key(self, artifact_id: int, file_index: int) -> str:
+        return self.store.key(_staging_name(artifact_id, file_index))
+
+    def _file(self, credential_hash: str, artifact_id: int, file_index: int) -> tuple[dict, dict]:
+        """The artifact's status and one file of it; refuses another node's artifact (the stored function)."""
+        status = self.db.call(fn.artifact_upload_status, credential_hash, artifact_id)[0][
+            "artifact_upload_status"
+        ]
+        if status["state"] != "uploading":
+            raise Refusal(f"artifact {artifact_id} is {status['state']}, not uploading", 409, "state")
+        for entry in status["files"]:
+            if entry["index"] == file_index:
+                return status, entry
+        raise Refusal(f"artifact {artifact_id} has no file {file_index}", 404, "file_index")
+
+    def _open_upload(self, artifact_id: int, file_index: int) -> str | None:
+        key = self.staging_key(artifact_id, file_index)
+        uploads = [
+            u for u in self.store.open_uploads(_staging_name(artifact_id, file_index)) if u["Key"] == key
+        ]
+        return uploads[0]["UploadId"] if uploads else None
+
+    def begin(self, credential_hash: str, artifact_id: int, file_index: int) -> dict[str, Any]:
+        """The file's multipart upload (opened now or found again) and the parts the store already holds."""
+        _, entry = self._file(credential_hash, artifact_id, file_index)
+        size = int(entry["size"])
+        if entry["verified"]:
+            return {"verified": True, "file_index": file_index}
+        key = self.staging_key(artifact_id, file_index)
+        upload_id = self._open_upload(artifact_id, file_index)
+        parts = self.store.list_parts(key, upload_id) if upload_id else []
+        if upload_id is None:
+            upload_id = self.store.create_multipart(key)
+        return {
+            "verified": False,
+            "file_index": file_index,
+            "upload_id": upload_id,
+            "part_size": part_size_for(size, self.part_size),
+            "size": size,
+            "parts": [{"part_number": p["PartNumber"], "size": p["Size"]} for p in parts],
+        }
+
+    def presign(
+        self, credential_hash: str, artifact_id: int, file_index: int, upload_id: str, parts: list[dict]
+    ) -> list[dict[str, Any]]:
+        """Part URLs, each signed over its Content-MD5: `parts` is [{"part_number", "content_md5"}]."""
+        self._file(credential_hash, artifact_id, file_index)
+        if not parts or len(parts) > MAX_URLS_PER_CALL:
+            raise Refusal(f"parts: 1 to {MAX_URLS_PER_CALL} per call", 400, "parts")
+        key = self.staging_key(artifact_id, file_index)
+        signed = []
+        for part in parts:
+            try:
+                url = self.store.presign_part(
+                    key, upload_id, int(part["part_number"]), str(part["content_md5"]), self.url_ttl
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise Refusal(f"parts: {exc}", 400, "parts") from exc
+            signed.append(asdict(url))
+        return signed
+
+    def complete(self, credential_hash: str, artifact_id: int, file_index: int, upload_id: str) -> dict:
+        """Complete the upload, verify the object off the node, and record the file (or fail the artifact)."""
+        _, entry = self._file(credential_hash, artifact_id, file_index)
+        key = self.staging_key(artifact_id, file_index)
+        if not entry["verified"]:
+            if self.store.object_size(key) is None:  # else completed before, not verified yet (a crash)
+                self._complete_upload(key, upload_id, int(entry["size"]))
+            sha256, size = self.store.object_sha256(key)
+            if sha256 != entry["sha256"] or size != int(entry["size"]):
+                self.store.delete(key)
+                reason = (
+                    f"{entry['path']}: the store holds {size} bytes with sha256 {sha256}, "
+                    f"the manifest says {entry['size']} bytes with sha256 {entry['sha256']}"
+                )
+                return self.db.call(fn.fail_artifact, credential_hash, artifact_id, reason)[0]
+            blob = self.store.blob_key(sha256)
+            if self.store.object_size(blob) != size:
+                self.store.copy(key, blob)
+            self.store.delete(key)
+        return self.db.call(
+            fn.record_artifact_file,
+            credential_hash,
+            artifact_id,
+            file_index,
+            entry["sha256"],
+            int(entry["size"]),
+        )[0]
+
+    def _complete_upload(self, key: str, upload_id: str, size: int) -> None:
+        """Complete only when the store holds parts 1..n covering the file: a missing part is the node's to
+        send (409, the upload stays open for it), not a reason to assemble a short object."""
+        from botocore.exceptions import ClientError
+
+        try:
+            parts = self.store.list_parts(key, upload_id)
+        except ClientError as exc:
+            raise Refusal(f"upload_id: no open upload {upload_id} for this file", 409, "upload_id") from exc
+        numbers = [p["PartNumber"] for p in parts]
+        held = sum(int(p["Size"]) for p in parts)
+        if numbers != list(range(1, len(parts) + 1)) or held != size:
+            raise Refusal(f"the store holds parts {numbers} ({held} of {size} bytes)", 409, "parts")
+        self.store.complete_multipart(key, upload_id, parts)

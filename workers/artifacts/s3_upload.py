@@ -1,0 +1,86 @@
+"""The node's side of direct S3 delivery (app/artifacts/s3_delivery.py): upload one file's missing parts
+in parallel to presigned part URLs, each PUT carrying the part's Content-MD5 (signed into the URL, so the
+store refuses a body that is not the one hashed here). The node holds no store keys; it sees only the URLs
+the server signed for its own artifact's staging keys. A resumed upload (an agent restarted mid-file) sends
+only the parts the store does not list already (`plan["parts"]`, from ListParts on the server).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+PARALLEL_PARTS = 4
+# A part whose PUT failed for a reason that may pass (connection cut, 5xx) is tried this many times in all.
+ATTEMPTS = 3
+
+Presign = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+
+
+class PartRefused(RuntimeError):
+    """The store refused a part for good (4xx): a changed file (BadDigest), an expired or foreign URL."""
+
+
+def parts_to_send(plan: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """(part_number, offset, length) of every part the store does not hold with its full length yet."""
+    size, part_size = int(plan["size"]), int(plan["part_size"])
+    count = max(1, -(-size // part_size))
+    held = {int(p["part_number"]): int(p["size"]) for p in plan.get("parts", [])}
+    todo = []
+    for number in range(1, count + 1):
+        offset = (number - 1) * part_size
+        length = min(part_size, size - offset)
+        if held.get(number) != length:
+            todo.append((number, offset, length))
+    return todo
+
+
+def upload_parts(
+    path: Path,
+    plan: dict[str, Any],
+    presign: Presign,
+    *,
+    parallel: int = PARALLEL_PARTS,
+    timeout: float = 300.0,
+) -> int:
+    """Send the missing parts of `path`; returns how many were sent. `presign([{part_number, content_md5}])`
+    asks the server for the URLs (the server checks the node owns the artifact)."""
+    todo = parts_to_send(plan)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with httpx.Client(timeout=timeout) as client:
+
+            def send(part: tuple[int, int, int]) -> None:
+                number, offset, length = part
+                data = os.pread(fd, length, offset)
+                if len(data) != length:
+                    raise PartRefused(f"{path}: shorter than its manifest (part {number})")
+                md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+                signed = presign([{"part_number": number, "content_md5": md5}])[0]
+                for attempt in range(1, ATTEMPTS + 1):
+                    try:
+                        answer = client.put(signed["url"], content=data, headers=signed["headers"])
+                    except httpx.TransportError:
+                        if attempt == ATTEMPTS:
+                            raise
+                        continue
+                    if answer.status_code == 200:
+                        return
+                    if answer.status_code < 500 or attempt == ATTEMPTS:
+                        raise PartRefused(
+                            f"{path}: part {number} refused ({answer.status_code}): {answer.text[:300]}"
+                        )
+
+            with ThreadPoolExecutor(max(1, parallel)) as pool:
+                for _ in pool.map(send, todo):
+                    pass
+    finally:
+        os.close(fd)
+    return len(todo)
