@@ -273,6 +273,14 @@ CREATE TABLE tuneplane.gpu_allocations (
 );
 CREATE UNIQUE INDEX gpu_allocations_active ON tuneplane.gpu_allocations USING btree (node_id, gpu_index) WHERE (released_at IS NULL);
 
+CREATE TABLE tuneplane.head_claims (
+    fleet_id bigint NOT NULL,
+    job_id bigint NOT NULL,
+    node_ids bigint[] NOT NULL,
+    claimed_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT head_claims_pkey PRIMARY KEY (fleet_id)
+);
+
 CREATE TABLE tuneplane.idle_policies (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     fleet_id bigint NOT NULL,

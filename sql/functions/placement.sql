@@ -343,7 +343,7 @@ BEGIN
                          p_team, p_guaranteed, CASE WHEN p_guaranteed = 1 THEN '' ELSE 's' END, p_fleet, v_gpus);
         RETURN;
     END IF;
-    IF p_free - v_gpus < p_held THEN
+    IF p_held > 0 AND p_free - v_gpus < p_held THEN
         reason := format('waiting for idle GPUs to borrow: free GPUs are held for teams waiting within their '
                          'guarantee; this job asks %s; %s', v_gpus,
                          tuneplane.team_standing(p_team, p_fleet, p_guaranteed, p_limit, p_weight));
@@ -351,6 +351,38 @@ BEGIN
     END IF;
     borrowing := true;
 END;
+$$;
+
+-- head_claim_nodes: the nodes the head of a fleet's queue claims (docs/scheduling.md, "Backfill: the head-claim
+-- rule"): of the connected nodes that could ever hold one of its members, those it claimed before (p_kept:
+-- the claim is kept across passes, so the GPUs that free up there gather for it), then those with the most
+-- free GPUs (and CPUs) now — without run-time estimates, the nodes where it will most likely fit soonest.
+CREATE OR REPLACE FUNCTION tuneplane.head_claim_nodes(p_fleet_id bigint, p_job tuneplane.jobs,
+                                                      p_fresh timestamptz, p_kept bigint[])
+RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(x.node_id ORDER BY x.i), '{}')
+      FROM (SELECT u.node_id, row_number() OVER (ORDER BY u.node_id = ANY (p_kept) DESC, u.free_gpus DESC,
+                                                          n.cpus - u.used_cpus DESC, u.node_id) AS i
+              FROM tuneplane.node_usage u JOIN tuneplane.nodes n ON n.id = u.node_id
+             WHERE u.fleet_id = p_fleet_id
+               AND tuneplane.node_is_connected(n, p_fresh)
+               AND u.total_gpus >= p_job.gpus_per_node
+               AND n.cpus >= p_job.cpus_per_node
+               AND n.memory_bytes >= p_job.memory_per_node
+             ORDER BY i
+             LIMIT p_job.nodes) x;
+$$;
+
+-- head_claim_words: what a waiting reason says is held: the claimed nodes by name and, on a fleet with
+-- quotas, for which team (stable words: the claim is kept across passes).
+CREATE OR REPLACE FUNCTION tuneplane.head_claim_words(p_claim bigint[], p_team text)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT format('node%s %s held for it%s', CASE WHEN cardinality(p_claim) = 1 THEN '' ELSE 's' END,
+                  (SELECT string_agg(n.name, ', ' ORDER BY c.i) FROM unnest(p_claim) WITH ORDINALITY c (id, i)
+                     JOIN tuneplane.nodes n ON n.id = c.id),
+                  CASE WHEN p_team IS NULL THEN '' ELSE format(' (team %s)', p_team) END);
 $$;
 
 -- reserve_next: one placement pass over a fleet's queue; returns the attempts it created.
@@ -388,6 +420,14 @@ $$;
 --     nothing and its reason says the numbers. attempts.borrowing records an admission above the guarantee.
 --     A job admitted within its guarantee that does not fit may reclaim GPUs lent to other teams
 --     (plan_preemption, given its team's numbers in this pass).
+--   * The head's claim is kept across passes (head_claims, migration 0270; written here only, under the
+--     placement lock): a pass starts with the head the last one kept, if it is still queued, and its nodes
+--     (head_claim_nodes), so the room that frees up there gathers for it whatever order the fair-share
+--     order gives the teams this pass. Only a job that outranks the head takes the claim over when it does
+--     not fit: a higher priority (a fleet without quotas) or, with quotas, a job within its team's
+--     guarantee over a borrowing head or one of higher priority within guarantee. Jobs walked before the
+--     head search past its claim as jobs behind it do. Placed, or refused a placement now (quota, back-off,
+--     no port), the head lets its claim go and the next job that does not fit claims afresh.
 -- Reasons of jobs it cannot place are stable words (needs, head or behind which job), never the figures of
 -- the moment, so a pass rewrites a reason only when the job's situation changes; the "best fit now" figures
 -- are computed when read (placement_fit_now).
@@ -459,6 +499,13 @@ DECLARE
     v_within    boolean;
     v_standing  text := '';
     v_planned   text[] := '{}';
+    -- The head's claim kept across passes (head_claims).
+    v_kept      tuneplane.head_claims;
+    v_head_borrows boolean := false;
+    v_head_team text;
+    v_head_t    integer;
+    v_outranks  boolean;
+    v_head_seen boolean := false;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
     -- The teams' held-GPU count, folded under this lock (read by fleet_team_shares below).
@@ -483,6 +530,21 @@ BEGIN
          WHERE u.fleet_id = p_fleet_id AND tuneplane.node_is_connected(n, v_fresh);
     END IF;
     SELECT array_agg(h.node_id), array_agg(h.job_id) INTO h_node, h_job FROM tuneplane.preemption_holds(p_fleet_id) h;
+    -- The head the last pass kept room for, while it is still queued here: it keeps its claim.
+    SELECT * INTO v_kept FROM tuneplane.head_claims c WHERE c.fleet_id = p_fleet_id;
+    IF v_kept.job_id IS NOT NULL THEN
+        SELECT * INTO v_head FROM tuneplane.jobs j
+         WHERE j.id = v_kept.job_id AND j.fleet_id = p_fleet_id AND j.state = 'queued';
+        IF v_head.id IS NOT NULL THEN
+            v_head_id := v_head.id;
+            v_claim := tuneplane.head_claim_nodes(p_fleet_id, v_head, v_fresh, v_kept.node_ids);
+            IF v_managed THEN
+                v_head_t := array_position(t_team, v_head.team_id);
+                v_head_team := t_name[v_head_t];
+                v_head_borrows := t_used[v_head_t] + v_head.nodes * v_head.gpus_per_node > t_guar[v_head_t];
+            END IF;
+        END IF;
+    END IF;
 
     -- Queue order: plain (priority, then age) on a fleet without quotas, admission_order's with them.
     IF v_managed THEN
@@ -499,6 +561,8 @@ BEGIN
         FETCH v_queue INTO v_job;
         EXIT WHEN NOT FOUND;
         EXIT WHEN p_max_jobs IS NOT NULL AND cardinality(p_job) >= p_max_jobs;
+        -- Jobs walked after the head never outrank it (they come after it in the order).
+        v_head_seen := v_head_seen OR v_job.id = v_head_id;
         IF v_managed THEN
             v_t := array_position(t_team, v_job.team_id);
             SELECT v.borrowing, v.reason INTO v_borrow, v_reason
@@ -506,6 +570,10 @@ BEGIN
                                                t_weight[v_t], v_free, v_held) v;
             IF v_borrow IS NULL THEN
                 -- Not admitted now (quota); it claims nothing and stays queued with its numbers.
+                IF v_job.id = v_head_id THEN
+                    v_head_id := NULL;
+                    v_claim := '{}';
+                END IF;
                 IF v_job.state_reason IS DISTINCT FROM v_reason THEN
                     PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
                 END IF;
@@ -519,17 +587,45 @@ BEGIN
             -- Just preempted, while a job that outranks it still waits: it backs off (preemption.sql).
             v_reason := tuneplane.preemption_backoff_reason(v_job) || v_standing;
             IF v_reason IS NOT NULL THEN
+                IF v_job.id = v_head_id THEN
+                    v_head_id := NULL;
+                    v_claim := '{}';
+                END IF;
                 IF v_job.state_reason IS DISTINCT FROM v_reason THEN
                     PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
                 END IF;
                 CONTINUE;
             END IF;
         END IF;
+        -- Does it outrank the head (it may then search past the head's claim and take it over)?
+        v_outranks := v_head_id IS NOT NULL AND NOT v_head_seen AND v_job.id <> v_head_id
+                      AND (NOT v_managed OR v_job.team_id = v_head.team_id
+                           OR CASE WHEN v_borrow THEN v_head_borrows
+                                                      AND (t_used[v_t] + v_job.nodes * v_job.gpus_per_node) / t_weight[v_t]
+                                                          <= t_used[v_head_t] / t_weight[v_head_t]
+                                   ELSE v_head_borrows OR v_job.priority > v_head.priority END);
+        IF v_managed AND v_borrow AND v_head_id IS NOT NULL AND v_job.id <> v_head_id AND NOT v_outranks
+           AND v_job.team_id <> v_head.team_id
+           AND (t_used[v_t] + v_job.nodes * v_job.gpus_per_node) / t_weight[v_t]
+               > t_used[v_head_t] / t_weight[v_head_t] THEN
+            -- Fair share keeps room for the head's team: a borrower of another team takes no free GPU that would
+            -- leave its team holding more per weight than the head's team will once the head is placed
+            -- (docs/teams.md, "Fairness guarantee"). It claims nothing, and its shape is not marked as failed.
+            v_reason := format('waiting for resources: needs %s; free GPUs are kept for job %s at the head of the '
+                               'queue: team %s is below its fair share while it waits (%s)',
+                               tuneplane.describe_request(v_job), v_head_id, v_head_team,
+                               tuneplane.head_claim_words(v_claim, NULL)) || v_standing;
+            IF v_job.state_reason IS DISTINCT FROM v_reason THEN
+                PERFORM tuneplane.set_job_state(v_job.id, 'queued', v_reason);
+            END IF;
+            CONTINUE;
+        END IF;
         v_shape := format('%s/%s/%s/%s', v_job.nodes, v_job.gpus_per_node, v_job.cpus_per_node,
                           v_job.memory_per_node);
         v_nodes := '{}';
         v_held_nodes := CASE WHEN h_node IS NULL THEN '{}' ELSE tuneplane.held_from(h_node, h_job, v_job.id) END;
-        v_searched := NOT v_shape = ANY (v_failed) OR cardinality(v_held_nodes) > 0;
+        v_searched := NOT v_shape = ANY (v_failed) OR cardinality(v_held_nodes) > 0 OR v_job.id = v_head_id
+                      OR v_outranks;
         IF v_searched THEN
             -- Best fit (fewest free GPUs first), an index range scan on node_usage_fit that sees this pass's
             -- own allocations; the picked node rows are locked and re-checked (see above).
@@ -546,7 +642,7 @@ BEGIN
                        AND n.memory_bytes - u.used_memory >= v_job.memory_per_node
                        AND tuneplane.node_is_connected(n, v_fresh)
                        AND NOT u.node_id = ANY (v_held_nodes)
-                       AND (v_head_id IS NULL
+                       AND (v_head_id IS NULL OR v_job.id = v_head_id OR v_outranks
                             OR NOT u.node_id = ANY (v_claim)
                             OR (u.free_gpus - v_job.gpus_per_node >= v_head.gpus_per_node
                                 AND n.cpus - u.used_cpus - v_job.cpus_per_node >= v_head.cpus_per_node
@@ -583,6 +679,10 @@ BEGIN
             END LOOP;
             IF v_port IS NULL THEN
                 -- Not placed this pass (nothing was taken yet); the operator widens the port range.
+                IF v_job.id = v_head_id THEN
+                    v_head_id := NULL;
+                    v_claim := '{}';
+                END IF;
                 v_reason := format('waiting for a rendezvous port: every port of %s..%s is in use at %s '
                                    '(launch_settings.rendezvous_port_span)', v_settings.rendezvous_port_base,
                                    v_settings.rendezvous_port_base + v_settings.rendezvous_port_span - 1, v_addr)
@@ -600,6 +700,11 @@ BEGIN
             IF v_managed THEN
                 t_used[v_t] := t_used[v_t] + v_job.nodes * v_job.gpus_per_node;
                 v_free := v_free - v_job.nodes * v_job.gpus_per_node;
+            END IF;
+            IF v_job.id = v_head_id THEN
+                -- The head is placed: its claim goes; the next job that does not fit claims afresh.
+                v_head_id := NULL;
+                v_claim := '{}';
             END IF;
             p_borrow := p_borrow || v_borrow;
             p_job := p_job || v_job.id;
@@ -630,19 +735,16 @@ BEGIN
             t_waiting[v_t] := true;
             v_held := v_held + greatest(t_guar[v_t] - t_used[v_t], 0);
         END IF;
-        IF v_head_id IS NULL THEN
+        IF v_head_id IS NULL OR v_outranks THEN
+            v_head_seen := true;
             v_head_id := v_job.id;
             v_head := v_job;
-            -- The head claims the capable nodes with the most free GPUs now.
-            SELECT coalesce(array_agg(x.node_id), '{}') INTO v_claim
-              FROM (SELECT u.node_id FROM tuneplane.node_usage u JOIN tuneplane.nodes n ON n.id = u.node_id
-                     WHERE u.fleet_id = p_fleet_id
-                       AND tuneplane.node_is_connected(n, v_fresh)
-                       AND u.total_gpus >= v_job.gpus_per_node
-                       AND n.cpus >= v_job.cpus_per_node
-                       AND n.memory_bytes >= v_job.memory_per_node
-                     ORDER BY u.free_gpus DESC, n.cpus - u.used_cpus DESC, u.node_id
-                     LIMIT v_job.nodes) x;
+            v_head_borrows := v_managed AND v_borrow;
+            v_head_t := v_t;
+            v_head_team := CASE WHEN v_managed THEN t_name[v_t] END;
+            v_claim := tuneplane.head_claim_nodes(p_fleet_id, v_job, v_fresh, '{}');
+        END IF;
+        IF v_job.id = v_head_id THEN
             v_short := cardinality(v_claim);
             IF v_short = 0 THEN
                 v_reason := v_reason || '; at the head of the queue; no schedulable connected node in the fleet '
@@ -651,10 +753,14 @@ BEGIN
                 v_reason := v_reason || format('; at the head of the queue; only %s schedulable node(s) could '
                                                'ever hold a member', v_short);
             ELSE
-                v_reason := v_reason || '; at the head of the queue, waiting for capacity to free up';
+                v_reason := v_reason || '; at the head of the queue, waiting for capacity to free up; '
+                                     || tuneplane.head_claim_words(v_claim, v_head_team);
             END IF;
         ELSE
             v_reason := v_reason || format('; behind job %s at the head of the queue', v_head_id);
+            IF cardinality(v_claim) > 0 THEN
+                v_reason := v_reason || ': ' || tuneplane.head_claim_words(v_claim, v_head_team);
+            END IF;
         END IF;
         -- Within its team's guarantee (admission_verdict), a job may also reclaim GPUs lent to other teams.
         v_within := v_managed AND NOT v_borrow AND v_job.nodes * v_job.gpus_per_node > 0;
@@ -680,6 +786,17 @@ BEGIN
         END IF;
     END LOOP;
     CLOSE v_queue;
+
+    -- The head and its claim, kept for the next pass (written only when they change).
+    IF v_head_id IS NULL THEN
+        IF v_kept.job_id IS NOT NULL THEN
+            DELETE FROM tuneplane.head_claims c WHERE c.fleet_id = p_fleet_id;
+        END IF;
+    ELSIF v_kept.job_id IS DISTINCT FROM v_head_id OR v_kept.node_ids IS DISTINCT FROM v_claim THEN
+        INSERT INTO tuneplane.head_claims (fleet_id, job_id, node_ids) VALUES (p_fleet_id, v_head_id, v_claim)
+        ON CONFLICT (fleet_id) DO UPDATE SET job_id = EXCLUDED.job_id, node_ids = EXCLUDED.node_ids,
+                                             claimed_at = EXCLUDED.claimed_at;
+    END IF;
 
     IF cardinality(p_job) = 0 THEN
         RETURN;
