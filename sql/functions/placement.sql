@@ -379,9 +379,11 @@ $$;
 CREATE OR REPLACE FUNCTION tuneplane.head_claim_words(p_claim bigint[], p_team text)
 RETURNS text
 LANGUAGE sql STABLE AS $$
-    SELECT format('node%s %s held for it%s', CASE WHEN cardinality(p_claim) = 1 THEN '' ELSE 's' END,
-                  (SELECT string_agg(n.name, ', ' ORDER BY c.i) FROM unnest(p_claim) WITH ORDINALITY c (id, i)
-                     JOIN tuneplane.nodes n ON n.id = c.id),
+    SELECT format('%s held for it%s',
+                  coalesce((SELECT CASE WHEN count(*) = 1 THEN 'node ' ELSE 'nodes ' END
+                                   || string_agg(n.name, ', ' ORDER BY c.i)
+                              FROM unnest(p_claim) WITH ORDINALITY c (id, i) JOIN tuneplane.nodes n ON n.id = c.id
+                            HAVING count(*) > 0), 'no node'),
                   CASE WHEN p_team IS NULL THEN '' ELSE format(' (team %s)', p_team) END);
 $$;
 
@@ -505,6 +507,8 @@ DECLARE
     v_head_team text;
     v_head_t    integer;
     v_outranks  boolean;
+    v_past_claim boolean;
+    v_above     boolean;
     v_head_seen boolean := false;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('tuneplane.placement'), p_fleet_id::integer);
@@ -597,20 +601,26 @@ BEGIN
                 CONTINUE;
             END IF;
         END IF;
-        -- Does it outrank the head (it may then search past the head's claim and take it over)?
+        -- Weighted fair share while a borrowing head waits (docs/teams.md, "Fairness guarantee"): would this
+        -- borrower of another team leave its team holding more GPUs per weight than the head's team holds now?
+        v_above := v_managed AND v_borrow AND v_head_id IS NOT NULL AND v_head_borrows
+                   AND v_job.team_id <> v_head.team_id
+                   AND (t_used[v_t] + v_job.nodes * v_job.gpus_per_node) / t_weight[v_t]
+                       > t_used[v_head_t] / t_weight[v_head_t];
+        -- Does it outrank the head (it searches past the head's claim and, if it does not fit, takes it over)?
+        -- Only a job walked before the head: on a fleet without quotas any (queue order is priority, then age);
+        -- with quotas one within its team's guarantee, one of the head's own team (the team's order), or a
+        -- borrower whose team stays at or below the borrowing head's team per weight with it.
         v_outranks := v_head_id IS NOT NULL AND NOT v_head_seen AND v_job.id <> v_head_id
-                      AND (NOT v_managed OR v_job.team_id = v_head.team_id
-                           OR CASE WHEN v_borrow THEN v_head_borrows
-                                                      AND (t_used[v_t] + v_job.nodes * v_job.gpus_per_node) / t_weight[v_t]
-                                                          <= t_used[v_head_t] / t_weight[v_head_t]
-                                   ELSE v_head_borrows OR v_job.priority > v_head.priority END);
-        IF v_managed AND v_borrow AND v_head_id IS NOT NULL AND v_job.id <> v_head_id AND NOT v_outranks
-           AND v_job.team_id <> v_head.team_id
-           AND (t_used[v_t] + v_job.nodes * v_job.gpus_per_node) / t_weight[v_t]
-               > t_used[v_head_t] / t_weight[v_head_t] THEN
-            -- Fair share keeps room for the head's team: a borrower of another team takes no free GPU that would
-            -- leave its team holding more per weight than the head's team will once the head is placed
-            -- (docs/teams.md, "Fairness guarantee"). It claims nothing, and its shape is not marked as failed.
+                      AND (NOT v_managed OR NOT v_borrow OR v_job.team_id = v_head.team_id
+                           OR (v_head_borrows AND NOT v_above));
+        -- A job that may search past the head's claim: one that outranks it, or one within its team's guarantee
+        -- while the head borrows (a borrower's claim never keeps a guarantee waiting, wherever the job stands
+        -- in the order: admission_order counts the team's queued GPUs ahead of it, the verdict does not).
+        v_past_claim := v_outranks OR (v_managed AND NOT v_borrow AND v_head_borrows);
+        IF v_above THEN
+            -- The room is kept for the head's team: this job takes no free GPU anywhere while the head waits.
+            -- It claims nothing, and its shape is not marked as failed.
             v_reason := format('waiting for resources: needs %s; free GPUs are kept for job %s at the head of the '
                                'queue: team %s is below its fair share while it waits (%s)',
                                tuneplane.describe_request(v_job), v_head_id, v_head_team,
@@ -625,7 +635,7 @@ BEGIN
         v_nodes := '{}';
         v_held_nodes := CASE WHEN h_node IS NULL THEN '{}' ELSE tuneplane.held_from(h_node, h_job, v_job.id) END;
         v_searched := NOT v_shape = ANY (v_failed) OR cardinality(v_held_nodes) > 0 OR v_job.id = v_head_id
-                      OR v_outranks;
+                      OR v_past_claim;
         IF v_searched THEN
             -- Best fit (fewest free GPUs first), an index range scan on node_usage_fit that sees this pass's
             -- own allocations; the picked node rows are locked and re-checked (see above).
@@ -642,7 +652,7 @@ BEGIN
                        AND n.memory_bytes - u.used_memory >= v_job.memory_per_node
                        AND tuneplane.node_is_connected(n, v_fresh)
                        AND NOT u.node_id = ANY (v_held_nodes)
-                       AND (v_head_id IS NULL OR v_job.id = v_head_id OR v_outranks
+                       AND (v_head_id IS NULL OR v_job.id = v_head_id OR v_past_claim
                             OR NOT u.node_id = ANY (v_claim)
                             OR (u.free_gpus - v_job.gpus_per_node >= v_head.gpus_per_node
                                 AND n.cpus - u.used_cpus - v_job.cpus_per_node >= v_head.cpus_per_node
