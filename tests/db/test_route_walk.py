@@ -130,6 +130,8 @@ def bodies(world: dict) -> dict[str, tuple[str | None, dict]]:
         "fleet.idle_policy_set": ("local", {"action": "warn", "idle_after": "45m", "utilization_below": 5.0,
                                             "power_below": 0.2, "idle_grace": "10m"}),
         "jobs_launch.cancel": (None, {"reason": "walk"}),
+        "fleet.access_mode": ("local", {"mode": "listed"}),
+        "fleet.team_access": ("local", {"team": "root", "action": "grant", "slurm_account": "acct"}),
     }  # fmt: skip
 
 
