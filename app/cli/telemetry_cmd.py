@@ -266,9 +266,7 @@ def metrics_cmd(
                 "points": series["point_count"],
                 "steps": _steps(series) if buckets else "",
                 "last": (
-                    shown(last.get("last_value"))
-                    if last.get("non_finite") is None
-                    else last["non_finite"]
+                    shown(last.get("last_value")) if last.get("non_finite") is None else last["non_finite"]
                 ),
                 "min": shown(min(lows, default=None)),
                 "max": shown(max(highs, default=None)),

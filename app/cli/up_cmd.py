@@ -33,15 +33,26 @@ def _say(message: str) -> None:
 
 def _migrate(url: str) -> None:
     """Migrate, saying one line for the migrations (a fresh install applies dozens) and each other step."""
-    applied = migrate.migrate(url, progress=lambda m: None if _MIGRATION_LINE.match(m) else _say(m))
+    applied = migrate.migrate(url, progress=_progress)
     files = [name for name in applied if _MIGRATION_FILE.match(name)]
     if files:
         _say(f"applied {len(files)} migration(s): {files[0]} … {files[-1]}" if len(files) > 1
              else f"applied {files[0]}")  # fmt: skip
 
 
+def _progress(message: str) -> None:
+    if _MIGRATION_LINE.match(message):
+        return  # summed up in one line once every migration is applied
+    functions = _FUNCTIONS_LINE.match(message)
+    count = functions["files"].count(",") + 1 if functions else 0
+    if count > 3:  # a fresh install lists every file
+        message = f"applying the stored functions ({count} files of sql/functions)"
+    _say(message)
+
+
 _MIGRATION_FILE = re.compile(r"^\d{4}_.*\.sql$")
 _MIGRATION_LINE = re.compile(r"^applying \d{4}_.*\.sql$")
+_FUNCTIONS_LINE = re.compile(r"^applying function files \((?P<files>.*) changed\)$")
 
 
 def _first_admin(db: Database, ctx: UpContext) -> tuple[str, str] | None:

@@ -70,6 +70,7 @@ def test_up_serves_healthz_then_sigterm_leaves_nothing_running(tmp_path: Path, p
         out.wait_for_line("admin login: admin /", timeout=10)
         # A fresh install applies every migration: said in one line, not one line per file.
         assert "applied " in out.text() and "applying 0" not in out.text()
+        assert "applying the stored functions (" in out.text() and "common.sql" not in out.text()
         assert f'server = "{url}"' in config.read_text() and "token = " in config.read_text()
         assert oct(config.stat().st_mode & 0o777) == "0o600"
         children = [p.pid for p in psutil.Process(process.pid).children(recursive=True)]
