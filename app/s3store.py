@@ -318,3 +318,10 @@ class S3Store:
                 for u in page.get("Uploads", [])
             )
         return found
+
+    def list_objects(self, prefix: str) -> Iterator[dict[str, Any]]:
+        """Objects under `prefix` with their size and time ({Key, Size, LastModified}), for GC's age guard."""
+        paginator = self._client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.location.bucket, Prefix=self.key(prefix)):
+            for item in page.get("Contents", []):
+                yield {"Key": item["Key"], "Size": int(item["Size"]), "LastModified": item["LastModified"]}

@@ -120,11 +120,19 @@ def prune_team_event_deliveries(ctx: SweepContext) -> str | None:
 
 def blob_gc(ctx: SweepContext) -> str | None:
     from tuneplane.app.artifacts.gc import collect
+    from tuneplane.app.artifacts.s3_gc import collect_fleet_stores
 
     report = collect(ctx.db, ctx.blob_dir, min_age=ctx.blob_gc_min_age)
-    if not report.removed:
-        return None
-    return f"blob gc: removed {len(report.removed)} blob(s), {report.removed_bytes} bytes"
+    said = []
+    if report.removed:
+        said.append(f"blob gc: removed {len(report.removed)} blob(s), {report.removed_bytes} bytes")
+    for s3 in collect_fleet_stores(ctx.db, min_age=ctx.blob_gc_min_age):
+        if s3.removed or s3.aborted_uploads or s3.removed_upload_objects:
+            said.append(
+                f"blob gc {s3.store}: removed {len(s3.removed)} object(s), {s3.removed_bytes} bytes; "
+                f"aborted {s3.aborted_uploads} multipart upload(s) of ended artifacts"
+            )
+    return "; ".join(said) or None
 
 
 @dataclass(frozen=True)

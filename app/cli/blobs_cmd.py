@@ -29,6 +29,7 @@ def gc_cmd(
 ) -> None:
     """Remove blobs that no artifact, source archive or capsule needs (blob_references() in the database)."""
     from tuneplane.app.artifacts.gc import collect
+    from tuneplane.app.artifacts.s3_gc import collect_fleet_stores
     from tuneplane.app.db import Database
 
     settings = settings_from(database_url, data_dir)
@@ -36,10 +37,12 @@ def gc_cmd(
         db = Database(url, max_size=1, name="tuneplane-blob-gc")
         try:
             report = collect(db, settings.blob_dir, min_age=min_age, dry_run=dry_run)
+            # The fleets' S3 stores too (app/artifacts/s3_gc.py), with this server's credentials.
+            s3_reports = collect_fleet_stores(db, min_age=min_age, dry_run=dry_run)
         finally:
             db.close()
     if as_json:
-        print_json(report.as_json())
+        print_json({**report.as_json(), "s3": [r.as_json() for r in s3_reports]})
         return
     verb = "would remove" if dry_run else "removed"
     click.echo(
@@ -50,6 +53,14 @@ def gc_cmd(
         f"left behind by ended uploads (staged files of artifacts no longer uploading, stale temp files): "
         f"{verb} {report.removed_leftovers} ({report.leftover_bytes} bytes)"
     )
+
+    for s3 in s3_reports:
+        click.echo(
+            f"{s3.store}: {s3.examined} blob object(s) examined: {verb} {len(s3.removed)} "
+            f"({s3.removed_bytes} bytes), kept {s3.kept_referenced} referenced and {s3.kept_recent} recent; "
+            f"upload leftovers {verb} {s3.removed_upload_objects}; multipart uploads of ended artifacts "
+            f"{'would abort' if dry_run else 'aborted'} {s3.aborted_uploads}"
+        )
 
 
 COMMANDS = [blobs_group]

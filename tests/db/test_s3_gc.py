@@ -1,0 +1,127 @@
+"""Garbage collection in an S3 store (issue 32, lifecycle; app/artifacts/s3_gc.py) against a real SeaweedFS:
+unreferenced blob objects go, referenced ones stay, open multipart uploads and upload leftovers of artifacts
+no longer uploading are aborted or removed, an uploading artifact's upload is kept for its agent to resume,
+and nothing younger than the minimum age is touched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from psycopg.types.json import Jsonb
+
+from tests.artifact_fixtures import make_member, write_tree
+from tests.seaweed_store import ACCESS_KEY, SECRET_KEY
+from tuneplane.app import db_functions as fn
+from tuneplane.app.artifacts.s3_gc import collect_fleet_stores, collect_s3, fleet_stores
+from tuneplane.app.cli import main
+from tuneplane.app.db import Database
+from tuneplane.app.s3store import S3Credentials, S3Location, S3Store, part_md5
+from tuneplane.workers.sweeps import SweepContext, blob_gc
+
+
+@pytest.fixture
+def store(seaweed) -> S3Store:
+    bucket = "gc-" + secrets.token_hex(6)
+    seaweed.client().create_bucket(Bucket=bucket)
+    location = S3Location(endpoint=seaweed.endpoint, bucket=bucket, prefix="fleet-a")
+    return S3Store(location, S3Credentials(ACCESS_KEY, SECRET_KEY))
+
+
+def _register(db: Database, setup, tmp_path: Path, name: str, data: bytes) -> dict:
+    manifest = write_tree(tmp_path / name, {"w.bin": data})
+    return db.call(
+        fn.register_artifact, setup.credential_hash, setup.member["id"], name, "output", "object",
+        Jsonb(manifest.as_json()), manifest.digest, None, None,
+    )[0]  # fmt: skip
+
+
+def _open_upload(store: S3Store, key: str) -> str:
+    upload_id = store.create_multipart(key)
+    part = os.urandom(1000)
+    url = store.presign_part(key, upload_id, 1, part_md5(part))
+    assert httpx.put(url.url, content=part, headers=url.headers).status_code == 200
+    return upload_id
+
+
+def test_s3_gc_removes_garbage_and_aborts_uploads_of_ended_artifacts(
+    db: Database, store: S3Store, tmp_path: Path
+) -> None:
+    setup = make_member(db)
+    kept_bytes = os.urandom(3000)
+    uploading = _register(db, setup, tmp_path, "model", kept_bytes)
+    ended = _register(db, setup, tmp_path, "other", os.urandom(2000))
+    db.call(fn.fail_artifact, setup.credential_hash, ended["id"], "the agent gave up")
+    referenced = hashlib.sha256(kept_bytes).hexdigest()  # a file of an uploading artifact
+    garbage = os.urandom(500)
+    store.put_bytes(store.blob_key(referenced), kept_bytes)
+    store.put_bytes(store.blob_key(hashlib.sha256(garbage).hexdigest()), garbage)
+    resumable = _open_upload(store, store.key(f"uploads/{uploading['id']}/0"))
+    _open_upload(store, store.key(f"uploads/{ended['id']}/0"))
+    store.put_bytes(store.key(f"uploads/{ended['id']}/1"), b"completed, never verified")
+
+    recent = collect_s3(db, store, min_age=3600)
+    assert (recent.kept_recent, recent.removed, recent.aborted_uploads, recent.removed_upload_objects) == (
+        1, [], 0, 0,
+    )  # fmt: skip
+    dry = collect_s3(db, store, min_age=0, dry_run=True)
+    assert (len(dry.removed), dry.aborted_uploads, dry.removed_upload_objects) == (1, 1, 1)
+    assert len(store.open_uploads("uploads/")) == 2
+
+    report = collect_s3(db, store, min_age=0)
+    assert report.removed == [hashlib.sha256(garbage).hexdigest()] and report.kept_referenced == 1
+    assert (report.aborted_uploads, report.removed_upload_objects) == (1, 1)
+    assert store.exists(referenced) and not store.exists(hashlib.sha256(garbage).hexdigest())
+    # The uploading artifact's upload stays open with its part, for its agent to resume.
+    assert [u["UploadId"] for u in store.open_uploads("uploads/")] == [resumable]
+    assert len(store.list_parts(store.key(f"uploads/{uploading['id']}/0"), resumable)) == 1
+    assert list(store.list_objects("uploads/")) == []
+
+    # Once that artifact has ended too, the next collection leaves no multipart upload open.
+    db.call(fn.fail_artifact, setup.credential_hash, uploading["id"], "member lost")
+    assert collect_s3(db, store, min_age=0).aborted_uploads == 1
+    assert store.open_uploads("uploads/") == []
+
+
+def test_fleet_stores_use_the_servers_credentials(
+    db: Database, db_url: str, store: S3Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    setup = make_member(db)
+    fleet = db.fetch_one("SELECT name FROM tuneplane.fleets WHERE id = %s", (setup.fleet_id,))["name"]
+    loc = store.location
+    storage = {"kind": "s3", "bucket": loc.bucket, "prefix": loc.prefix, "endpoint": loc.endpoint}
+    db.call(fn.set_fleet_storage, fleet, Jsonb(storage), None)
+    for name in (
+        "TUNEPLANE_S3_ACCESS_KEY_ID",
+        "TUNEPLANE_S3_SECRET_ACCESS_KEY",
+        "TUNEPLANE_S3_CREDENTIALS_FILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    assert (
+        collect_fleet_stores(db, min_age=0) == []
+    )  # no credentials on this server: skipped, said in the log
+    monkeypatch.setenv("TUNEPLANE_S3_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("TUNEPLANE_S3_SECRET_ACCESS_KEY", SECRET_KEY)
+    assert [s.location.url for s in fleet_stores(db)] == [loc.url]
+    garbage = os.urandom(100)
+    store.put_bytes(store.blob_key(hashlib.sha256(garbage).hexdigest()), garbage)
+    (report,) = collect_fleet_stores(db, min_age=0)
+    assert report.store == loc.url and report.removed == [hashlib.sha256(garbage).hexdigest()]
+    # The worker's six-hourly blob sweep collects the fleets' stores too.
+    store.put_bytes(store.blob_key(hashlib.sha256(garbage).hexdigest()), garbage)
+    said = blob_gc(SweepContext(db, tmp_path / "blobs", blob_gc_min_age=0))
+    assert said is not None and f"blob gc {loc.url}: removed 1 object(s)" in said
+    assert not store.exists(hashlib.sha256(garbage).hexdigest())
+    # And `tuneplane blobs gc`, which says what it did in each store.
+    store.put_bytes(store.blob_key(hashlib.sha256(garbage).hexdigest()), garbage)
+    args = ["blobs", "gc", "--database-url", db_url, "--data-dir", str(tmp_path / "data"), "--min-age", "0"]
+    result = CliRunner().invoke(main, [*args, "--json"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    (s3,) = json.loads(result.output)["s3"]
+    assert s3["store"] == loc.url and s3["removed"] == 1 and s3["aborted_uploads"] == 0
