@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import numpy as np
@@ -223,9 +224,26 @@ def test_retention_prunes_old_series_only(db: Database, gateway: GatewayThread) 
     assert db.fetch_one("SELECT count(*) FROM telemetry_rollups")["count"] == 0
 
 
+@contextmanager
+def _cli_env(db_url: str, db: Database, user: int) -> Iterator[dict]:
+    """The console on a free loopback port; yields the environment that points the CLI at it as `user`."""
+    from tuneplane.app.web import create_app
+
+    server = make_server("127.0.0.1", 0, create_app(db_url), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield {
+            "TUNEPLANE_SERVER": f"http://127.0.0.1:{server.server_port}",
+            "TUNEPLANE_TOKEN": user_api_token(db, user),
+            "TUNEPLANE_CONFIG": "/nonexistent",
+        }
+    finally:
+        server.shutdown()
+
+
 def test_metrics_cli_prints_bounded_series(db: Database, db_url: str, gateway: GatewayThread) -> None:
     from tuneplane.app.cli import main
-    from tuneplane.app.web import create_app
 
     alice = make_user(db, "alice")
     job = make_job(db, alice)
@@ -244,15 +262,7 @@ def test_metrics_cli_prints_bounded_series(db: Database, db_url: str, gateway: G
     httpx.post(
         f"{gateway.url}/v1/telemetry/batches", content=damaged, headers={"Authorization": f"Bearer {token}"}
     )
-    server = make_server("127.0.0.1", 0, create_app(db_url), threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        env = {
-            "TUNEPLANE_SERVER": f"http://127.0.0.1:{server.server_port}",
-            "TUNEPLANE_TOKEN": user_api_token(db, alice),
-            "TUNEPLANE_CONFIG": "/nonexistent",
-        }
+    with _cli_env(db_url, db, alice) as env:
         table = CliRunner().invoke(main, ["metrics", str(job)], env=env)
         assert table.exit_code == 0, table.output
         assert "loss" in table.output and "0..2999" in table.output
@@ -270,8 +280,6 @@ def test_metrics_cli_prints_bounded_series(db: Database, db_url: str, gateway: G
         assert len(data["series"][0]["buckets"]) <= 50 and data["series"][0]["point_count"] == 3_000
         refused = CliRunner().invoke(main, ["metrics", "999999"], env=env)
         assert refused.exit_code == 1 and "no job 999999 of yours" in refused.output
-    finally:
-        server.shutdown()
 
 
 @pytest.mark.parametrize("points", [10_000, 100_000])
@@ -316,7 +324,6 @@ def test_metrics_cli_rounds_to_the_series_precision_and_shows_system_steps_as_ti
     """Floats as written (0.005, not 0.005000000000000001); a system series' steps (epoch milliseconds) as
     the UTC times they are."""
     from tuneplane.app.cli import main
-    from tuneplane.app.web import create_app
 
     alice = make_user(db, "alice")
     job = make_job(db, alice)
@@ -327,15 +334,7 @@ def test_metrics_cli_rounds_to_the_series_precision_and_shows_system_steps_as_ti
           seq=2, source="system")  # fmt: skip
     rss = np.array([300 * 2**20, 1.5 * 2**30])
     _send(gateway, token, "system/rss_bytes", [start_ms, start_ms + 10_000], rss, seq=3, source="system")
-    server = make_server("127.0.0.1", 0, create_app(db_url), threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        env = {
-            "TUNEPLANE_SERVER": f"http://127.0.0.1:{server.server_port}",
-            "TUNEPLANE_TOKEN": user_api_token(db, alice),
-            "TUNEPLANE_CONFIG": "/nonexistent",
-        }
+    with _cli_env(db_url, db, alice) as env:
         table = CliRunner().invoke(main, ["metrics", str(job)], env=env)
         assert table.exit_code == 0, table.output
         lr = next(line for line in table.output.splitlines() if line.startswith("lr "))
@@ -346,5 +345,3 @@ def test_metrics_cli_rounds_to_the_series_precision_and_shows_system_steps_as_ti
         assert cpu.split()[-3:] == ["110.25", "99.5", "110.25"], cpu
         rss = next(line for line in table.output.splitlines() if line.startswith("system/rss_bytes"))
         assert rss.split()[-6:] == ["1.5", "GiB", "300.0", "MiB", "1.5", "GiB"], rss
-    finally:
-        server.shutdown()
