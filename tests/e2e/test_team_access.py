@@ -73,7 +73,8 @@ def test_viewer_outsider_and_read_only_token_over_real_http_with_a_real_agent(cl
                 method,
                 template.format(job_id=job_id),
                 headers=outsider,
-                json={"reason": "e2e"},
+                # A reason only where the view reads one: the others refuse an unknown field (400) first.
+                json={"reason": "e2e"} if template.endswith(("/cancel", "/exempt-idle")) else {},
                 params={"series": "1"},  # what a client of the raw scalar inspector always sends
             )
             # exempt-idle and preempt are for installation admins only: 403 to any other user, any job.
