@@ -71,8 +71,6 @@ def list_cmd(job: int, as_json: bool, server: str | None, token: str | None, ca_
     if as_json:
         print_json(rows)
         return
-    # The server lists by name as text (checkpoint.10 before checkpoint.2); people read numbers.
-    rows.sort(key=lambda r: (-r["attempt"], humanize.natural_key(r["name"]), r["rank"]))
     for row in rows:
         row["digest"] = row["manifest_digest"][:16]
         row["verified"] = (

@@ -19,6 +19,7 @@ from psycopg.types.json import Jsonb
 from werkzeug.wsgi import wrap_file
 
 from tuneplane.app import db_functions as fn
+from tuneplane.app import humanize
 from tuneplane.app.artifacts.blobs import FsBlobStore
 from tuneplane.app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified, verify_stored
 from tuneplane.app.artifacts.receiver import (
@@ -169,6 +170,8 @@ def _files(artifact_id: int) -> list[dict]:
 @login_required
 def job_artifacts(job_id: int):
     rows = get_db().call(fn.job_artifacts, _user_id(), job_id)
+    # Newest attempt first; names in natural order (checkpoint.2 before checkpoint.10), as people count.
+    rows.sort(key=lambda r: (-r["attempt"], humanize.natural_key(r["name"]), r["rank"]))
     return respond("_artifacts.html", {"job_id": job_id, "artifacts": rows}, json_data={"artifacts": rows})
 
 
