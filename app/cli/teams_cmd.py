@@ -303,6 +303,73 @@ def teams_revoke(team: str, fleet: str, as_json: bool, server, token, ca_bundle)
     click.echo(f"team {team}'s grant on fleet {fleet} revoked")
 
 
+@teams_group.group("webhooks")
+def teams_webhooks() -> None:
+    """A team's webhooks: list, add, remove (team admins; the team page's forms)."""
+
+
+@teams_webhooks.command("list")
+@click.argument("team")
+@json_option
+@client_options
+def webhooks_list(team: str, as_json: bool, server, token, ca_bundle) -> None:
+    """TEAM's webhooks with their deliveries so far (never their secrets)."""
+    with api_client(server, token, ca_bundle) as api:
+        hooks = api.get(_team_path(team))["webhooks"]
+    if hooks is None:
+        raise click.ClickException(f"only an admin of team {team} sees its webhooks")
+    if as_json:
+        print_json(hooks)
+        return
+    rows = [
+        {
+            "id": h["id"],
+            "url": h["url"],
+            "kinds": " ".join(h["kinds"] or []) or "every kind",
+            "delivered": h["delivered"],
+            "pending": h["pending"],
+            "gave up": h["gave_up"],
+        }
+        for h in hooks
+    ]
+    print_table(rows, ["id", "url", "kinds", "delivered", "pending", "gave up"], empty="no webhooks")
+
+
+@teams_webhooks.command("add")
+@click.argument("team")
+@click.argument("url")
+@click.option("--secret", default="", help="The signing secret (default: generated and shown once).")
+@click.option(
+    "--kind", "kinds", multiple=True, help="An event kind, e.g. job.failed (repeatable; default every kind)."
+)
+@json_option
+@client_options
+def webhooks_add(
+    team: str, url: str, secret: str, kinds: tuple[str, ...], as_json: bool, server, token, ca_bundle
+) -> None:
+    """Send TEAM's job events to URL, signed with a secret (POST /teams/TEAM/webhooks)."""
+    with api_client(server, token, ca_bundle) as api:
+        body = {"url": url, "secret": secret, **({"kinds": list(kinds)} if kinds else {})}
+        hook = api.post(_team_path(team, "webhooks"), json=body)
+    if as_json:
+        print_json(hook)
+        return
+    click.echo(f"webhook {hook['id']} added for {hook['url']}")
+    if "secret" in hook:
+        click.echo(f"its secret (shown once): {hook['secret']}")
+
+
+@teams_webhooks.command("remove")
+@click.argument("team")
+@click.argument("webhook_id", type=click.IntRange(1))
+@client_options
+def webhooks_remove(team: str, webhook_id: int, server, token, ca_bundle) -> None:
+    """Remove webhook WEBHOOK_ID of TEAM."""
+    with api_client(server, token, ca_bundle) as api:
+        api.post(_team_path(team, "webhooks", str(webhook_id), "remove"), json={})
+    click.echo(f"webhook {webhook_id} removed")
+
+
 @teams_group.command("priority")
 @click.argument("team")
 @click.option("--max", "max_class", default=None, help="The highest class to allow (high, urgent).")

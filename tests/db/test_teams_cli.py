@@ -80,6 +80,20 @@ def test_a_team_is_made_staffed_given_a_quota_and_a_listed_fleet_from_the_cli(cl
     _ok(cli("fleet", "access", "local", "open", user="root"))
 
 
+def test_a_team_admin_manages_webhooks_from_the_cli(
+    cli, server: dict, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TUNEPLANE_WEBHOOK_ALLOW", "127.0.0.1")  # the console (in this process) reads it
+    added = _ok(cli("teams", "webhooks", "add", "alice", "http://127.0.0.1:9/hook", "--kind", "job.failed"))
+    assert "webhook 1 added" in added and "its secret (shown once):" in added
+    listed = json.loads(_ok(cli("teams", "webhooks", "list", "alice", "--json")))
+    assert [(h["id"], h["kinds"]) for h in listed] == [(1, ["job.failed"])]
+    refused = cli("teams", "webhooks", "list", "alice", user="bob")
+    assert refused.exit_code == 1 and "no team alice" in refused.output
+    _ok(cli("teams", "webhooks", "remove", "alice", "1"))
+    assert "no webhooks" in _ok(cli("teams", "webhooks", "list", "alice"))
+
+
 def test_the_console_fleet_page_offers_the_same_forms(server: dict) -> None:
     headers = {"Authorization": f"Bearer {server['root']}"}
     page = httpx.get(f"{server['url']}/fleets/local", headers=headers)
