@@ -32,6 +32,8 @@ two other designs (docs/artifacts.md, Measured).
 
 Run: .venv/bin/python bench/artifacts_throughput.py [--mib 256] [--files 4] [--chunk-mib 32] [--rounds 3]
      [--no-level]
+     .venv/bin/python bench/artifacts_throughput.py --store s3 [--mib 1024]: direct delivery to an S3 store
+     next to a plain multipart upload (bench/artifacts_s3.py)
 """
 
 from __future__ import annotations
@@ -385,4 +387,9 @@ def _up(url: str) -> bool:
 
 
 if __name__ == "__main__":
-    main()
+    if "--store" in sys.argv and sys.argv[sys.argv.index("--store") + 1 :][:1] == ["s3"]:
+        from bench.artifacts_s3 import main as main_s3
+
+        main_s3(sys.argv[1:])
+    else:
+        main()

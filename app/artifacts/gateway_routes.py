@@ -31,11 +31,13 @@ from tuneplane.app.artifacts.receiver import (
     refused_from_json,
     registration_from_json,
 )
+from tuneplane.app.artifacts.s3_delivery import FleetStores
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import token_hash
 
 RECEIVER_KEY = web.AppKey("artifact_receiver", ArtifactReceiver)
+STORES_KEY = web.AppKey("artifact_fleet_stores", FleetStores)
 CHUNK_POOL_KEY = web.AppKey("artifact_chunk_pool", ThreadPoolExecutor)
 # A chunk's thread holds on while its body arrives, so chunks get their own pool (other file work keeps
 # asyncio.to_thread's). Bodies go to that thread in batches of about PIPE_BATCH bytes, PIPE_DEPTH ahead.
@@ -221,11 +223,45 @@ async def _found_corrupt(rx: ArtifactReceiver, artifact_id: int, entry: dict) ->
     )  # fmt: skip
 
 
+async def _s3_step(request: web.Request, rx: ArtifactReceiver, credential: str) -> web.Response:
+    """Direct delivery to the fleet's S3 store (app/artifacts/s3_delivery.py): begin, presign, complete."""
+    artifact_id, file_index = int(request.match_info["artifact_id"]), int(request.match_info["file_index"])
+    step = request.match_info["step"]
+    body = await _json(request) if step != "begin" else {}
+    if not isinstance(body, dict):
+        raise Refusal("the body must be a JSON object", 400, "body")
+    upload_id = body.get("upload_id")
+    if step != "begin" and not (isinstance(upload_id, str) and 0 < len(upload_id) <= 1024):
+        raise Refusal("upload_id: the upload's id from begin", 400, "upload_id")
+
+    def run() -> object:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return steps()
+        except (BotoCoreError, ClientError) as exc:  # the store is down or refused: the agent tries again
+            raise Refusal(f"the object store failed: {exc}", 503, "storage") from exc
+
+    def steps() -> object:
+        delivery = request.app[STORES_KEY].delivery(rx.db, credential, artifact_id)
+        if step == "begin":
+            return delivery.begin(credential, artifact_id, file_index)
+        if step == "presign":
+            parts = body.get("parts")
+            if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+                raise Refusal("parts: a list of {part_number, content_md5}", 400, "parts")
+            return {"parts": delivery.presign(credential, artifact_id, file_index, upload_id, parts)}
+        return _public(delivery.complete(credential, artifact_id, file_index, upload_id))
+
+    return web.json_response(await asyncio.to_thread(run))
+
+
 def add_artifact_routes(
     app: web.Application, database_url: str, blob_dir: Path | str, *, pool_max: int = 4
 ) -> None:
     db = Database(database_url, max_size=pool_max, name="tuneplane-gateway-artifacts")
     app[RECEIVER_KEY] = ArtifactReceiver(db, blob_dir)
+    app[STORES_KEY] = FleetStores()
     app[CHUNK_POOL_KEY] = ThreadPoolExecutor(CHUNK_THREADS, thread_name_prefix="artifact-chunk")
 
     async def close(_app: web.Application) -> None:
@@ -240,6 +276,7 @@ def add_artifact_routes(
     r.add_get(f"/api/artifacts/{art}/upload", _handler(_status))
     r.add_put(f"/api/artifacts/{art}/files/{idx}/chunks/{{chunk_index:[0-9]{{1,9}}}}", _handler(_put_chunk))
     r.add_post(f"/api/artifacts/{art}/finish", _handler(_finish))
+    r.add_post(f"/api/artifacts/{art}/files/{idx}/s3/{{step:begin|presign|complete}}", _handler(_s3_step))
     r.add_post(f"/api/artifacts/{art}/fail", _handler(_fail))
     r.add_post("/api/artifacts/refused", _handler(_refused))
     r.add_get(f"/api/input-artifacts/{art}", _handler(_input_manifest))

@@ -15,13 +15,23 @@ functions refuse a node that did not produce the artifact before any URL is sign
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
 from tuneplane.app import db_functions as fn
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
-from tuneplane.app.s3store import MAX_PARTS, MIN_PART_SIZE, S3Store
+from tuneplane.app.s3store import (
+    MAX_PARTS,
+    MIN_PART_SIZE,
+    S3ConfigError,
+    S3Credentials,
+    S3Location,
+    S3Store,
+    load_credentials,
+)
 
 DEFAULT_PART_SIZE = 64 * 1024 * 1024
 MAX_URLS_PER_CALL = 64
@@ -149,3 +159,67 @@ class S3Delivery:
         if numbers != list(range(1, len(parts) + 1)) or held != size:
             raise Refusal(f"the store holds parts {numbers} ({held} of {size} bytes)", 409, "parts")
         self.store.complete_multipart(key, upload_id, parts)
+
+
+class FleetStores:
+    """The S3 store of each fleet's storage row, made once per location with the server's credentials
+    (loaded on first use: a server without them refuses direct delivery with a 503 naming the variables)."""
+
+    def __init__(self, credentials: Callable[[], S3Credentials] = load_credentials) -> None:
+        self._credentials = credentials
+        self._stores: dict[S3Location, S3Store] = {}
+        self._lock = threading.Lock()
+
+    def store(self, storage: dict) -> S3Store:
+        location = S3Location(
+            endpoint=storage.get("endpoint"),
+            bucket=storage["bucket"],
+            prefix=storage.get("prefix") or "",
+            region=storage.get("region") or "us-east-1",
+            addressing_style=storage.get("addressing_style") or "path",
+        )
+        with self._lock:
+            if location not in self._stores:
+                try:
+                    credentials = self._credentials()
+                except S3ConfigError as exc:
+                    raise Refusal(f"the server has no store credentials: {exc}", 503, "storage") from exc
+                self._stores[location] = S3Store(location, credentials)
+            return self._stores[location]
+
+    def delivery(self, db: Database, credential_hash: str, artifact_id: int) -> S3Delivery:
+        """Direct delivery for one artifact of a fleet with an S3 store (409 for the server's own store)."""
+        status = db.call(fn.artifact_upload_status, credential_hash, artifact_id)[0]["artifact_upload_status"]
+        storage = status.get("storage")
+        if not storage or storage.get("kind") != "s3":
+            raise Refusal("this artifact's fleet uses the server's store: upload chunks", 409, "storage")
+        return S3Delivery(db, self.store(storage))
+
+
+def abort_stale_uploads(db: Database, store: S3Store, *, min_age: float = 3600.0) -> list[str]:
+    """Abort the multipart uploads (and delete the staging objects) of artifacts that no longer upload
+    (failed, complete, pruned or gone): a killed agent or a failed artifact otherwise leaves parts in the
+    store for ever. An uploading artifact's upload is kept, and so is anything younger than `min_age`
+    seconds (an upload begun just now for an artifact registered meanwhile). Returns the keys aborted."""
+    import datetime as dt
+
+    uploading = {
+        row["id"] for row in db.fetch_all("SELECT id FROM tuneplane.artifacts WHERE state = 'uploading'")
+    }
+    now = dt.datetime.now(dt.UTC)
+    root = store.key("uploads/")
+    aborted = []
+    for upload in store.open_uploads("uploads/"):
+        artifact = upload["Key"][len(root) :].split("/", 1)[0]
+        started = upload.get("Initiated")
+        young = started is not None and (now - started).total_seconds() < min_age
+        if (artifact.isdigit() and int(artifact) in uploading) or young:
+            continue
+        store.abort_multipart(upload["Key"], upload["UploadId"])
+        aborted.append(upload["Key"])
+    for key in list(store.list_keys("uploads/")):  # staged objects a crash left between complete and verify
+        artifact = key[len(root) :].split("/", 1)[0]
+        if not (artifact.isdigit() and int(artifact) in uploading):
+            store.delete(key)
+            aborted.append(key)
+    return aborted

@@ -116,3 +116,22 @@ def test_another_node_gets_no_url(db: Database, delivery: S3Delivery, tmp_path) 
     with pytest.raises(Refusal, match="parts"):
         delivery.presign(setup.credential_hash, art["id"], 0, plan["upload_id"],
                          [{"part_number": 1, "content_md5": "not-md5"}])  # fmt: skip
+
+
+def test_gc_aborts_the_uploads_of_artifacts_that_no_longer_upload(
+    db: Database, delivery: S3Delivery, tmp_path
+):
+    from tuneplane.app.artifacts.s3_delivery import abort_stale_uploads
+
+    setup = make_member(db)
+    cred = setup.credential_hash
+    art, _ = _register(db, setup, tmp_path / "a", {"w.bin": secrets.token_bytes(MIN_PART_SIZE + 1)})
+    plan = delivery.begin(cred, art["id"], 0)  # the agent was killed after one part
+    upload_parts(tmp_path / "a" / "w.bin", {**plan, "size": MIN_PART_SIZE},
+                 lambda parts: delivery.presign(cred, art["id"], 0, plan["upload_id"], parts))  # fmt: skip
+    store = delivery.store
+    assert abort_stale_uploads(db, store, min_age=0) == []  # still uploading: kept for the agent's resume
+    db.call("fail_artifact", cred, art["id"], "the member was lost")
+    assert abort_stale_uploads(db, store, min_age=3600) == []  # too young to be sure
+    assert abort_stale_uploads(db, store, min_age=0) == [delivery.staging_key(art["id"], 0)]
+    assert store.open_uploads() == []

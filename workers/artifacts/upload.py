@@ -161,6 +161,9 @@ def upload_artifact(
         return UploadResult("complete", 0, 0, 0, len(status["files"]))
     if status["state"] == "failed":
         raise UploadError(f"artifact upload failed: {status.get('reason') or 'no reason recorded'}")
+    storage = status.get("storage")
+    if storage and storage.get("kind") == "s3":
+        return upload_direct(root_path, manifest, transport, status, parallel=parallel)
     already = sum(1 for f in status["files"] if f["verified"])
     total_chunks = sum(
         chunk_count(f["size"], int(status["chunk_size"])) for f in status["files"] if not f["verified"]
@@ -195,6 +198,43 @@ def upload_artifact(
             raise
     final = transport.finish()
     return UploadResult(final["state"], sent, total_chunks - sent, sent_bytes, already, final.get("reason"))
+
+
+def upload_direct(
+    root: Path, manifest: Manifest, transport: Any, status: dict[str, Any], *, parallel: int = 4
+) -> UploadResult:
+    """A fleet with an S3 store (docs/artifacts.md "Object storage"): each unverified file goes in parts to
+    presigned URLs straight to the store (workers/artifacts/s3_upload.py); the server completes it after
+    verifying its sha256. Resumable: `begin` lists the parts the store already holds."""
+    from tuneplane.workers.artifacts.s3_upload import PartRefused, upload_parts
+
+    local = manifest.by_path()
+    already = sum(1 for f in status["files"] if f["verified"])
+    sent = sent_bytes = 0
+    final: dict[str, Any] = status
+    for entry in status["files"]:
+        mine = local.get(entry["path"])
+        if mine is None or mine.sha256 != entry["sha256"] or mine.size != entry["size"]:
+            raise UploadError(f"{entry['path']}: the server's manifest differs from the local one")
+        if entry["verified"]:
+            continue
+        plan = transport.s3_begin(entry["index"])
+        if plan.get("verified"):
+            continue
+
+        def presign(parts: list[dict], index: int = entry["index"], upload: str = plan["upload_id"]):
+            return transport.s3_presign(index, upload, parts)
+
+        try:
+            sent += upload_parts(root / entry["path"], plan, presign, parallel=parallel)
+        except PartRefused as exc:
+            raise UploadError(str(exc)) from exc
+        sent_bytes += int(entry["size"])
+        final = transport.s3_complete(entry["index"], plan["upload_id"])
+        if final.get("state") == "failed":
+            raise UploadError(f"artifact upload failed: {final.get('reason') or 'no reason recorded'}")
+    final = transport.finish()
+    return UploadResult(final["state"], sent, 0, sent_bytes, already, final.get("reason"))
 
 
 class HttpChunkTransport:
@@ -248,6 +288,20 @@ class HttpChunkTransport:
 
     def finish(self) -> dict[str, Any]:
         return self._request("POST", f"/api/artifacts/{self.artifact_id}/finish")
+
+    # Direct delivery to the fleet's S3 store (app/artifacts/s3_delivery.py, on the node gateway).
+    def _s3(self, file_index: int, step: str, body: dict[str, Any]) -> dict[str, Any]:
+        path = f"/api/artifacts/{self.artifact_id}/files/{file_index}/s3/{step}"
+        return self._request("POST", path, json=body)
+
+    def s3_begin(self, file_index: int) -> dict[str, Any]:
+        return self._s3(file_index, "begin", {})
+
+    def s3_presign(self, file_index: int, upload_id: str, parts: list[dict[str, Any]]) -> list[dict]:
+        return self._s3(file_index, "presign", {"upload_id": upload_id, "parts": parts})["parts"]
+
+    def s3_complete(self, file_index: int, upload_id: str) -> dict[str, Any]:
+        return self._s3(file_index, "complete", {"upload_id": upload_id})
 
 
 def _json_or_none(response: Any) -> dict | None:
