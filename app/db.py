@@ -18,7 +18,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
-from tuneplane.app import pool_check
+from tuneplane.app import pool_check, reconnect
 from tuneplane.app.db_functions import check_args
 from tuneplane.app.errors import RETRY_PAUSES, busy_refusal, log_retry, refusal_from_db, rolled_back
 
@@ -80,6 +80,7 @@ class Database:
                         conn.execute("SELECT set_config('tuneplane.token_id', %s, true)", (str(token_id),))
                     yield conn
             except psycopg.Error as exc:
+                reconnect.discard_if_stale(conn, exc)  # left on a standby by a failover
                 refusal = refusal_from_db(exc)
                 if refusal is not None:
                     raise refusal from exc

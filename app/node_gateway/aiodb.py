@@ -16,7 +16,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from tuneplane.app import pool_check
+from tuneplane.app import pool_check, reconnect
 from tuneplane.app.db import SEARCH_PATH_OPTION
 from tuneplane.app.db_functions import check_args
 from tuneplane.app.errors import (
@@ -106,6 +106,7 @@ class AsyncDatabase:
                 cursor = await conn.execute(query, params)
                 return await cursor.fetchall() if cursor.description else []
             except psycopg.Error as exc:
+                await reconnect.discard_if_stale_async(conn, exc)  # left on a standby by a failover
                 refusal = refusal_from_db(exc)
                 if refusal is not None:
                     raise refusal from exc

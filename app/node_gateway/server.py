@@ -28,7 +28,7 @@ import psycopg
 from aiohttp import WSMsgType, web
 from pydantic import ValidationError
 
-from tuneplane.app import __version__
+from tuneplane.app import __version__, reconnect
 from tuneplane.app import db_functions as fn
 from tuneplane.app.errors import Refusal, describe_db_error
 from tuneplane.app.gateway_limits import gateway_app, request_json
@@ -284,7 +284,11 @@ class Gateway:
         except DB_TROUBLE as exc:
             log.warning("HTTP report met a database error: %s", describe_db_error(exc))
             answer = Refusal(f"database error ({describe_db_error(exc)}); send the report again", status=503)
-            return web.json_response({**answer.as_json(), "retryable": True}, status=503)
+            return web.json_response(
+                {**answer.as_json(), "retryable": True},
+                status=503,
+                headers={"Retry-After": str(reconnect.RETRY_AFTER_S)},
+            )
         return web.json_response({"ok": True, "result": result})
 
     async def fetch_file(self, request: web.Request) -> web.StreamResponse:
@@ -579,25 +583,18 @@ class Gateway:
     # ---- background loops ---------------------------------------------------------------------------
 
     async def _listen_loop(self) -> None:
-        delay = 0.5
-        while True:
-            try:
-                conn = await self.db.listen_connection()
-                async with conn:
-                    await conn.execute(f"LISTEN {COMMANDS_CHANNEL}")
-                    delay = 0.5
-                    # Anything written while we were not listening is found now, not at the next poll.
-                    for node_id in list(self.sessions):
-                        self.wake(node_id)
-                    async for notify in conn.notifies():
-                        with contextlib.suppress(ValueError):
-                            self.wake(int(notify.payload))
-            except asyncio.CancelledError:
-                raise
-            except (psycopg.Error, OSError) as exc:
-                log.warning("LISTEN connection lost (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        def on_notify(notify: psycopg.Notify) -> None:
+            with contextlib.suppress(ValueError):
+                self.wake(int(notify.payload))
+
+        def on_listening() -> None:
+            # Anything written while we were not listening is found now, not at the next poll.
+            for node_id in list(self.sessions):
+                self.wake(node_id)
+
+        await reconnect.listen_forever(
+            self.db.listen_connection, (COMMANDS_CHANNEL,), on_notify, on_listening, name="node gateway"
+        )
 
     async def _poll_loop(self) -> None:
         while True:

@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tuneplane.app import pool_check
+from tuneplane.app import pool_check, reconnect
 from tuneplane.app.db import SEARCH_PATH_OPTION
 from tuneplane.app.errors import Refusal, refusal_from_db
 from tuneplane.app.gateway_limits import gateway_app, refusal_response, request_json
@@ -55,7 +55,10 @@ class SdkBatch(BaseModel):
 
 def _error(status: int, message: str, fields: dict | None = None) -> web.Response:
     # Through Refusal, which bounds every echo (app.errors.clip): a 1 MB field is quoted as 600 characters.
-    return refusal_response(Refusal(message, status, fields=dict(fields or {})))
+    response = refusal_response(Refusal(message, status, fields=dict(fields or {})))
+    if status == 503:  # the database is away (a restart, a failover): collectors wait this long, then resend
+        response.headers["Retry-After"] = str(reconnect.RETRY_AFTER_S)
+    return response
 
 
 def _bearer(request: web.Request) -> str:

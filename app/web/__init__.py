@@ -10,6 +10,7 @@ from flask import Flask, render_template, request
 from werkzeug.exceptions import HTTPException
 
 from tuneplane.app import db_functions as fn
+from tuneplane.app import reconnect
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal, busy_refusal, describe_db_error, rolled_back
 from tuneplane.app.resources import resource_dir
@@ -116,6 +117,16 @@ def _error(status: int, message: str, fields: dict | None = None):
     return render_template("error.html", **body), status
 
 
+def _database_away():
+    """503 with Retry-After: the database is restarting or failing over; the CLI and agents wait that long."""
+    answer = _error(503, "the database is unavailable; try again shortly")
+    retry_after = {"Retry-After": str(reconnect.RETRY_AFTER_S)}
+    if isinstance(answer, tuple):  # the HTML page and its status
+        return (*answer, retry_after)
+    answer.headers.update(retry_after)
+    return answer
+
+
 def _register_error_handlers(app: Flask) -> None:
     @app.errorhandler(Refusal)
     def _refusal(exc: Refusal):
@@ -145,7 +156,13 @@ def _register_error_handlers(app: Flask) -> None:
             refusal = busy_refusal(request.endpoint or request.path, exc, 1)
             return _error(refusal.status, refusal.message)
         log.error("database unavailable: %s", exc)
-        return _error(503, "the database is unavailable; try again shortly")
+        return _database_away()
+
+    @app.errorhandler(psycopg.errors.ReadOnlySqlTransaction)
+    def _db_read_only(exc: psycopg.Error):
+        # A failover in progress: the connection reached a standby (reconnect.discard_if_stale replaced it).
+        log.error("database is read-only (a failover in progress?): %s", describe_db_error(exc))
+        return _database_away()
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

@@ -35,6 +35,7 @@ from pgqueuer.models import Job
 from pgqueuer.queries import Queries
 
 from tuneplane.app import db_functions as fn
+from tuneplane.app import reconnect
 from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
@@ -193,27 +194,21 @@ class NodeWorker:
             )
 
     async def _listen(self) -> None:
-        delay = 0.5
-        while not self.stop.is_set():
-            try:
-                conn = await self.db.listen_connection()
-                async with conn:
-                    for channel in (*CHANNELS, webhook_delivery.CHANNEL):
-                        await conn.execute(f"LISTEN {channel}")
-                    delay = 0.5
-                    self.wake.set()  # whatever happened while we were not listening
-                    self.webhooks.wake.set()
-                    async for notify in conn.notifies():
-                        if notify.channel == webhook_delivery.CHANNEL:
-                            self.webhooks.wake.set()
-                        else:
-                            self.wake.set()
-            except asyncio.CancelledError:
-                raise
-            except (psycopg.Error, OSError) as exc:
-                log.warning("LISTEN connection lost (%s); retrying in %.1fs", exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 10.0)
+        def on_notify(notify: psycopg.Notify) -> None:
+            (self.webhooks.wake if notify.channel == webhook_delivery.CHANNEL else self.wake).set()
+
+        def on_listening() -> None:
+            self.wake.set()  # whatever happened while we were not listening
+            self.webhooks.wake.set()
+
+        await reconnect.listen_forever(
+            self.db.listen_connection,
+            (*CHANNELS, webhook_delivery.CHANNEL),
+            on_notify,
+            on_listening,
+            stop=self.stop,
+            name="node worker",
+        )
 
     async def _schedule(self) -> None:
         while not self.stop.is_set():
@@ -232,6 +227,23 @@ class NodeWorker:
     # ---- the process --------------------------------------------------------------------------------
 
     async def _consume(self) -> None:
+        """pgqueuer's consumer, started again on a new connection (the new primary after a failover) when
+        its connection breaks; a job it had picked is picked again by pgqueuer's heartbeat timeout, and
+        claim_launch makes a second run of a launch a no-op (never a second START)."""
+        pauses = reconnect.backoff()
+        while not self.stop.is_set():
+            try:
+                await self._consume_once()
+                return
+            except (psycopg.Error, OSError) as exc:
+                if not reconnect.needs_reconnect(exc) and not isinstance(exc, OSError):
+                    raise
+                pause = next(pauses)
+                log.warning("queue consumer lost its connection (%s); reconnecting in %.2fs", exc, pause)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), pause)
+
+    async def _consume_once(self) -> None:
         conn = await psycopg.AsyncConnection.connect(
             self.options.database_url, autocommit=True, application_name="tuneplane-worker-queue"
         )

@@ -36,6 +36,7 @@ from pathlib import Path
 import psycopg
 
 from tuneplane.app import db_functions as fn
+from tuneplane.app import reconnect
 from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
@@ -643,18 +644,18 @@ class SlurmWorker:
     # ---- the process --------------------------------------------------------------------------------
 
     def listen(self) -> None:
-        while not self.stop.is_set():
-            try:
-                with psycopg.connect(self.options.database_url, autocommit=True) as conn:
-                    for channel in CHANNELS:
-                        conn.execute(f"LISTEN {channel}")
-                    while not self.stop.is_set():
-                        for _ in conn.notifies(timeout=1.0):
-                            self.notified.set()
-                            self.wake.set()
-            except psycopg.Error as exc:
-                log.warning("LISTEN connection lost (%s)", exc)
-                self.stop.wait(1.0)
+        def on_notify(_notify: psycopg.Notify) -> None:
+            self.notified.set()
+            self.wake.set()
+
+        reconnect.listen_forever_sync(
+            lambda: psycopg.connect(self.options.database_url, autocommit=True),
+            CHANNELS,
+            on_notify,
+            self.wake.set,  # one pass after (re)connecting: what a NOTIFY missed meanwhile would have said
+            stop=self.stop,
+            name="slurm worker",
+        )
 
     def guarded(self, work, *args) -> None:
         try:

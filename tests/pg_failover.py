@@ -1,0 +1,194 @@
+"""A real PostgreSQL primary with a synchronous streaming standby, and a failover by `kill -9` (issue 33).
+
+Debian's PostgreSQL binaries (/usr/lib/postgresql/N/bin), run as the `postgres` system user (PostgreSQL
+refuses root). The standby is made by `pg_basebackup -R` and is the primary's synchronous standby
+(`synchronous_standby_names`, `synchronous_commit = on`): a commit the primary confirmed is on the standby.
+`fail_over()` is the machine dying: SIGKILL to the primary's postmaster and every backend it forked (no
+shutdown checkpoint, sockets reset), then `pg_ctl promote` on the standby — the step Patroni takes in
+production (docs/operations.md); the test measures everything after the kill.
+
+`url` is the multi-host URL every process gets, exactly as in production: both hosts,
+`target_session_attrs=read-write` (psycopg tries them in turn and keeps the one that takes writes) and a
+short `connect_timeout` (a dead host must not hold a connect for long).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from tests.conftest import free_port
+from tuneplane.app.migrate import migrate
+
+USER = "postgres"
+DBNAME = "tuneplane"
+
+
+def pg_bin() -> Path | None:
+    root = Path("/usr/lib/postgresql")
+    versions = sorted((p for p in root.glob("*/bin") if (p / "pg_ctl").exists()), reverse=True)
+    return versions[0] if versions else None
+
+
+def available() -> str | None:
+    """None when a failover cluster can run here, else why not (a skip reason)."""
+    if pg_bin() is None:
+        return "Debian's postgresql package is not installed (/usr/lib/postgresql/N/bin)"
+    try:
+        pwd.getpwnam(USER)
+    except KeyError:
+        return f"no `{USER}` system user to run PostgreSQL as"
+    if os.geteuid() != 0:
+        return "starting PostgreSQL as the postgres user needs root"
+    return None
+
+
+@dataclass
+class Node:
+    name: str
+    data: Path
+    port: int
+
+    def dsn(self, dbname: str = DBNAME) -> str:
+        return f"host=127.0.0.1 port={self.port} user={USER} dbname={dbname} connect_timeout=2"
+
+    def postmaster_pid(self) -> int | None:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            return int((self.data / "postmaster.pid").read_text().splitlines()[0])
+        return None
+
+
+class FailoverCluster:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.bin = pg_bin()
+        assert self.bin is not None
+        self.primary = Node("primary", root / "primary", free_port())
+        self.standby = Node("standby", root / "standby", free_port())
+        self.promoted_at: float | None = None
+        self.killed_at: float | None = None
+
+    @property
+    def url(self) -> str:
+        hosts = "127.0.0.1,127.0.0.1"
+        ports = f"{self.primary.port},{self.standby.port}"
+        return (
+            f"host={hosts} port={ports} user={USER} dbname={DBNAME} "
+            "target_session_attrs=read-write connect_timeout=2"
+        )
+
+    def _run(self, *args: str | Path, timeout: float = 120) -> None:
+        subprocess.run(
+            [str(a) for a in args], check=True, timeout=timeout, user=USER, cwd=self.root,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    def _pg_ctl(self, node: Node, *args: str) -> None:
+        self._run(self.bin / "pg_ctl", "-D", node.data, "-l", self.root / f"{node.name}.log", "-w", *args)
+
+    def start(self) -> None:
+        p = self.primary
+        self._run(self.bin / "initdb", "-D", p.data, "-U", USER, "-A", "trust", "--no-sync")
+        with (p.data / "postgresql.conf").open("a") as conf:
+            conf.write(
+                f"port = {p.port}\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{self.root}'\n"
+                "wal_level = replica\nmax_wal_senders = 5\nhot_standby = on\nfsync = off\n"
+            )
+        self._pg_ctl(p, "start")
+        self._run(self.bin / "createdb", "-h", "127.0.0.1", "-p", str(p.port), "-U", USER, DBNAME)
+        s = self.standby
+        self._run(
+            self.bin / "pg_basebackup", "-h", "127.0.0.1", "-p", str(p.port), "-U", USER, "-D", s.data,
+            "-R", "-X", "stream", "--no-sync",
+        )  # fmt: skip
+        with (s.data / "postgresql.auto.conf").open("a") as conf:
+            conf.write(
+                f"primary_conninfo = 'host=127.0.0.1 port={p.port} user={USER} application_name=standby'\n"
+            )
+        with (s.data / "postgresql.conf").open("a") as conf:
+            conf.write(f"port = {s.port}\n")
+        self._pg_ctl(s, "start")
+        # Only now (a commit would wait for a standby that is not there yet): a confirmed commit is on the
+        # standby too, so no acknowledged write is lost by the failover. The standby's copy of the settings
+        # predates this, so once promoted it does not wait for a standby of its own (Patroni's
+        # synchronous_mode relaxes the same way when no standby is left; synchronous_mode_strict does not).
+        with psycopg.connect(p.dsn("postgres"), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
+            conn.execute("ALTER SYSTEM SET synchronous_commit = 'on'")
+            conn.execute("SELECT pg_reload_conf()")
+        self.wait_synchronous()
+        migrate(self.primary.dsn(), progress=lambda _m: None)
+
+    def wait_synchronous(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with psycopg.connect(self.primary.dsn("postgres"), autocommit=True) as conn:
+                row = conn.execute("SELECT sync_state FROM pg_stat_replication").fetchone()
+            if row and row[0] == "sync":
+                return
+            time.sleep(0.1)
+        raise TimeoutError("the standby never became the synchronous standby")
+
+    def kill_primary(self) -> None:
+        """The machine dies: SIGKILL to the postmaster and to every process it forked, at once."""
+        pid = self.primary.postmaster_pid()
+        assert pid is not None
+        children = [int(c) for c in _children(pid)]
+        self.killed_at = time.monotonic()
+        for victim in (pid, *children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGKILL)
+
+    def promote(self) -> None:
+        self._pg_ctl(self.standby, "promote")
+        self.promoted_at = time.monotonic()
+
+    def fail_over(self) -> None:
+        self.kill_primary()
+        self.promote()
+
+    def stop(self) -> None:
+        for node in (self.standby, self.primary):
+            pid = node.postmaster_pid()
+            if pid is None:
+                continue
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                self._pg_ctl(node, "stop", "-m", "immediate")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _children(pid: int) -> list[str]:
+    """The pids whose parent is `pid` (read from /proc: no pkill by name)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(stat.parent.name)
+    return found
+
+
+@contextlib.contextmanager
+def failover_cluster() -> Iterator[FailoverCluster]:
+    root = Path(tempfile.mkdtemp(prefix="tp-failover-"))
+    os.chmod(root, 0o755)
+    shutil.chown(root, USER, USER)
+    cluster = FailoverCluster(root)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
