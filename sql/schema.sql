@@ -210,6 +210,14 @@ CREATE TABLE tuneplane.confirmations (
 );
 CREATE INDEX confirmations_job ON tuneplane.confirmations USING btree (job_id);
 
+CREATE TABLE tuneplane.coordinator_clock (
+    singleton boolean DEFAULT true NOT NULL,
+    swept_at timestamp with time zone,
+    back_at timestamp with time zone,
+    CONSTRAINT coordinator_clock_pkey PRIMARY KEY (singleton),
+    CONSTRAINT coordinator_clock_singleton_check CHECK (singleton)
+);
+
 CREATE TABLE tuneplane.enrollment_tokens (
     id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
     fleet_id bigint NOT NULL,

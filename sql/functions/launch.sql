@@ -133,7 +133,8 @@ DROP FUNCTION IF EXISTS tuneplane.lock_jobs_of_node(bigint);
 --                      send_kill (STOP failed: the member's kill_requested_at, a KILL command).
 --   begin_prepare, abort_launch  the job → the attempt (require_launch_epoch) → every member → PREPARE /
 --                      abort commands, usage rows in node order (abort).
---   expire_prepare_deadlines, expire_member_deadlines, sweep_lost_nodes  each job SKIP LOCKED → as above;
+--   expire_prepare_deadlines, expire_member_deadlines, sweep_lost_nodes  each job SKIP LOCKED → as above
+--                      (sweep_lost_nodes: the coordinator_clock row first, before any job);
 --                      sweep_lost_nodes releases node by node (usage rows in node id order).
 --   unfence_node, cordon/drain/uncordon  the node row FOR UPDATE → node_events.
 DELETE FROM tuneplane.state_transitions;
@@ -1455,6 +1456,9 @@ $$;
 -- KILL's acknowledgement) are released, so their jobs may be retried elsewhere. Lock order: the job
 -- first (SKIP LOCKED: one busy now is taken on the next sweep), then its attempt and member; releases go
 -- node by node (node_usage rows in node id order). Returns how many members were marked or released.
+-- Silence is counted from the later of a node's last heartbeat and the coordinator's return
+-- (coordinator_clock, migration 0250): a database outage or failover, during which no heartbeat could be
+-- written, never makes a node lost; the clock row is locked first, before any job.
 CREATE OR REPLACE FUNCTION tuneplane.sweep_lost_nodes()
 RETURNS integer
 LANGUAGE plpgsql AS $$
@@ -1462,13 +1466,21 @@ DECLARE
     m record;
     v_member tuneplane.members;
     v_count integer := 0;
+    v_lost_before timestamptz;
 BEGIN
+    UPDATE tuneplane.coordinator_clock c
+       SET back_at = CASE WHEN c.swept_at < now() - s.stale_after THEN now() ELSE c.back_at END,
+           swept_at = now()
+      FROM tuneplane.node_settings s
+    -- Within lost_after of the coordinator's return nobody is silent long enough (-infinity: no heartbeat).
+    RETURNING CASE WHEN c.back_at > now() - s.lost_after THEN '-infinity'::timestamptz
+                   ELSE now() - s.lost_after END
+      INTO v_lost_before;
     FOR m IN SELECT mm.id, mm.job_id, mm.attempt_id, n.name AS node_name, n.last_heartbeat_at
                FROM tuneplane.nodes n
                JOIN tuneplane.members mm ON mm.node_id = n.id AND mm.released_at IS NULL
               WHERE n.fenced_at IS NOT NULL AND mm.state = 'lost'
-                AND (n.last_heartbeat_at IS NULL
-                     OR n.last_heartbeat_at <= now() - (SELECT s.lost_after FROM tuneplane.node_settings s))
+                AND (n.last_heartbeat_at IS NULL OR n.last_heartbeat_at <= v_lost_before)
               ORDER BY n.id, mm.job_id, mm.id LOOP
         PERFORM 1 FROM tuneplane.jobs WHERE id = m.job_id FOR UPDATE SKIP LOCKED;
         CONTINUE WHEN NOT FOUND;
@@ -1485,8 +1497,7 @@ BEGIN
                JOIN tuneplane.members mm ON mm.node_id = n.id AND mm.released_at IS NULL
               WHERE n.fenced_at IS NULL AND n.scheduling_state <> 'retired'
                 -- node_connectivity(…) = 'lost', with the threshold read once rather than per node
-                AND (n.last_heartbeat_at IS NULL
-                     OR n.last_heartbeat_at <= now() - (SELECT s.lost_after FROM tuneplane.node_settings s))
+                AND (n.last_heartbeat_at IS NULL OR n.last_heartbeat_at <= v_lost_before)
                 AND mm.contact_lost_at IS NULL
                 AND mm.state IN ('starting', 'running', 'stopping')
               ORDER BY mm.job_id, mm.id LOOP
