@@ -13,6 +13,7 @@ import heapq
 import random
 from dataclasses import dataclass, field
 
+from tests.launch_fixtures import make_job, make_node  # the same rows every placement test uses
 from tuneplane.app.db import Database
 
 SIZES = (1, 2, 4, 8)
@@ -61,18 +62,8 @@ def run(
         "INSERT INTO users (username, role) VALUES (%s, 'admin') RETURNING id", (name + "-root",)
     )
     fleet = db.fetch_one("INSERT INTO fleets (name, backend) VALUES (%s, 'node') RETURNING id", (name,))["id"]
-    with db.transaction() as conn:
-        for i in range(nodes):
-            node = conn.execute(
-                """INSERT INTO nodes (fleet_id, name, cpus, memory_bytes, address, last_heartbeat_at)
-                   VALUES (%s, %s, 64, 256 * 2^30, %s, now()) RETURNING id""",
-                (fleet, f"{name}-n{i + 1}", f"10.0.0.{i + 1}"),
-            ).fetchone()["id"]
-            conn.execute(
-                """INSERT INTO node_gpus (node_id, gpu_index, model, memory_bytes, simulated)
-                   SELECT %s, g, 'Simulated GPU', 80 * 2^30, true FROM generate_series(0, %s - 1) g""",
-                (node, gpus_per_node),
-            )
+    for i in range(nodes):
+        make_node(db, fleet, f"{name}-n{i + 1}", gpus=gpus_per_node, cpus=64, address=f"10.0.0.{i + 1}")
     teams: dict[int, str] = {}
     owners: dict[int, int] = {}
     streams: dict[int, random.Random] = {}
@@ -85,8 +76,6 @@ def run(
         if fair_share:
             db.call("set_team_quota", admin["id"], team, fleet, "", 0, None, weight, False)
         teams[team], owners[team], streams[team] = team_name, user, random.Random(f"{seed}/{k}")
-
-    from tests.launch_fixtures import make_job  # the same job rows every placement test uses
 
     team_of: dict[int, int] = {}
     runtime: dict[int, float] = {}
