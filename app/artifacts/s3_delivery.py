@@ -200,26 +200,8 @@ def abort_stale_uploads(db: Database, store: S3Store, *, min_age: float = 3600.0
     """Abort the multipart uploads (and delete the staging objects) of artifacts that no longer upload
     (failed, complete, pruned or gone): a killed agent or a failed artifact otherwise leaves parts in the
     store for ever. An uploading artifact's upload is kept, and so is anything younger than `min_age`
-    seconds (an upload begun just now for an artifact registered meanwhile). Returns the keys aborted."""
-    import datetime as dt
+    seconds (an upload begun just now for an artifact registered meanwhile). Returns the keys aborted, then
+    those deleted. The blob collection's upload step (app/artifacts/s3_gc.py, `tuneplane blobs gc`)."""
+    from tuneplane.app.artifacts.s3_gc import collect_uploads
 
-    uploading = {
-        row["id"] for row in db.fetch_all("SELECT id FROM tuneplane.artifacts WHERE state = 'uploading'")
-    }
-    now = dt.datetime.now(dt.UTC)
-    root = store.key("uploads/")
-    aborted = []
-    for upload in store.open_uploads("uploads/"):
-        artifact = upload["Key"][len(root) :].split("/", 1)[0]
-        started = upload.get("Initiated")
-        young = started is not None and (now - started).total_seconds() < min_age
-        if (artifact.isdigit() and int(artifact) in uploading) or young:
-            continue
-        store.abort_multipart(upload["Key"], upload["UploadId"])
-        aborted.append(upload["Key"])
-    for key in list(store.list_keys("uploads/")):  # staged objects a crash left between complete and verify
-        artifact = key[len(root) :].split("/", 1)[0]
-        if not (artifact.isdigit() and int(artifact) in uploading):
-            store.delete(key)
-            aborted.append(key)
-    return aborted
+    return collect_uploads(db, store, min_age=min_age).upload_keys

@@ -19,8 +19,10 @@ import datetime as dt
 import logging
 from dataclasses import asdict, dataclass, field
 
+from tuneplane.app.artifacts.s3_delivery import FleetStores
 from tuneplane.app.db import Database
-from tuneplane.app.s3store import S3ConfigError, S3Location, S3Store, load_credentials
+from tuneplane.app.errors import Refusal
+from tuneplane.app.s3store import S3Store
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +41,13 @@ class S3GcReport:
     aborted_uploads: int = 0
     kept_uploading: int = 0
     dry_run: bool = False
+    # The upload keys whose multipart upload was aborted, then the upload leftovers removed (in that order).
+    upload_keys: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict:
-        return {**asdict(self), "removed": len(self.removed)}
+        data = {**asdict(self), "removed": len(self.removed)}
+        del data["upload_keys"]
+        return data
 
 
 def _artifact_of(store: S3Store, key: str) -> str:
@@ -53,13 +59,8 @@ def _artifact_of(store: S3Store, key: str) -> str:
 def collect_s3(db: Database, store: S3Store, *, min_age: float = 3600.0, dry_run: bool = False) -> S3GcReport:
     """Remove unreferenced blob objects, upload leftovers and open multipart uploads of artifacts that
     are no longer uploading, all older than `min_age` seconds."""
-    report = S3GcReport(store=store.location.url, dry_run=dry_run)
+    report = collect_uploads(db, store, min_age=min_age, dry_run=dry_run)
     horizon = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=min_age)
-    # Read before listing: an artifact that starts uploading after this read started its upload after
-    # the horizon's reference point too, so the age guard keeps it.
-    uploading = {
-        str(row["id"]) for row in db.fetch_all("SELECT id FROM tuneplane.artifacts WHERE state = 'uploading'")
-    }
     referenced = {row["sha256"] for row in db.fetch_all("SELECT sha256 FROM tuneplane.blob_references()")}
     for obj in store.list_objects("sha256/"):
         report.examined += 1
@@ -73,13 +74,22 @@ def collect_s3(db: Database, store: S3Store, *, min_age: float = 3600.0, dry_run
                 store.delete(obj["Key"])
             report.removed.append(digest)
             report.removed_bytes += obj["Size"]
-    for obj in store.list_objects(UPLOADS):
-        if _artifact_of(store, obj["Key"]) in uploading:
-            report.kept_uploading += 1
-        elif obj["LastModified"] <= horizon:
-            if not dry_run:
-                store.delete(obj["Key"])
-            report.removed_upload_objects += 1
+    log.info("s3 gc: %s", report.as_json())
+    return report
+
+
+def collect_uploads(
+    db: Database, store: S3Store, *, min_age: float = 3600.0, dry_run: bool = False
+) -> S3GcReport:
+    """Only what uploads left: abort the open multipart uploads, and remove the objects, under
+    `uploads/<artifact id>/` of artifacts that no longer upload, older than `min_age` seconds."""
+    report = S3GcReport(store=store.location.url, dry_run=dry_run)
+    horizon = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=min_age)
+    # Read before listing: an artifact that starts uploading after this read begins its upload after the
+    # horizon's reference point too, so the age guard keeps it.
+    uploading = {
+        str(row["id"]) for row in db.fetch_all("SELECT id FROM tuneplane.artifacts WHERE state = 'uploading'")
+    }
     for upload in store.open_uploads(UPLOADS):
         if _artifact_of(store, upload["Key"]) in uploading:
             report.kept_uploading += 1
@@ -87,38 +97,34 @@ def collect_s3(db: Database, store: S3Store, *, min_age: float = 3600.0, dry_run
             if not dry_run:
                 store.abort_multipart(upload["Key"], upload["UploadId"])
             report.aborted_uploads += 1
-    log.info("s3 gc: %s", report.as_json())
+            report.upload_keys.append(upload["Key"])
+    for obj in store.list_objects(UPLOADS):
+        if _artifact_of(store, obj["Key"]) in uploading:
+            report.kept_uploading += 1
+        elif obj["LastModified"] <= horizon:
+            if not dry_run:
+                store.delete(obj["Key"])
+            report.removed_upload_objects += 1
+            report.upload_keys.append(obj["Key"])
     return report
 
 
 def fleet_stores(db: Database) -> list[S3Store]:
-    """One store per distinct S3 location the fleets name (fleets.storage), with the server's credentials.
-    Raises S3ConfigError when a fleet names one and the server holds no credentials."""
+    """One store per distinct S3 location the fleets name (fleets.storage), with the server's credentials
+    (FleetStores, as direct delivery makes them). Refusal (503) when a fleet names one and the server holds
+    no credentials."""
     rows = db.fetch_all(
         "SELECT DISTINCT storage FROM tuneplane.fleets WHERE storage IS NOT NULL AND storage->>'kind' = 's3'"
     )
-    if not rows:
-        return []
-    credentials = load_credentials()
-    stores = []
-    for row in rows:
-        storage = row["storage"]
-        location = S3Location(
-            endpoint=storage.get("endpoint"),
-            bucket=storage["bucket"],
-            prefix=storage.get("prefix") or "",
-            region=storage.get("region") or "us-east-1",
-            addressing_style=storage.get("addressing_style") or "path",
-        )
-        stores.append(S3Store(location, credentials))
-    return stores
+    stores = FleetStores()
+    return [stores.store(row["storage"]) for row in rows]
 
 
 def collect_fleet_stores(db: Database, *, min_age: float = 3600.0, dry_run: bool = False) -> list[S3GcReport]:
     """`collect_s3` over every fleet's S3 store (`tuneplane blobs gc`, the worker's blob sweep)."""
     try:
         stores = fleet_stores(db)
-    except S3ConfigError as exc:
-        log.warning("s3 gc skipped: %s", exc)
+    except Refusal as exc:
+        log.warning("s3 gc skipped: %s", exc.message)
         return []
     return [collect_s3(db, store, min_age=min_age, dry_run=dry_run) for store in stores]
