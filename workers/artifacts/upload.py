@@ -210,29 +210,38 @@ def upload_direct(
 
     local = manifest.by_path()
     already = sum(1 for f in status["files"] if f["verified"])
-    sent = sent_bytes = 0
-    final: dict[str, Any] = status
+    todo = []
     for entry in status["files"]:
         mine = local.get(entry["path"])
         if mine is None or mine.sha256 != entry["sha256"] or mine.size != entry["size"]:
             raise UploadError(f"{entry['path']}: the server's manifest differs from the local one")
-        if entry["verified"]:
-            continue
+        if not entry["verified"]:
+            todo.append(entry)
+
+    def send_file(entry: dict[str, Any]) -> tuple[int, int]:
         plan = transport.s3_begin(entry["index"])
         if plan.get("verified"):
-            continue
+            return 0, 0
 
         def presign(parts: list[dict], index: int = entry["index"], upload: str = plan["upload_id"]):
             return transport.s3_presign(index, upload, parts)
 
         try:
-            sent += upload_parts(root / entry["path"], plan, presign, parallel=parallel)
+            sent = upload_parts(root / entry["path"], plan, presign, parallel=parallel)
         except PartRefused as exc:
             raise UploadError(str(exc)) from exc
-        sent_bytes += int(entry["size"])
-        final = transport.s3_complete(entry["index"], plan["upload_id"])
-        if final.get("state") == "failed":
-            raise UploadError(f"artifact upload failed: {final.get('reason') or 'no reason recorded'}")
+        # The server verifies this file while the next ones upload.
+        done = transport.s3_complete(entry["index"], plan["upload_id"])
+        if done.get("state") == "failed":
+            raise UploadError(f"artifact upload failed: {done.get('reason') or 'no reason recorded'}")
+        return sent, int(entry["size"])
+
+    sent = sent_bytes = 0
+    # Two files at a time, `parallel` parts each: a file's verification on the server overlaps the next
+    # file's upload, and small files (one part each) do not go one after the other.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="s3-upload") as pool:
+        for n, nbytes in pool.map(send_file, todo):
+            sent, sent_bytes = sent + n, sent_bytes + nbytes
     final = transport.finish()
     return UploadResult(final["state"], sent, 0, sent_bytes, already, final.get("reason"))
 
