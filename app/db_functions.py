@@ -76,6 +76,7 @@ artifact_file_list = StoredFunction("artifact_file_list", "bigint")
 artifact_file_state = StoredFunction("artifact_file_state", "text", "bigint", "integer")
 artifact_for_user = StoredFunction("artifact_for_user", "bigint", "bigint")
 artifact_input_for_node = StoredFunction("artifact_input_for_node", "text", "bigint")
+artifact_storage = StoredFunction("artifact_storage", "bigint")
 artifact_to_verify = StoredFunction("artifact_to_verify", "bigint", "bigint")
 artifact_upload_status = StoredFunction("artifact_upload_status", "text", "bigint")
 artifact_upload_target = StoredFunction(

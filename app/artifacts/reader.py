@@ -13,17 +13,36 @@ from typing import BinaryIO
 
 from tuneplane.app.artifacts.blobs import FsBlobStore
 from tuneplane.app.artifacts.receiver import shared_file_path
+from tuneplane.app.s3store import S3Store
 from tuneplane.workers.artifacts.manifest import READ_BLOCK, Manifest
 from tuneplane.workers.artifacts.verify import VerifyReport, verify_with
 
 log = logging.getLogger(__name__)
 
 
+class S3Blobs:
+    """An S3 fleet's blobs read the way the filesystem store's are (`open` gives None for a missing blob),
+    so verification streams each object from the store once and hashes it here, off the node."""
+
+    def __init__(self, store: S3Store) -> None:
+        self.store = store
+
+    def open(self, sha256: str) -> BinaryIO | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.store.open(sha256)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise OSError(f"the store refused reading blob {sha256}: {exc}") from exc
+
+
 class StoredBytesMismatch(RuntimeError):
     """Raised mid-stream when the bytes sent do not hash to the manifest entry (the response is cut)."""
 
 
-def open_stored(blobs: FsBlobStore, artifact: dict, entry: dict) -> BinaryIO | None:
+def open_stored(blobs: FsBlobStore | S3Blobs, artifact: dict, entry: dict) -> BinaryIO | None:
     """The stored bytes of one manifest entry, or None when they are missing."""
     if artifact["delivery"] == "shared":
         try:
@@ -33,7 +52,7 @@ def open_stored(blobs: FsBlobStore, artifact: dict, entry: dict) -> BinaryIO | N
     return blobs.open(entry["sha256"])
 
 
-def verify_stored(blobs: FsBlobStore, artifact: dict) -> VerifyReport:
+def verify_stored(blobs: FsBlobStore | S3Blobs, artifact: dict) -> VerifyReport:
     """Recompute every file of the artifact from the bytes the server holds or reads."""
     manifest = Manifest.from_json(artifact["manifest"])
     by_path = {f.path: {"path": f.path, "sha256": f.sha256, "size": f.size} for f in manifest.files}

@@ -21,7 +21,13 @@ from werkzeug.wsgi import wrap_file
 from tuneplane.app import db_functions as fn
 from tuneplane.app import humanize
 from tuneplane.app.artifacts.blobs import FsBlobStore
-from tuneplane.app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified, verify_stored
+from tuneplane.app.artifacts.reader import (
+    S3Blobs,
+    StoredBytesMismatch,
+    open_stored,
+    stream_verified,
+    verify_stored,
+)
 from tuneplane.app.artifacts.receiver import (
     MAX_CHUNK_BYTES,
     ArtifactReceiver,
@@ -30,6 +36,7 @@ from tuneplane.app.artifacts.receiver import (
     refused_from_json,
     registration_from_json,
 )
+from tuneplane.app.artifacts.s3_delivery import FleetStores
 from tuneplane.app.errors import Refusal
 from tuneplane.app.security import token_hash
 from tuneplane.app.web.auth import current_user, login_required
@@ -241,13 +248,26 @@ def _checked_body(stream: BinaryIO, entry: dict, label: str) -> Iterable[bytes]:
     return itertools.chain(first, body)
 
 
+# The S3 stores of fleets, made once per location with this server's credentials (s3_delivery.FleetStores).
+_FLEET_STORES = FleetStores()
+
+
+def stored_blobs(db, artifact_id: int) -> FsBlobStore | S3Blobs:
+    """Where the artifact's bytes are read from: its fleet's S3 store (503 without the server's store
+    credentials) or the server's own blob directory."""
+    storage = db.call(fn.artifact_storage, artifact_id)[0]["artifact_storage"]
+    if storage is None:
+        return FsBlobStore(blob_dir())
+    return S3Blobs(_FLEET_STORES.store(storage))
+
+
 @bp.post("/artifacts/<int:artifact_id>/verify")
 @login_required
 def verify(artifact_id: int):
     body_dict(())  # takes no fields: a JSON body naming one is refused by its name
     db = get_db()
     artifact = db.call(fn.artifact_to_verify, _user_id(), artifact_id)[0]
-    report = verify_stored(FsBlobStore(blob_dir()), artifact)
+    report = verify_stored(stored_blobs(db, artifact_id), artifact)
     db.call(
         fn.record_artifact_verification, _user_id(), artifact_id, report.ok, report.checked,
         Jsonb(report.problems()),

@@ -906,6 +906,18 @@ BEGIN
 END;
 $$;
 
+-- artifact_storage: where an artifact's bytes live — its attempt's fleet's store (fleets.storage, migration
+-- 0245): NULL for the server's own store, else the S3 location (never credentials). Readers (verify,
+-- downloads) ask it after the access check of artifact_to_verify / artifact_for_user.
+CREATE OR REPLACE FUNCTION tuneplane.artifact_storage(p_artifact_id bigint)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT f.storage FROM tuneplane.artifacts a
+      JOIN tuneplane.attempts t ON t.id = a.attempt_id
+      JOIN tuneplane.fleets f ON f.id = t.fleet_id
+     WHERE a.id = p_artifact_id AND f.storage ->> 'kind' = 's3';
+$$;
+
 -- record_artifact_verification: the result of a verification the user asked for (the server recomputed
 -- every file). Changes no state: a complete artifact stays complete and immutable; the console and the
 -- input resolution read the latest result. Refuses an artifact that is not complete (artifact_to_verify).

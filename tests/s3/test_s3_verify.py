@@ -1,0 +1,71 @@
+"""`tuneplane artifacts verify` (POST /artifacts/<id>/verify) of an S3 fleet's artifact re-checks the objects
+in the store (issue 32): the server streams each one once and hashes it against the manifest; a byte
+flipped in the store fails the verification and marks the checkpoint corrupt (never resumed from); the
+server's own blob directory is never read."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from pathlib import Path
+
+import pytest
+from psycopg.types.json import Jsonb
+
+from tests.artifact_fixtures import api_token, make_member
+from tests.s3.test_s3_delivery import _deliver, _register, delivery  # noqa: F401 - its fixture
+from tests.seaweed_store import ACCESS_KEY, SECRET_KEY
+from tuneplane.app import db_functions as fn
+from tuneplane.app.artifacts.s3_delivery import S3Delivery
+from tuneplane.app.db import Database
+from tuneplane.app.web import create_app
+
+
+def test_verify_reads_the_fleet_store_and_a_flipped_byte_marks_it_corrupt(
+    db: Database,
+    db_url: str,
+    delivery: S3Delivery,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    setup = make_member(db)
+    loc = delivery.store.location
+    fleet = db.fetch_one("SELECT name FROM tuneplane.fleets WHERE id = %s", (setup.fleet_id,))["name"]
+    storage = {"kind": "s3", "bucket": loc.bucket, "prefix": loc.prefix, "endpoint": loc.endpoint}
+    db.call(fn.set_fleet_storage, fleet, Jsonb(storage), None)
+    data = secrets.token_bytes(40_000)
+    art, manifest = _register(db, setup, tmp_path / "out", {"w.bin": data, "cfg.json": b"{}"})
+    assert _deliver(delivery, setup.credential_hash, art, tmp_path / "out", manifest)["state"] == "complete"
+
+    blob_dir = tmp_path / "server-blobs"
+    app = create_app(db_url)
+    app.config["TP_BLOB_DIR"] = str(blob_dir)
+    client = app.test_client()
+    headers = {"Authorization": f"Bearer {api_token(db, setup.user_id)}", "Accept": "application/json"}
+    for name in (
+        "TUNEPLANE_S3_ACCESS_KEY_ID",
+        "TUNEPLANE_S3_SECRET_ACCESS_KEY",
+        "TUNEPLANE_S3_CREDENTIALS_FILE",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    refused = client.post(f"/artifacts/{art['id']}/verify", headers=headers)
+    assert refused.status_code == 503 and "credentials" in refused.get_json()["error"]
+
+    monkeypatch.setenv("TUNEPLANE_S3_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("TUNEPLANE_S3_SECRET_ACCESS_KEY", SECRET_KEY)
+    ok = client.post(f"/artifacts/{art['id']}/verify", headers=headers)
+    assert ok.status_code == 200, ok.get_data(as_text=True)
+    assert ok.get_json()["ok"] is True and ok.get_json()["checked"] == 2
+    assert not blob_dir.exists() or not any(blob_dir.rglob("*"))  # nothing read from (or put on) its disk
+
+    flipped = bytearray(data)
+    flipped[1234] ^= 0x01
+    store = delivery.store
+    store.put_bytes(store.blob_key(hashlib.sha256(data).hexdigest()), bytes(flipped))  # damaged at rest
+    bad = client.post(f"/artifacts/{art['id']}/verify", headers=headers).get_json()
+    assert bad["ok"] is False and "w.bin" in str(bad)
+    assert db.fetch_one("SELECT tuneplane.artifact_is_corrupt(%s) AS c", (art["id"],))["c"] is True
+
+    store.delete(store.blob_key(hashlib.sha256(b"{}").hexdigest()))  # and a missing object is named
+    gone = client.post(f"/artifacts/{art['id']}/verify", headers=headers).get_json()
+    assert gone["ok"] is False and "cfg.json" in str(gone)
