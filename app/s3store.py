@@ -30,6 +30,8 @@ from tuneplane.app.blobstore import _check, file_sha256
 ACCESS_KEY_ENV = "TUNEPLANE_S3_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "TUNEPLANE_S3_SECRET_ACCESS_KEY"
 CREDENTIALS_FILE_ENV = "TUNEPLANE_S3_CREDENTIALS_FILE"
+# The server's alone: a process that runs on a node (`tuneplane up`'s local agent) is started without them.
+SERVER_ONLY_ENV = (ACCESS_KEY_ENV, SECRET_KEY_ENV, CREDENTIALS_FILE_ENV)
 ADDRESSING_STYLES = ("path", "virtual", "auto")
 # S3's own limits on multipart uploads: parts of 5 MiB..5 GiB except the last, at most 10,000 parts.
 MIN_PART_SIZE = 5 * 1024 * 1024

@@ -45,6 +45,9 @@ class Component:
     # Or: a line the child writes to its log once it is ready (checked in what it wrote since its start).
     ready_line: str | None = None
     ready_timeout: float = 60.0
+    # Variables of `up`'s own environment this child must not inherit: the node agent gets none of the
+    # server's secrets (the S3 store's keys, app/s3store.py SERVER_ONLY_ENV), as a remote node would not.
+    withhold_env: tuple[str, ...] = ()
 
 
 @dataclass
@@ -123,7 +126,8 @@ class Supervisor:
     def _spawn(self, component: Component) -> tuple[subprocess.Popen, Path]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{component.name}.log"
-        env = {**os.environ, **component.env, "PYTHONUNBUFFERED": "1"}
+        inherited = {k: v for k, v in os.environ.items() if k not in component.withhold_env}
+        env = {**inherited, **component.env, "PYTHONUNBUFFERED": "1"}
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 component.argv,

@@ -20,6 +20,7 @@ from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.config import ENV_NODE_GATEWAY_URL
 from tuneplane.app.node_gateway.protocol import ENROLL_TOKEN_PREFIX
+from tuneplane.app.s3store import SERVER_ONLY_ENV
 from tuneplane.app.security import new_token, token_hash
 from tuneplane.app.supervisor import Component
 from tuneplane.workers.agent.credential import FileCredentialStore
@@ -88,6 +89,8 @@ def node_components(ctx: UpContext) -> list[Component]:
         ),
         env=env,
         ready=lambda: (state_dir / CREDENTIAL_FILE).exists() and local_node_reported(ctx.database_url),
+        # A node never holds the store's keys (presigned URLs only), even on the server's machine.
+        withhold_env=SERVER_ONLY_ENV,
     )
     return [gateway, agent]
 

@@ -131,3 +131,29 @@ def test_a_child_that_never_writes_its_ready_line_is_not_ready(tmp_path: Path) -
     with pytest.raises(ComponentFailed, match="not ready"):
         sup.start(component)
     sup.stop_all()
+
+
+def test_a_node_side_child_does_not_inherit_the_servers_store_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`tuneplane up` holds the S3 store's keys in its environment for the server and the node gateway;
+    its local agent (and so every member it starts) is spawned without them (issue 32)."""
+    from tuneplane.app.components import UpContext
+    from tuneplane.app.node_gateway import local
+    from tuneplane.app.s3store import SERVER_ONLY_ENV
+
+    for name in SERVER_ONLY_ENV:
+        monkeypatch.setenv(name, f"secret-{name}")
+    monkeypatch.setenv("TP_KEPT", "kept")
+    monkeypatch.setattr(local, "ensure_local_enrollment", lambda *_a: None)
+    ctx = UpContext(host="127.0.0.1", port=1, database_url="postgresql://x/y", data_dir=tmp_path)
+    gateway, agent = local.node_components(ctx)
+    assert agent.withhold_env == SERVER_ONLY_ENV and gateway.withhold_env == ()
+    sup = Supervisor(tmp_path / "logs", lambda _m: None, grace=5)
+    dump = "import json, os; print(json.dumps(dict(os.environ)), flush=True)"
+    for name, withheld in (("agent", agent.withhold_env), ("gateway", ())):
+        process, log = sup._spawn(Component(name, [sys.executable, "-c", dump], withhold_env=withheld))
+        process.wait(30)
+        seen = log.read_text()
+        assert "TP_KEPT" in seen
+        assert all((f"secret-{n}" in seen) == (name == "gateway") for n in SERVER_ONLY_ENV), (name, seen)
