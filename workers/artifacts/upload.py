@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import google_crc32c
+import httpx
 
 from tuneplane.workers.artifacts.manifest import Manifest
 
@@ -230,6 +231,10 @@ def upload_direct(
             sent = upload_parts(root / entry["path"], plan, presign, parallel=parallel)
         except PartRefused as exc:
             raise UploadError(str(exc)) from exc
+        except httpx.TransportError as exc:
+            # The store unreachable (down, restarting) after the part's own retries: like a server that
+            # does not answer, the artifact stays uploading and the next try resumes from the parts held.
+            raise UploadError(f"{entry['path']}: the store did not answer: {exc}") from exc
         # The server verifies this file while the next ones upload.
         done = transport.s3_complete(entry["index"], plan["upload_id"])
         if done.get("state") == "failed":
