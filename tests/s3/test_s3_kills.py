@@ -16,15 +16,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from psycopg.types.json import Jsonb
 
-from tests.artifact_fixtures import make_member, write_tree
+from tests.artifact_fixtures import write_tree
 from tests.db.test_artifacts_gateway import serve_gateway_routes
-from tests.seaweed_store import ACCESS_KEY, BUCKET, SECRET_KEY
+from tests.s3.test_s3_gateway import s3_fleet  # noqa: F401 - the fixture small_parts builds on
 from tuneplane.app.artifacts import s3_delivery
 from tuneplane.app.artifacts.s3_gc import collect_s3
 from tuneplane.app.db import Database
-from tuneplane.app.s3store import MIN_PART_SIZE, SERVER_ONLY_ENV, S3Credentials, S3Location, S3Store
+from tuneplane.app.s3store import MIN_PART_SIZE, SERVER_ONLY_ENV
 from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http
 
 PARTS = 8
@@ -57,23 +56,17 @@ AGENT = textwrap.dedent(
 
 
 @pytest.fixture
-def s3_fleet(db: Database, seaweed, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("TUNEPLANE_S3_ACCESS_KEY_ID", ACCESS_KEY)  # the gateway's (server's) environment
-    monkeypatch.setenv("TUNEPLANE_S3_SECRET_ACCESS_KEY", SECRET_KEY)
-    # Parts of S3's minimum size, so a test file has several without writing hundreds of MiB.
+def small_parts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """test_s3_gateway's S3 fleet, its gateway cutting parts of S3's minimum size (several per test file
+    without writing hundreds of MiB)."""
     real = s3_delivery.FleetStores.delivery
 
-    def small_parts(self, db, credential_hash, artifact_id):
+    def delivery(self, db, credential_hash, artifact_id):
         made = real(self, db, credential_hash, artifact_id)
         return s3_delivery.S3Delivery(made.db, made.store, part_size=MIN_PART_SIZE)
 
-    monkeypatch.setattr(s3_delivery.FleetStores, "delivery", small_parts)
-    setup = make_member(db)
-    prefix = f"kill/{os.urandom(4).hex()}"
-    storage = {"kind": "s3", "bucket": BUCKET, "prefix": prefix, "endpoint": seaweed.endpoint}
-    db.call("set_fleet_storage", "gpu", Jsonb(storage), "test")
-    store = S3Store(S3Location(seaweed.endpoint, BUCKET, prefix), S3Credentials(ACCESS_KEY, SECRET_KEY))
-    return setup, store
+    monkeypatch.setattr(s3_delivery.FleetStores, "delivery", delivery)
+    return request.getfixturevalue("s3_fleet")
 
 
 def _state(db: Database, artifact_id: int) -> str:
@@ -81,9 +74,15 @@ def _state(db: Database, artifact_id: int) -> str:
 
 
 def test_agent_killed_9_mid_upload_resumes_without_resending_parts(
-    db: Database, db_url: str, tmp_path: Path, port: int, seaweed, s3_fleet, monkeypatch: pytest.MonkeyPatch
+    db: Database,
+    db_url: str,
+    tmp_path: Path,
+    port: int,
+    seaweed,
+    small_parts,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    setup, store = s3_fleet
+    setup, store = small_parts
     data = os.urandom(PARTS * MIN_PART_SIZE)
     write_tree(tmp_path / "out", {"weights.bin": data})
     with serve_gateway_routes(db_url, tmp_path / "blobs", port) as url:
@@ -129,9 +128,15 @@ def test_agent_killed_9_mid_upload_resumes_without_resending_parts(
 
 
 def test_store_killed_mid_upload_never_completes_then_the_next_try_does(
-    db: Database, db_url: str, tmp_path: Path, port: int, seaweed, s3_fleet, monkeypatch: pytest.MonkeyPatch
+    db: Database,
+    db_url: str,
+    tmp_path: Path,
+    port: int,
+    seaweed,
+    small_parts,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    setup, store = s3_fleet
+    setup, store = small_parts
     data = os.urandom(3 * MIN_PART_SIZE)
     write_tree(tmp_path / "out", {"weights.bin": data})
     real_put = httpx.Client.put
