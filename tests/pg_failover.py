@@ -78,6 +78,7 @@ class FailoverCluster:
         self.standby = Node("standby", root / "standby", free_port())
         self.promoted_at: float | None = None
         self.killed_at: float | None = None
+        self.killed_wall: float | None = None
 
     @property
     def url(self) -> str:
@@ -146,6 +147,7 @@ class FailoverCluster:
         assert pid is not None
         children = [int(c) for c in _children(pid)]
         self.killed_at = time.monotonic()
+        self.killed_wall = time.time()
         for victim in (pid, *children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
@@ -154,8 +156,12 @@ class FailoverCluster:
         self._pg_ctl(self.standby, "promote")
         self.promoted_at = time.monotonic()
 
-    def fail_over(self) -> None:
+    def fail_over(self, down_s: float = 0.0) -> None:
+        """Kill the primary; `down_s` later (the orchestrator's detection time: Patroni's ttl, ~10 s in
+        production) promote the standby. A duration being simulated, not a wait for an event."""
         self.kill_primary()
+        if down_s:
+            time.sleep(down_s)
         self.promote()
 
     def stop(self) -> None:
