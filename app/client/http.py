@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
@@ -10,6 +11,19 @@ from tuneplane.app.client.config import ClientConfig
 from tuneplane.app.client.transport import ClientError, check_transport, is_loopback_host, verify_setting
 
 __all__ = ["ApiClient", "ClientError", "check_transport", "is_loopback_host", "verify_setting"]
+
+# How long a read waits out 503 + Retry-After answers in all (a failover takes seconds: docs/operations.md).
+WAIT_OUT_503_S = 30.0
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The seconds a 503 asks to wait (Retry-After in seconds, at most 10), else None."""
+    if response.status_code != 503:
+        return None
+    try:
+        return min(max(float(response.headers.get("Retry-After", "")), 0.0), 10.0)
+    except ValueError:
+        return None
 
 
 class ApiClient:
@@ -42,13 +56,20 @@ class ApiClient:
         self.close()
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            response = self.http.request(method, path, **kwargs)
-        except httpx.ConnectError as exc:
-            raise ClientError(f"cannot connect to {self.config.server}: {exc}") from exc
-        except httpx.HTTPError as exc:
-            raise ClientError(f"request to {self.config.server} failed: {exc}") from exc
-        return self._decode(response)
+        # A 503 with Retry-After (the database restarting or failing over: app/reconnect.py) is waited out
+        # for a read, within WAIT_OUT_503_S; a write is not sent twice (the user runs it again).
+        deadline = time.monotonic() + WAIT_OUT_503_S
+        while True:
+            try:
+                response = self.http.request(method, path, **kwargs)
+            except httpx.ConnectError as exc:
+                raise ClientError(f"cannot connect to {self.config.server}: {exc}") from exc
+            except httpx.HTTPError as exc:
+                raise ClientError(f"request to {self.config.server} failed: {exc}") from exc
+            pause = _retry_after(response)
+            if method not in ("GET", "HEAD") or pause is None or time.monotonic() + pause > deadline:
+                return self._decode(response)
+            time.sleep(pause)
 
     def get(self, path: str, **kwargs: Any) -> Any:
         return self.request("GET", path, **kwargs)
