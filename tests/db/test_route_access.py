@@ -111,6 +111,7 @@ GATEWAY_NOT_JOB_SCOPED = {
         "/api/artifacts/refused": NODE,
         "/api/artifacts/{artifact_id}/upload": NODE,
         "/api/artifacts/{artifact_id}/files/{file_index}/chunks/{chunk_index}": NODE,
+        "/api/artifacts/{artifact_id}/files/{file_index}/s3/{step}": NODE,
         "/api/artifacts/{artifact_id}/finish": NODE,
         "/api/artifacts/{artifact_id}/fail": NODE,
         "/api/input-artifacts/{artifact_id}": NODE,
