@@ -249,7 +249,11 @@ class Cluster:
 
     def wait_members(self, job_id: int, state: str, timeout: float = 60.0) -> list[dict]:
         def reached() -> list[dict] | None:
+            # The newest attempt's members: a launch aborted before anything started (e.g. a MASTER_PORT
+            # taken by another process on this shared machine) is superseded by a free re-launch.
             rows = self.members(job_id)
+            newest = max((m["attempt_id"] for m in rows), default=None)
+            rows = [m for m in rows if m["attempt_id"] == newest]
             return rows if rows and all(m["state"] == state for m in rows) else None
 
         try:
