@@ -8,28 +8,15 @@ import datetime as dt
 import html
 import json
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.console_server import cli_invoker, serving_users
 from tests.launch_fixtures import run_to_running
 from tests.simulated_gpus import IDLE, post_samples
 from tests.telemetry_support import member_token, running_gateway
 from tuneplane.app.db import Database
 
-
-@pytest.fixture
-def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
-    with serving_users(db_url, db, tmp_path, port, {"alice": "user", "root": "admin"}, gpus=2) as info:
-        yield info
-
-
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict):
-    return cli_invoker(monkeypatch, tmp_path, server["url"], server)
+CONSOLE_GPUS = 2  # the `server` and `cli` fixtures: tests/db/conftest.py
 
 
 def idle_running_job(cli, db: Database, db_url: str, server: dict) -> int:

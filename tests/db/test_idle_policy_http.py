@@ -5,27 +5,13 @@ and fleets are 404s, not a raw foreign-key error; a real HTTP server on loopback
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.console_server import cli_invoker, serving_users
 from tests.submission_setup import add_user, one_local_fleet
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
-
-
-@pytest.fixture
-def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
-    with serving_users(db_url, db, tmp_path, port, {"alice": "user", "root": "admin"}) as info:
-        yield info
-
-
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict):
-    return cli_invoker(monkeypatch, tmp_path, server["url"], server)
 
 
 def test_set_idle_policy_with_an_unknown_team_is_a_404_not_a_foreign_key_error(db: Database) -> None:

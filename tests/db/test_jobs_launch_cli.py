@@ -7,12 +7,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.console_server import cli_invoker, serving_users
 from tests.helpers import OutputWatcher
 from tests.launch_fixtures import report, run_to_running
 from tests.submission_setup import add_node
@@ -21,15 +17,7 @@ from tuneplane.app.db import Database
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
-    with serving_users(db_url, db, tmp_path, port, {"alice": "user", "bob": "user"}) as info:
-        yield info
-
-
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict):
-    return cli_invoker(monkeypatch, tmp_path, server["url"], server)
+CONSOLE_ROLES = {"alice": "user", "bob": "user"}  # the `server` and `cli` fixtures: tests/db/conftest.py
 
 
 def submit(cli) -> int:

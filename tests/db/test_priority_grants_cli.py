@@ -4,25 +4,10 @@ and the console's form, both `POST /teams/<name>/priority`, over a real HTTP ser
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.console_server import cli_invoker, serving_users
 from tuneplane.app.db import Database
-
-
-@pytest.fixture
-def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
-    with serving_users(db_url, db, tmp_path, port, {"alice": "user", "root": "admin"}) as info:
-        yield info
-
-
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict):
-    return cli_invoker(monkeypatch, tmp_path, server["url"], server)
 
 
 def test_an_urgent_preview_is_refused_until_the_cli_grants_it(cli, server: dict, db: Database) -> None:

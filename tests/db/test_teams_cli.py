@@ -15,22 +15,16 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from tests.console_server import cli_invoker, serving_users
 from tuneplane.app.cli import main
-from tuneplane.app.db import Database
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def server(db_url: str, db: Database, tmp_path: Path, port: int) -> Iterator[dict]:
-    with serving_users(db_url, db, tmp_path, port, {"alice": "user", "bob": "user", "root": "admin"}) as info:
-        yield info
-
-
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server: dict):
-    return cli_invoker(monkeypatch, tmp_path, server["url"], server)
+CONSOLE_ROLES = {
+    "alice": "user",
+    "bob": "user",
+    "root": "admin",
+}  # the `server` and `cli` fixtures: tests/db/conftest.py
 
 
 def _ok(result) -> str:
