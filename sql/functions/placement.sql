@@ -69,9 +69,12 @@ $$;
 CREATE OR REPLACE FUNCTION tuneplane.describe_request(p_job tuneplane.jobs)
 RETURNS text
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT format('%s node%s × %s GPU%s, %s CPU%s, %s memory',
+    -- A CPU-only job's needs name no GPU ("1 node × 4 CPUs, 1024 MB memory").
+    SELECT format('%s node%s × %s%s CPU%s, %s memory',
                   p_job.nodes, CASE WHEN p_job.nodes = 1 THEN '' ELSE 's' END,
-                  p_job.gpus_per_node, CASE WHEN p_job.gpus_per_node = 1 THEN '' ELSE 's' END,
+                  CASE WHEN p_job.gpus_per_node = 0 THEN ''
+                       ELSE format('%s GPU%s, ', p_job.gpus_per_node,
+                                   CASE WHEN p_job.gpus_per_node = 1 THEN '' ELSE 's' END) END,
                   p_job.cpus_per_node, CASE WHEN p_job.cpus_per_node = 1 THEN '' ELSE 's' END,
                   pg_size_pretty(p_job.memory_per_node));
 $$;
@@ -584,8 +587,15 @@ BEGIN
                 CONTINUE;
             END IF;
             -- What every reason of an admitted job that waits ends with: its team's quota (stable words).
-            v_standing := CASE WHEN v_borrow THEN '; to borrow idle GPUs: ' ELSE '; within its guarantee: ' END
-                          || tuneplane.team_standing(t_name[v_t], v_fleet, t_guar[v_t], t_limit[v_t], t_weight[v_t]);
+            -- Not for a job that asks no GPU: GPU quotas do not apply to it (admission_verdict), so its reason
+            -- speaks of the CPUs and memory it waits for only.
+            v_standing := CASE
+                              WHEN v_job.nodes * v_job.gpus_per_node = 0 THEN ''
+                              ELSE CASE WHEN v_borrow THEN '; to borrow idle GPUs: '
+                                        ELSE '; within its guarantee: ' END
+                                   || tuneplane.team_standing(t_name[v_t], v_fleet, t_guar[v_t], t_limit[v_t],
+                                                              t_weight[v_t])
+                          END;
         END IF;
         IF v_job.preemptions_used > 0 THEN
             -- Just preempted, while a job that outranks it still waits: it backs off (preemption.sql).
@@ -904,9 +914,17 @@ LANGUAGE sql STABLE AS $$
           JOIN tuneplane.nodes n ON n.id = u.node_id
          WHERE tuneplane.node_is_connected(n, (SELECT tuneplane.node_fresh_since()))
     )
+    -- A CPU-only job is told of the largest free CPUs and memory; a GPU job of the largest free GPUs.
     SELECT format('best fit now: %s node%s can take a member (%s)', fit, CASE WHEN fit = 1 THEN '' ELSE 's' END,
-                  coalesce((SELECT format('largest free: %s GPUs, %s CPUs on %s', e.free_gpus, e.free_cpus, e.name)
-                              FROM eligible e ORDER BY e.free_gpus DESC, e.free_cpus DESC, e.node_id LIMIT 1),
+                  coalesce(CASE WHEN (SELECT j.gpus_per_node FROM j) = 0
+                                THEN (SELECT format('largest free: %s CPUs, %s memory on %s', e.free_cpus,
+                                                    pg_size_pretty(e.free_memory), e.name)
+                                        FROM eligible e ORDER BY e.free_cpus DESC, e.free_memory DESC, e.node_id
+                                       LIMIT 1)
+                                ELSE (SELECT format('largest free: %s GPUs, %s CPUs on %s', e.free_gpus,
+                                                    e.free_cpus, e.name)
+                                        FROM eligible e ORDER BY e.free_gpus DESC, e.free_cpus DESC, e.node_id
+                                       LIMIT 1) END,
                            'no schedulable connected node in the fleet'))
       FROM (SELECT count(*) AS fit FROM eligible e, j
              WHERE e.free_gpus >= j.gpus_per_node AND e.free_cpus >= j.cpus_per_node
@@ -983,11 +1001,12 @@ SELECT m.job_id, a.number AS attempt, a.state AS attempt_state, m.id AS member_i
 -- team_waiting_now: the figures of the moment behind a queued job's quota reason, computed when read
 -- (the stored reason keeps stable words: team_standing): what its team holds now against its guarantee,
 -- the fair-share standing of the fleet's teams (GPUs held ÷ weight, lowest first, at most 5 named), and
--- how many jobs of other teams are ahead of it in admission order. NULL on a fleet without quotas.
+-- how many jobs of other teams are ahead of it in admission order. NULL on a fleet without quotas, and for a
+-- job that asks no GPU (GPU quotas do not apply to it).
 CREATE OR REPLACE FUNCTION tuneplane.team_waiting_now(p_job_id bigint)
 RETURNS text
 LANGUAGE sql STABLE AS $$
-    WITH j AS (SELECT * FROM tuneplane.jobs WHERE id = p_job_id AND state = 'queued'),
+    WITH j AS (SELECT * FROM tuneplane.jobs WHERE id = p_job_id AND state = 'queued' AND gpus_per_node > 0),
     s AS (SELECT s.* FROM j, tuneplane.fleet_team_shares(j.fleet_id) s WHERE tuneplane.fleet_has_quotas(j.fleet_id)),
     q AS (SELECT a.job_id, a.ord, o.team_id FROM j, tuneplane.admission_queue(j.fleet_id) a
             JOIN tuneplane.jobs o ON o.id = a.job_id)

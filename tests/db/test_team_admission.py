@@ -226,3 +226,26 @@ def test_with_a_half_life_a_team_that_held_much_recently_waits_behind_one_that_d
         "SELECT team_id, decayed_gpu_secs FROM team_fleet_usage WHERE fleet_id = %s", (fleet,)
     )
     assert {u["team_id"] for u in usage} == {heavy, light}  # the pass brought every team's usage up to now
+
+
+def test_a_cpu_only_job_waiting_on_a_fleet_with_quotas_is_told_of_cpus_and_memory_not_gpu_quotas(
+    db: Database, shared_fleet: dict
+) -> None:
+    """GPU quotas do not apply to a job that asks no GPU (admission_verdict admits it): its stored reason,
+    and what the job page adds when read (the team's figures, the best fit now), speak of its CPUs and
+    memory only (issue 36: the home page explained a CPU job's wait with nine lines of GPU quotas)."""
+    admin, fleet = shared_fleet["admin"], shared_fleet["fleet"]
+    user = make_user(db, "cora")
+    team = make_team(db, user, "cpu-team")
+    set_quota(db, admin, team, fleet, guaranteed=2, limit=4, weight=1)
+    cpu_job = make_job(db, user, fleet, gpus_per_node=0, cpus_per_node=64, memory_per_node=2**30, team_id=team)
+    gpu_job = make_job(db, user, fleet, gpus_per_node=8, nodes=3, team_id=team, preemptible=True)
+    assert _placed(db, fleet) == []  # no node has 64 CPUs (32 each); the GPU job is past its team's limit
+    reason = job(db, cpu_job)["state_reason"]
+    assert reason.startswith("waiting for resources: needs 1 node × 64 CPUs, 1024 MB memory"), reason
+    assert "GPU" not in reason and "guarantee" not in reason, reason
+    assert "limit of 4 GPUs" in job(db, gpu_job)["state_reason"]  # a GPU job still hears of its quota
+    assert db.call("team_waiting_now", cpu_job)[0]["team_waiting_now"] is None
+    assert db.call("team_waiting_now", gpu_job)[0]["team_waiting_now"] is not None
+    fit = db.call("placement_fit_now", cpu_job)[0]["placement_fit_now"]
+    assert "GPU" not in fit and "32 CPUs, 256 GB memory on n" in fit, fit
