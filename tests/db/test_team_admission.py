@@ -238,7 +238,9 @@ def test_a_cpu_only_job_waiting_on_a_fleet_with_quotas_is_told_of_cpus_and_memor
     user = make_user(db, "cora")
     team = make_team(db, user, "cpu-team")
     set_quota(db, admin, team, fleet, guaranteed=2, limit=4, weight=1)
-    cpu_job = make_job(db, user, fleet, gpus_per_node=0, cpus_per_node=64, memory_per_node=2**30, team_id=team)
+    cpu_job = make_job(
+        db, user, fleet, gpus_per_node=0, cpus_per_node=64, memory_per_node=2**30, team_id=team
+    )
     gpu_job = make_job(db, user, fleet, gpus_per_node=8, nodes=3, team_id=team, preemptible=True)
     assert _placed(db, fleet) == []  # no node has 64 CPUs (32 each); the GPU job is past its team's limit
     reason = job(db, cpu_job)["state_reason"]
