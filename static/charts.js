@@ -116,21 +116,11 @@
     return opts.x === "step" && all.length && all.every(s => s.source === "system") ? "wall" : opts.x;
   }
 
-  // A metric written twice by the same member (the demo writes JSONL and TensorBoard: `jsonl:…` and
-  // `tensorboard:…` sources of one name) is drawn once: the JSONL copy wins (float64, as written; TensorBoard
-  // keeps float32). The copies' sources are named in the line's label.
-  const sourceRank = s => (s.source.startsWith("jsonl") ? 0 : s.source === "system" ? 1 : 2);
+  // A metric written twice by the same member (the demo writes JSONL and TensorBoard) is drawn once: the
+  // server marks which copy is kept (`copy_of`, app/telemetry/queries.py mark_copies, the rule `tuneplane
+  // metrics` follows too). The copies' sources (`copies`) are named in the line's label.
   function onePerMetric(series) {
-    const kept = new Map();
-    for (const s of series) {
-      const key = [s.attempt, s.member, s.canonical || s.name].join("|");
-      const other = kept.get(key);
-      if (!other) { kept.set(key, { ...s, copies: [] }); continue; }
-      const [win, lose] = sourceRank(s) < sourceRank(other) ? [{ ...s, copies: other.copies }, other] : [other, s];
-      win.copies.push(lose.source);
-      kept.set(key, win);
-    }
-    return Array.from(kept.values()).sort((a, b) => a.attempt - b.attempt || a.member - b.member);
+    return series.filter(s => !s.copy_of).sort((a, b) => a.attempt - b.attempt || a.member - b.member);
   }
 
   function build(payloads, requested) {

@@ -248,7 +248,9 @@ def metrics_cmd(
     from tuneplane.app.telemetry.queries import CANONICAL_UNITS
 
     rows = []
-    for series in data["series"]:
+    # A metric written twice by one member (JSONL and TensorBoard) is one row, the copy the server kept
+    # (queries.mark_copies, as the charts); --json keeps both.
+    for series in (s for s in data["series"] if not s.get("copy_of")):
         # Bytes (resident memory, GPU memory) in binary units, as the charts; --json keeps exact values.
         in_bytes = CANONICAL_UNITS.get(series.get("canonical") or "") == "bytes"
         shown = humanize.size if in_bytes else humanize.number
@@ -260,7 +262,8 @@ def metrics_cmd(
             {
                 "name": series["name"],
                 "canonical": series.get("canonical") or "",
-                "source": series["source"],
+                "source": series["source"]
+                + (f" (also {', '.join(series['copies'])})" if series.get("copies") else ""),
                 "attempt": series["attempt"],
                 "member": series["member"],
                 "points": series["point_count"],

@@ -37,6 +37,32 @@ CANONICAL_UNITS = {
 }
 
 
+def _source_rank(source: str) -> int:
+    """Which copy of a metric is shown: JSONL first (float64, as written; TensorBoard keeps float32), then a
+    system sample, then any other source."""
+    return 0 if source.startswith("jsonl") else 1 if source == "system" else 2
+
+
+def mark_copies(series: list[dict]) -> None:
+    """A metric written twice by the same member (the demo writes JSONL and TensorBoard: `jsonl:…` and
+    `tensorboard:…` sources of one canonical name) is shown once, by the charts and by `tuneplane metrics`
+    alike: the one rule for which copy is kept. Each series gets `copy_of` (None for the kept one, else the
+    kept one's source) and the kept one `copies` (the other sources, in order)."""
+    kept: dict[tuple, dict] = {}
+    for entry in series:
+        key = (entry["attempt"], entry["member"], entry["canonical"] or entry["name"])
+        other = kept.get(key)
+        if other is None or _source_rank(entry["source"]) < _source_rank(other["source"]):
+            kept[key] = entry
+    for entry in kept.values():
+        entry["copies"] = []
+    for entry in series:
+        winner = kept[(entry["attempt"], entry["member"], entry["canonical"] or entry["name"])]
+        entry["copy_of"] = None if winner is entry else winner["source"]
+        if winner is not entry:
+            winner["copies"].append(entry["source"])
+
+
 def finite(value: float | None) -> float | None:
     """A number JSON can carry: NaN and ±Infinity become None (their kind goes in a `non_finite` field)."""
     return value if value is None or math.isfinite(value) else None
@@ -99,7 +125,8 @@ def job_metrics(
     """Each matching series (canonical ones when no name is given) with at most `max_points` buckets.
     Non-finite values are null with a `non_finite` marker ('NaN', 'Infinity', '-Infinity'), so the answer
     is valid JSON. With `smooth` (a window in steps) each bucket also carries `smoothed`: the trailing mean
-    of the full series over that window at the bucket's last step (the same at every zoom)."""
+    of the full series over that window at the bucket's last step (the same at every zoom). A metric written
+    twice by one member keeps both series, the copy marked (`mark_copies`)."""
     if smooth is not None and smooth < 1:
         raise Refusal("smooth must be a window of 1 step or more", 400, "smooth")
     if not 1 <= max_points <= MAX_BUCKETS:
@@ -109,6 +136,7 @@ def job_metrics(
         series = [s for s in series if s["canonical"]]
     truncated = len(series) > MAX_SERIES
     series = series[:MAX_SERIES]
+    mark_copies(series)
     for entry in series:
         rows = db.call(fn.telemetry_buckets, actor_id, entry["id"], max_points, step_from, step_to)
         entry["buckets"] = [

@@ -3,6 +3,7 @@ canonical names, retention, the charts page and `tuneplane metrics`."""
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections.abc import Iterator
@@ -274,8 +275,6 @@ def test_metrics_cli_prints_bounded_series(db: Database, db_url: str, gateway: G
         as_json = CliRunner().invoke(
             main, ["metrics", str(job), "--name", "loss", "--max-points", "50", "--json"], env=env
         )
-        import json
-
         data = json.loads(as_json.output)
         assert len(data["series"][0]["buckets"]) <= 50 and data["series"][0]["point_count"] == 3_000
         refused = CliRunner().invoke(main, ["metrics", "999999"], env=env)
@@ -345,3 +344,29 @@ def test_metrics_cli_rounds_to_the_series_precision_and_shows_system_steps_as_ti
         assert cpu.split()[-3:] == ["110.25", "99.5", "110.25"], cpu
         rss = next(line for line in table.output.splitlines() if line.startswith("system/rss_bytes"))
         assert rss.split()[-6:] == ["1.5", "GiB", "300.0", "MiB", "1.5", "GiB"], rss
+
+
+def test_metrics_cli_lists_a_metric_written_twice_once_the_jsonl_copy(
+    db: Database, db_url: str, gateway: GatewayThread
+) -> None:
+    """The demo writes its loss to JSONL and TensorBoard: one row, the JSONL copy (float64 as written), naming
+    the other source, as the console's chart draws one line (queries.mark_copies); --json keeps both, the
+    TensorBoard copy marked `copy_of`."""
+    from tuneplane.app.cli import main
+
+    alice = make_user(db, "alice")
+    job = make_job(db, alice)
+    token = member_token(db, job)
+    _send(gateway, token, "loss", [0, 1, 2], np.array([2.0, 1.5, 1.25]), seq=1, source="tensorboard:run")
+    _send(gateway, token, "train/loss", [0, 1, 2], np.array([2.0, 1.5, 1.25]), seq=2, source="jsonl:m")
+    with _cli_env(db_url, db, alice) as env:
+        table = CliRunner().invoke(main, ["metrics", str(job)], env=env)
+        assert table.exit_code == 0, table.output
+        rows = [line for line in table.output.splitlines() if " loss " in f" {line} "]
+        assert len(rows) == 1 and rows[0].startswith("train/loss "), table.output
+        assert "jsonl:m (also tensorboard:run)" in rows[0], rows[0]
+        data = json.loads(CliRunner().invoke(main, ["metrics", str(job), "--json"], env=env).output)
+        by_source = {s["source"]: s for s in data["series"]}
+        assert by_source["tensorboard:run"]["copy_of"] == "jsonl:m"
+        kept = by_source["jsonl:m"]
+        assert kept["copy_of"] is None and kept["copies"] == ["tensorboard:run"]
