@@ -1319,7 +1319,14 @@ CREATE VIEW tuneplane.v_fleet AS
     COALESCE(sum(v.memory_bytes) FILTER (WHERE v.scheduling_state <> 'retired'::text), 0::numeric)::bigint AS memory_bytes,
     f.created_at,
     count(*) FILTER (WHERE v.fenced_at IS NOT NULL AND v.scheduling_state <> 'retired'::text)::integer AS fenced,
-    f.storage
+    f.storage,
+    GREATEST(COALESCE(sum(v.gpus) FILTER (WHERE v.scheduling_state = 'active'::text AND v.connectivity = 'connected'::text AND v.fenced_at IS NULL), 0::bigint) - COALESCE(sum(v.allocated_gpus), 0::bigint), 0::bigint)::integer AS free_gpus,
+    (( SELECT count(*) AS count
+           FROM tuneplane.jobs j
+          WHERE j.fleet_id = f.id AND (j.state = ANY (ARRAY['reserved'::text, 'preparing'::text, 'running'::text]))))::integer AS running_jobs,
+    (( SELECT count(*) AS count
+           FROM tuneplane.jobs j
+          WHERE j.fleet_id = f.id AND j.state = 'queued'::text))::integer AS waiting_jobs
    FROM tuneplane.fleets f
      LEFT JOIN tuneplane.v_nodes v ON v.fleet_id = f.id
   GROUP BY f.id;

@@ -39,7 +39,7 @@ BLUEPRINTS = [
 NAV = [
     ("jobs.jobs_list", "Jobs"),
     ("submit.dialog", "Submit"),
-    ("fleet.fleet_page", "Fleet"),
+    ("fleet.fleet_page", "Fleets"),
     ("teams.teams_list", "Teams"),
     ("usage.usage_page", "Usage"),
     ("tokens.tokens_page", "API tokens"),

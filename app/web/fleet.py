@@ -220,9 +220,14 @@ def _events(name: str | None, limit: int = 30) -> list[dict]:
 
 
 def _render(name: str | None, status: int = 200):
-    fleets = _fleets(name)
-    for fleet in fleets:  # each team's share of the fleet now (team_reads.sql)
-        fleet["team_shares"] = get_db().call(fn.fleet_team_share_of, fleet["fleet"])
+    if name is None and not wants_json():
+        # The overview (/fleets): one row per fleet (v_fleet: nodes connected of total, GPUs free of total,
+        # jobs running and waiting), each linking to its fleet's page, which has the nodes and team shares.
+        fleets = get_db().fetch_all("SELECT * FROM v_fleet ORDER BY fleet")
+    else:
+        fleets = _fleets(name)
+        for fleet in fleets:  # each team's share of the fleet now (team_reads.sql)
+            fleet["team_shares"] = get_db().call(fn.fleet_team_share_of, fleet["fleet"])
     events = _events(name)
     # Jobs asked to checkpoint and stop that still run (docs/preemption.md).
     where, params = ("WHERE fleet = %s", (name,)) if name is not None else ("", ())
@@ -243,7 +248,7 @@ def _render(name: str | None, status: int = 200):
         return json_response({"fleets": fleets, "in_grace": in_grace}, status)
     if request.headers.get("HX-Request") and request.headers.get("HX-Target") == "fleet-live":
         return render_template("_fleet_live.html", **data), status
-    return render_template("fleet.html", title="Fleet", **data), status
+    return render_template("fleet.html", title=f"Fleet {name}" if name else "Fleets", **data), status
 
 
 def _gateway_url() -> str:

@@ -966,7 +966,16 @@ SELECT f.id AS fleet_id,
        f.created_at,
        -- Appended (CREATE OR REPLACE VIEW only appends): fenced nodes, whatever their scheduling state.
        count(*) FILTER (WHERE v.fenced_at IS NOT NULL AND v.scheduling_state <> 'retired')::integer AS fenced,
-       f.storage
+       f.storage,
+       -- Appended for the fleets overview (/fleets) and the home page: what a new job could get now (GPUs on
+       -- schedulable nodes less what is allocated), and the fleet's jobs placed (reserved, preparing or
+       -- running: they hold resources) and waiting (queued; the jobs_queued index).
+       greatest(coalesce(sum(v.gpus) FILTER (WHERE v.scheduling_state = 'active' AND v.connectivity = 'connected'
+                                             AND v.fenced_at IS NULL), 0)
+                - coalesce(sum(v.allocated_gpus), 0), 0)::integer AS free_gpus,
+       (SELECT count(*) FROM tuneplane.jobs j
+         WHERE j.fleet_id = f.id AND j.state IN ('reserved', 'preparing', 'running'))::integer AS running_jobs,
+       (SELECT count(*) FROM tuneplane.jobs j WHERE j.fleet_id = f.id AND j.state = 'queued')::integer AS waiting_jobs
   FROM tuneplane.fleets f
   LEFT JOIN tuneplane.v_nodes v ON v.fleet_id = f.id
  GROUP BY f.id;

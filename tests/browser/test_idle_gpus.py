@@ -67,7 +67,7 @@ def test_fleet_marks_idle_gpus_job_page_shows_the_deadline_and_charts_use_a_time
     shot(page, "idle-warning")
 
     # The Fleet page: both GPUs marked idle, with their last samples and the job holding them.
-    page.goto(f"{warned['url']}/fleets")
+    page.goto(f"{warned['url']}/fleets/local")
     idle = page.locator(".gpu.gpu-idle")
     expect(idle).to_have_count(2)
     expect(idle.first.locator(".tag.idle")).to_have_text("idle")

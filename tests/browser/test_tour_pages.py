@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.console_server import serving_console
-from tests.submission_setup import add_user
+from tests.submission_setup import add_user, one_local_fleet
 from tests.telemetry_support import make_job, member_token, running_gateway
 from tuneplane.app.db import Database
 from tuneplane.app.telemetry import wire
@@ -142,7 +142,7 @@ def test_every_page_of_the_tour_is_reachable_from_the_navigation_bar(page, conso
     shot(page, "home")
     links = page.locator("header nav a")
     targets = {links.nth(i).inner_text(): links.nth(i).get_attribute("href") for i in range(links.count())}
-    assert set(targets) >= {"Jobs", "Submit", "Fleet", "Teams", "Usage", "API tokens", "Plugins"}, targets
+    assert set(targets) >= {"Jobs", "Submit", "Fleets", "Teams", "Usage", "API tokens", "Plugins"}, targets
     for label in targets:
         with page.expect_response(lambda r: r.request.resource_type == "document") as answer:
             page.locator("header nav a", has_text=label).first.click()
@@ -173,3 +173,37 @@ def test_jobs_page_has_a_team_column_and_filter(page, console, db: Database) -> 
     expect(page.locator("#jobs-table tbody tr")).to_have_count(1)
     expect(page.locator("#jobs-table tbody tr td").nth(team_column)).to_have_text("vision")
     shot(page, "jobs-team-filter")
+
+
+def test_the_fleets_overview_sums_up_each_fleet_and_its_row_opens_the_fleets_own_page(
+    page, console, db: Database
+) -> None:
+    """/fleets is an overview (a row per fleet, no node table); the fleet's name opens /fleets/<name>, the
+    detail with its nodes; the navigation bar reaches the overview and marks Fleets on both."""
+    from playwright.sync_api import expect
+
+    add_user(db, "root", "admin", password="root-pw")
+    one_local_fleet(db, "local", gpus=2)
+    one_local_fleet(db, "spare")
+    _login(page, console["url"], "root", "root-pw")
+    page.locator("header nav a", has_text="Fleets").click()
+    expect(page).to_have_url(re.compile(r"/fleets$"))
+    expect(page.locator("h1")).to_have_text("Fleets")
+    rows = page.locator("#fleets-overview tbody tr")
+    expect(rows).to_have_count(2)
+    local = page.locator('#fleets-overview tr[data-fleet="local"]')
+    expect(local.locator("td[data-cell=nodes]")).to_have_text("1 / 1")
+    expect(local.locator("td[data-cell=gpus]")).to_have_text("2 / 2")
+    expect(local.locator("td[data-cell=running]")).to_have_text("0")
+    expect(local.locator("td[data-cell=waiting]")).to_have_text("0")
+    expect(page.locator("table.nodes")).to_have_count(0)  # no node table on the overview
+    shot(page, "fleets-overview")
+    local.locator("a", has_text="local").click()
+    expect(page).to_have_url(re.compile(r"/fleets/local$"))
+    expect(page.locator("h1")).to_have_text("Fleet local")
+    expect(page.locator("table.nodes tr[data-node=local-1]")).to_be_visible()
+    expect(page.locator("#fleets-overview")).to_have_count(0)
+    expect(page.locator("header nav a[aria-current]")).to_have_text("Fleets")
+    shot(page, "fleet-local")
+    page.locator(".breadcrumb a", has_text="All fleets").click()
+    expect(page).to_have_url(re.compile(r"/fleets$"))

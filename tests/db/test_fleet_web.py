@@ -46,7 +46,7 @@ def test_fleet_page_shows_scheduling_and_connectivity_as_separate_columns(db_url
     client = create_app(db_url).test_client()
     with client.session_transaction() as session:
         session["user_id"] = admin_id
-    page = client.get("/fleets")
+    page = client.get("/fleets/gpu")
     html = page.get_data(as_text=True)
     assert page.status_code == 200
     assert "<th>Scheduling</th><th>Connectivity</th>" in html
@@ -55,7 +55,7 @@ def test_fleet_page_shows_scheduling_and_connectivity_as_separate_columns(db_url
     assert 'hx-trigger="every 3s"' in html and ">Uncordon</button>" in html and "disk check" in html
     assert 'href="/fleets"' in html  # the navigation entry
     # The htmx refresh gets only the live part, rendered by the same view.
-    partial = client.get("/fleets", headers={"HX-Request": "true", "HX-Target": "fleet-live"})
+    partial = client.get("/fleets/gpu", headers={"HX-Request": "true", "HX-Target": "fleet-live"})
     text = partial.get_data(as_text=True)
     assert text.lstrip().startswith('<div id="fleet-live"') and "<html" not in text
 
@@ -66,7 +66,7 @@ def test_users_see_the_fleet_but_have_no_buttons_and_cannot_change_it(db_url: st
     client = create_app(db_url).test_client()
     with client.session_transaction() as session:
         session["user_id"] = user_id
-    html = client.get("/fleets").get_data(as_text=True)
+    html = client.get("/fleets/gpu").get_data(as_text=True)
     assert "n1" in html and ">Cordon</button>" not in html and "New enrollment token" not in html
     refused = client.post("/nodes/scheduling", json={"node": "n1", "action": "cordon"}, headers=headers)
     assert refused.status_code == 403
@@ -140,9 +140,54 @@ def test_team_table_counts_cpus_and_the_overview_is_not_a_fleets_page(db_url: st
     overview = client.get("/fleets").get_data(as_text=True)
     assert "<h1>Fleets</h1>" in overview
     assert overview.index('data-fleet="cpu"') < overview.index("New fleet")
-    assert '<td data-cell="cpus">6</td>' in overview
     one = client.get("/fleets/cpu").get_data(as_text=True)
     assert "<h1>Fleet cpu</h1>" in one and "New fleet" not in one and 'href="/fleets"' in one
+    assert '<td data-cell="cpus">6</td>' in one
+
+
+def test_the_fleets_overview_has_one_row_per_fleet_and_the_nodes_are_on_each_fleets_page(
+    db_url: str, db: Database
+) -> None:
+    """/fleets sums each fleet up in a row (backend, storage, nodes connected of enrolled, GPUs free of
+    reported, jobs running and waiting) linking to /fleets/<name>, which alone has the node table (issue 36:
+    both pages carried the whole node table)."""
+    import re
+
+    from tests.launch_fixtures import make_fleet as make_launch_fleet
+    from tests.launch_fixtures import make_job, make_node, run_to_running
+
+    admin_id, headers = _user(db, "root", "admin")
+    gpu = make_launch_fleet(db, "gpu")
+    make_launch_fleet(db, "empty")
+    make_node(db, gpu, "g0", gpus=4)
+    make_node(db, gpu, "g1", gpus=4)
+    db.fetch_all("UPDATE nodes SET last_heartbeat_at = NULL WHERE name = 'g1' RETURNING id")  # lost
+    running = make_job(db, admin_id, gpu, gpus_per_node=1)
+    db.call("reserve_next", gpu, 10)
+    run_to_running(db, running)
+    make_job(db, admin_id, gpu, gpus_per_node=8)  # fits no node: waits
+    client = create_app(db_url).test_client()
+    with client.session_transaction() as session:
+        session["user_id"] = admin_id
+    overview = client.get("/fleets").get_data(as_text=True)
+    rows = dict(re.findall(r'<tr data-fleet="([a-z]+)">(.*?)</tr>', overview, re.S))
+    assert set(rows) == {"gpu", "empty"}
+    cells = dict(re.findall(r'<td data-cell="(\w+)"[^>]*>([^<]*)</td>', rows["gpu"]))
+    assert cells == {"nodes": "1 / 2", "gpus": "3 / 8", "running": "1", "waiting": "1"}, cells
+    assert 'href="/fleets/gpu"' in rows["gpu"] and ">node</td>" in rows["gpu"] and "filesystem" in rows["gpu"]
+    assert dict(re.findall(r'<td data-cell="(\w+)"[^>]*>([^<]*)</td>', rows["empty"]))["nodes"] == "0 / 0"
+    assert "<th>Scheduling</th>" not in overview and "data-node=" not in overview
+    assert "New enrollment token" not in overview and "New fleet" in overview
+    one = client.get("/fleets/gpu").get_data(as_text=True)
+    assert 'id="fleets-overview"' not in one and "<th>Scheduling</th>" in one
+    assert 'data-node="g0"' in one and 'data-node="g1"' in one and "New enrollment token" in one
+    assert 'aria-current="true">Fleets</a>' in one and 'aria-current="page">Fleets</a>' in overview
+    listing = client.get("/fleets", headers=headers).get_json()["fleets"]  # the JSON keeps every node
+    counts = {
+        f["fleet"]: (len(f["node_list"]), f["free_gpus"], f["running_jobs"], f["waiting_jobs"])
+        for f in listing
+    }
+    assert counts == {"gpu": (2, 3, 1, 1), "empty": (0, 0, 0, 0)}
 
 
 def test_an_enrollment_tokens_event_says_its_expiry_to_the_minute_in_utc(db: Database) -> None:

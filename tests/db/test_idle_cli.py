@@ -98,7 +98,7 @@ def test_the_fleet_page_shows_each_gpus_last_samples_and_marks_the_idle_ones(
 ) -> None:
     job_id = idle_running_job(cli, db, db_url, server)
     headers = {"Authorization": f"Bearer {server['root']}"}
-    page = httpx.get(f"{server['url']}/fleets", headers=headers)
+    page = httpx.get(f"{server['url']}/fleets/local", headers=headers)
     assert page.status_code == 200
     gpus = re.findall(r'<div class="gpu( gpu-idle)?" data-gpu="(\d)">(.*?)</div>', page.text, re.S)
     assert [(idle, index) for idle, index, _ in gpus] == [(" gpu-idle", "0"), (" gpu-idle", "1")]

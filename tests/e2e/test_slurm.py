@@ -263,7 +263,7 @@ def test_fleet_page_shows_slurm_state_and_controller_reachability_and_plugins_li
             ),
             "drain seen",
         )
-        html = client.get("/fleets").get_data(as_text=True)
+        html = client.get("/fleets/hpc").get_data(as_text=True)
     finally:
         harness.cluster.run("scontrol", "update", "NodeName=tpn2", "State=RESUME")
     assert 'class="state scheduling idle"' in html and 'class="state scheduling drain"' in html
