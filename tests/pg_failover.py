@@ -7,6 +7,11 @@ refuses root). The standby is made by `pg_basebackup -R` and is the primary's sy
 shutdown checkpoint, sockets reset), then `pg_ctl promote` on the standby — the step Patroni takes in
 production (docs/operations.md); the test measures everything after the kill.
 
+Times (`killed_at`, `promoted_at`) are wall-clock seconds (time.time()), comparable with the database's own
+timestamps on this host. The promotion is observed, not assumed: `promoted_after`..`promoted_at` bracket
+the moment the standby left recovery (wait_primary: a poll every 5 ms; `pg_ctl promote -w` itself looks
+only every 100 ms, so its return is up to 0.1 s late and a commit on the new primary seemed to precede it).
+
 `url` is the multi-host URL every process gets, exactly as in production: both hosts,
 `target_session_attrs=read-write` (psycopg tries them in turn and keeps the one that takes writes) and a
 short `connect_timeout` (a dead host must not hold a connect for long).
@@ -76,9 +81,10 @@ class FailoverCluster:
         assert self.bin is not None
         self.primary = Node("primary", root / "primary", free_port())
         self.standby = Node("standby", root / "standby", free_port())
-        self.promoted_at: float | None = None
         self.killed_at: float | None = None
-        self.killed_wall: float | None = None
+        self.promote_requested_at: float | None = None
+        self.promoted_after: float | None = None  # the promotion happened after this ...
+        self.promoted_at: float | None = None  # ... and by this (wait_primary)
 
     @property
     def url(self) -> str:
@@ -95,8 +101,9 @@ class FailoverCluster:
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         )  # fmt: skip
 
-    def _pg_ctl(self, node: Node, *args: str) -> None:
-        self._run(self.bin / "pg_ctl", "-D", node.data, "-l", self.root / f"{node.name}.log", "-w", *args)
+    def _pg_ctl(self, node: Node, *args: str, wait: bool = True) -> None:
+        log = self.root / f"{node.name}.log"
+        self._run(self.bin / "pg_ctl", "-D", node.data, "-l", log, "-w" if wait else "-W", *args)
 
     def start(self) -> None:
         p = self.primary
@@ -111,7 +118,7 @@ class FailoverCluster:
         s = self.standby
         self._run(
             self.bin / "pg_basebackup", "-h", "127.0.0.1", "-p", str(p.port), "-U", USER, "-D", s.data,
-            "-R", "-X", "stream", "--no-sync",
+            "-R", "-X", "stream", "--no-sync", "--checkpoint=fast",
         )  # fmt: skip
         with (s.data / "postgresql.auto.conf").open("a") as conf:
             conf.write(
@@ -142,19 +149,25 @@ class FailoverCluster:
         raise TimeoutError("the standby never became the synchronous standby")
 
     def kill_primary(self) -> None:
-        """The machine dies: SIGKILL to the postmaster and to every process it forked, at once."""
+        """The machine dies: SIGKILL to the postmaster and to every process it forked, at once.
+
+        `killed_at` is taken once every signal is sent: from then on each process of the old primary has a
+        SIGKILL pending and answers nothing more, so whatever a client starts later is served (if at all)
+        by another server."""
         pid = self.primary.postmaster_pid()
         assert pid is not None
         children = [int(c) for c in _children(pid)]
-        self.killed_at = time.monotonic()
-        self.killed_wall = time.time()
         for victim in (pid, *children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(victim, signal.SIGKILL)
+        self.killed_at = time.time()
 
     def promote(self) -> None:
-        self._pg_ctl(self.standby, "promote")
-        self.promoted_at = time.monotonic()
+        """`pg_ctl promote` without its coarse wait; `promoted_at` is when the standby first took writes."""
+        with psycopg.connect(self.standby.dsn("postgres"), autocommit=True) as conn:
+            self.promote_requested_at = time.time()
+            self._pg_ctl(self.standby, "promote", wait=False)
+            self.promoted_after, self.promoted_at = wait_primary(conn, self.promote_requested_at)
 
     def fail_over(self, down_s: float = 0.0) -> None:
         """Kill the primary; `down_s` later (the orchestrator's detection time: Patroni's ttl, ~10 s in
@@ -173,6 +186,24 @@ class FailoverCluster:
                 self._pg_ctl(node, "stop", "-m", "immediate")
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def wait_primary(conn: psycopg.Connection, since: float, timeout: float = 120) -> tuple[float, float]:
+    """When the server behind `conn` left recovery (took writes), as wall-clock bounds (after, by): `after`
+    is when the last query that found it still in recovery was sent (`since`, a time before which it
+    cannot have happened, when none did), `by` when the first answer that found it out of recovery came
+    back. Polled every 5 ms. Bounded: a promotion here takes well under a second
+    (pg_ctl) or one orchestrator loop (Patroni); the limit only stops a hung test."""
+    deadline = time.monotonic() + timeout
+    after = since
+    while True:
+        sent = time.time()
+        if not conn.execute("SELECT pg_is_in_recovery()").fetchone()[0]:
+            return after, time.time()
+        after = sent
+        if time.monotonic() > deadline:
+            raise TimeoutError("the standby was never promoted")
+        time.sleep(0.005)
 
 
 def _children(pid: int) -> list[str]:

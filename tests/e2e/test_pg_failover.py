@@ -6,7 +6,9 @@ Checked: the shared LISTEN loops every long-lived process runs (app/reconnect.py
 node worker, the Slurm worker) listen again on the new primary and run their poll once (a NOTIFY sent after
 the failover wakes them); the pools (app.db.Database, the gateways' AsyncDatabase) reach the new primary
 through the multi-host URL; every commit a writer saw confirmed during a burst across the kill is on the
-new primary. Printed (bench-style, not asserted): kill -> first commit confirmed by the new primary.
+new primary. Printed (bench-style, not asserted): kill -> promotion (observed on the standby) and kill ->
+first commit confirmed by the new primary — a commit counts only when the server that confirmed it (its
+`inet_server_port()`, returned by the INSERT itself) is the promoted standby, never the killed primary.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class _Burst(threading.Thread):
     def __init__(self, url: str) -> None:
         super().__init__(daemon=True)
         self.url = url
-        self.confirmed: list[tuple[int, int, float]] = []  # (id, server port, when)
+        self.confirmed: list[tuple[int, int, float]] = []  # (id, port of the confirming server, wall time)
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -57,7 +59,7 @@ class _Burst(threading.Thread):
                 row = conn.execute(
                     "INSERT INTO failover_burst (id) VALUES (%s) RETURNING inet_server_port()", (n,)
                 ).fetchone()
-                self.confirmed.append((n, int(row[0]), time.monotonic()))
+                self.confirmed.append((n, int(row[0]), time.time()))
             except psycopg.Error:
                 if conn is not None:
                     conn.close()
@@ -152,10 +154,16 @@ async def _async_side(cluster, db: Database, burst: _Burst) -> None:
             assert time.monotonic() < deadline, "no commit confirmed by the new primary"
             await asyncio.sleep(0.05)
         first = min(t for _n, port, t in burst.confirmed if port == cluster.standby.port)
+        killed, after, promoted = cluster.killed_at, cluster.promoted_after, cluster.promoted_at
+        assert killed is not None and after is not None and promoted is not None
+        # The count is of the new primary's commits: none can precede its promotion.
+        assert first > after, (first - killed, after - killed)
         print(
-            f"\nfailover: kill -9 -> promoted {cluster.promoted_at - cluster.killed_at:.2f}s; "
-            f"kill -> first commit confirmed by the new primary {first - cluster.killed_at:.2f}s "
-            f"({first - cluster.promoted_at:.2f}s after promotion)"
+            f"\nfailover (pg_ctl promote at once): kill -9 -> standby promoted "
+            f"{after - killed:.2f}..{promoted - killed:.2f}s; "
+            f"kill -> first commit confirmed by the new primary (port {cluster.standby.port}, the killed "
+            f"one's {cluster.primary.port}) {first - killed:.2f}s "
+            f"({first - promoted:+.2f}s from the promotion seen)"
         )
         # The async LISTEN loop listened again (its poll ran) and hears a NOTIFY sent after the failover.
         await asyncio.wait_for(listening.acquire(), DEADLINE_S)
