@@ -3,7 +3,9 @@ worker and two agents run against a primary with a synchronous standby through t
 (tests/pg_failover.py). Two jobs run and their collectors ship metrics; a burst of confirmations is in
 flight; the primary dies (kill -9 of the postmaster and every backend) and the standby is promoted
 DOWN_S later — longer than the cluster's lost_after (3 s), so a heartbeat clock that counted the outage
-would mark both nodes lost.
+would mark both nodes lost; the test sweeps on the new primary the moment it is promoted, before any
+heartbeat reached it (_sweep_at_once), so that this is decided, not left to a race between the sweeper's
+and the gateway's reconnects (without coordinator_clock the test fails there).
 
 After it: every confirmation that returned a receipt exists; no GPU or CPU is allocated twice; every
 metric point is stored once; the running members were never restarted and their jobs succeed; no member
@@ -92,6 +94,22 @@ def _points(db: Database, job_id: int) -> tuple[int, int] | None:
     return (row["n"], row["steps"]) if row else None
 
 
+def _sweep_at_once(url: str) -> None:
+    """The heartbeat clock's worst moment: a sweep on the new primary as soon as it is promoted, before any
+    heartbeat reached it (the gateway's pool is still backing off after the kill; a sweeper that
+    reconnected first would do the same). Every node has been silent longer than lost_after by then; only
+    coordinator_clock (migration 0250) keeps the sweep from marking them lost. Without it this sweep marks
+    both running members lost and the checks below fail."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        silent = conn.execute(
+            "SELECT count(*) FROM tuneplane.nodes n, tuneplane.node_settings s"
+            " WHERE n.last_heartbeat_at <= now() - s.lost_after"
+        ).fetchone()[0]
+        lost = conn.execute("SELECT tuneplane.sweep_lost_nodes()").fetchone()[0]
+    assert silent == 2, f"a heartbeat reached the new primary first ({silent} of 2 nodes silent)"
+    assert lost == 0, f"the coordinator's outage marked {lost} member(s) lost"
+
+
 def test_jobs_ride_out_a_primary_killed_and_a_standby_promoted(tmp_path: Path, port: int) -> None:
     with failover_cluster() as pg:
         db = Database(pg.url, name="tuneplane-test")
@@ -118,6 +136,7 @@ def test_jobs_ride_out_a_primary_killed_and_a_standby_promoted(tmp_path: Path, p
             pg.fail_over(DOWN_S)
             killed, promoted = pg.killed_at, pg.promoted_at
             assert killed is not None and promoted is not None
+            _sweep_at_once(pg.url)
             # The running members' workloads go on: release them now, during the outage's aftermath.
             for flag in flags:
                 flag.write_text("go")
