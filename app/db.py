@@ -28,6 +28,12 @@ SEARCH_PATH_OPTION = "-c search_path=tuneplane,public"
 # transaction opened while it is set carries it as `tuneplane.token_id`, so the stored functions narrow the
 # user's roles by the token's scope themselves (teams.sql: token_allows). Set per request by app/web/auth.
 request_token_id: ContextVar[int | None] = ContextVar("request_token_id", default=None)
+# The transaction this context has open, by Database: a call or fetch made inside `with db.transaction()`
+# joins it (a savepoint on the same connection), so several stored-function calls commit or roll back
+# together (app/web/fleet.py: a fleet and its storage).
+_open_transaction: ContextVar[tuple[Database, psycopg.Connection] | None] = ContextVar(
+    "tuneplane_open_transaction", default=None
+)
 
 
 def connect(url: str, *, autocommit: bool = False, application_name: str = "tuneplane") -> psycopg.Connection:
@@ -71,14 +77,24 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection]:
-        """One transaction on a pooled connection; a TPnnn error leaves as a Refusal."""
+        """One transaction on a pooled connection; a TPnnn error leaves as a Refusal. Inside an open one of
+        this Database (same thread or task), a savepoint of it: its calls commit or roll back together."""
+        joined = _open_transaction.get()
+        if joined is not None and joined[0] is self:
+            with joined[1].transaction():
+                yield joined[1]
+            return
         with self.pool.connection() as conn:
             try:
                 with conn.transaction():
                     token_id = request_token_id.get()
                     if token_id is not None:
                         conn.execute("SELECT set_config('tuneplane.token_id', %s, true)", (str(token_id),))
-                    yield conn
+                    opened = _open_transaction.set((self, conn))
+                    try:
+                        yield conn
+                    finally:
+                        _open_transaction.reset(opened)
             except psycopg.Error as exc:
                 reconnect.discard_if_stale(conn, exc)  # left on a standby by a failover
                 refusal = refusal_from_db(exc)
@@ -99,7 +115,7 @@ class Database:
             return conn.execute(query, params).fetchone()
 
     def call(self, function: str, *args: Any) -> list[dict]:
-        """`SELECT * FROM function(args…)` in its own transaction."""
+        """`SELECT * FROM function(args…)` in its own transaction (within `db.transaction()`: that one)."""
         check_args(function, args)
         placeholders = sql.SQL(", ").join(sql.Placeholder() for _ in args)
         query = sql.SQL("SELECT * FROM {}({})").format(sql.Identifier(function), placeholders)

@@ -281,15 +281,14 @@ def fleet_create():
         )
     storage = _storage(body)
     user = current_user()
-    row = get_db().call(
-        fn.create_fleet,
-        body.name,
-        backend,
-        _jsonb(body.capabilities),
-        user.id if user else None,
-    )[0]
-    if storage is not None:
-        row = get_db().call(fn.set_fleet_storage, body.name, _jsonb(storage), _actor())[0]
+    db = get_db()
+    # One transaction: a storage set_fleet_storage refuses leaves no fleet behind (a 400, not a fleet
+    # created on the default store that the retry then finds taken).
+    with db.transaction():
+        created_by = user.id if user else None
+        row = db.call(fn.create_fleet, body.name, backend, _jsonb(body.capabilities), created_by)[0]
+        if storage is not None:
+            row = db.call(fn.set_fleet_storage, body.name, _jsonb(storage), _actor())[0]
     if wants_json():
         return json_response(row, 201)
     return _render(None, 201)
