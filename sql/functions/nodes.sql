@@ -8,8 +8,9 @@
 -- (change_node_scheduling: the fleet's placement lock → lock_node_rows: jobs → attempts → members → the
 -- node row → usage rows → leaf rows). Every other function here locks at most the node row (cordon, drain,
 -- uncordon FOR UPDATE; heartbeats, session open/close, capacity FOR NO KEY UPDATE, capacity then its
--- node_usage row through node_gpus' trigger), credential or token rows, and inserts leaf rows (events,
--- commands) while holding no lock of a job. claim_node_commands and claim_sessions_commands take session
+-- node_usage row through node_gpus' trigger) or the fleet row (set_fleet_storage FOR NO KEY UPDATE, as
+-- teams.sql's fleet writers: the KEY SHARE of a node or job inserted meanwhile still passes), credential
+-- or token rows, and inserts leaf rows (events, commands) while holding no lock of a job. claim_node_commands and claim_sessions_commands take session
 -- locks (shared, in node id order) and command rows SKIP LOCKED, nothing else.
 --
 -- Repeatable file (ADR 0012): `tuneplane db migrate` re-applies every file of sql/functions/ (in the order
@@ -128,6 +129,7 @@ $$;
 -- set_fleet_storage: where a fleet's artifact bytes live (migration 0245). NULL or {"kind": "filesystem"}: the
 -- installation's default store. {"kind": "s3", "bucket", "prefix", "endpoint", "region", "addressing_style"}:
 -- an S3 API. Any other key is refused, so credentials can never be stored here (the server holds them).
+-- Locks the fleet row FOR NO KEY UPDATE (no key changes: nodes enrolled and jobs placed meanwhile go on).
 CREATE OR REPLACE FUNCTION tuneplane.set_fleet_storage(p_fleet text, p_storage jsonb, p_actor text DEFAULT NULL)
 RETURNS tuneplane.fleets
 LANGUAGE plpgsql AS $$
@@ -136,7 +138,7 @@ DECLARE
     extra text;
     kind text := coalesce(p_storage ->> 'kind', 'filesystem');
 BEGIN
-    SELECT * INTO f FROM tuneplane.fleets WHERE name = p_fleet FOR UPDATE;
+    SELECT * INTO f FROM tuneplane.fleets WHERE name = p_fleet FOR NO KEY UPDATE;
     IF f.id IS NULL THEN
         RAISE EXCEPTION 'no fleet named %', p_fleet USING ERRCODE = 'TP404', COLUMN = 'fleet';
     END IF;

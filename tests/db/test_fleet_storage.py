@@ -79,3 +79,25 @@ def test_set_fleet_storage_refuses_credentials_and_bad_fields(db: Database) -> N
     row = db.call("set_fleet_storage", "f2", Jsonb({"kind": "s3", "bucket": "b-1"}), "user:t")[0]
     assert row["storage"] == {"kind": "s3", "bucket": "b-1"}
     assert db.call("set_fleet_storage", "f2", Jsonb({"kind": "filesystem"}), "user:t")[0]["storage"] is None
+
+
+def test_setting_a_fleets_storage_does_not_hold_up_its_new_nodes_and_jobs(db_url: str, db: Database) -> None:
+    """set_fleet_storage locks the fleet row FOR NO KEY UPDATE, as every other writer of a fleet row does
+    (nodes.sql's lock order): a node enrolled or a job placed meanwhile takes KEY SHARE on it (their
+    foreign key) and goes on; FOR UPDATE made them wait for the admin's transaction."""
+    from tests.launch_fixtures import make_fleet, make_node
+    from tuneplane.app.db import connect
+
+    fleet = make_fleet(db, "gpu")
+    with connect(db_url) as admin:
+        admin.execute(
+            "SELECT set_fleet_storage('gpu', %s, 'test')", (Jsonb({"kind": "s3", "bucket": "ckpt"}),)
+        )
+        with db.transaction() as conn:  # the admin's transaction is still open
+            conn.execute("SET LOCAL lock_timeout = '3s'")
+            conn.execute(
+                "INSERT INTO nodes (fleet_id, name, cpus, memory_bytes) VALUES (%s, 'n9', 4, 0)", (fleet,)
+            )
+        make_node(db, fleet, "n10")
+        admin.commit()
+    assert db.fetch_one("SELECT storage ->> 'bucket' AS b FROM fleets WHERE id = %s", (fleet,))["b"] == "ckpt"
