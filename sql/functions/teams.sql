@@ -138,8 +138,9 @@ END;
 $$;
 
 -- create_team: any active user makes a shared team and becomes its admin. Refuses a malformed or taken
--- name (400, 409), and a request token scoped to some teams (403): a new team would be outside the
--- token's scope, so a token would reach wider than itself. Locks nothing but the new rows.
+-- name (400, 409), and a read-only or team-scoped request token (403, require_token_write's reach
+-- `installation`: a new team would be outside a scoped token's teams, so a token would reach wider than
+-- itself). Locks nothing but the new rows.
 CREATE OR REPLACE FUNCTION tuneplane.create_team(p_actor_id bigint, p_name text)
 RETURNS tuneplane.teams
 LANGUAGE plpgsql AS $$
@@ -147,12 +148,9 @@ DECLARE
     actor  tuneplane.users := tuneplane.require_active_user(p_actor_id);
     result tuneplane.teams;
 BEGIN
-    -- Read-only: the one write rule; team-scoped: issue 38's (a new team is outside the token's scope).
-    PERFORM tuneplane.require_token_write('creating a team');
-    IF (SELECT s.teams IS NOT NULL FROM tuneplane.request_token_scope() s) THEN
-        RAISE EXCEPTION 'this token is scoped to some teams: it cannot create a team (use an unscoped token or the console)'
-            USING ERRCODE = 'TP403', COLUMN = 'token';
-    END IF;
+    -- The one write rule: not read-only, and not scoped to teams (a new team is outside a scoped token's
+    -- teams: an installation-wide change).
+    PERFORM tuneplane.require_token_write('creating a team', 'installation');
     IF p_name IS NULL OR p_name !~ '^[a-z0-9][a-z0-9_.-]{1,62}$' THEN
         RAISE EXCEPTION 'team name must be 2-63 characters of a-z, 0-9, _ . - starting with a letter or digit'
             USING ERRCODE = 'TP400', COLUMN = 'name';

@@ -212,3 +212,20 @@ def test_the_configured_maximum_ttl_bounds_a_token(
     refused = client.post("/tokens", json={"name": "t", "ttl": "8d"}, headers=crew["alice"])
     assert refused.status_code == 400 and "between 1m and 7d" in refused.get_json()["error"]
     assert client.post("/tokens", json={"name": "t", "ttl": "7d"}, headers=crew["alice"]).status_code == 201
+
+
+def test_a_team_scoped_token_creates_no_team_by_the_one_write_rule(
+    client: FlaskClient, crew: dict, db: Database
+) -> None:
+    """A new team belongs to none of the token's teams: creating one is an installation-wide change
+    (require_token_write's reach `installation`, docs/teams.md), refused in that rule's words, not by a
+    second copy of the scope check written inside create_team."""
+    scoped = _bearer(db, crew["ids"]["alice"], teams=["vision"], name="scoped")
+    refused = client.post("/teams", json={"name": "robotics"}, headers=scoped)
+    assert refused.status_code == 403, refused.get_json()
+    assert refused.get_json()["fields"]["token"].startswith(
+        "this API token is scoped to teams: creating a team is an installation-wide change"
+    )
+    assert db.fetch_one("SELECT count(*) AS n FROM teams WHERE name = 'robotics'")["n"] == 0
+    created = client.post("/teams", json={"name": "robotics"}, headers=crew["alice"])
+    assert created.status_code in (200, 201), created.get_json()
