@@ -549,10 +549,39 @@ LANGUAGE sql IMMUTABLE AS $$
                   p_lender_guaranteed);
 $$;
 
+-- victim_standing: may running attempt p_attempt (of job p_victim) be preempted for p_job now? THE victim
+-- rule, read by plan_preemption (it takes the 'eligible' ones) and no_victim_words (it says why none is):
+--   NULL        no candidate: not running, already asked to stop, being cancelled, not preemptible, or not
+--               outranked (a lower priority; for an attempt in p_lent — running on GPUs p_job's team's
+--               guarantee lent, lent_attempts — a priority at most p_job's);
+--   'spent'     it was preempted its max_preemptions times (the job's spec, else preemption_settings');
+--   'young'     it has run less than min_runtime;
+--   'eligible'  it may be preempted now.
+-- One SQL expression (inlined where it is called). Reads only.
+CREATE OR REPLACE FUNCTION tuneplane.victim_standing(p_attempt tuneplane.attempts, p_victim tuneplane.jobs,
+                                                     p_job tuneplane.jobs, p_lent bigint[],
+                                                     s tuneplane.preemption_settings)
+RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN NOT (p_attempt.state = 'running' AND p_attempt.stop_kind IS NULL
+                  AND p_attempt.cancel_requested_at IS NULL AND p_victim.preemptible
+                  AND (p_victim.priority < p_job.priority
+                       OR (p_attempt.id = ANY (p_lent) AND p_victim.priority <= p_job.priority)))
+            THEN NULL
+        WHEN p_victim.preemptions_used
+             >= coalesce((p_victim.spec -> 'preemption' ->> 'max_preemptions')::integer, s.max_preemptions)
+            THEN 'spent'
+        WHEN coalesce(p_attempt.running_at, p_attempt.committed_at) > now() - s.min_runtime THEN 'young'
+        ELSE 'eligible'
+    END;
+$$;
+
 -- no_victim_words: why the planner found no victim for a job that would otherwise preempt, in numbers: the
 -- running jobs it outranks (or may reclaim from) that are excluded only for now — the soonest one too young
 -- (`job 5 can be preempted at 14:09:44 (min runtime 5 min)`) — or for good (`job 5 was preempted 3 times,
--- its max_preemptions`); NULL when none is (nothing it outranks runs). Read only.
+-- its max_preemptions`); NULL when none is (nothing it outranks runs). Which runs count is victim_standing's.
+-- Read only.
 CREATE OR REPLACE FUNCTION tuneplane.no_victim_words(p_job tuneplane.jobs, p_lent bigint[],
                                                      s tuneplane.preemption_settings)
 RETURNS text
@@ -569,11 +598,8 @@ BEGIN
            count(*) OVER () AS n
       INTO v_young
       FROM tuneplane.attempts t JOIN tuneplane.jobs j ON j.id = t.job_id
-     WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL
-       AND t.cancel_requested_at IS NULL AND j.preemptible
-       AND (j.priority < p_job.priority OR (t.id = ANY (p_lent) AND j.priority <= p_job.priority))
-       AND coalesce(t.running_at, t.committed_at) > now() - s.min_runtime
-       AND j.preemptions_used < coalesce((j.spec -> 'preemption' ->> 'max_preemptions')::integer, s.max_preemptions)
+     WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running'
+       AND tuneplane.victim_standing(t, j, p_job, p_lent, s) = 'young'
      ORDER BY 2, t.job_id LIMIT 1;
     IF v_young.job_id IS NOT NULL THEN
         RETURN format('no job can be preempted for it yet: job %s can be preempted at %s (min runtime %s)%s',
@@ -583,9 +609,8 @@ BEGIN
     END IF;
     SELECT t.job_id, j.preemptions_used AS used INTO v_spent
       FROM tuneplane.attempts t JOIN tuneplane.jobs j ON j.id = t.job_id
-     WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL AND j.preemptible
-       AND (j.priority < p_job.priority OR (t.id = ANY (p_lent) AND j.priority <= p_job.priority))
-       AND j.preemptions_used >= coalesce((j.spec -> 'preemption' ->> 'max_preemptions')::integer, s.max_preemptions)
+     WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running'
+       AND tuneplane.victim_standing(t, j, p_job, p_lent, s) = 'spent'
      ORDER BY t.job_id LIMIT 1;
     IF v_spent.job_id IS NOT NULL THEN
         RETURN format('no job can be preempted for it: job %s was preempted %s time(s), its max_preemptions',
@@ -669,13 +694,8 @@ BEGIN
           LEFT JOIN LATERAL (SELECT a.completed_at FROM tuneplane.artifacts a
                               WHERE a.job_id = j.id AND a.kind = 'checkpoint' AND a.state = 'complete'
                               ORDER BY a.completed_at DESC LIMIT 1) ck ON true
-         WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running' AND t.stop_kind IS NULL
-           AND t.cancel_requested_at IS NULL
-           AND j.preemptible
-           AND (j.priority < p_job.priority OR (t.id = ANY (v_lent) AND j.priority <= p_job.priority))
-           AND coalesce(t.running_at, t.committed_at) <= now() - s.min_runtime
-           AND j.preemptions_used < coalesce((j.spec -> 'preemption' ->> 'max_preemptions')::integer,
-                                             s.max_preemptions)
+         WHERE t.fleet_id = p_job.fleet_id AND t.state = 'running'
+           AND tuneplane.victim_standing(t, j, p_job, v_lent, s) = 'eligible'
     ), on_node AS (
         SELECT m.node_id, c.attempt_id, c.gpus * c.lost_s AS lost_gs, cardinality(m.gpu_indices) AS g,
                m.cpus AS c, m.memory_bytes AS mem,
