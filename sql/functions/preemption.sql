@@ -81,15 +81,27 @@ $$;
 -- The attempt then ends `preempted` (the job is queued again without spending max_attempts) or `timed_out`
 -- (it counts like a failed attempt); the next attempt resumes from the checkpoint named (begin_prepare).
 
+-- preemption_grace_cap: the longest grace on a fleet — its max_preemption_grace, never above the
+-- installation's preemption_settings.max_grace (docs/preemption.md). The one rule: the grace a job gets
+-- (preemption_grace_of), one given (request_preemption) and the one a preview may pin
+-- (require_priority_grant, teams.sql) are all held to it.
+CREATE OR REPLACE FUNCTION tuneplane.preemption_grace_cap(p_fleet_id bigint)
+RETURNS interval
+LANGUAGE sql STABLE AS $$
+    SELECT least(coalesce(f.max_preemption_grace, s.max_grace), s.max_grace)
+      FROM tuneplane.fleets f, tuneplane.preemption_settings s
+     WHERE f.id = p_fleet_id;
+$$;
+
 -- preemption_grace_of: the grace a job gets: its JobSpec's preemption.grace_seconds (else the
--- installation default), at most the fleet's (else the installation's) maximum.
+-- installation default), at most its fleet's cap (preemption_grace_cap).
 CREATE OR REPLACE FUNCTION tuneplane.preemption_grace_of(p_job_id bigint)
 RETURNS interval
 LANGUAGE sql STABLE AS $$
     SELECT least(coalesce(make_interval(secs => (j.spec -> 'preemption' ->> 'grace_seconds')::double precision),
                           s.default_grace),
-                 coalesce(f.max_preemption_grace, s.max_grace))
-      FROM tuneplane.jobs j JOIN tuneplane.fleets f ON f.id = j.fleet_id, tuneplane.preemption_settings s
+                 tuneplane.preemption_grace_cap(j.fleet_id))
+      FROM tuneplane.jobs j, tuneplane.preemption_settings s
      WHERE j.id = p_job_id;
 $$;
 
@@ -117,7 +129,6 @@ DECLARE
     a        tuneplane.attempts;
     m        tuneplane.members;
     v_grace  interval;
-    v_max    interval;
     v_signal text;
     v_sent   integer := 0;
     v_now    timestamptz;
@@ -149,9 +160,8 @@ BEGIN
         RAISE EXCEPTION 'attempt % of job % is already stopping (%)', a.number, j.id, a.reason
             USING ERRCODE = 'TP409', COLUMN = 'job_id';
     END IF;
-    v_max := (SELECT least(coalesce(f.max_preemption_grace, s.max_grace), s.max_grace)
-                FROM tuneplane.fleets f, tuneplane.preemption_settings s WHERE f.id = j.fleet_id);
-    v_grace := CASE WHEN p_grace IS NULL THEN tuneplane.preemption_grace_of(j.id) ELSE least(p_grace, v_max) END;
+    v_grace := CASE WHEN p_grace IS NULL THEN tuneplane.preemption_grace_of(j.id)
+                    ELSE least(p_grace, tuneplane.preemption_grace_cap(j.fleet_id)) END;
     IF a.state IN ('reserved', 'preparing') THEN
         v_grace := interval '0';
     END IF;

@@ -397,7 +397,7 @@ $$;
 -- require_priority_grant: at preview, refuses (403, field priority) a priority class above the team's
 -- limit on the fleet (team_priority_limit), naming the limit and the command that grants more, unless the
 -- user is an installation admin; and refuses (422, field preemption.grace_seconds) a grace above the
--- fleet's cap (its max_preemption_grace, at most preemption_settings.max_grace) — refused rather than
+-- fleet's cap (preemption_grace_cap, preemption.sql) — refused rather than
 -- clamped, so that what the preview pins is what was asked (docs/preemption.md). p_resolved: the
 -- preview's resolved document (resolve_preemption's keys).
 CREATE OR REPLACE FUNCTION tuneplane.require_priority_grant(p_actor tuneplane.users, p_team tuneplane.teams,
@@ -417,8 +417,7 @@ BEGIN
             p_team.name, v_limit.name, v_fleet.name, v_asked.name, p_team.name, v_asked.name, v_fleet.name
             USING ERRCODE = 'TP403', COLUMN = 'priority';
     END IF;
-    SELECT extract(epoch FROM least(coalesce(v_fleet.max_preemption_grace, s.max_grace), s.max_grace))::integer
-      INTO v_cap FROM tuneplane.preemption_settings s;
+    v_cap := extract(epoch FROM tuneplane.preemption_grace_cap(p_fleet_id))::integer;
     IF (p_resolved -> 'preemption' ->> 'grace_seconds')::integer > v_cap THEN
         RAISE EXCEPTION 'preemption.grace_seconds must be at most % on fleet % (its cap), not %',
             v_cap, v_fleet.name, p_resolved -> 'preemption' ->> 'grace_seconds'

@@ -113,6 +113,19 @@ def test_the_grace_is_capped_by_the_fleets_maximum(db: Database) -> None:
     assert row["grace_deadline"] - row["stop_requested_at"] == dt.timedelta(seconds=90)
 
 
+def test_a_fleets_maximum_above_the_installations_never_lengthens_a_jobs_own_grace(db: Database) -> None:
+    """The cap is the fleet's max_preemption_grace, never above preemption_settings.max_grace (30 min;
+    docs/preemption.md), for the grace a job gets of itself (the planner's preemptions, time limits) as for
+    one given and the one checked at preview: one rule, preemption_grace_cap (the job's own grace took the
+    fleet's maximum alone)."""
+    setup = running_job(db, spec={"preemption": {"grace_seconds": 3600}})  # pinned before a lower cap
+    execute(
+        db, "UPDATE fleets SET max_preemption_grace = interval '2 hours' WHERE id = %s", (setup.fleet_id,)
+    )
+    row = db.call("request_preemption", setup.job_id, "urgent work", None, "preempted", None)[0]
+    assert row["grace_deadline"] - row["stop_requested_at"] == dt.timedelta(minutes=30)
+
+
 def test_a_checkpoint_verified_within_the_grace_ends_the_attempt_preempted_with_nothing_lost(
     db: Database, tmp_path: Path
 ) -> None:

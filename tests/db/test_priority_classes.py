@@ -143,3 +143,29 @@ def test_a_grace_above_the_fleets_cap_is_refused_at_preview(db: Database) -> Non
     with pytest.raises(Refusal) as refused:
         preview(db, user, preemption={"grace_seconds": 61})
     assert "at most 60 on fleet local" in refused.value.message
+
+
+def test_a_grace_above_the_fleets_cap_is_refused_at_preview_and_the_cap_never_passes_the_installations(
+    db: Database,
+) -> None:
+    """The preview pins what was asked or refuses it (docs/preemption.md): a grace above the fleet's cap is
+    a 422 naming preemption.grace_seconds and the cap; a fleet's max_preemption_grace above the
+    installation's max_grace (30 min) does not raise the cap (preemption_grace_cap)."""
+    user = add_user(db, "alice")
+    fleet = one_local_fleet(db)
+    with db.transaction() as conn:
+        conn.execute("UPDATE fleets SET max_preemption_grace = interval '90 seconds' WHERE id = %s", (fleet,))
+    assert (
+        preview(db, user, preemption={"grace_seconds": 90})["resolved"]["preemption"]["grace_seconds"] == 90
+    )
+    with pytest.raises(Refusal) as refused:
+        preview(db, user, preemption={"grace_seconds": 91})
+    assert refused.value.status == 422
+    assert refused.value.fields["preemption.grace_seconds"].startswith(
+        "preemption.grace_seconds must be at most 90 on fleet local (its cap), not 91"
+    )
+    with db.transaction() as conn:
+        conn.execute("UPDATE fleets SET max_preemption_grace = interval '2 hours' WHERE id = %s", (fleet,))
+    with pytest.raises(Refusal) as refused:
+        preview(db, user, preemption={"grace_seconds": 3600})
+    assert "must be at most 1800 on fleet local" in refused.value.fields["preemption.grace_seconds"]
