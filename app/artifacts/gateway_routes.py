@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from tuneplane.app import db_functions as fn
+from tuneplane.app.artifacts import s3_reads
 from tuneplane.app.artifacts.blobs import FsBlobStore
 from tuneplane.app.artifacts.reader import StoredBytesMismatch, open_stored, stream_verified
 from tuneplane.app.artifacts.receiver import (
@@ -177,19 +178,31 @@ async def _refused(request: web.Request, rx: ArtifactReceiver, cred: str) -> web
 
 async def _input_manifest(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
     rows = await asyncio.to_thread(
-        rx.db.call, "artifact_input_for_node", cred, int(request.match_info["artifact_id"])
+        rx.db.call, fn.artifact_input_for_node, cred, int(request.match_info["artifact_id"])
     )
     return web.json_response({**_public(rows[0]), "manifest": rows[0]["manifest"]})
 
 
-async def _input_file(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+async def _input_entry(request: web.Request, rx: ArtifactReceiver, cred: str) -> tuple[dict, dict]:
+    """(artifact, file row) of a pinned input the node's member is entitled to (artifact_input_for_node)."""
     artifact_id = int(request.match_info["artifact_id"])
     index = int(request.match_info["file_index"])
-    artifact = (await asyncio.to_thread(rx.db.call, "artifact_input_for_node", cred, artifact_id))[0]
-    files = await asyncio.to_thread(rx.db.call, "artifact_file_list", artifact_id)
+    artifact = (await asyncio.to_thread(rx.db.call, fn.artifact_input_for_node, cred, artifact_id))[0]
+    files = await asyncio.to_thread(rx.db.call, fn.artifact_file_list, artifact_id)
     entry = next((f for f in files if f["file_index"] == index), None)
     if entry is None:
         raise Refusal(f"artifact {artifact_id} has no file {index}", 404, "file_index")
+    return artifact, entry
+
+
+async def _input_file(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    artifact, entry = await _input_entry(request, rx, cred)
+    artifact_id = artifact["id"]
+    url = await asyncio.to_thread(s3_reads.input_file_url, rx.db, request.app[STORES_KEY], artifact, entry)
+    if url is not None:
+        # An S3 fleet's file: the node fetches it from the store itself (a GET of this object only, for
+        # minutes) and checks it against the manifest; no byte passes through this process.
+        return web.Response(status=307, headers={"Location": url, "X-Sha256": entry["sha256"]})
     stream = open_stored(FsBlobStore(rx.blob_dir), artifact, entry)
     if stream is None:
         raise Refusal(f"{entry['path']}: the stored file is missing", 410, "file")
@@ -221,6 +234,15 @@ async def _found_corrupt(rx: ArtifactReceiver, artifact_id: int, entry: dict) ->
         f"{entry['path']}: the stored bytes do not match the manifest",
         "the node gateway serving it to a node",
     )  # fmt: skip
+
+
+async def _input_mismatch(request: web.Request, rx: ArtifactReceiver, cred: str) -> web.StreamResponse:
+    """A node says the store's bytes of this file do not match the manifest (s3_reads.node_reported_mismatch:
+    its word marks nothing, the server's own re-read does)."""
+    artifact, entry = await _input_entry(request, rx, cred)
+    stores = request.app[STORES_KEY]
+    report = await asyncio.to_thread(s3_reads.node_reported_mismatch, rx.db, stores, cred, artifact, entry)
+    return web.json_response(report)
 
 
 async def _s3_step(request: web.Request, rx: ArtifactReceiver, credential: str) -> web.Response:
@@ -281,3 +303,4 @@ def add_artifact_routes(
     r.add_post("/api/artifacts/refused", _handler(_refused))
     r.add_get(f"/api/input-artifacts/{art}", _handler(_input_manifest))
     r.add_get(f"/api/input-artifacts/{art}/files/{idx}", _handler(_input_file))
+    r.add_post(f"/api/input-artifacts/{art}/files/{idx}/mismatch", _handler(_input_mismatch))

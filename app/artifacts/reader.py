@@ -5,6 +5,7 @@ delivery the fleet's shared path."""
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 import os
 from collections.abc import Iterator
@@ -19,6 +20,8 @@ from tuneplane.workers.artifacts.verify import VerifyReport, verify_with
 
 log = logging.getLogger(__name__)
 
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
 
 class S3Blobs:
     """An S3 fleet's blobs read the way the filesystem store's are (`open` gives None for a missing blob),
@@ -30,6 +33,8 @@ class S3Blobs:
     def open(self, sha256: str) -> BinaryIO | None:
         from botocore.exceptions import ClientError
 
+        if sha256 == EMPTY_SHA256:  # direct delivery stores no object for an empty file
+            return io.BytesIO(b"")
         try:
             return self.store.open(sha256)
         except ClientError as exc:

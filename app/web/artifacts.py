@@ -20,6 +20,7 @@ from werkzeug.wsgi import wrap_file
 
 from tuneplane.app import db_functions as fn
 from tuneplane.app import humanize
+from tuneplane.app.artifacts import s3_reads
 from tuneplane.app.artifacts.blobs import FsBlobStore
 from tuneplane.app.artifacts.reader import (
     S3Blobs,
@@ -157,7 +158,21 @@ def input_manifest(artifact_id: int):
 @node_endpoint
 def input_file(artifact_id: int, file_index: int):
     artifact = get_db().call(fn.artifact_input_for_node, node_credential_hash(), artifact_id)[0]
-    return _send_file(artifact, file_index)
+    entry = _entry(artifact, file_index)
+    url = s3_reads.input_file_url(get_db(), _FLEET_STORES, artifact, entry)
+    if url is not None:  # an S3 fleet's file: the node GETs this one object from the store (s3_reads)
+        return Response(status=307, headers={"Location": url, "X-Sha256": entry["sha256"]})
+    return _send_file(artifact, entry)
+
+
+@bp.post("/api/input-artifacts/<int:artifact_id>/files/<int:file_index>/mismatch")
+@node_endpoint
+def input_mismatch(artifact_id: int, file_index: int):
+    """A node met store bytes that do not match (s3_reads.node_reported_mismatch: the server re-reads)."""
+    cred = node_credential_hash()
+    artifact = get_db().call(fn.artifact_input_for_node, cred, artifact_id)[0]
+    entry = _entry(artifact, file_index)
+    return json_response(s3_reads.node_reported_mismatch(get_db(), _FLEET_STORES, cred, artifact, entry))
 
 
 # -- users ----------------------------------------------------------------------------------------------
@@ -209,14 +224,20 @@ def download_file(artifact_id: int, file_index: int):
     artifact = get_db().call(fn.artifact_for_user, _user_id(), artifact_id)[0]
     if artifact["state"] != "complete":
         raise Refusal(f"artifact {artifact_id} is {artifact['state']}; only complete artifacts download", 409)
-    return _send_file(artifact, file_index)
+    return _send_file(artifact, _entry(artifact, file_index))
 
 
-def _send_file(artifact: dict, file_index: int) -> Response:
+def _entry(artifact: dict, file_index: int) -> dict:
     entry = next((f for f in _files(artifact["id"]) if f["file_index"] == file_index), None)
     if entry is None:
         raise Refusal(f"artifact {artifact['id']} has no file {file_index}", 404, "file_index")
-    stream = open_stored(FsBlobStore(blob_dir()), artifact, entry)
+    return entry
+
+
+def _send_file(artifact: dict, entry: dict) -> Response:
+    """The file streamed by this server: from its own store, the shared path, or (a user's download of an
+    S3 fleet's artifact) from the fleet's store, never from this server's disk for those (ADR 0245)."""
+    stream = open_stored(stored_blobs(get_db(), artifact["id"]), artifact, entry)
     if stream is None:
         raise Refusal(f"{entry['path']}: the stored file is missing (run verify)", 410, "file")
     if request.headers.get(CLIENT_VERIFIES) == "sha256":

@@ -85,6 +85,7 @@ NOT_JOB_SCOPED = {
     "/api/artifacts/<int:artifact_id>/fail": NODE,
     "/api/input-artifacts/<int:artifact_id>": NODE,
     "/api/input-artifacts/<int:artifact_id>/files/<int:file_index>": NODE,
+    "/api/input-artifacts/<int:artifact_id>/files/<int:file_index>/mismatch": NODE,
 }
 # POST routes that only read the job (its 'read' right is enough).
 READ_BY_POST = {"/artifacts/<int:artifact_id>/verify": "checks the stored files against the manifest"}
@@ -116,6 +117,7 @@ GATEWAY_NOT_JOB_SCOPED = {
         "/api/artifacts/{artifact_id}/fail": NODE,
         "/api/input-artifacts/{artifact_id}": NODE,
         "/api/input-artifacts/{artifact_id}/files/{file_index}": NODE,
+        "/api/input-artifacts/{artifact_id}/files/{file_index}/mismatch": NODE,
     },
 }
 

@@ -55,27 +55,84 @@ def _error(response: httpx.Response) -> str:
 
 
 def _download(http: httpx.Client, artifact_id: int, index: int, entry_sha: str, target: Path) -> None:
+    """One file into `target`, hashed as it arrives. From the server, or, for an S3 fleet, straight from the
+    store: the server answers 307 with a URL signed for this one object (app/artifacts/s3_reads.py), fetched
+    without the node's credential. Bytes from the store that do not match are reported, so the server
+    re-reads the object and marks the artifact corrupt if its own hash disagrees (never resumed from)."""
     import httpx
 
     partial = target.parent / f"{PARTIAL}-{target.name}"
     target.parent.mkdir(parents=True, exist_ok=True)
+    path = f"/api/input-artifacts/{artifact_id}/files/{index}"
     digest = hashlib.sha256()
+    from_store = False
     try:
-        with http.stream("GET", f"/api/input-artifacts/{artifact_id}/files/{index}") as response:
-            if not response.is_success:
-                response.read()
-                raise MaterializeError(_error(response))
-            with open(partial, "wb") as handle:
-                for block in response.iter_bytes(1024 * 1024):
-                    digest.update(block)
-                    handle.write(block)
+        with http.stream("GET", path) as response:
+            if response.status_code == 307 and response.headers.get("Location"):
+                from_store = True
+                _fetch_from_store(http, response.headers["Location"], partial, digest)
+            else:
+                _write_body(response, partial, digest)
     except httpx.HTTPError as exc:
         partial.unlink(missing_ok=True)
         raise MaterializeError(f"transfer failed: {exc}") from exc
     if digest.hexdigest() != entry_sha:
         partial.unlink(missing_ok=True)
+        if from_store:
+            raise MaterializeError(_report_mismatch(http, path))
         raise MaterializeError("downloaded bytes do not match the manifest")
     os.replace(partial, target)
+
+
+def _write_body(response: httpx.Response, partial: Path, digest: Any) -> None:
+    if not response.is_success:
+        response.read()
+        raise MaterializeError(_error(response))
+    with open(partial, "wb") as handle:
+        for block in response.iter_bytes(1024 * 1024):
+            digest.update(block)
+            handle.write(block)
+
+
+def _fetch_from_store(http: httpx.Client, url: str, partial: Path, digest: Any) -> None:
+    """GET a presigned URL with a client of its own: the node's credential never goes to the store, and
+    plain HTTP only to loopback, as for the server (check_transport)."""
+    import httpx
+
+    from tuneplane.app.client.http import ClientError, check_transport
+
+    try:
+        check_transport(url)
+    except ClientError as exc:
+        raise MaterializeError(f"the object store's URL: {exc}") from exc
+    client = httpx.Client(timeout=http.timeout, verify=_store_tls())
+    with client, client.stream("GET", url) as response:
+        if not response.is_success:
+            response.read()
+            raise MaterializeError(f"the object store answered HTTP {response.status_code}")
+        _write_body(response, partial, digest)
+
+
+def _store_tls() -> Any:
+    from tuneplane.workers.artifacts.deliver import tls_context
+
+    return tls_context(None)  # the store is verified against the system's trust store
+
+
+def _report_mismatch(http: httpx.Client, path: str) -> str:
+    """Tell the server; its answer says whether its own re-read found the stored object corrupt."""
+    import httpx
+
+    why = "the bytes the object store sent do not match the manifest"
+    try:
+        answer = http.post(f"{path}/mismatch")
+    except httpx.HTTPError as exc:
+        return f"{why} (reporting it failed: {exc})"
+    if not answer.is_success:
+        return f"{why} (reporting it failed: {_error(answer)})"
+    if answer.json().get("corrupt"):
+        return f"{why}; the server re-read the stored object and marked the artifact corrupt"
+    return f"{why}; the server's re-read of the stored object matched (damaged in transit)"
 
 
 def materialize_input(http: httpx.Client, pinned: dict[str, Any], dest: Path | str) -> VerifyReport:
@@ -133,6 +190,9 @@ def _place(manifest: Manifest, pinned: dict[str, Any], dest: Path, download) -> 
             if use_shared:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(Path(shared) / entry.path, target)
+            elif entry.size == 0:  # nothing to fetch (an S3 store holds no object for an empty file)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(b"")
             else:
                 download(index, entry, target)
         except (MaterializeError, OSError) as exc:
