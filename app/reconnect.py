@@ -14,7 +14,9 @@ What lives here, so that no process keeps a twin of it:
 - `listen_forever` / `listen_forever_sync`: a LISTEN connection on every channel a process needs, opened
   again after any break, that calls `on_listening` each time it (re)starts listening — the process's one
   poll, which finds whatever a NOTIFY sent while nobody listened would have said;
-- `RETRY_AFTER_S`: the `Retry-After` the HTTP servers send with a 503 while the database is away.
+- `database_away(exc)`: whether a request failed because the database is away (answered 503 + Retry-After);
+- `RETRY_AFTER_S`: the `Retry-After` the HTTP servers send with a 503 while the database is away (the
+  clients read it with app/client/transport.retry_after).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 import psycopg
 
-from tuneplane.app.errors import connection_ended
+from tuneplane.app.errors import connection_ended, rolled_back
 
 log = logging.getLogger("tuneplane.reconnect")
 
@@ -50,6 +52,15 @@ def needs_reconnect(exc: BaseException) -> bool:
     """True when the connection that raised `exc` must be replaced: it broke, the server ended it, or the
     server is no longer the primary."""
     return read_only(exc) or connection_ended(exc) or isinstance(exc, psycopg.InterfaceError)
+
+
+def database_away(exc: BaseException) -> bool:
+    """True for what a request meets while the database restarts or fails over: no connection (none in
+    time: PoolTimeout), a broken one, or a server that is read-only now. Not a rolled-back transaction (a
+    deadlock victim: the database is there)."""
+    if read_only(exc):
+        return True
+    return isinstance(exc, psycopg.OperationalError) and not rolled_back(exc)
 
 
 def discard_if_stale(conn: psycopg.Connection, exc: BaseException) -> None:

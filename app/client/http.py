@@ -8,22 +8,18 @@ from typing import Any
 import httpx
 
 from tuneplane.app.client.config import ClientConfig
-from tuneplane.app.client.transport import ClientError, check_transport, is_loopback_host, verify_setting
+from tuneplane.app.client.transport import (
+    ClientError,
+    check_transport,
+    is_loopback_host,
+    retry_after,
+    verify_setting,
+)
 
 __all__ = ["ApiClient", "ClientError", "check_transport", "is_loopback_host", "verify_setting"]
 
 # How long a read waits out 503 + Retry-After answers in all (a failover takes seconds: docs/operations.md).
 WAIT_OUT_503_S = 30.0
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    """The seconds a 503 asks to wait (Retry-After in seconds, at most 10), else None."""
-    if response.status_code != 503:
-        return None
-    try:
-        return min(max(float(response.headers.get("Retry-After", "")), 0.0), 10.0)
-    except ValueError:
-        return None
 
 
 class ApiClient:
@@ -66,7 +62,7 @@ class ApiClient:
                 raise ClientError(f"cannot connect to {self.config.server}: {exc}") from exc
             except httpx.HTTPError as exc:
                 raise ClientError(f"request to {self.config.server} failed: {exc}") from exc
-            pause = _retry_after(response)
+            pause = retry_after(response.status_code, response.headers.get("Retry-After"))
             if method not in ("GET", "HEAD") or pause is None or time.monotonic() + pause > deadline:
                 return self._decode(response)
             time.sleep(pause)

@@ -5,6 +5,7 @@ and the one error type client commands print as a single line."""
 from __future__ import annotations
 
 import ipaddress
+import math
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,3 +54,22 @@ def proxied(url: str) -> bool:
     if not (proxies.get(parts.scheme) or proxies.get("all")):
         return False
     return not urllib.request.proxy_bypass(parts.hostname or "")
+
+
+# The longest one Retry-After is waited (seconds): a failover takes seconds (docs/operations.md); a longer
+# one is a misconfigured or hostile server, and each client's own deadline still applies.
+RETRY_AFTER_MAX_S = 10.0
+
+
+def retry_after(status: int, value: str | None) -> float | None:
+    """The pause a 503 asks for before the same request is sent again (its Retry-After in seconds, 0 to
+    RETRY_AFTER_MAX_S), else None: another status, no header, or an HTTP date (TunePlane never sends one).
+    TunePlane's servers answer 503 with Retry-After while their database is away (app/reconnect.py); every
+    client of theirs (the CLI, the node agent, the collector) reads the header here."""
+    if status != 503 or value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S) if math.isfinite(seconds) else None

@@ -78,6 +78,31 @@ def _json_error(refusal: Refusal) -> web.Response:
     return web.json_response(refusal.as_json(), status=refusal.status)
 
 
+DATABASE_AWAY = "the database is unavailable; try again shortly"
+
+
+def _database_away(message: str = DATABASE_AWAY, **extra: Any) -> web.Response:
+    """503 with Retry-After: the database is restarting or failing over; the agent waits that long."""
+    return web.json_response(
+        {**Refusal(message, status=503).as_json(), **extra},
+        status=503,
+        headers={"Retry-After": str(reconnect.RETRY_AFTER_S)},
+    )
+
+
+@web.middleware
+async def _database_away_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Any route that meets the database away (the control handshake's authentication, enrollment, files,
+    the artifact routes) answers 503 + Retry-After, never 500."""
+    try:
+        return await handler(request)
+    except psycopg.Error as exc:
+        if not reconnect.database_away(exc):
+            raise
+        log.warning("%s %s: the database is away (%s)", request.method, request.path, describe_db_error(exc))
+        return _database_away()
+
+
 def _malformed(what: str, exc: ValidationError) -> Refusal:
     """A 400 naming the first offending field, without echoing the input back."""
     fields = {
@@ -150,7 +175,9 @@ class Gateway:
             "/api/artifacts",
             "/api/artifacts/{artifact_id}/fail",
         ]
-        app = gateway_app(json_routes, client_max_size=16 * 1024 * 1024)
+        app = gateway_app(
+            json_routes, client_max_size=16 * 1024 * 1024, middlewares=[_database_away_middleware]
+        )
         app.router.add_post(protocol.ENROLL_PATH, self.enroll)
         app.router.add_get(protocol.CONTROL_PATH, self.control)
         app.router.add_post(protocol.REPORTS_PATH, self.http_report)
@@ -283,11 +310,8 @@ class Gateway:
             return _json_error(refusal)
         except DB_TROUBLE as exc:
             log.warning("HTTP report met a database error: %s", describe_db_error(exc))
-            answer = Refusal(f"database error ({describe_db_error(exc)}); send the report again", status=503)
-            return web.json_response(
-                {**answer.as_json(), "retryable": True},
-                status=503,
-                headers={"Retry-After": str(reconnect.RETRY_AFTER_S)},
+            return _database_away(
+                f"database error ({describe_db_error(exc)}); send the report again", retryable=True
             )
         return web.json_response({"ok": True, "result": result})
 
@@ -308,7 +332,9 @@ class Gateway:
         if not ws.can_prepare(request).ok:
             return _json_error(refusal)
         await ws.prepare(request)
-        await ws.send_json({"type": "error", "status": refusal.status, "message": refusal.message})
+        # A 503 (retryable) says when to come back, as its HTTP twin's Retry-After would.
+        retry = {"retry_after_s": reconnect.RETRY_AFTER_S} if refusal.status == 503 else {}
+        await ws.send_json({"type": "error", "status": refusal.status, "message": refusal.message, **retry})
         await ws.close(
             code=protocol.CLOSE_REFUSED_BASE + refusal.status, message=refusal.message[:120].encode()
         )
@@ -324,7 +350,22 @@ class Gateway:
             return _json_error(Refusal("this endpoint speaks WebSocket only", status=400, field="Upgrade"))
         await ws.prepare(request)
         node_id = ident["node_id"]
-        opened = await self.db.call_one(fn.node_session_opened, node_id, request.remote, self.name)
+        try:
+            opened = await self.db.call_one(fn.node_session_opened, node_id, request.remote, self.name)
+        except DB_TROUBLE as exc:
+            # The database went away between the handshake's authentication and here: no session was
+            # opened; the agent is told to come back after Retry-After (it does not give up on a 503).
+            log.warning("node %s: no session, database away (%s)", ident["node"], describe_db_error(exc))
+            await ws.send_json(
+                {
+                    "type": "error",
+                    "status": 503,
+                    "message": DATABASE_AWAY,
+                    "retry_after_s": reconnect.RETRY_AFTER_S,
+                }
+            )
+            await ws.close(code=protocol.CLOSE_REFUSED_BASE + 503, message=b"database unavailable")
+            return ws
         rotate_due = ident["rotate_due_at"].timestamp()
         session = NodeSession(
             node_id=node_id,

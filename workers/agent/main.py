@@ -21,11 +21,12 @@ import aiohttp
 
 from tuneplane.app import __version__
 from tuneplane.app.client.http import ClientError, check_transport
+from tuneplane.app.client.transport import retry_after
 from tuneplane.workers.agent import capacity as capacity_probe
 from tuneplane.workers.agent.credential import FileCredentialStore
 from tuneplane.workers.agent.directories import AgentPaths, StateError
 from tuneplane.workers.agent.handlers import AgentContext
-from tuneplane.workers.agent.session import ControlSession, Refused, enroll
+from tuneplane.workers.agent.session import ControlSession, Refused, Unavailable, enroll
 from tuneplane.workers.agent.workload_dir_check import check_workload_dirs
 
 # Modules that register more command handlers (the launch issue adds its own here).
@@ -87,6 +88,21 @@ def backoff_delay(attempt: int, maximum: float, base: float = 0.5) -> float:
     return random.uniform(cap / 2, cap)
 
 
+def reconnect_delay(exc: BaseException | None, attempt: int, maximum: float) -> float:
+    """The pause before the next try. A gateway that answered 503 (its database away: a restart, a
+    failover) said when to come back (Retry-After): that long, up to a quarter more so that a fleet does not
+    come back in step, and no exponential growth (the gateway is there; the failover takes seconds).
+    Anything else: exponential backoff with jitter."""
+    asked = None
+    if isinstance(exc, Unavailable):
+        asked = exc.retry_after
+    elif isinstance(exc, aiohttp.ClientResponseError) and exc.headers is not None:
+        asked = retry_after(exc.status, exc.headers.get("Retry-After"))
+    if asked is None:
+        return backoff_delay(attempt, maximum)
+    return max(asked, 0.1) * random.uniform(1.0, 1.25)
+
+
 def _tls_failure(exc: BaseException) -> bool:
     return isinstance(exc, aiohttp.ClientConnectorCertificateError | aiohttp.ClientSSLError | ssl.SSLError)
 
@@ -144,6 +160,7 @@ async def run_agent(options: AgentOptions, *, say=print) -> None:
         while True:
             session = ControlSession(http, options.server, store, ctx, probe, say=say)
             started = time.monotonic()
+            failure: BaseException | None = None
             try:
                 reason = await session.run()
             except Refused as exc:
@@ -160,10 +177,10 @@ async def run_agent(options: AgentOptions, *, say=print) -> None:
                     exc, aiohttp.ClientError | OSError | asyncio.TimeoutError | ConnectionError
                 ):
                     raise
-                reason = f"{type(exc).__name__}: {exc}"
+                reason, failure = f"{type(exc).__name__}: {exc}", exc
             if time.monotonic() - started > 30:
                 attempt = 0
-            delay = backoff_delay(attempt, options.max_backoff)
+            delay = reconnect_delay(failure, attempt, options.max_backoff)
             attempt += 1
             say(f"disconnected ({reason}); reconnecting in {delay:.1f}s")
             await asyncio.sleep(delay)
@@ -191,7 +208,7 @@ async def _enroll(http: aiohttp.ClientSession, options: AgentOptions, store: Fil
                 ) from exc
             if not isinstance(exc, aiohttp.ClientError | OSError | asyncio.TimeoutError):
                 raise
-            delay = backoff_delay(attempt, options.max_backoff)
+            delay = reconnect_delay(exc, attempt, options.max_backoff)
             attempt += 1
             say(f"cannot reach {options.server} to enroll ({exc}); retrying in {delay:.1f}s")
             await asyncio.sleep(delay)

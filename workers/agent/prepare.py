@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from tuneplane.app.client.transport import retry_after
 from tuneplane.app.node_gateway import protocol
 from tuneplane.workers.agent.environments import EnvironmentBuildFailed, Progress, prepare_environment
 from tuneplane.workers.agent.images import ImagePrepareFailed, prepare_image
@@ -46,7 +47,12 @@ FETCH_BLOCK = 1024 * 1024
 
 
 class _FetchInterrupted(Exception):
-    """This try failed for a reason that another try may not meet (connection, 5xx, stalled read)."""
+    """This try failed for a reason that another try may not meet (connection, 5xx, stalled read); a 503
+    says when to try again (`retry_after`: the gateway's database is away, a failover)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 async def fetch_capsule(access: NodeAccess, cache: Path, digest: str, deadline: float | None = None) -> Path:
@@ -73,12 +79,13 @@ async def fetch_capsule(access: NodeAccess, cache: Path, digest: str, deadline: 
                 await _fetch_rest(access, url, partial, digest)
                 break
             except _FetchInterrupted as exc:
-                if time.time() + pause >= give_up_at:
+                wait = max(pause, exc.retry_after or 0.0)
+                if time.time() + wait >= give_up_at:
                     raise PrepareFailed(
                         f"fetching capsule {digest} failed after {tries} tries until the prepare "
                         f"deadline: {exc}"
                     ) from exc
-                await asyncio.sleep(pause)
+                await asyncio.sleep(wait)
                 pause = min(pause * 2, FETCH_PAUSE_MAX)
         actual = await asyncio.to_thread(file_digest, partial)
         if actual != digest:
@@ -105,7 +112,10 @@ async def _fetch_rest(access: NodeAccess, url: str, partial: Path, digest: str) 
             if response.status == 416 and have:
                 return  # nothing after what we have: the whole file is here (the digest check decides)
             if response.status >= 500:
-                raise _FetchInterrupted(f"HTTP {response.status} from the node gateway")
+                raise _FetchInterrupted(
+                    f"HTTP {response.status} from the node gateway",
+                    retry_after(response.status, response.headers.get("Retry-After")),
+                )
             if response.status not in (200, 206):
                 try:
                     message = (await response.json(content_type=None)).get("error")

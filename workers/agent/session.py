@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from tuneplane.app.client.transport import retry_after
 from tuneplane.app.node_gateway import protocol
 from tuneplane.workers.agent.credential import CredentialStore, StoredCredential
 from tuneplane.workers.agent.handlers import COMMAND_HANDLERS, SESSION_HOOKS, AgentContext, CommandFailed
@@ -30,6 +31,16 @@ class Refused(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+
+class Unavailable(ConnectionError):
+    """The gateway is up but its database is away (a restart, a failover): it answered 503 and when to come
+    back (`retry_after`, seconds, from Retry-After). Never final: the agent tries again after that pause."""
+
+    def __init__(self, message: str, retry_after: float | None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
 
 
 class ReportNotRecorded(ConnectionError):
@@ -71,8 +82,9 @@ async def enroll(
             if 400 <= response.status < 500:
                 raise Refused(f"enrollment refused: {message}", response.status)
             raise aiohttp.ClientResponseError(
-                response.request_info, (), status=response.status, message=str(message)
-            )
+                response.request_info, (), status=response.status, message=str(message),
+                headers=response.headers,
+            )  # fmt: skip
     answer = protocol.EnrollResponse.model_validate(data)
     return StoredCredential(
         node_id=answer.node_id, node=answer.node, fleet=answer.fleet, credential=answer.credential
@@ -195,8 +207,14 @@ class ControlSession:
             if data.get("type") == "hello":
                 return data
             if data.get("type") == "error":
-                raise Refused(data.get("message", "refused"), int(data.get("status", 401)))
+                status = int(data.get("status", 401))
+                if status == 503:
+                    asked = retry_after(503, str(data.get("retry_after_s", "")))
+                    raise Unavailable(data.get("message", "the gateway's database is away"), asked)
+                raise Refused(data.get("message", "refused"), status)
         code = self.ws.close_code if self.ws is not None else None
+        if code == protocol.CLOSE_REFUSED_BASE + 503:
+            raise Unavailable("the gateway's database is away", None)
         if code is not None and code >= protocol.CLOSE_REFUSED_BASE and code != 4409:
             raise Refused(
                 f"gateway closed the connection with code {code}", code - protocol.CLOSE_REFUSED_BASE

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import google_crc32c
 import httpx
 
+from tuneplane.app.client.transport import retry_after
 from tuneplane.workers.artifacts.manifest import Manifest
 
 DEFAULT_CHUNK_SIZE = 32 * 1024 * 1024
@@ -266,6 +267,7 @@ class HttpChunkTransport:
 
         last: Exception | None = None
         for attempt in range(self.retries + 1):
+            asked = None
             try:
                 response = self.http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
@@ -278,8 +280,10 @@ class HttpChunkTransport:
                     message = (body or {}).get("error") or f"HTTP {response.status_code}"
                     raise UploadError(f"server refused {method} {path}: {message}", response.status_code)
                 last = UploadError(f"server answered HTTP {response.status_code} to {method} {path}")
+                # 503 + Retry-After: the server's database is away (a failover) and says when it is back.
+                asked = retry_after(response.status_code, response.headers.get("Retry-After"))
             # Transient: the server restarting or the network dropping. Back off and ask again.
-            time.sleep(self.backoff * (2**attempt))
+            time.sleep(max(self.backoff * (2**attempt), asked or 0.0))
         raise UploadError(f"{method} {path} failed after {self.retries + 1} tries: {last}")
 
     def status(self) -> dict[str, Any]:

@@ -5,7 +5,8 @@ let the database load one batch while the next one travels and is decoded).
 refuses points one by one and answers 4xx only for a batch it can never take (malformed, a token revoked
 or of another member), so the batch is set aside in the spool's rejected/ folder with the reason and
 cannot block the rest. Only an outage is retried with a capped exponential backoff (connection errors,
-5xx, 408 and 429); the batch stays in the spool meanwhile.
+5xx, 408 and 429); the batch stays in the spool meanwhile. A 503 with Retry-After (the gateway's database is
+away: a restart, a failover) is retried after the pause it asks for instead, whatever the backoff reached.
 
 Batches go out over the standard library's http.client, one kept-alive connection per sender thread (TLS
 with the API client's trust: the CA bundle, else SSL_CERT_FILE/SSL_CERT_DIR, else certifi). httpx only
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from tuneplane.app.client.transport import check_transport, proxied, verify_setting
+from tuneplane.app.client.transport import check_transport, proxied, retry_after, verify_setting
 from tuneplane.app.telemetry.wire import CONTENT_TYPE
 from tuneplane.workers.collector.spool import Spool
 
@@ -109,8 +110,8 @@ class Shipper:
             self._local.conn = conn
         return conn
 
-    def _post(self, payload: bytes) -> tuple[int, bytes]:
-        """(status, body) of one POST; raises _Unreachable when no answer came."""
+    def _post(self, payload: bytes) -> tuple[int, bytes, str | None]:
+        """(status, body, Retry-After) of one POST; raises _Unreachable when no answer came."""
         if self._proxied:
             import httpx
 
@@ -118,14 +119,14 @@ class Shipper:
                 response = self._http().post(self.url, content=payload)
             except httpx.HTTPError as exc:
                 raise _Unreachable(str(exc)) from exc
-            return response.status_code, response.content
+            return response.status_code, response.content, response.headers.get("Retry-After")
         conn = self._connection()
         try:
             conn.request(
                 "POST", urlsplit(self.url).path, body=payload, headers=self._client_settings["headers"]
             )
             response = conn.getresponse()
-            return response.status, response.read()
+            return response.status, response.read(), response.getheader("Retry-After")
         except (OSError, http.client.HTTPException) as exc:
             conn.close()  # a new connection for the next try (the gateway restarted, a keep-alive timed out)
             self._local.conn = None
@@ -151,27 +152,31 @@ class Shipper:
             if record is None:
                 continue
             try:
-                ok = self._send(record)
+                ok, asked = self._send(record)
             except Exception as exc:  # never lose the thread: the record is offered again
                 self._failed(f"sending failed: {exc}")
-                ok = False
+                ok, asked = False, None
             if ok:
                 backoff = 0.0
                 continue
             self.spool.release(record)
+            if asked is not None:  # the pause the gateway asked for, a little more so collectors spread out
+                self._stopping.wait(max(asked, 0.1) * (1 + random.random() / 4))
+                continue
             backoff = min(self.max_backoff, max(0.2, backoff * 2))
             self._stopping.wait(backoff * (0.5 + random.random() / 2))
         conn = getattr(self._local, "conn", None)
         if conn is not None:
             conn.close()
 
-    def _send(self, record) -> bool:
+    def _send(self, record) -> tuple[bool, float | None]:
+        """(whether the record is done with: stored or set aside, the pause a 503 asked for)."""
         payload = self.spool.read(record)
         try:
-            status, content = self._post(payload)
+            status, content, asked = self._post(payload)
         except _Unreachable as exc:
             self._failed(f"cannot reach the gateway: {exc}")
-            return False
+            return False, None
         body = _json(content)
         if 200 <= status < 300:
             with self._stats_lock:
@@ -180,16 +185,16 @@ class Shipper:
                 self.stats.sent += 1
                 self.stats.last_ok_at = time.time()
             self.spool.ack(record.seq)
-            return True
+            return True, None
         reason = body.get("error") or content[:200].decode("utf-8", "replace")
         if 400 <= status < 500 and status not in RETRY_STATUSES:
             log.error("gateway refused batch %d (%d: %s); kept in rejected/", record.seq, status, reason)
             with self._stats_lock:
                 self.stats.rejected += 1
             self.spool.reject(record, f"{status} {reason}")
-            return True
+            return True, None
         self._failed(f"gateway answered {status}: {reason}")
-        return False
+        return False, retry_after(status, asked)
 
     def _failed(self, message: str) -> None:
         with self._stats_lock:
