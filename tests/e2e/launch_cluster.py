@@ -90,7 +90,9 @@ class Cluster:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.gateway_port}"
 
-    def start(self, *, stop_grace: float = 3.0, prepare_timeout: float = 40.0) -> None:
+    def start(
+        self, *, stop_grace: float = 3.0, prepare_timeout: float = 40.0, gateway_args: tuple[str, ...] = ()
+    ) -> None:
         fast_thresholds(self.db, heartbeat=HEARTBEAT, stale=STALE, lost=LOST)
         self.db.fetch_all(
             """UPDATE launch_settings SET stop_grace = %s, prepare_timeout = %s, rendezvous_port_base = %s,
@@ -104,7 +106,9 @@ class Cluster:
         )
         self.db.call("create_fleet", self.fleet, "node", None, None)
         self.user_id = add_user(self.db, "alice")
-        self.gateway = start_gateway(self.db_url, self.gateway_port, "--data-dir", str(self.data_dir))
+        self.gateway = start_gateway(
+            self.db_url, self.gateway_port, "--data-dir", str(self.data_dir), *gateway_args
+        )
 
     def start_telemetry_gateway(self) -> str:
         from tests.conftest import free_port
