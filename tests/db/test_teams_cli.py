@@ -166,3 +166,18 @@ def test_every_command_a_message_names_exists_and_answers_help() -> None:
         if result.exit_code != 0:
             missing.append(f"tuneplane {' '.join(path)} --help: {result.output[:200]}")
     assert missing == [], "messages that name a command that does not exist:\n" + "\n".join(missing)
+
+
+def test_a_fleets_access_shows_a_user_only_the_grants_of_teams_they_may_read(server: dict, db) -> None:
+    """fleet_team_access_of (teams.sql): an installation admin sees every team's grant on a fleet; a user
+    sees the fleet's mode and the grants of their own teams only, not which other teams may use it."""
+    db.call("create_team", server["alice_id"], "vision")
+    db.call("create_team", server["root_id"], "secret")
+    root = {"Authorization": f"Bearer {server['root']}", "Accept": "application/json"}
+    for team in ("vision", "secret"):
+        granted = httpx.post(f"{server['url']}/fleets/local/team-access", json={"team": team}, headers=root)
+        assert granted.status_code == 200, granted.text
+    url = f"{server['url']}/fleets/local/access"
+    assert [g["team"] for g in httpx.get(url, headers=root).json()["teams"]] == ["secret", "vision"]
+    alice = httpx.get(url, headers={"Authorization": f"Bearer {server['alice']}"}).json()
+    assert alice["team_access"] == "open" and [g["team"] for g in alice["teams"]] == ["vision"]
