@@ -649,7 +649,10 @@ class SlurmWorker:
             self.wake.set()
 
         reconnect.listen_forever_sync(
-            lambda: psycopg.connect(self.options.database_url, autocommit=True),
+            # Named like the node worker's, so that an operator (and the failover test) sees it listening.
+            lambda: psycopg.connect(
+                self.options.database_url, autocommit=True, application_name="tuneplane-slurm-worker-listen"
+            ),
             CHANNELS,
             on_notify,
             self.wake.set,  # one pass after (re)connecting: what a NOTIFY missed meanwhile would have said
