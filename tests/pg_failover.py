@@ -75,6 +75,8 @@ class Node:
 
 
 class FailoverCluster:
+    how = "pg_ctl promote by the test"
+
     def __init__(self, root: Path) -> None:
         self.root = root
         self.bin = pg_bin()

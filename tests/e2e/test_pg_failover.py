@@ -20,6 +20,7 @@ import time
 import psycopg
 import pytest
 
+from tests import patroni_failover
 from tests.pg_failover import available, failover_cluster
 from tuneplane.app import reconnect
 from tuneplane.app.db import Database
@@ -69,8 +70,15 @@ class _Burst(threading.Thread):
             conn.close()
 
 
-def test_failover_reconnects_relistens_and_loses_no_confirmed_commit() -> None:
-    with failover_cluster() as cluster:
+# The promotion: `pg_ctl promote` by the test at once, or Patroni's own (etcd3; tests/patroni_failover.py).
+CLUSTERS = {"pg_ctl": failover_cluster, "patroni": patroni_failover.patroni_cluster}
+
+
+@pytest.mark.parametrize("promotion", sorted(CLUSTERS))
+def test_failover_reconnects_relistens_and_loses_no_confirmed_commit(promotion: str) -> None:
+    if promotion == "patroni" and (reason := patroni_failover.available()) is not None:
+        pytest.skip(reason)
+    with CLUSTERS[promotion]() as cluster:
         with psycopg.connect(cluster.url, autocommit=True) as conn:
             conn.execute("CREATE TABLE failover_burst (id integer PRIMARY KEY)")
         db = Database(cluster.url, name="tuneplane-failover-test")
@@ -159,7 +167,7 @@ async def _async_side(cluster, db: Database, burst: _Burst) -> None:
         # The count is of the new primary's commits: none can precede its promotion.
         assert first > after, (first - killed, after - killed)
         print(
-            f"\nfailover (pg_ctl promote at once): kill -9 -> standby promoted "
+            f"\nfailover ({cluster.how}): kill -9 -> standby promoted "
             f"{after - killed:.2f}..{promoted - killed:.2f}s; "
             f"kill -> first commit confirmed by the new primary (port {cluster.standby.port}, the killed "
             f"one's {cluster.primary.port}) {first - killed:.2f}s "
