@@ -41,6 +41,7 @@ NOT_WALKED = {
     "/api/artifacts/<int:artifact_id>/files/<int:file_index>/chunks/<int:chunk_index>": NODE,
     "/api/artifacts/<int:artifact_id>/finish": NODE,
     "/api/artifacts/<int:artifact_id>/fail": NODE,
+    "/api/input-artifacts/<int:artifact_id>/files/<int:file_index>/mismatch": NODE,
 }
 # Not walked with a team-scoped token, with the reason (the read-only walk still covers them).
 NOT_SCOPED = {
