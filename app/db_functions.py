@@ -76,6 +76,7 @@ artifact_file_list = StoredFunction("artifact_file_list", "bigint")
 artifact_file_state = StoredFunction("artifact_file_state", "text", "bigint", "integer")
 artifact_for_user = StoredFunction("artifact_for_user", "bigint", "bigint")
 artifact_input_for_node = StoredFunction("artifact_input_for_node", "text", "bigint")
+artifact_object_references = StoredFunction("artifact_object_references")
 artifact_storage = StoredFunction("artifact_storage", "bigint")
 artifact_to_verify = StoredFunction("artifact_to_verify", "bigint", "bigint")
 artifact_upload_status = StoredFunction("artifact_upload_status", "text", "bigint")
@@ -199,6 +200,9 @@ record_artifact_chunk = StoredFunction(
     "bigint",
 )
 record_artifact_file = StoredFunction("record_artifact_file", "text", "bigint", "integer", "text", "bigint")
+record_artifact_object = StoredFunction(
+    "record_artifact_object", "text", "bigint", "integer", "text", "bigint", "text"
+)
 record_artifact_verification = StoredFunction(
     "record_artifact_verification",
     "bigint",
@@ -241,6 +245,7 @@ require_token_write = StoredFunction("require_token_write", "text", "text", "big
 reserve_next = StoredFunction("reserve_next", "bigint", "integer")
 resolve_node = StoredFunction("resolve_node", "text")
 resume_pin = StoredFunction("resume_pin", "bigint")
+reuse_artifact_objects = StoredFunction("reuse_artifact_objects", "text", "bigint")
 revoke_api_token = StoredFunction("revoke_api_token", "bigint", "bigint")
 rotate_node_credential = StoredFunction("rotate_node_credential", "bigint", "bigint", "text")
 server_secret = StoredFunction("server_secret", "text", "text")

@@ -8,7 +8,8 @@ does not verify objects at rest (a ranged GET of a corrupted chunk returns wrong
 server side re-hashes each object once with `object_sha256` before an artifact may become `complete`.
 
 Layout under the configured prefix: content-addressed blobs at `sha256/ab/abcdef…` (the BlobStore protocol
-of app/blobstore.py), artifact files at whatever key the caller names (e.g. `artifacts/<id>/<path>`).
+of app/blobstore.py: source archives, capsules), artifact files at whatever key the caller names (direct
+delivery: `artifacts/<artifact id>/<file index>`, verified in place; tuneplane.artifact_object_key).
 """
 
 from __future__ import annotations
@@ -213,11 +214,6 @@ class S3Store:
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._client.put_object(Bucket=self.location.bucket, Key=key, Body=data, ContentMD5=part_md5(data))
-
-    def copy(self, source_key: str, target_key: str) -> None:
-        """A copy made by the store itself (no byte passes through this process); multipart above 5 GiB."""
-        source = {"Bucket": self.location.bucket, "Key": source_key}
-        self._client.copy(source, self.location.bucket, target_key)
 
     def delete(self, key: str) -> None:
         self._client.delete_object(Bucket=self.location.bucket, Key=key)

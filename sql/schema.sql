@@ -66,13 +66,17 @@ CREATE TABLE tuneplane.artifact_files (
     size bigint NOT NULL,
     sha256 text NOT NULL,
     verified_at timestamp with time zone,
+    object_key text,
     CONSTRAINT artifact_files_pkey PRIMARY KEY (artifact_id, file_index),
     CONSTRAINT artifact_files_artifact_id_path_key UNIQUE (artifact_id, path),
     CONSTRAINT artifact_files_artifact_id_fkey FOREIGN KEY (artifact_id) REFERENCES tuneplane.artifacts(id),
     CONSTRAINT artifact_files_file_index_check CHECK (file_index >= 0),
+    CONSTRAINT artifact_files_object_key_check CHECK (object_key ~ '^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$'::text AND object_key !~ '(^|/)\.\.?(/|$)'::text),
     CONSTRAINT artifact_files_sha256_check CHECK (sha256 ~ '^[0-9a-f]{64}$'::text),
     CONSTRAINT artifact_files_size_check CHECK (size >= 0)
 );
+CREATE INDEX artifact_files_object_key ON tuneplane.artifact_files USING btree (object_key) WHERE (object_key IS NOT NULL);
+CREATE INDEX artifact_files_sha256 ON tuneplane.artifact_files USING btree (sha256) WHERE (verified_at IS NOT NULL);
 
 CREATE TABLE tuneplane.artifact_settings (
     singleton boolean DEFAULT true NOT NULL,

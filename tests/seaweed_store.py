@@ -138,3 +138,23 @@ def started_store() -> Iterator[SeaweedStore]:
     finally:
         store.kill()
         shutil.rmtree(store.root, ignore_errors=True)
+
+
+def object_keys(db, store, artifact_id: int) -> dict[str, str]:
+    """Each file's object key in `store`, by path, as the server reads it (artifact_object_key)."""
+    from tuneplane.app import db_functions as fn
+
+    return {row["path"]: store.key(row["object_key"]) for row in db.call(fn.artifact_file_list, artifact_id)}
+
+
+def assert_stored_verified(db, store, artifact_id: int) -> None:
+    """Every non-empty file of the artifact is in the store where the database says, with its bytes; no
+    multipart upload is left open and nothing was written at a content address (no copy)."""
+    from tuneplane.app import db_functions as fn
+
+    for row in db.call(fn.artifact_file_list, artifact_id):
+        if row["size"]:
+            key = store.key(row["object_key"])
+            assert row["object_key"].startswith("artifacts/"), row
+            assert store.verify(key, row["sha256"], row["size"]), row["path"]
+    assert store.open_uploads() == [] and list(store.list_keys("sha256/")) == []

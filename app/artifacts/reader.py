@@ -8,39 +8,50 @@ import hashlib
 import io
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
+from tuneplane.app import db_functions as fn
 from tuneplane.app.artifacts.blobs import FsBlobStore
 from tuneplane.app.artifacts.receiver import shared_file_path
+from tuneplane.app.db import Database
 from tuneplane.app.s3store import S3Store
 from tuneplane.workers.artifacts.manifest import READ_BLOCK, Manifest
 from tuneplane.workers.artifacts.verify import VerifyReport, verify_with
 
 log = logging.getLogger(__name__)
 
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-
 
 class S3Blobs:
-    """An S3 fleet's blobs read the way the filesystem store's are (`open` gives None for a missing blob),
-    so verification streams each object from the store once and hashes it here, off the node."""
+    """An S3 fleet's artifact files read the way the filesystem store's blobs are (`open_file` gives None for
+    a missing object), so verification streams each object from the store once and hashes it here, off the
+    node. `names`: each file's object under the store's prefix, by manifest path (artifact_file_list's
+    object_key: tuneplane.artifact_object_key decides)."""
 
-    def __init__(self, store: S3Store) -> None:
+    def __init__(self, store: S3Store, names: Mapping[str, str]) -> None:
         self.store = store
+        self.names = names
 
-    def open(self, sha256: str) -> BinaryIO | None:
+    @classmethod
+    def of_artifact(cls, db: Database, store: S3Store, artifact_id: int) -> S3Blobs:
+        rows = db.call(fn.artifact_file_list, artifact_id)
+        return cls(store, {row["path"]: row["object_key"] for row in rows})
+
+    def open_file(self, entry: dict) -> BinaryIO | None:
         from botocore.exceptions import ClientError
 
-        if sha256 == EMPTY_SHA256:  # direct delivery stores no object for an empty file
+        if entry["size"] == 0:  # an empty file has no object (nothing was uploaded)
             return io.BytesIO(b"")
+        name = self.names.get(entry["path"])
+        if name is None:
+            return None
         try:
-            return self.store.open(sha256)
+            return self.store.open_key(self.store.key(name))
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
-            raise OSError(f"the store refused reading blob {sha256}: {exc}") from exc
+            raise OSError(f"the store refused reading {entry['path']} ({name}): {exc}") from exc
 
 
 class StoredBytesMismatch(RuntimeError):
@@ -54,6 +65,8 @@ def open_stored(blobs: FsBlobStore | S3Blobs, artifact: dict, entry: dict) -> Bi
             return open(shared_file_path(artifact["shared_path"], entry["path"]), "rb")
         except (FileNotFoundError, NotADirectoryError):
             return None
+    if isinstance(blobs, S3Blobs):
+        return blobs.open_file(entry)
     return blobs.open(entry["sha256"])
 
 

@@ -202,6 +202,9 @@ class ArtifactReceiver:
         # A fleet with an S3 store: no byte lands in the server's store, inline ones are ignored (the agent
         # then uploads them to the store directly, app/artifacts/s3_delivery.py); an empty file needs none.
         direct = (status.get("storage") or {}).get("kind") == "s3" and artifact["delivery"] == "object"
+        if direct:  # bytes another artifact in that store holds verified already are not sent again
+            artifact = self.db.call(fn.reuse_artifact_objects, credential_hash, artifact["id"])[0]
+            status = self.status(credential_hash, artifact["id"])
         for entry in status["files"]:
             if entry["verified"]:
                 continue

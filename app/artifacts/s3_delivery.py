@@ -1,16 +1,19 @@
 """Direct delivery of an artifact's files to an S3 store (issue 32; docs/artifacts.md "Object storage").
 
 The node never holds the store's keys. For each file of its artifact that is not verified yet it asks the
-server to `begin` (the server opens, or finds again, a multipart upload at the file's staging key
-`uploads/<artifact>/<file>`, and answers the part size and the parts the store already holds: a restarted
+server to `begin` (the server opens, or finds again, a multipart upload at the file's own key
+`artifacts/<artifact>/<file>`, and answers the part size and the parts the store already holds: a restarted
 agent resends only the others), then for presigned part URLs (`presign`: each bound to that key, upload,
 part number and the part's Content-MD5, for minutes), PUTs the parts in parallel straight to the store, and
 asks the server to `complete`. The server completes the upload with the parts the store lists, streams the
 object once and checks its sha256 and size against the manifest (off the node: ADR 0245); only then does it
-copy it (inside the store) to its content address `sha256/ab/…` and record the file verified, which makes
-the artifact `complete` once every file is (record_artifact_file). Bytes that do not match fail the
-artifact (fail_artifact): it is never complete. Every call names the node's credential, so the stored
-functions refuse a node that did not produce the artifact before any URL is signed.
+record the file verified where it lies (record_artifact_object: the key is kept with the file, read back
+through artifact_object_key — no copy, no second write of any byte), which makes the artifact `complete`
+once every file is. Bytes that do not match are deleted and fail the artifact (fail_artifact): it is never
+complete. A file whose bytes another complete artifact in the same store already holds is not uploaded at
+all: registration records it at that object (reuse_artifact_objects, the receiver). Every call names
+the node's credential, so the stored functions refuse a node that did not produce the artifact before
+any URL is signed.
 """
 
 from __future__ import annotations
@@ -37,8 +40,14 @@ DEFAULT_PART_SIZE = 64 * 1024 * 1024
 MAX_URLS_PER_CALL = 64
 
 
-def _staging_name(artifact_id: int, file_index: int) -> str:
-    return f"uploads/{artifact_id}/{file_index}"
+# Where the node's uploads go, under the store's prefix: an object per artifact file, verified in place.
+OBJECTS = "artifacts/"
+
+
+def upload_name(artifact_id: int, file_index: int) -> str:
+    """The object a file's upload writes (its name under the store's prefix); once verified, recorded with
+    the file (artifact_object_key answers for it from then on)."""
+    return f"{OBJECTS}{artifact_id}/{file_index}"
 
 
 def part_size_for(size: int, preferred: int = DEFAULT_PART_SIZE) -> int:
@@ -56,8 +65,8 @@ class S3Delivery:
         self.url_ttl = url_ttl
         self.part_size = part_size
 
-    def staging_key(self, artifact_id: int, file_index: int) -> str:
-        return self.store.key(_staging_name(artifact_id, file_index))
+    def upload_key(self, artifact_id: int, file_index: int) -> str:
+        return self.store.key(upload_name(artifact_id, file_index))
 
     def _file(self, credential_hash: str, artifact_id: int, file_index: int) -> tuple[dict, dict]:
         """The artifact's status and one file of it; refuses another node's artifact (the stored function)."""
@@ -72,9 +81,9 @@ class S3Delivery:
         raise Refusal(f"artifact {artifact_id} has no file {file_index}", 404, "file_index")
 
     def _open_upload(self, artifact_id: int, file_index: int) -> str | None:
-        key = self.staging_key(artifact_id, file_index)
+        key = self.upload_key(artifact_id, file_index)
         uploads = [
-            u for u in self.store.open_uploads(_staging_name(artifact_id, file_index)) if u["Key"] == key
+            u for u in self.store.open_uploads(upload_name(artifact_id, file_index)) if u["Key"] == key
         ]
         return uploads[0]["UploadId"] if uploads else None
 
@@ -84,7 +93,7 @@ class S3Delivery:
         size = int(entry["size"])
         if entry["verified"]:
             return {"verified": True, "file_index": file_index}
-        key = self.staging_key(artifact_id, file_index)
+        key = self.upload_key(artifact_id, file_index)
         upload_id = self._open_upload(artifact_id, file_index)
         parts = self.store.list_parts(key, upload_id) if upload_id else []
         if upload_id is None:
@@ -105,7 +114,7 @@ class S3Delivery:
         self._file(credential_hash, artifact_id, file_index)
         if not parts or len(parts) > MAX_URLS_PER_CALL:
             raise Refusal(f"parts: 1 to {MAX_URLS_PER_CALL} per call", 400, "parts")
-        key = self.staging_key(artifact_id, file_index)
+        key = self.upload_key(artifact_id, file_index)
         signed = []
         for part in parts:
             try:
@@ -120,10 +129,9 @@ class S3Delivery:
     def complete(self, credential_hash: str, artifact_id: int, file_index: int, upload_id: str) -> dict:
         """Complete the upload, verify the object off the node, and record the file (or fail the artifact)."""
         _, entry = self._file(credential_hash, artifact_id, file_index)
-        key = self.staging_key(artifact_id, file_index)
+        key = self.upload_key(artifact_id, file_index)
         if not entry["verified"]:
-            if self.store.object_size(key) is None:  # else completed before, not verified yet (a crash)
-                self._complete_upload(key, upload_id, int(entry["size"]))
+            self._complete_upload(key, upload_id, int(entry["size"]))
             sha256, size = self.store.object_sha256(key)
             if sha256 != entry["sha256"] or size != int(entry["size"]):
                 self.store.delete(key)
@@ -132,27 +140,29 @@ class S3Delivery:
                     f"the manifest says {entry['size']} bytes with sha256 {entry['sha256']}"
                 )
                 return self.db.call(fn.fail_artifact, credential_hash, artifact_id, reason)[0]
-            blob = self.store.blob_key(sha256)
-            if self.store.object_size(blob) != size:
-                self.store.copy(key, blob)
-            self.store.delete(key)
         return self.db.call(
-            fn.record_artifact_file,
+            fn.record_artifact_object,
             credential_hash,
             artifact_id,
             file_index,
             entry["sha256"],
             int(entry["size"]),
+            upload_name(artifact_id, file_index),
         )[0]
 
     def _complete_upload(self, key: str, upload_id: str, size: int) -> None:
         """Complete only when the store holds parts 1..n covering the file: a missing part is the node's to
-        send (409, the upload stays open for it), not a reason to assemble a short object."""
+        send (409, the upload stays open for it), not a reason to assemble a short object. An upload the
+        store no longer lists was completed before (a crash between completing and recording): the object
+        at the key is what it made, verified next. An object left at the key by an earlier manifest of the
+        artifact (failed, registered again) is replaced by the open upload, never verified in its place."""
         from botocore.exceptions import ClientError
 
         try:
             parts = self.store.list_parts(key, upload_id)
         except ClientError as exc:
+            if self.store.object_size(key) is not None:
+                return
             raise Refusal(f"upload_id: no open upload {upload_id} for this file", 409, "upload_id") from exc
         numbers = [p["PartNumber"] for p in parts]
         held = sum(int(p["Size"]) for p in parts)
@@ -197,7 +207,7 @@ class FleetStores:
 
 
 def abort_stale_uploads(db: Database, store: S3Store, *, min_age: float = 3600.0) -> list[str]:
-    """Abort the multipart uploads (and delete the staging objects) of artifacts that no longer upload
+    """Abort the multipart uploads (and delete the unrecorded objects) of artifacts that no longer upload
     (failed, complete, pruned or gone): a killed agent or a failed artifact otherwise leaves parts in the
     store for ever. An uploading artifact's upload is kept, and so is anything younger than `min_age`
     seconds (an upload begun just now for an artifact registered meanwhile). Returns the keys aborted, then

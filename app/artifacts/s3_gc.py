@@ -1,16 +1,20 @@
 """Garbage collection in S3 stores (issue 32, lifecycle): the S3 twin of app/artifacts/gc.py's `collect`.
 
-What may go is the database's answer, as for the filesystem store: a blob object (`<prefix>/sha256/ab/…`)
-that `blob_references()` does not list. What uploads leave behind goes too: an object at an upload key
-(`<prefix>/uploads/<artifact id>/…`, completed but not yet verified and moved when the server stopped) and
-every multipart upload still open there, of an artifact that is no longer uploading (complete, failed,
-pruned, gone) — an open multipart upload holds its parts' bytes in the store, invisible to listings of
-objects, until it is aborted. An uploading artifact's upload is never touched: its agent may resume it.
+What may go is the database's answer, as for the filesystem store, in two areas under the store's prefix:
+- content-addressed blobs (`sha256/ab/…`: source archives, capsules, S3 files recorded before 0320): a
+  blob that `blob_references()` does not list;
+- artifact files (`artifacts/<artifact id>/<file index>`, where a node's upload lands and is verified in
+  place): an object that `artifact_object_references()` does not list (no needed file names it: its
+  artifact failed, was pruned, is gone, and no other artifact reuses it) and whose artifact is not
+  uploading (its agent may resume, or the server may be between completing and recording it) — and every
+  multipart upload still open there of an artifact that is no longer uploading: an open multipart upload
+  holds its parts' bytes in the store, invisible to listings of objects, until it is aborted.
 
-The filesystem collection's lock does not reach a store other processes write to, so the age guard is
-the whole protection here: nothing written (or, for an upload, started) within `min_age` seconds is
-removed. A node's upload of a blob never writes a blob key (only the server copies there, after verifying
-and right before recording the file), so the copy is younger than `min_age` until its record exists.
+The filesystem collection's lock does not reach a store other processes write to, so the age guard is the
+other protection here: nothing written (or, for an upload, started) within `min_age` seconds is removed.
+A blob key is written only by the server (`commit_staged`) right before it records what needs it; an
+artifact object is protected by its uploading artifact until it is recorded, and reuse by another artifact
+is recorded under a lock that retention's pruning waits for (reuse_artifact_objects).
 """
 
 from __future__ import annotations
@@ -19,14 +23,13 @@ import datetime as dt
 import logging
 from dataclasses import asdict, dataclass, field
 
-from tuneplane.app.artifacts.s3_delivery import FleetStores
+from tuneplane.app import db_functions as fn
+from tuneplane.app.artifacts.s3_delivery import OBJECTS, FleetStores
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
 from tuneplane.app.s3store import S3Store
 
 log = logging.getLogger(__name__)
-
-UPLOADS = "uploads/"
 
 
 @dataclass
@@ -37,11 +40,11 @@ class S3GcReport:
     kept_recent: int = 0
     removed: list[str] = field(default_factory=list)
     removed_bytes: int = 0
-    removed_upload_objects: int = 0
+    removed_objects: int = 0
     aborted_uploads: int = 0
     kept_uploading: int = 0
     dry_run: bool = False
-    # The upload keys whose multipart upload was aborted, then the upload leftovers removed (in that order).
+    # The artifact keys whose multipart upload was aborted, then the artifact objects removed (in that order).
     upload_keys: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict:
@@ -51,17 +54,17 @@ class S3GcReport:
 
 
 def _artifact_of(store: S3Store, key: str) -> str:
-    """The artifact id an upload key belongs to (`<prefix>/uploads/<id>/…`), '' when it names none."""
-    rest = key[len(store.key(UPLOADS)) :] if key.startswith(store.key(UPLOADS)) else ""
+    """The artifact id an object key belongs to (`<prefix>/artifacts/<id>/…`), '' when it names none."""
+    rest = key[len(store.key(OBJECTS)) :] if key.startswith(store.key(OBJECTS)) else ""
     return rest.split("/", 1)[0]
 
 
 def collect_s3(db: Database, store: S3Store, *, min_age: float = 3600.0, dry_run: bool = False) -> S3GcReport:
-    """Remove unreferenced blob objects, upload leftovers and open multipart uploads of artifacts that
-    are no longer uploading, all older than `min_age` seconds."""
+    """Remove unreferenced blob objects and artifact objects, and abort the open multipart uploads of
+    artifacts that are no longer uploading, all older than `min_age` seconds."""
     report = collect_uploads(db, store, min_age=min_age, dry_run=dry_run)
     horizon = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=min_age)
-    referenced = {row["sha256"] for row in db.fetch_all("SELECT sha256 FROM tuneplane.blob_references()")}
+    referenced = {row["sha256"] for row in db.call(fn.blob_references)}
     for obj in store.list_objects("sha256/"):
         report.examined += 1
         digest = obj["Key"].rsplit("/", 1)[-1]
@@ -81,16 +84,19 @@ def collect_s3(db: Database, store: S3Store, *, min_age: float = 3600.0, dry_run
 def collect_uploads(
     db: Database, store: S3Store, *, min_age: float = 3600.0, dry_run: bool = False
 ) -> S3GcReport:
-    """Only what uploads left: abort the open multipart uploads, and remove the objects, under
-    `uploads/<artifact id>/` of artifacts that no longer upload, older than `min_age` seconds."""
+    """The artifact area only: abort the open multipart uploads of artifacts that no longer upload, and
+    remove the objects no needed file names (artifact_object_references) of artifacts that no longer
+    upload, older than `min_age` seconds."""
     report = S3GcReport(store=store.location.url, dry_run=dry_run)
     horizon = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=min_age)
-    # Read before listing: an artifact that starts uploading after this read begins its upload after the
-    # horizon's reference point too, so the age guard keeps it.
+    # Uploading first, references second: an artifact that stops uploading in between is complete (its
+    # objects are referenced by the second read) or failed (they may go). One that starts uploading after
+    # the first read begins its upload after the horizon's reference point, so the age guard keeps it.
     uploading = {
         str(row["id"]) for row in db.fetch_all("SELECT id FROM tuneplane.artifacts WHERE state = 'uploading'")
     }
-    for upload in store.open_uploads(UPLOADS):
+    referenced = {store.key(row["object_key"]) for row in db.call(fn.artifact_object_references)}
+    for upload in store.open_uploads(OBJECTS):
         if _artifact_of(store, upload["Key"]) in uploading:
             report.kept_uploading += 1
         elif upload["Initiated"] is None or upload["Initiated"] <= horizon:
@@ -98,13 +104,19 @@ def collect_uploads(
                 store.abort_multipart(upload["Key"], upload["UploadId"])
             report.aborted_uploads += 1
             report.upload_keys.append(upload["Key"])
-    for obj in store.list_objects(UPLOADS):
-        if _artifact_of(store, obj["Key"]) in uploading:
+    for obj in store.list_objects(OBJECTS):
+        report.examined += 1
+        if obj["Key"] in referenced:
+            report.kept_referenced += 1
+        elif _artifact_of(store, obj["Key"]) in uploading:
             report.kept_uploading += 1
-        elif obj["LastModified"] <= horizon:
+        elif obj["LastModified"] > horizon:
+            report.kept_recent += 1
+        else:
             if not dry_run:
                 store.delete(obj["Key"])
-            report.removed_upload_objects += 1
+            report.removed_objects += 1
+            report.removed_bytes += obj["Size"]
             report.upload_keys.append(obj["Key"])
     return report
 

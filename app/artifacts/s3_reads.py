@@ -27,9 +27,10 @@ DOWNLOAD_URL_TTL = 300
 
 
 def object_key(store: S3Store, entry: dict[str, Any]) -> str:
-    """The object key of one verified artifact file (an `artifact_file_list` row): the one place readers
-    ask, so where the upload side keeps verified objects can change without touching a reader."""
-    return store.blob_key(entry["sha256"])
+    """The object key of one verified artifact file (an `artifact_file_list` row): its `object_key`, which
+    tuneplane.artifact_object_key answers (where the upload verified it, or another artifact's object it
+    reuses), under the store's prefix."""
+    return store.key(entry["object_key"])
 
 
 def fleet_store(db: Database, stores: FleetStores, artifact: dict[str, Any]) -> S3Store | None:

@@ -56,9 +56,10 @@ def gc_cmd(
 
     for s3 in s3_reports:
         click.echo(
-            f"{s3.store}: {s3.examined} blob object(s) examined: {verb} {len(s3.removed)} "
-            f"({s3.removed_bytes} bytes), kept {s3.kept_referenced} referenced and {s3.kept_recent} recent; "
-            f"upload leftovers {verb} {s3.removed_upload_objects}; multipart uploads of ended artifacts "
+            f"{s3.store}: {s3.examined} object(s) examined: {verb} {len(s3.removed)} blob(s) and "
+            f"{s3.removed_objects} artifact object(s) ({s3.removed_bytes} bytes), kept "
+            f"{s3.kept_referenced} referenced, {s3.kept_recent} recent and {s3.kept_uploading} of "
+            f"uploading artifacts; multipart uploads of ended artifacts "
             f"{'would abort' if dry_run else 'aborted'} {s3.aborted_uploads}"
         )
 

@@ -279,7 +279,7 @@ def stored_blobs(db, artifact_id: int) -> FsBlobStore | S3Blobs:
     storage = db.call(fn.artifact_storage, artifact_id)[0]["artifact_storage"]
     if storage is None:
         return FsBlobStore(blob_dir())
-    return S3Blobs(_FLEET_STORES.store(storage))
+    return S3Blobs.of_artifact(db, _FLEET_STORES.store(storage), artifact_id)
 
 
 @bp.post("/artifacts/<int:artifact_id>/verify")

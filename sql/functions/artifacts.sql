@@ -15,6 +15,8 @@ DROP FUNCTION IF EXISTS tuneplane.job_artifacts(bigint, bigint);
 DROP FUNCTION IF EXISTS tuneplane.register_artifact(text, bigint, text, text, text, jsonb, text, text);
 -- job_visible_to: replaced by require_job_access (access.sql), which also refuses a disabled user.
 DROP FUNCTION IF EXISTS tuneplane.job_visible_to(bigint, bigint);
+-- artifact_file_list gained object_key (0320: where an S3 fleet's file lives in its store).
+DROP FUNCTION IF EXISTS tuneplane.artifact_file_list(bigint);
 
 -- A complete artifact never changes: not its manifest, not its state, not its files.
 CREATE OR REPLACE FUNCTION tuneplane.artifacts_guard_change() RETURNS trigger
@@ -581,14 +583,15 @@ BEGIN
 END;
 $$;
 
--- blob_references: every blob in the server's blob store that something still needs, and why: the files
--- of artifacts that are uploading or complete (object delivery), the files of any other artifact a job
--- that has not ended pinned as an input, every source archive and every attempt's capsule. Blob garbage
--- collection (app/artifacts/gc.py, `tuneplane blobs gc`) removes only blobs outside this set.
-CREATE OR REPLACE FUNCTION tuneplane.blob_references()
-RETURNS TABLE (sha256 text, why text)
+-- needed_artifact_files: the files whose stored bytes something still needs, and why: the files of
+-- artifacts that are uploading or complete (object delivery), and the files of any other artifact a job that
+-- has not ended pinned as an input. The one rule both stores' garbage collections keep (blob_references,
+-- artifact_object_references). object_key: the column (NULL for the content address).
+CREATE OR REPLACE FUNCTION tuneplane.needed_artifact_files()
+RETURNS TABLE (artifact_id bigint, file_index integer, sha256 text, object_key text, why text)
 LANGUAGE sql STABLE AS $$
-    SELECT f.sha256, min('artifact ' || a.id) FROM tuneplane.artifact_files f
+    SELECT f.artifact_id, f.file_index, f.sha256, f.object_key, 'artifact ' || a.id
+      FROM tuneplane.artifact_files f
       JOIN tuneplane.artifacts a ON a.id = f.artifact_id
      WHERE a.delivery = 'object'
        AND (a.state IN ('uploading', 'complete')
@@ -596,11 +599,92 @@ LANGUAGE sql STABLE AS $$
                         WHERE j.state NOT IN ('succeeded', 'failed', 'cancelled')
                           AND j.spec -> 'inputs' @> jsonb_build_array(
                                   jsonb_build_object('manifest_digest', a.manifest_digest))))
-     GROUP BY f.sha256
+$$;
+
+-- blob_references: every blob in the server's blob store that something still needs, and why: the needed
+-- artifact files (needed_artifact_files), every source archive and every attempt's capsule. Blob garbage
+-- collection (app/artifacts/gc.py, `tuneplane blobs gc`; app/artifacts/s3_gc.py for `sha256/` in an S3
+-- store) removes only blobs outside this set.
+CREATE OR REPLACE FUNCTION tuneplane.blob_references()
+RETURNS TABLE (sha256 text, why text)
+LANGUAGE sql STABLE AS $$
+    SELECT n.sha256, min(n.why) FROM tuneplane.needed_artifact_files() n GROUP BY n.sha256
     UNION ALL
     SELECT s.sha256, 'source archive' FROM tuneplane.source_archives s
     UNION ALL
     SELECT DISTINCT at.capsule_digest, 'capsule' FROM tuneplane.attempts at WHERE at.capsule_digest IS NOT NULL
+$$;
+
+-- artifact_object_references: every per-artifact object of an S3 store (`artifacts/<id>/<index>`, 0320)
+-- that a needed artifact file names, and why. S3 garbage collection (app/artifacts/s3_gc.py) removes an
+-- object under `artifacts/` only outside this set (and only when no uploading artifact owns it): an object
+-- another artifact reuses (reuse_artifact_objects) stays while that artifact needs it, whatever became of
+-- the artifact that uploaded it.
+CREATE OR REPLACE FUNCTION tuneplane.artifact_object_references()
+RETURNS TABLE (object_key text, why text)
+LANGUAGE sql STABLE AS $$
+    SELECT n.object_key, min(n.why) FROM tuneplane.needed_artifact_files() n
+     WHERE n.object_key IS NOT NULL GROUP BY n.object_key
+$$;
+
+-- artifact_object_key: THE answer to "where do this file's bytes live", as a name under its store's root
+-- (an S3 store's prefix, the server's blob directory): the per-artifact object recorded when it was
+-- verified in place (0320, record_artifact_object / reuse_artifact_objects), else its content address
+-- `sha256/ab/abcdef…` (the server's own store; S3 files recorded before 0320). Readers get it through
+-- artifact_file_list.
+CREATE OR REPLACE FUNCTION tuneplane.artifact_object_key(p_file tuneplane.artifact_files)
+RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(p_file.object_key, 'sha256/' || left(p_file.sha256, 2) || '/' || p_file.sha256)
+$$;
+
+-- reuse_artifact_objects: dedup in an S3 store without an upload. Each unverified, non-empty file of the
+-- uploading artifact p_artifact_id (of a fleet with an S3 store) whose bytes (sha256 and size) a verified
+-- file of a complete, uncorrupted artifact in the same store already has is recorded verified at that
+-- file's object (object_key), as the filesystem store records a file whose blob it holds: the bytes were
+-- verified by the server side when that object was (ADR 0245). The source artifacts are locked FOR SHARE
+-- until this transaction ends, so retention cannot prune one (and garbage collection cannot see it
+-- unreferenced) before the reference recorded here is visible. Lock order: this artifact (FOR UPDATE,
+-- artifact_for_node), then the source artifacts (FOR SHARE, by id). Returns the artifact (complete when
+-- every file now is).
+CREATE OR REPLACE FUNCTION tuneplane.reuse_artifact_objects(p_credential_hash text, p_artifact_id bigint)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+    v_storage jsonb;
+BEGIN
+    a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    v_storage := tuneplane.artifact_storage(a.id);
+    IF a.state <> 'uploading' OR a.delivery <> 'object' OR v_storage IS NULL THEN
+        RETURN a;
+    END IF;
+    PERFORM 1 FROM tuneplane.artifacts s
+     WHERE s.id IN (SELECT src.artifact_id FROM tuneplane.artifact_files f
+                      JOIN tuneplane.artifact_files src ON src.sha256 = f.sha256 AND src.size = f.size
+                     WHERE f.artifact_id = a.id AND f.verified_at IS NULL AND f.size > 0
+                       AND src.verified_at IS NOT NULL AND src.object_key IS NOT NULL)
+       AND s.state = 'complete'
+     ORDER BY s.id FOR SHARE;
+    UPDATE tuneplane.artifact_files f
+       SET verified_at = now(), object_key = src.object_key
+      FROM (SELECT DISTINCT ON (t.file_index) t.file_index, o.object_key
+              FROM tuneplane.artifact_files t
+              JOIN tuneplane.artifact_files o ON o.sha256 = t.sha256 AND o.size = t.size
+              JOIN tuneplane.artifacts s ON s.id = o.artifact_id
+             WHERE t.artifact_id = a.id AND t.verified_at IS NULL AND t.size > 0
+               AND o.verified_at IS NOT NULL AND o.object_key IS NOT NULL
+               AND s.state = 'complete' AND s.delivery = 'object'
+               AND NOT EXISTS (SELECT 1 FROM tuneplane.artifact_corruptions c WHERE c.artifact_id = s.id)
+               AND tuneplane.artifact_storage(s.id) = v_storage
+             ORDER BY t.file_index, s.id DESC) src
+     WHERE f.artifact_id = a.id AND f.file_index = src.file_index;
+    DELETE FROM tuneplane.artifact_chunks c
+     WHERE c.artifact_id = a.id
+       AND c.file_index IN (SELECT file_index FROM tuneplane.artifact_files
+                             WHERE artifact_id = a.id AND verified_at IS NOT NULL);
+    RETURN tuneplane.artifact_complete_when_verified(a);
+END;
 $$;
 
 -- record_artifact_file: the server re-hashed file p_file_index from bytes it holds (object delivery: the
@@ -636,6 +720,27 @@ BEGIN
         DELETE FROM tuneplane.artifact_chunks c WHERE c.artifact_id = a.id AND c.file_index = p_file_index;
     END IF;
     RETURN tuneplane.artifact_complete_when_verified(a);
+END;
+$$;
+
+-- record_artifact_object: record_artifact_file for a file of an S3 store verified in place: the server
+-- streamed the object p_object_key (its name under the store's prefix, `artifacts/<id>/<index>`) and it
+-- hashed to p_sha256 / p_size. Records where the file lives (0320, artifact_object_key) with the file, in
+-- one transaction; a file verified before keeps the object it was recorded with. Same refusals.
+CREATE OR REPLACE FUNCTION tuneplane.record_artifact_object(p_credential_hash text, p_artifact_id bigint,
+                                                 p_file_index integer, p_sha256 text, p_size bigint,
+                                                 p_object_key text)
+RETURNS tuneplane.artifacts
+LANGUAGE plpgsql AS $$
+DECLARE
+    a tuneplane.artifacts;
+BEGIN
+    a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
+    IF a.state = 'uploading' THEN
+        UPDATE tuneplane.artifact_files SET object_key = p_object_key
+         WHERE artifact_id = a.id AND file_index = p_file_index AND verified_at IS NULL;
+    END IF;
+    RETURN tuneplane.record_artifact_file(p_credential_hash, p_artifact_id, p_file_index, p_sha256, p_size);
 END;
 $$;
 
@@ -1025,11 +1130,12 @@ BEGIN
 END;
 $$;
 
--- artifact_file_list: the files of an artifact in manifest order (for downloads and verification).
+-- artifact_file_list: the files of an artifact in manifest order (for downloads and verification), with
+-- where each one's bytes live (artifact_object_key).
 CREATE OR REPLACE FUNCTION tuneplane.artifact_file_list(p_artifact_id bigint)
-RETURNS TABLE (file_index integer, path text, size bigint, sha256 text, verified boolean)
+RETURNS TABLE (file_index integer, path text, size bigint, sha256 text, verified boolean, object_key text)
 LANGUAGE sql STABLE AS $$
-    SELECT f.file_index, f.path, f.size, f.sha256, f.verified_at IS NOT NULL
+    SELECT f.file_index, f.path, f.size, f.sha256, f.verified_at IS NOT NULL, tuneplane.artifact_object_key(f)
       FROM tuneplane.artifact_files f WHERE f.artifact_id = p_artifact_id ORDER BY f.file_index;
 $$;
 

@@ -1,7 +1,7 @@
 """Garbage collection in an S3 store (issue 32, lifecycle; app/artifacts/s3_gc.py) against a real SeaweedFS:
-unreferenced blob objects go, referenced ones stay, open multipart uploads and upload leftovers of artifacts
-no longer uploading are aborted or removed, an uploading artifact's upload is kept for its agent to resume,
-and nothing younger than the minimum age is touched."""
+unreferenced blob and artifact objects go, referenced ones stay, open multipart uploads and objects of
+artifacts no longer uploading are aborted or removed, an uploading artifact's upload is kept for its agent
+to resume, and nothing younger than the minimum age is touched."""
 
 from __future__ import annotations
 
@@ -54,39 +54,48 @@ def test_s3_gc_removes_garbage_and_aborts_uploads_of_ended_artifacts(
     db: Database, store: S3Store, tmp_path: Path
 ) -> None:
     setup = make_member(db)
-    kept_bytes = os.urandom(3000)
-    uploading = _register(db, setup, tmp_path, "model", kept_bytes)
+    cred = setup.credential_hash
+    uploading = _register(db, setup, tmp_path, "model", os.urandom(3000))
     ended = _register(db, setup, tmp_path, "other", os.urandom(2000))
-    db.call(fn.fail_artifact, setup.credential_hash, ended["id"], "the agent gave up")
-    referenced = hashlib.sha256(kept_bytes).hexdigest()  # a file of an uploading artifact
+    db.call(fn.fail_artifact, cred, ended["id"], "the agent gave up")
+    done_bytes = os.urandom(1500)  # a complete artifact's file, verified in place at its own key
+    done = _register(db, setup, tmp_path, "done", done_bytes)
+    store.put_bytes(store.key(f"artifacts/{done['id']}/0"), done_bytes)
+    digest = hashlib.sha256(done_bytes).hexdigest()
+    assert db.call(fn.record_artifact_object, cred, done["id"], 0, digest, len(done_bytes),
+                   f"artifacts/{done['id']}/0")[0]["state"] == "complete"  # fmt: skip
+    blob_bytes = os.urandom(700)  # a content-addressed blob something needs (a source archive)
+    blob = hashlib.sha256(blob_bytes).hexdigest()
+    store.put_bytes(store.blob_key(blob), blob_bytes)
+    db.call(fn.record_source_archive, setup.user_id, blob, 700, 1, 700)
     garbage = os.urandom(500)
-    store.put_bytes(store.blob_key(referenced), kept_bytes)
     store.put_bytes(store.blob_key(hashlib.sha256(garbage).hexdigest()), garbage)
-    resumable = _open_upload(store, store.key(f"uploads/{uploading['id']}/0"))
-    _open_upload(store, store.key(f"uploads/{ended['id']}/0"))
-    store.put_bytes(store.key(f"uploads/{ended['id']}/1"), b"completed, never verified")
+    resumable = _open_upload(store, store.key(f"artifacts/{uploading['id']}/0"))
+    _open_upload(store, store.key(f"artifacts/{ended['id']}/0"))
+    store.put_bytes(store.key(f"artifacts/{ended['id']}/1"), b"verified once, its artifact failed since")
 
     recent = collect_s3(db, store, min_age=3600)
-    assert (recent.kept_recent, recent.removed, recent.aborted_uploads, recent.removed_upload_objects) == (
-        1, [], 0, 0,
+    assert (recent.kept_recent, recent.removed, recent.aborted_uploads, recent.removed_objects) == (
+        2, [], 0, 0,
     )  # fmt: skip
     dry = collect_s3(db, store, min_age=0, dry_run=True)
-    assert (len(dry.removed), dry.aborted_uploads, dry.removed_upload_objects) == (1, 1, 1)
-    assert len(store.open_uploads("uploads/")) == 2
+    assert (len(dry.removed), dry.aborted_uploads, dry.removed_objects) == (1, 1, 1)
+    assert len(store.open_uploads("artifacts/")) == 2
 
     report = collect_s3(db, store, min_age=0)
-    assert report.removed == [hashlib.sha256(garbage).hexdigest()] and report.kept_referenced == 1
-    assert (report.aborted_uploads, report.removed_upload_objects) == (1, 1)
-    assert store.exists(referenced) and not store.exists(hashlib.sha256(garbage).hexdigest())
-    # The uploading artifact's upload stays open with its part, for its agent to resume.
-    assert [u["UploadId"] for u in store.open_uploads("uploads/")] == [resumable]
-    assert len(store.list_parts(store.key(f"uploads/{uploading['id']}/0"), resumable)) == 1
-    assert list(store.list_objects("uploads/")) == []
+    assert report.removed == [hashlib.sha256(garbage).hexdigest()] and report.kept_referenced == 2
+    assert (report.aborted_uploads, report.removed_objects) == (1, 1)
+    assert store.exists(blob) and not store.exists(hashlib.sha256(garbage).hexdigest())
+    # The uploading artifact's upload stays open with its part, for its agent to resume; the complete
+    # artifact's object stays where it was verified.
+    assert [u["UploadId"] for u in store.open_uploads("artifacts/")] == [resumable]
+    assert len(store.list_parts(store.key(f"artifacts/{uploading['id']}/0"), resumable)) == 1
+    assert [o["Key"] for o in store.list_objects("artifacts/")] == [store.key(f"artifacts/{done['id']}/0")]
 
     # Once that artifact has ended too, the next collection leaves no multipart upload open.
-    db.call(fn.fail_artifact, setup.credential_hash, uploading["id"], "member lost")
+    db.call(fn.fail_artifact, cred, uploading["id"], "member lost")
     assert collect_s3(db, store, min_age=0).aborted_uploads == 1
-    assert store.open_uploads("uploads/") == []
+    assert store.open_uploads("artifacts/") == []
 
 
 def test_fleet_stores_use_the_servers_credentials(

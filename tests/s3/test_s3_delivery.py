@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 
 from tests.artifact_fixtures import give_credential, make_member, write_tree
 from tests.launch_fixtures import make_node
-from tests.seaweed_store import ACCESS_KEY, BUCKET, SECRET_KEY
+from tests.seaweed_store import ACCESS_KEY, BUCKET, SECRET_KEY, assert_stored_verified
 from tuneplane.app.artifacts.s3_delivery import S3Delivery
 from tuneplane.app.db import Database
 from tuneplane.app.errors import Refusal
@@ -60,11 +60,8 @@ def test_direct_upload_is_verified_off_the_node_then_complete(db: Database, deli
     assert art["state"] == "uploading"
     done = _deliver(delivery, setup.credential_hash, art, tmp_path / "out", manifest)
     assert done["state"] == "complete"
-    store = delivery.store
-    for entry in manifest.files:  # at its content address, verified; no staging object, no open upload
-        assert store.verify(store.blob_key(entry.sha256), entry.sha256, entry.size)
-    assert list(store.list_keys("uploads/")) == []
-    assert store.open_uploads() == []
+    # Verified where the node uploaded it (no copy to a content address), no open upload.
+    assert_stored_verified(db, delivery.store, art["id"])
 
 
 def test_resume_sends_only_the_missing_parts(db: Database, delivery: S3Delivery, tmp_path) -> None:
@@ -99,9 +96,29 @@ def test_bytes_that_do_not_match_the_manifest_fail_the_artifact(db: Database, de
     (tmp_path / "out" / "w.bin").write_bytes(bytes([data[0] ^ 1]) + data[1:])
     failed = _deliver(delivery, setup.credential_hash, art, tmp_path / "out", manifest)
     assert failed["state"] == "failed" and "manifest says" in failed["reason"]
-    store = delivery.store
-    assert not store.exists(manifest.files[0].sha256)
-    assert list(store.list_keys("uploads/")) == [] and store.open_uploads() == []
+    store = delivery.store  # the unverified object is gone, no upload stays open
+    assert list(store.list_keys("artifacts/")) == [] and store.open_uploads() == []
+
+
+def test_a_failed_artifact_registered_again_replaces_its_old_objects(
+    db: Database, delivery: S3Delivery, tmp_path: Path
+) -> None:
+    """An object verified for an earlier manifest of the artifact lies at the key the new upload writes:
+    completing takes the new upload's parts, never the old object in their place."""
+    setup = make_member(db)
+    cred = setup.credential_hash
+    files = {"w.bin": secrets.token_bytes(1000), "x.bin": secrets.token_bytes(10)}
+    art, _ = _register(db, setup, tmp_path / "v1", files)
+    plan = delivery.begin(cred, art["id"], 0)
+    upload_parts(tmp_path / "v1" / "w.bin", plan,
+                 lambda parts: delivery.presign(cred, art["id"], 0, plan["upload_id"], parts))  # fmt: skip
+    assert delivery.complete(cred, art["id"], 0, plan["upload_id"])["state"] == "uploading"
+    db.call("fail_artifact", cred, art["id"], "the member was lost before x.bin")
+    files["w.bin"] = secrets.token_bytes(1000)  # the next try wrote other bytes
+    again, manifest = _register(db, setup, tmp_path / "v2", files)
+    assert again["id"] == art["id"] and again["state"] == "uploading"
+    assert _deliver(delivery, cred, again, tmp_path / "v2", manifest)["state"] == "complete"
+    assert_stored_verified(db, delivery.store, art["id"])
 
 
 def test_another_node_gets_no_url(db: Database, delivery: S3Delivery, tmp_path) -> None:
@@ -133,5 +150,5 @@ def test_gc_aborts_the_uploads_of_artifacts_that_no_longer_upload(
     assert abort_stale_uploads(db, store, min_age=0) == []  # still uploading: kept for the agent's resume
     db.call("fail_artifact", cred, art["id"], "the member was lost")
     assert abort_stale_uploads(db, store, min_age=3600) == []  # too young to be sure
-    assert abort_stale_uploads(db, store, min_age=0) == [delivery.staging_key(art["id"], 0)]
+    assert abort_stale_uploads(db, store, min_age=0) == [delivery.upload_key(art["id"], 0)]
     assert store.open_uploads() == []

@@ -4,17 +4,18 @@ no byte lands in the server's blob directory; the node's requests carry no store
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 from pathlib import Path
 
+import httpx
 import pytest
 from psycopg.types.json import Jsonb
 
 from tests.artifact_fixtures import make_member, write_tree
 from tests.db.test_artifacts_gateway import serve_gateway_routes
-from tests.seaweed_store import ACCESS_KEY, BUCKET, SECRET_KEY
+from tests.seaweed_store import ACCESS_KEY, BUCKET, SECRET_KEY, assert_stored_verified, object_keys
+from tuneplane.app.artifacts.s3_gc import collect_s3
 from tuneplane.app.db import Database
 from tuneplane.app.s3store import S3Credentials, S3Location, S3Store
 from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http
@@ -51,11 +52,42 @@ def test_agent_delivers_straight_to_the_store_and_the_server_disk_stays_empty(
         assert small["state"] == "complete"
     blobs = tmp_path / "blobs"
     assert not blobs.exists() or not [p for p in blobs.rglob("*") if p.is_file()]
-    for name, data in files.items():
-        if data:
-            digest = hashlib.sha256(data).hexdigest()
-            assert store.verify(store.blob_key(digest), digest, len(data)), name
-    assert store.open_uploads() == [] and list(store.list_keys("uploads/")) == []
+    assert_stored_verified(db, store, art["id"])
+    assert_stored_verified(db, store, small["id"])
+
+
+def test_bytes_the_store_holds_are_not_sent_again_and_stay_while_needed(
+    db: Database, db_url: str, tmp_path: Path, port: int, s3_fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dedup without a copy: a file whose bytes a complete artifact in the same store holds is recorded at
+    that artifact's object (no part sent); pruning the first artifact and collecting keep that object
+    (the second needs it) and remove the first's other objects."""
+    setup, store = s3_fleet
+    db.fetch_one("UPDATE artifact_settings SET keep_checkpoints = 1 RETURNING 1")
+    weights = os.urandom(6 * MiB + 1)
+    write_tree(tmp_path / "one", {"weights.bin": weights, "state.json": b'{"step": 1}'})
+    write_tree(tmp_path / "two", {"weights.bin": weights, "state.json": b'{"step": 2}'})
+    sent: list[str] = []
+    real_put = httpx.Client.put
+
+    def counting_put(self, target, **kw):
+        if str(target).startswith(store.location.endpoint or ""):
+            sent.append(str(target))
+        return real_put(self, target, **kw)
+
+    monkeypatch.setattr(httpx.Client, "put", counting_put)
+    gateway = serve_gateway_routes(db_url, tmp_path / "blobs", port)
+    with gateway as url, node_http(url, setup.credential) as http:
+        one = deliver_artifact(http, setup.member["id"], "ckpt-1", tmp_path / "one", kind="checkpoint")
+        assert one["state"] == "complete" and len(sent) == 2
+        two = deliver_artifact(http, setup.member["id"], "ckpt-2", tmp_path / "two", kind="checkpoint")
+    assert two["state"] == "complete" and len(sent) == 3  # state.json only: the weights were not sent
+    keys_one, keys_two = object_keys(db, store, one["id"]), object_keys(db, store, two["id"])
+    assert keys_two["weights.bin"] == keys_one["weights.bin"]
+    assert db.fetch_one("SELECT state FROM artifacts WHERE id = %s", (one["id"],))["state"] == "pruned"
+    report = collect_s3(db, store, min_age=0)
+    assert report.removed_objects == 1 and store.object_size(keys_one["state.json"]) is None
+    assert_stored_verified(db, store, two["id"])
 
 
 def test_a_fleet_store_without_server_credentials_is_a_503(

@@ -5,7 +5,6 @@ the next GC leaves no multipart upload open. The agent runs without the store's 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -20,6 +19,7 @@ import pytest
 from tests.artifact_fixtures import write_tree
 from tests.db.test_artifacts_gateway import serve_gateway_routes
 from tests.s3.test_s3_gateway import s3_fleet  # noqa: F401 - the fixture small_parts builds on
+from tests.seaweed_store import assert_stored_verified
 from tuneplane.app.artifacts import s3_delivery
 from tuneplane.app.artifacts.s3_gc import collect_s3
 from tuneplane.app.db import Database
@@ -100,7 +100,7 @@ def test_agent_killed_9_mid_upload_resumes_without_resending_parts(
             agent.wait()
         (art,) = db.fetch_all("SELECT id, state FROM artifacts WHERE member_id = %s", (setup.member["id"],))
         assert art["state"] == "uploading"
-        (upload,) = store.open_uploads("uploads/")
+        (upload,) = store.open_uploads("artifacts/")
         held = store.list_parts(upload["Key"], upload["UploadId"])
         assert 2 <= len(held) < PARTS
 
@@ -122,9 +122,8 @@ def test_agent_killed_9_mid_upload_resumes_without_resending_parts(
     # body had fully arrived may still have been stored just after that listing, so at most the rest).
     numbers = {int(parse_qs(urlsplit(u).query)["partNumber"][0]) for u in sent}
     assert not numbers & {p["PartNumber"] for p in held} and len(sent) <= PARTS - len(held)
-    digest = hashlib.sha256(data).hexdigest()
-    assert store.verify(store.blob_key(digest), digest, len(data))
-    assert collect_s3(db, store, min_age=0).aborted_uploads == 0 and store.open_uploads("uploads/") == []
+    assert collect_s3(db, store, min_age=0).aborted_uploads == 0
+    assert_stored_verified(db, store, art["id"])
 
 
 def test_store_killed_mid_upload_never_completes_then_the_next_try_does(
@@ -166,7 +165,5 @@ def test_store_killed_mid_upload_never_completes_then_the_next_try_does(
             seaweed.restart()
         again = deliver_artifact(http, setup.member["id"], "checkpoint", tmp_path / "out", kind="checkpoint")
     assert again["state"] == "complete" and again["id"] == first["id"]
-    digest = hashlib.sha256(data).hexdigest()
-    assert store.verify(store.blob_key(digest), digest, len(data))
     collect_s3(db, store, min_age=0)
-    assert store.open_uploads("uploads/") == []
+    assert_stored_verified(db, store, again["id"])

@@ -5,7 +5,6 @@ server's own blob directory is never read."""
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from psycopg.types.json import Jsonb
 
 from tests.artifact_fixtures import api_token, make_member
 from tests.s3.test_s3_delivery import _deliver, _register, delivery  # noqa: F401 - its fixture
-from tests.seaweed_store import ACCESS_KEY, SECRET_KEY
+from tests.seaweed_store import ACCESS_KEY, SECRET_KEY, object_keys
 from tuneplane.app import db_functions as fn
 from tuneplane.app.artifacts.s3_delivery import S3Delivery
 from tuneplane.app.db import Database
@@ -61,11 +60,12 @@ def test_verify_reads_the_fleet_store_and_a_flipped_byte_marks_it_corrupt(
     flipped = bytearray(data)
     flipped[1234] ^= 0x01
     store = delivery.store
-    store.put_bytes(store.blob_key(hashlib.sha256(data).hexdigest()), bytes(flipped))  # damaged at rest
+    keys = object_keys(db, store, art["id"])
+    store.put_bytes(keys["w.bin"], bytes(flipped))  # damaged at rest, where the server verified it
     bad = client.post(f"/artifacts/{art['id']}/verify", headers=headers).get_json()
     assert bad["ok"] is False and "w.bin" in str(bad)
     assert db.fetch_one("SELECT tuneplane.artifact_is_corrupt(%s) AS c", (art["id"],))["c"] is True
 
-    store.delete(store.blob_key(hashlib.sha256(b"{}").hexdigest()))  # and a missing object is named
+    store.delete(keys["cfg.json"])  # and a missing object is named
     gone = client.post(f"/artifacts/{art['id']}/verify", headers=headers).get_json()
     assert gone["ok"] is False and "cfg.json" in str(gone)
