@@ -6,9 +6,9 @@ store is found by the node and confirmed by the server's own re-read, which mark
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -17,6 +17,7 @@ from tests.artifact_fixtures import api_token, make_member, write_tree
 from tests.db.test_artifacts_gateway import consuming_job, serve_gateway_routes
 from tests.launch_fixtures import make_node
 from tests.s3.test_s3_gateway import s3_fleet  # noqa: F401 - its fixture
+from tests.seaweed_store import object_keys
 from tuneplane.app import db_functions as fn
 from tuneplane.app.db import Database
 from tuneplane.app.web import create_app
@@ -68,12 +69,13 @@ def test_a_node_materializes_an_s3_input_from_the_store_and_the_server_disk_stay
     answer = d["http"].get(f"/api/input-artifacts/{d['art']['id']}/files/{index}")
     assert answer.status_code == 307
     location = answer.headers["Location"]
-    sha = hashlib.sha256(d["files"]["weights.bin"]).hexdigest()
-    assert location.startswith(d["store"].location.endpoint) and sha in location
+    keys = object_keys(db, d["store"], d["art"]["id"])
+    path = urlsplit(location).path
+    assert location.startswith(d["store"].location.endpoint) and path.endswith("/" + keys["weights.bin"])
     assert "X-Amz-Expires=300" in location and "X-Amz-Signature=" in location
     # Bound to that key: the same signature for another object (the vocab's) is refused by the store.
-    other = hashlib.sha256(d["files"]["tok/vocab.txt"]).hexdigest()
-    forged = location.replace(sha, other)
+    forged = location.replace(path, path.replace(keys["weights.bin"], keys["tok/vocab.txt"]))
+    assert forged != location
     assert httpx.get(forged).status_code == 403
     assert httpx.get(location).content == d["files"]["weights.bin"]
 
@@ -89,10 +91,9 @@ def test_a_byte_flipped_in_the_store_is_confirmed_by_the_server_and_marks_the_ch
     assert lie.status_code == 200 and lie.json()["corrupt"] is False
     assert _corrupt(db, art["id"]) is None
 
-    sha = hashlib.sha256(d["files"]["weights.bin"]).hexdigest()
     data = bytearray(d["files"]["weights.bin"])
     data[MiB] ^= 0x01
-    store.put_bytes(store.blob_key(sha), bytes(data))
+    store.put_bytes(object_keys(db, store, art["id"])["weights.bin"], bytes(data))
     with pytest.raises(MaterializeError, match=r"weights\.bin: .*marked the artifact corrupt"):
         materialize_inputs(d["http"], d["pinned"], d["tmp"] / "inputs")
     assert not (d["tmp"] / "inputs" / "base" / "weights.bin").exists()
