@@ -24,15 +24,13 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 
 from tests.conftest import free_port
-from tests.pg_failover import DBNAME, USER, Node, _children, pg_bin, wait_primary
+from tests.pg_failover import DBNAME, USER, Node, kill_machine, pg_bin, running, wait_primary
 from tuneplane.app.migrate import migrate
 
 TTL_S = 5
@@ -162,14 +160,7 @@ postgresql:
 
     def kill_primary(self) -> None:
         """The leader's machine dies: SIGKILL to its Patroni, its postmaster and every backend, at once."""
-        patroni = self.processes[self.primary.name]
-        pid = self.primary.postmaster_pid()
-        assert pid is not None
-        victims = [patroni.pid, pid, *(int(c) for c in _children(pid))]
-        for victim in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGKILL)
-        self.killed_at = time.time()
+        self.killed_at = kill_machine(self.primary, self.processes[self.primary.name].pid)
 
     def fail_over(self, down_s: float = 0.0) -> None:
         """Kill the leader; Patroni promotes the replica once the leader key expires (ttl). `down_s` is
@@ -201,15 +192,5 @@ postgresql:
             etcd.wait()
 
 
-@contextlib.contextmanager
-def patroni_cluster() -> Iterator[PatroniCluster]:
-    root = Path(tempfile.mkdtemp(prefix="tp-patroni-"))
-    os.chmod(root, 0o755)
-    shutil.chown(root, USER, USER)
-    cluster = PatroniCluster(root)
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(root, ignore_errors=True)
+def patroni_cluster() -> contextlib.AbstractContextManager[PatroniCluster]:
+    return running(PatroniCluster, "tp-patroni-")

@@ -27,9 +27,10 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import psycopg
 
@@ -156,13 +157,7 @@ class FailoverCluster:
         `killed_at` is taken once every signal is sent: from then on each process of the old primary has a
         SIGKILL pending and answers nothing more, so whatever a client starts later is served (if at all)
         by another server."""
-        pid = self.primary.postmaster_pid()
-        assert pid is not None
-        children = [int(c) for c in _children(pid)]
-        for victim in (pid, *children):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGKILL)
-        self.killed_at = time.time()
+        self.killed_at = kill_machine(self.primary)
 
     def promote(self) -> None:
         """`pg_ctl promote` without its coarse wait; `promoted_at` is when the standby first took writes."""
@@ -208,6 +203,18 @@ def wait_primary(conn: psycopg.Connection, since: float, timeout: float = 120) -
         time.sleep(0.005)
 
 
+def kill_machine(node: Node, *others: int) -> float:
+    """SIGKILL, at once, to `node`'s postmaster, every process it forked and `others` (its Patroni): the
+    machine died. Returns when every signal was sent (time.time()): each of them then has a SIGKILL pending
+    and answers nothing more."""
+    pid = node.postmaster_pid()
+    assert pid is not None
+    for victim in (*others, pid, *(int(c) for c in _children(pid))):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    return time.time()
+
+
 def _children(pid: int) -> list[str]:
     """The pids whose parent is `pid` (read from /proc: no pkill by name)."""
     found = []
@@ -219,15 +226,28 @@ def _children(pid: int) -> list[str]:
     return found
 
 
+class _Cluster(Protocol):
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Cluster)
+
+
 @contextlib.contextmanager
-def failover_cluster() -> Iterator[FailoverCluster]:
-    root = Path(tempfile.mkdtemp(prefix="tp-failover-"))
+def running(make: Callable[[Path], C], prefix: str) -> Iterator[C]:
+    """A cluster made in a fresh directory the postgres user owns, started; stopped and removed after."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
     os.chmod(root, 0o755)
     shutil.chown(root, USER, USER)
-    cluster = FailoverCluster(root)
+    cluster = make(root)
     try:
         cluster.start()
         yield cluster
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def failover_cluster() -> contextlib.AbstractContextManager[FailoverCluster]:
+    return running(FailoverCluster, "tp-failover-")
