@@ -81,6 +81,8 @@ class Cluster:
     workers: list[Proc] = field(default_factory=list)
     user_id: int = 0
     telemetry: subprocess.Popen | None = None
+    # Variables only the node gateway gets (an S3 fleet's store credentials); agents never see them.
+    gateway_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -106,8 +108,11 @@ class Cluster:
         )
         self.db.call("create_fleet", self.fleet, "node", None, None)
         self.user_id = add_user(self.db, "alice")
-        self.gateway = start_gateway(
-            self.db_url, self.gateway_port, "--data-dir", str(self.data_dir), *gateway_args
+        self.gateway = self._start_gateway(*gateway_args)
+
+    def _start_gateway(self, *args: str) -> Proc:
+        return start_gateway(
+            self.db_url, self.gateway_port, "--data-dir", str(self.data_dir), *args, extra_env=self.gateway_env
         )
 
     def start_telemetry_gateway(self) -> str:
@@ -186,7 +191,7 @@ class Cluster:
         self.kill9(self.gateway)
         if meanwhile is not None:
             meanwhile()
-        self.gateway = start_gateway(self.db_url, self.gateway_port, "--data-dir", str(self.data_dir))
+        self.gateway = self._start_gateway()
 
     def kill9_pid(self, pid: int) -> None:
         os.kill(pid, signal.SIGKILL)

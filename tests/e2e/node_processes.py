@@ -24,13 +24,13 @@ def env() -> dict[str, str]:
 class Proc:
     """A child process whose output is collected (stdout and stderr together)."""
 
-    def __init__(self, argv: list[str]) -> None:
+    def __init__(self, argv: list[str], extra_env: dict[str, str] | None = None) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-P", "-m", "tuneplane", *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=REPO,
-            env=env(),
+            env={**env(), **(extra_env or {})},
         )
         self.out = OutputWatcher(self.process)
 
@@ -50,9 +50,11 @@ class Proc:
                 self.process.wait()
 
 
-def start_gateway(db_url: str, port: int, *extra: str) -> Proc:
+def start_gateway(db_url: str, port: int, *extra: str, extra_env: dict[str, str] | None = None) -> Proc:
+    """`extra_env`: the gateway's own variables (an S3 store's credentials: the server's alone)."""
     proc = Proc(
-        ["node-gateway", "--database-url", db_url, "--port", str(port), "--poll-interval", "0.5", *extra]
+        ["node-gateway", "--database-url", db_url, "--port", str(port), "--poll-interval", "0.5", *extra],
+        extra_env,
     )
     proc.wait_line("node gateway listening on")
     return proc
