@@ -88,6 +88,7 @@ artifact_upload_target = StoredFunction(
     "integer",
     "bigint",
 )
+attempt_storage = StoredFunction("attempt_storage", "bigint")
 authenticate_api_token = StoredFunction("authenticate_api_token", "text", "text")
 authenticate_node_credential = StoredFunction("authenticate_node_credential", "text")
 authenticate_telemetry_token = StoredFunction("authenticate_telemetry_token", "text")
@@ -177,6 +178,7 @@ member_prepare_progress = StoredFunction("member_prepare_progress", *REPORT)
 member_prepared = StoredFunction("member_prepared", *REPORT)
 member_reports = StoredFunction("member_reports", "text", "jsonb")
 member_started = StoredFunction("member_started", *REPORT)
+node_capsule_storage = StoredFunction("node_capsule_storage", "bigint", "text")
 node_heartbeats = StoredFunction("node_heartbeats", "jsonb")
 node_may_read_capsule = StoredFunction("node_may_read_capsule", "bigint", "text")
 node_session_closed = StoredFunction("node_session_closed", "bigint", "bigint", "text")

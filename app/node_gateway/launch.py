@@ -11,17 +11,21 @@ Report kinds (each one stored function, fenced by the session epoch, idempotent)
   member_prepare_progress  member_prepare_progress  a PREPARE step (environment build) as a job event
   node_caches      report_node_caches             sizes of the node's environment and capsule caches
 
-GET /v1/files/capsule/<sha256>: the capsule blob, only to a node that holds a member using it.
+GET /v1/files/capsule/<sha256>: the capsule blob, only to a node that holds a member using it; a capsule of
+an S3 fleet is answered with a redirect (307) to a presigned GET of its object in the fleet's store.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
 from aiohttp import web
 
 from tuneplane.app import db_functions as fn
+from tuneplane.app.artifacts.gateway_routes import STORES_KEY
+from tuneplane.app.artifacts.s3_reads import DOWNLOAD_URL_TTL
 from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
@@ -66,9 +70,19 @@ async def capsule_provider(request: web.Request, node: dict, name: str) -> web.S
             Refusal(f"capsule {name} belongs to no member placed on this node", status=403, field="capsule")
         )
     path = blobs.path(name)
-    if not path.is_file():
-        return _refuse(Refusal(f"capsule {name} is not in the blob store", status=404, field="capsule"))
-    return web.FileResponse(path, headers={"Content-Type": "application/x-tar", "X-Capsule-Digest": name})
+    if path.is_file():
+        return web.FileResponse(path, headers={"Content-Type": "application/x-tar", "X-Capsule-Digest": name})
+    storage = (await db.call_one(fn.node_capsule_storage, node["node_id"], name))["node_capsule_storage"]
+    if storage is not None:
+        # An S3 fleet's capsule (the worker wrote it there): the node GETs that one object from the store
+        # with a URL signed for minutes, resuming with Range as from here, and checks the digest itself.
+        try:
+            store = await asyncio.to_thread(request.app[STORES_KEY].store, storage)
+        except Refusal as refusal:
+            return _refuse(refusal)
+        url = store.presign_get(store.blob_key(name), DOWNLOAD_URL_TTL)
+        return web.Response(status=307, headers={"Location": url, "X-Capsule-Digest": name})
+    return _refuse(Refusal(f"capsule {name} is not in the blob store", status=404, field="capsule"))
 
 
 register_file_provider("capsule", capsule_provider)

@@ -1552,6 +1552,28 @@ LANGUAGE sql STABLE AS $$
                     WHERE m.node_id = p_node_id AND m.released_at IS NULL AND a.capsule_digest = p_digest);
 $$;
 
+-- attempt_storage: the S3 store of the attempt's fleet (fleets.storage, migration 0245), where the worker
+-- writes its capsule (workers/backend/capsule_build.py); NULL for the server's own store. Never credentials.
+CREATE OR REPLACE FUNCTION tuneplane.attempt_storage(p_attempt_id bigint)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT f.storage FROM tuneplane.attempts t JOIN tuneplane.fleets f ON f.id = t.fleet_id
+     WHERE t.id = p_attempt_id AND f.storage ->> 'kind' = 's3';
+$$;
+
+-- node_capsule_storage: the S3 store that holds capsule p_digest for a member placed on node p_node_id (its
+-- attempt's fleet's store, where attempt_storage sent the worker), NULL when there is none (the server's own
+-- store). The node gateway asks it after node_may_read_capsule, to redirect the node to a presigned GET.
+CREATE OR REPLACE FUNCTION tuneplane.node_capsule_storage(p_node_id bigint, p_digest text)
+RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT f.storage FROM tuneplane.members m JOIN tuneplane.attempts a ON a.id = m.attempt_id
+      JOIN tuneplane.fleets f ON f.id = a.fleet_id
+     WHERE m.node_id = p_node_id AND m.released_at IS NULL AND a.capsule_digest = p_digest
+       AND f.storage ->> 'kind' = 's3'
+     LIMIT 1;
+$$;
+
 -- placement_fleets: fleets of a backend with at least one queued job (what a scheduler pass visits).
 CREATE OR REPLACE FUNCTION tuneplane.placement_fleets(p_backend text)
 RETURNS TABLE (fleet_id bigint, queued integer)

@@ -81,8 +81,9 @@ class Cluster:
     workers: list[Proc] = field(default_factory=list)
     user_id: int = 0
     telemetry: subprocess.Popen | None = None
-    # Variables only the node gateway gets (an S3 fleet's store credentials); agents never see them.
-    gateway_env: dict[str, str] = field(default_factory=dict)
+    # Variables only the server side gets (an S3 fleet's store credentials: the node gateway and the
+    # worker); agents and their members never see them.
+    server_env: dict[str, str] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -112,7 +113,7 @@ class Cluster:
 
     def _start_gateway(self, *args: str) -> Proc:
         return start_gateway(
-            self.db_url, self.gateway_port, "--data-dir", str(self.data_dir), *args, extra_env=self.gateway_env
+            self.db_url, self.gateway_port, "--data-dir", str(self.data_dir), *args, extra_env=self.server_env
         )
 
     def start_telemetry_gateway(self) -> str:
@@ -173,7 +174,7 @@ class Cluster:
             "15",
             *extra,
         ]
-        proc = Proc(argv)
+        proc = Proc(argv, self.server_env)
         proc.wait_line("consuming `launch`")
         self.workers.append(proc)
         return proc

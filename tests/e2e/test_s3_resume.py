@@ -36,7 +36,7 @@ def s3_cluster(
 ) -> Iterator[tuple[Cluster, S3Store]]:
     """The e2e cluster whose fleet stores its artifacts in SeaweedFS; only the node gateway holds the keys."""
     cluster = Cluster(db_url, db, tmp_path, port)
-    cluster.gateway_env = {
+    cluster.server_env = {
         "TUNEPLANE_S3_ACCESS_KEY_ID": ACCESS_KEY,
         "TUNEPLANE_S3_SECRET_ACCESS_KEY": SECRET_KEY,
     }
@@ -78,6 +78,12 @@ def _assert_bytes_only_in_store(cluster: Cluster, store: S3Store, job_id: int) -
     blobs = cluster.data_dir / "blobs"
     on_disk = {p.name for p in (blobs / "sha256").rglob("*") if p.is_file()} if blobs.exists() else set()
     assert on_disk.isdisjoint(f["sha256"] for f in files), "artifact bytes in the server's blob directory"
+    # Nor the capsules the members ran: the worker wrote them to the store, the nodes fetched them there.
+    capsules = {r["capsule_digest"] for r in cluster.db.fetch_all(
+        "SELECT capsule_digest FROM attempts WHERE job_id = %s", (job_id,))}  # fmt: skip
+    assert capsules and None not in capsules and on_disk.isdisjoint(capsules)
+    for digest in capsules:
+        assert store.object_size(store.blob_key(digest)) is not None
     staged = blobs / "staging"
     assert not staged.exists() or not [p for p in staged.rglob("*") if p.is_file()]
     return len(files)

@@ -99,21 +99,31 @@ async def fetch_capsule(access: NodeAccess, cache: Path, digest: str, deadline: 
     return target
 
 
-async def _fetch_rest(access: NodeAccess, url: str, partial: Path, digest: str) -> None:
-    """One try: append what the server sends after the bytes already in `partial`."""
+async def _fetch_rest(
+    access: NodeAccess, url: str, partial: Path, digest: str, *, store: bool = False
+) -> None:
+    """One try: append what the server sends after the bytes already in `partial`. An S3 fleet's capsule
+    is answered with a redirect to a presigned GET in its store: followed once, without the node's
+    credential (`store`), plain HTTP only to loopback as for the gateway."""
     have = partial.stat().st_size if partial.exists() else 0
-    headers = {"Authorization": f"Bearer {access.credential()}"}
+    headers = {} if store else {"Authorization": f"Bearer {access.credential()}"}
     if have:
         headers["Range"] = f"bytes={have}-"
     try:
         async with access.http.get(
-            url, headers=headers, timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=30)
-        ) as response:
+            url, headers=headers, allow_redirects=False,
+            timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=30),
+        ) as response:  # fmt: skip
+            if response.status == 307 and not store and response.headers.get("Location"):
+                location = response.headers["Location"]
+                _check_store_url(location, digest)
+                return await _fetch_rest(access, location, partial, digest, store=True)
             if response.status == 416 and have:
                 return  # nothing after what we have: the whole file is here (the digest check decides)
+            source = "the object store" if store else "the node gateway"
             if response.status >= 500:
                 raise _FetchInterrupted(
-                    f"HTTP {response.status} from the node gateway",
+                    f"HTTP {response.status} from {source}",
                     retry_after(response.status, response.headers.get("Retry-After")),
                 )
             if response.status not in (200, 206):
@@ -128,6 +138,15 @@ async def _fetch_rest(access: NodeAccess, url: str, partial: Path, digest: str) 
                     handle.write(block)
     except (aiohttp.ClientError, TimeoutError, ConnectionError) as exc:
         raise _FetchInterrupted(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _check_store_url(url: str, digest: str) -> None:
+    from tuneplane.app.client.transport import ClientError, check_transport
+
+    try:
+        check_transport(url)
+    except ClientError as exc:
+        raise PrepareFailed(f"fetching capsule {digest} from the object store: {exc}") from exc
 
 
 def materialize(access: NodeAccess, inputs: list[dict], root: Path, resume: dict | None = None) -> None:

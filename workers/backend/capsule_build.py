@@ -9,6 +9,9 @@ an index `capsules/by-spec/<sha256 of the canonical spec>` → capsule digest. A
 flock on that spec's lock file, uses the indexed capsule when its blob is there, and builds (and indexes)
 it otherwise. Two launches of one attempt (the worker's direct launch and the queued one, or two workers
 sharing the blob store) therefore write the capsule once; the second waits for the first and reuses it.
+
+A job on a fleet whose store is S3 gets its capsule written there (staged in a temporary file, never under
+the server's blob directory) and its nodes fetch it with a presigned GET (app/node_gateway/launch.py).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import importlib.util
 import os
 from pathlib import Path
 
-from tuneplane.app.blobstore import FilesystemBlobStore, file_sha256
+from tuneplane.app.blobstore import BlobStore, FilesystemBlobStore, file_sha256
 from tuneplane.app.submission.canonical import digest_of
 from tuneplane.workers.capsule import CapsuleEntry, CapsuleError, file_entry, spec_entries, write_capsule
 
@@ -66,21 +69,25 @@ def capsule_entries(spec: dict, blobs: FilesystemBlobStore) -> list[CapsuleEntry
     return entries
 
 
-def build_capsule(spec: dict, blobs: FilesystemBlobStore) -> str:
-    """The capsule's digest, writing it into the blob store (atomically, under its digest) unless this
-    spec's capsule is already there (see the module doc: once per spec, under a per-spec flock)."""
+def build_capsule(spec: dict, blobs: FilesystemBlobStore, store: BlobStore | None = None) -> str:
+    """The capsule's digest, writing it into `store` (an S3 fleet's: app/s3store.py) or else the server's
+    blob store, atomically under its digest, unless this spec's capsule is already there (see the module
+    doc: once per spec, under a per-spec flock; the index lives with the server's store either way, and the
+    same spec gives the same bytes whichever store holds them)."""
+    target: BlobStore = store if store is not None else blobs
     index = blobs.root / "capsules" / "by-spec" / digest_of(spec)
     index.parent.mkdir(parents=True, exist_ok=True)
     with open(f"{index}.lock", "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
         try:
             known = index.read_text().strip() if index.is_file() else ""
-            if known and blobs.exists(known):
-                # Reused: refresh its time, as commit_staged does, so blob GC (which keeps recent blobs)
-                # cannot remove it before begin_prepare records it.
-                os.utime(blobs.path(known))
+            if known and target.exists(known):
+                if store is None:
+                    # Reused: refresh its time, as commit_staged does, so blob GC (which keeps recent
+                    # blobs) cannot remove it before begin_prepare records it.
+                    os.utime(blobs.path(known))
                 return known
-            digest = _write_capsule_blob(spec, blobs)
+            digest = _write_capsule_blob(spec, blobs, target)
             staged = index.with_name(f"{index.name}.{os.getpid()}.tmp")
             staged.write_text(digest)
             os.replace(staged, index)
@@ -89,11 +96,11 @@ def build_capsule(spec: dict, blobs: FilesystemBlobStore) -> str:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
 
-def _write_capsule_blob(spec: dict, blobs: FilesystemBlobStore) -> str:
+def _write_capsule_blob(spec: dict, blobs: FilesystemBlobStore, target: BlobStore) -> str:
     entries = capsule_entries(spec, blobs)
-    with blobs.stage() as (staged, handle):
+    with target.stage() as (staged, handle):
         write_capsule(spec, entries, handle)
         handle.flush()
         digest = file_sha256(staged)
-        blobs.commit_staged(staged, digest)
+        target.commit_staged(staged, digest)
     return digest

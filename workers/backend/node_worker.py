@@ -36,9 +36,11 @@ from pgqueuer.queries import Queries
 
 from tuneplane.app import db_functions as fn
 from tuneplane.app import reconnect
+from tuneplane.app.artifacts.s3_delivery import FleetStores
 from tuneplane.app.blobstore import FilesystemBlobStore
 from tuneplane.app.errors import Refusal
 from tuneplane.app.node_gateway.aiodb import AsyncDatabase
+from tuneplane.app.s3store import S3Store
 from tuneplane.workers.backend import webhook_delivery
 from tuneplane.workers.backend.capsule_build import build_capsule
 from tuneplane.workers.capsule import CapsuleError
@@ -76,6 +78,7 @@ class NodeWorker:
         self.say = say
         self.db = AsyncDatabase(options.database_url, min_size=1, max_size=4, name="tuneplane-worker")
         self.blobs = FilesystemBlobStore(options.blob_dir)
+        self.stores = FleetStores()  # S3 fleets' stores, with this worker's (the server's) credentials
         self.stop = asyncio.Event()
         self.wake = asyncio.Event()
         self.stats = {"launches": 0, "placements": 0, "passes": 0}
@@ -110,6 +113,17 @@ class NodeWorker:
             task.add_done_callback(lambda _t: self.launching.pop(attempt_id, None))
         return await asyncio.shield(task)
 
+    async def _capsule_store(self, attempt_id: int) -> S3Store | None:
+        """The S3 store of the attempt's fleet, where its capsule goes (None: the server's own store). A
+        worker without the store's credentials cannot write there: the launch is aborted, saying so."""
+        storage = (await self.db.call(fn.attempt_storage, attempt_id))[0]["attempt_storage"]
+        if storage is None:
+            return None
+        try:
+            return await asyncio.to_thread(self.stores.store, storage)
+        except Refusal as refusal:
+            raise CapsuleError(f"the fleet's object store: {refusal.message}") from refusal
+
     async def _claim_and_prepare(self, attempt_id: int) -> str:
         claimed = await self.db.call(fn.claim_launch, attempt_id, self.options.name)
         if not claimed:
@@ -121,7 +135,8 @@ class NodeWorker:
         row = await self.db.fetch_all("SELECT spec FROM jobs WHERE id = %s", (claim["job_id"],))
         spec = row[0]["spec"]
         try:
-            digest = await asyncio.to_thread(build_capsule, spec, self.blobs)
+            store = await self._capsule_store(attempt_id)
+            digest = await asyncio.to_thread(build_capsule, spec, self.blobs, store)
         except (CapsuleError, OSError) as exc:
             try:
                 await self.db.call(fn.abort_launch, attempt_id, epoch, str(exc))
