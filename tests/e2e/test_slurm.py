@@ -82,6 +82,7 @@ class Harness:
         telemetry_url: str | None = None,
         submit_grace: float = 30.0,
         files: dict[str, bytes] | None = None,
+        poll_interval: float = 0.3,
     ) -> None:
         self.db, self.cluster, self.db_url = db, cluster, db_url
         self.shared = cluster.shared / uuid.uuid4().hex[:8]
@@ -108,7 +109,7 @@ class Harness:
                 db_url,
                 tmp / "blobs",
                 "slurm-test",
-                poll_interval=0.3,
+                poll_interval=poll_interval,
                 batch_env=batch_env or {},
                 submit_grace=submit_grace,
             ),

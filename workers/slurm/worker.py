@@ -645,8 +645,7 @@ class SlurmWorker:
 
     def listen(self) -> None:
         def on_notify(_notify: psycopg.Notify) -> None:
-            self.notified.set()
-            self.wake.set()
+            self.ask_for_pass()
 
         reconnect.listen_forever_sync(
             # Named like the node worker's, so that an operator (and the failover test) sees it listening.
@@ -655,10 +654,16 @@ class SlurmWorker:
             ),
             CHANNELS,
             on_notify,
-            self.wake.set,  # one pass after (re)connecting: what a NOTIFY missed meanwhile would have said
+            # One pass after (re)connecting: what a NOTIFY missed meanwhile (a failover) would have said.
+            self.ask_for_pass,
             stop=self.stop,
             name="slurm worker",
         )
+
+    def ask_for_pass(self) -> None:
+        """A pass now, not at the next poll (a plain wake runs only the touched attempts)."""
+        self.notified.set()
+        self.wake.set()
 
     def guarded(self, work, *args) -> None:
         try:
