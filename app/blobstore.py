@@ -1,9 +1,9 @@
-"""Content-addressed blobs (source archives, later capsules): an interface and a filesystem store.
+"""Content-addressed blobs (source archives, capsules): an interface and a filesystem store.
 
 A blob is named by the sha256 of its bytes. `stage()` gives a private temporary file on the store's own
 filesystem; `commit_staged()` moves it into place atomically under its digest, so a reader never sees
-a half-written blob and a crash leaves only a temporary file. An object store (S3, GCS) implements the
-same four methods.
+a half-written blob and a crash leaves only a temporary file. The second implementation is the S3 store
+(app/s3store.py): an S3 fleet's source archives (`POST /sources?fleet=`) and capsules live there.
 """
 
 from __future__ import annotations

@@ -156,8 +156,9 @@ def _load_spec_file(path: str) -> dict:
         raise ExpectedError(str(exc)) from None
 
 
-def upload_source(client: ApiClient, source: Path, *, quiet: bool = False) -> dict:
-    """Pack a directory (or take a .tar.gz) and upload it; returns the server's archive facts."""
+def upload_source(client: ApiClient, source: Path, *, quiet: bool = False, fleet: str | None = None) -> dict:
+    """Pack a directory (or take a .tar.gz) and upload it; returns the server's archive facts. `fleet`: the
+    fleet the job goes to, so an S3 fleet's archive is kept in its store (docs/artifacts.md)."""
     with tempfile.TemporaryFile() as packed:
         if source.is_dir():
             try:
@@ -174,6 +175,7 @@ def upload_source(client: ApiClient, source: Path, *, quiet: bool = False) -> di
         with byte_progress(f"uploading {source.name}", size, quiet=quiet) as advance:
             facts = client.post(
                 "/sources",
+                params={"fleet": fleet} if fleet else None,
                 content=reading(packed, advance),
                 headers={"Content-Type": "application/gzip", "Content-Length": str(size)},
             )
@@ -195,17 +197,17 @@ def build_spec(client: ApiClient, opts: dict[str, Any]) -> dict:
         if "recipe" not in spec:
             raise ExpectedError("--param needs --recipe")
         spec["recipe"].setdefault("params", {}).update(_pairs(opts["params"], "--param"))
+    fleet = opts.get("fleet") or (spec.get("fleet") if isinstance(spec.get("fleet"), str) else None)
     if opts.get("source"):
         if not opts.get("entrypoint"):
             raise ExpectedError("--source needs --entrypoint (the command that runs it)")
-        facts = upload_source(client, Path(opts["source"]), quiet=bool(opts.get("quiet")))
+        facts = upload_source(client, Path(opts["source"]), quiet=bool(opts.get("quiet")), fleet=fleet)
         spec["source"] = {"archive": facts["archive"], "entrypoint": opts["entrypoint"]}
     elif isinstance(spec.get("source"), dict):
         archive = str(spec["source"].get("archive", ""))
         if archive and not _SHA256.match(archive) and Path(archive).exists():
-            spec["source"]["archive"] = upload_source(client, Path(archive), quiet=bool(opts.get("quiet")))[
-                "archive"
-            ]
+            facts = upload_source(client, Path(archive), quiet=bool(opts.get("quiet")), fleet=fleet)
+            spec["source"]["archive"] = facts["archive"]
         if opts.get("entrypoint"):
             spec["source"]["entrypoint"] = opts["entrypoint"]
     if opts.get("image"):

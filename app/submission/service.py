@@ -37,14 +37,19 @@ def parse_job_id(value: Any) -> int:
     return job_id
 
 
-def create_preview(db: Database, user_id: int, data: Any, blobs: BlobStore | None = None) -> dict:
-    """`blobs` is the store holding source archives (an environment's requirements file is read there)."""
+def create_preview(
+    db: Database, user_id: int, data: Any, blobs: BlobStore | list[BlobStore] | None = None
+) -> dict:
+    """`blobs` is the store holding source archives, or the stores to look in, in order (an S3 fleet's,
+    then the server's); an environment's requirements file is read from the archive there."""
     spec = with_recipe_outputs(data if isinstance(data, JobSpec) else parse_jobspec(data))
     open_archive = None
     if spec.source is not None and blobs is not None:
         sha256 = spec.source.archive.removeprefix("sha256:")
-        if owns_archive(db, user_id, sha256) and blobs.exists(sha256):
-            open_archive = partial(blobs.open, sha256)
+        if owns_archive(db, user_id, sha256):
+            stores = blobs if isinstance(blobs, list) else [blobs]
+            holder = next((b for b in stores if b.exists(sha256)), None)
+            open_archive = partial(holder.open, sha256) if holder is not None else None
     pins = build_pins(spec, open_archive)
     document = spec.model_dump(mode="json", exclude_none=True)
     row = db.call(fn.create_preview, user_id, Jsonb(document), Jsonb(pins))[0]

@@ -159,7 +159,7 @@ def input_manifest(artifact_id: int):
 def input_file(artifact_id: int, file_index: int):
     artifact = get_db().call(fn.artifact_input_for_node, node_credential_hash(), artifact_id)[0]
     entry = _entry(artifact, file_index)
-    url = s3_reads.input_file_url(get_db(), _FLEET_STORES, artifact, entry)
+    url = s3_reads.input_file_url(get_db(), FLEET_STORES, artifact, entry)
     if url is not None:  # an S3 fleet's file: the node GETs this one object from the store (s3_reads)
         return Response(status=307, headers={"Location": url, "X-Sha256": entry["sha256"]})
     return _send_file(artifact, entry)
@@ -172,7 +172,7 @@ def input_mismatch(artifact_id: int, file_index: int):
     cred = node_credential_hash()
     artifact = get_db().call(fn.artifact_input_for_node, cred, artifact_id)[0]
     entry = _entry(artifact, file_index)
-    return json_response(s3_reads.node_reported_mismatch(get_db(), _FLEET_STORES, cred, artifact, entry))
+    return json_response(s3_reads.node_reported_mismatch(get_db(), FLEET_STORES, cred, artifact, entry))
 
 
 # -- users ----------------------------------------------------------------------------------------------
@@ -270,7 +270,7 @@ def _checked_body(stream: BinaryIO, entry: dict, label: str) -> Iterable[bytes]:
 
 
 # The S3 stores of fleets, made once per location with this server's credentials (s3_delivery.FleetStores).
-_FLEET_STORES = FleetStores()
+FLEET_STORES = FleetStores()
 
 
 def stored_blobs(db, artifact_id: int) -> FsBlobStore | S3Blobs:
@@ -279,7 +279,7 @@ def stored_blobs(db, artifact_id: int) -> FsBlobStore | S3Blobs:
     storage = db.call(fn.artifact_storage, artifact_id)[0]["artifact_storage"]
     if storage is None:
         return FsBlobStore(blob_dir())
-    return S3Blobs.of_artifact(db, _FLEET_STORES.store(storage), artifact_id)
+    return S3Blobs.of_artifact(db, FLEET_STORES.store(storage), artifact_id)
 
 
 @bp.post("/artifacts/<int:artifact_id>/verify")

@@ -20,13 +20,14 @@ from flask import Blueprint, Flask, current_app, redirect, render_template, requ
 from werkzeug.datastructures import FileStorage, MultiDict
 
 from tuneplane.app import db_functions as fn
-from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app.blobstore import BlobStore, FilesystemBlobStore
 from tuneplane.app.errors import Refusal
 from tuneplane.app.settings import load_settings
 from tuneplane.app.submission import archives, service
 from tuneplane.app.submission.io_flags import parse_input, parse_output
 from tuneplane.app.submission.jobspec import LAUNCHERS
 from tuneplane.app.submission.pins import recipes
+from tuneplane.app.web.artifacts import FLEET_STORES
 from tuneplane.app.web.auth import current_user, login_required
 from tuneplane.app.web.limits import refuse_unknown
 from tuneplane.app.web.negotiate import json_response, wants_json
@@ -47,6 +48,30 @@ def init_app(app: Flask) -> None:
 
 def get_blobstore() -> FilesystemBlobStore:
     return current_app.extensions["tuneplane_blobstore"]
+
+
+def archive_store(fleet: str | None) -> BlobStore:
+    """Where a source archive for `fleet` is kept: that fleet's S3 store (issue 32: its bytes never touch
+    this server's disk; the capsule is built from it there), or else this server's own store."""
+    if fleet:
+        storage = get_db().call(fn.fleet_storage, fleet)[0]["fleet_storage"]
+        if storage is not None:
+            return FLEET_STORES.store(storage)
+    return get_blobstore()
+
+
+def archive_stores(fleet: str | None) -> list[BlobStore]:
+    """Where a preview looks for its archive: the fleet's store, then this server's (an archive uploaded
+    without naming the fleet)."""
+    try:
+        first = archive_store(fleet)
+    except Refusal as refusal:
+        if refusal.status != 503:
+            raise
+        # No store credentials here: a preview reads an archive only for a requirements file, so it goes
+        # on without the fleet's store (a launch on that fleet then fails, naming the credentials).
+        return [get_blobstore()]
+    return [first] if first is get_blobstore() else [first, get_blobstore()]
 
 
 def _is_htmx() -> bool:
@@ -98,7 +123,8 @@ def spec_from_form(form: MultiDict, files: MultiDict | None = None) -> dict[str,
         upload: FileStorage | None = files.get("archive_file") if files else None
         if upload is not None and upload.filename:
             archives.check_content_type(upload.mimetype)
-            facts = archives.receive_archive(get_db(), get_blobstore(), current_user().id, upload.stream)
+            store = archive_store(value("fleet") or None)
+            facts = archives.receive_archive(get_db(), store, current_user().id, upload.stream)
             archive = facts.sha256
         spec["source"] = {"archive": archive, "entrypoint": value("source.entrypoint")}
         if value("source.integration"):
@@ -203,12 +229,14 @@ def create_preview():
         body = request.get_json(silent=True)
         if not isinstance(body, dict):
             raise Refusal("the body must be a JobSpec JSON object", status=400, field="spec")
-        preview = service.create_preview(get_db(), user.id, body, get_blobstore())
+        fleet = body.get("fleet") if isinstance(body.get("fleet"), str) else None
+        preview = service.create_preview(get_db(), user.id, body, archive_stores(fleet))
         return json_response(_with_quota_effect(user.id, preview), 201)
     try:
         preview = service.create_preview(
-            get_db(), user.id, spec_from_form(request.form, request.files), get_blobstore()
-        )
+            get_db(), user.id, spec_from_form(request.form, request.files),
+            archive_stores(request.form.get("fleet") or None),
+        )  # fmt: skip
     except Refusal as refusal:
         if wants_json():
             raise
@@ -279,7 +307,9 @@ def upload_source():
     # A read-only token uploads nothing: asked before a byte is stored (record_source_archive asks again).
     get_db().call(fn.require_token_write, "uploading a source archive")
     stream = upload.stream if upload is not None else request.stream
-    facts = archives.receive_archive(get_db(), get_blobstore(), current_user().id, stream)
+    # `?fleet=NAME`: kept where that fleet's jobs will be built from (its S3 store, if it has one).
+    store = archive_store((request.args.get("fleet") or "").strip() or None)
+    facts = archives.receive_archive(get_db(), store, current_user().id, stream)
     if wants_json():
         return json_response(facts.as_json(), 201)
     return render_template("submit/source_uploaded.html", title="Source archive", facts=facts.as_json()), 201

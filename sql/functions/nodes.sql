@@ -126,6 +126,23 @@ BEGIN
 END;
 $$;
 
+-- fleet_storage: the S3 store of the fleet named p_fleet (fleets.storage, migration 0245), where the source
+-- archives uploaded for it are kept (POST /sources?fleet=…, issue 32); NULL for the server's own store.
+-- Never credentials. Refuses an unknown fleet (404).
+CREATE OR REPLACE FUNCTION tuneplane.fleet_storage(p_fleet text)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    f tuneplane.fleets;
+BEGIN
+    SELECT * INTO f FROM tuneplane.fleets WHERE name = p_fleet;
+    IF f.id IS NULL THEN
+        RAISE EXCEPTION 'no fleet named %', p_fleet USING ERRCODE = 'TP404', COLUMN = 'fleet';
+    END IF;
+    RETURN CASE WHEN f.storage ->> 'kind' = 's3' THEN f.storage END;
+END;
+$$;
+
 -- set_fleet_storage: where a fleet's artifact bytes live (migration 0245). NULL or {"kind": "filesystem"}: the
 -- installation's default store. {"kind": "s3", "bucket", "prefix", "endpoint", "region", "addressing_style"}:
 -- an S3 API. Any other key is refused, so credentials can never be stored here (the server holds them).

@@ -24,7 +24,8 @@ from tests.e2e.node_processes import Proc, start_gateway
 from tests.helpers import wait_for
 from tests.node_helpers import fast_thresholds, make_token
 from tests.submission_setup import add_user
-from tuneplane.app.blobstore import FilesystemBlobStore
+from tuneplane.app import db_functions as fn
+from tuneplane.app.blobstore import BlobStore, FilesystemBlobStore
 from tuneplane.app.db import Database
 from tuneplane.app.submission import archives, service
 
@@ -226,8 +227,9 @@ class Cluster:
 
     # ---- jobs ---------------------------------------------------------------------------------------
 
-    def upload_source(self, files: dict[str, str]) -> str:
-        blobs = FilesystemBlobStore(self.data_dir / "blobs")
+    def upload_source(self, files: dict[str, str], store: BlobStore | None = None) -> str:
+        """The archive kept in the server's blob store, or in `store` (an S3 fleet's: /sources?fleet=)."""
+        blobs = store if store is not None else FilesystemBlobStore(self.data_dir / "blobs")
         facts = archives.receive_archive(self.db, blobs, self.user_id, io.BytesIO(source_archive(files)))
         return facts.sha256
 
@@ -320,6 +322,36 @@ class Cluster:
             what="attempt 1 preempted",
             explain=lambda: self.explain(job_id),
         )
+
+    def resume_past_a_damaged_checkpoint(self, job_id: int, damage: Callable[[dict], None]) -> dict:
+        """Issue 35's scenario, whatever the store: once the job (on agent `a`, max_attempts 2) has two
+        verified checkpoints, node a is fenced (attempt 1 of 2 fails); `damage(file)` flips bytes of one
+        file of the newest checkpoint that no other artifact shares (its artifact_file_list row); agent `b`
+        starts.
+        Checks the job then succeeds from the previous checkpoint, the newest named corrupt in the timeline,
+        without spending an attempt. Returns the corruption row (who found it)."""
+        self.wait_members(job_id, "running", timeout=60)
+        wait_for(lambda: len(self.checkpoints(job_id)) >= 2, timeout=60, what="two verified checkpoints")
+        self.db.call("fence_node", f"{self.fleet}/a", "e2e: node lost", "user:test")
+        self.wait_job(job_id, ("queued",), timeout=60)  # no other node yet: the checkpoints are final
+        *_, previous, newest = self.checkpoints(job_id)
+        shared = {r["sha256"] for r in self.db.fetch_all(
+            "SELECT sha256 FROM artifact_files WHERE artifact_id <> %s", (newest["id"],))}  # fmt: skip
+        damage(next(f for f in self.db.call(fn.artifact_file_list, newest["id"])
+                    if f["size"] > 0 and f["sha256"] not in shared))  # fmt: skip
+        self.start_agent("b")
+        done = self.wait_job(job_id, ("succeeded", "failed"), timeout=120)
+        assert done["state"] == "succeeded", self.diagnose(job_id)
+        ran = self.db.fetch_one("SELECT * FROM attempts WHERE job_id = %s AND state = 'succeeded'", (job_id,))
+        assert ran["resume_artifact_id"] == previous["id"], self.diagnose(job_id)
+        reasons = [e["reason"] for e in self.db.fetch_all(
+            "SELECT reason FROM job_events WHERE job_id = %s ORDER BY id", (job_id,))]  # fmt: skip
+        assert any(f"checkpoint {newest['name']}" in r and "is corrupt" in r for r in reasons), reasons
+        assert self.job(job_id)["corrupt_resumes_used"] == 1
+        corruptions = "SELECT * FROM artifact_corruptions WHERE artifact_id = %s"
+        corrupt = self.db.fetch_one(corruptions, (newest["id"],))
+        assert corrupt is not None
+        return corrupt
 
     def members_of_attempt(self, job_id: int, number: int) -> list[dict]:
         attempt = self.attempt(job_id, number)

@@ -14,6 +14,7 @@ import pytest
 
 from tests.e2e.launch_cluster import MIB, Cluster
 from tests.helpers import wait_for
+from tuneplane.app.blobstore import BlobStore
 
 pytestmark = pytest.mark.e2e
 
@@ -25,12 +26,13 @@ needs_torch = pytest.mark.skipif(
 )
 
 
-def _start(cluster: Cluster, *agent_args: str) -> str:
-    """One agent and a worker; the example's train.py uploaded (its archive's digest)."""
+def _start(cluster: Cluster, *agent_args: str, store: BlobStore | None = None) -> str:
+    """One agent and a worker; the example's train.py uploaded (its archive's digest), into `store` if
+    given (an S3 fleet's)."""
     cluster.start_agent("a", *agent_args)
     cluster.start_worker()
     cluster.db.fetch_all("UPDATE launch_settings SET prepare_timeout = interval '300 seconds' RETURNING 1")
-    return cluster.upload_source({"train.py": (EXAMPLE / "train.py").read_text()})
+    return cluster.upload_source({"train.py": (EXAMPLE / "train.py").read_text()}, store)
 
 
 def _submit(cluster: Cluster, archive: str, arguments: str, **extra) -> int:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import fcntl
 import importlib.util
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from tuneplane.app.blobstore import BlobStore, FilesystemBlobStore, file_sha256
@@ -54,7 +56,12 @@ def integration_entries(pin: dict) -> list[CapsuleEntry]:
     return entries
 
 
-def capsule_entries(spec: dict, blobs: FilesystemBlobStore) -> list[CapsuleEntry]:
+def capsule_entries(
+    spec: dict, blobs: FilesystemBlobStore, store: BlobStore | None = None, scratch: Path | None = None
+) -> list[CapsuleEntry]:
+    """The capsule's files. The source archive comes from the server's blob store, or from `store` (an S3
+    fleet's, where `POST /sources?fleet=` put it), copied into `scratch` first; file_entry checks its
+    sha256 either way, so bytes the store changed never enter a capsule."""
     entries = spec_entries(spec) + integration_entries(spec.get("integration") or {})
     input_doc = spec.get("input") or {}
     if input_doc.get("kind") == "source":
@@ -63,6 +70,10 @@ def capsule_entries(spec: dict, blobs: FilesystemBlobStore) -> list[CapsuleEntry
             path = blobs.path(sha)
         except ValueError as exc:
             raise CapsuleError(f"source archive: {exc}") from exc
+        if not path.is_file() and store is not None and scratch is not None and store.exists(sha):
+            path = scratch / "archive.tar.gz"
+            with store.open(sha) as source, open(path, "wb") as copy:
+                shutil.copyfileobj(source, copy, 1024 * 1024)
         if not path.is_file():
             raise CapsuleError(f"source archive sha256:{sha} is not in the blob store {blobs.root}")
         entries.append(file_entry("source/archive.tar.gz", path, sha))
@@ -97,8 +108,9 @@ def build_capsule(spec: dict, blobs: FilesystemBlobStore, store: BlobStore | Non
 
 
 def _write_capsule_blob(spec: dict, blobs: FilesystemBlobStore, target: BlobStore) -> str:
-    entries = capsule_entries(spec, blobs)
-    with target.stage() as (staged, handle):
+    store = None if target is blobs else target
+    with tempfile.TemporaryDirectory(prefix="tp-capsule-") as scratch, target.stage() as (staged, handle):
+        entries = capsule_entries(spec, blobs, store, Path(scratch))
         write_capsule(spec, entries, handle)
         handle.flush()
         digest = file_sha256(staged)
