@@ -10,6 +10,7 @@ import contextlib
 import datetime as dt
 import gzip
 import io
+import json
 import os
 import signal
 import subprocess
@@ -322,6 +323,22 @@ class Cluster:
             what="attempt 1 preempted",
             explain=lambda: self.explain(job_id),
         )
+
+    def resumed_after_preemption(self, job_id: int, first: dict) -> tuple[dict, int]:
+        """After attempt 1 ended preempted (`first`, from preempt_after_a_checkpoint or attempt()): the
+        job succeeds, its attempt 2 resumed from the checkpoint attempt 1 ended with, and that member's
+        resume directory holds it. Returns (attempt 2's member, the step it resumed from)."""
+        saved, why = first["end_checkpoint_step"], first["reason"]
+        assert f"checkpoint {first['end_checkpoint']} (step {saved}) verified" in why, why
+        done = self.wait_job(job_id, ("succeeded", "failed"), timeout=120)
+        assert done["state"] == "succeeded", self.diagnose(job_id)
+        second = self.attempt(job_id, 2)
+        assert second is not None and second["resume_artifact_id"] == first["end_checkpoint_id"]
+        (member,) = self.members_of_attempt(job_id, 2)
+        resume = self.member_dir(member["node"], member["id"]) / "resume"
+        resumed = json.loads((resume / "state.json").read_text())["step"]
+        assert resumed == saved
+        return member, resumed
 
     def resume_past_a_damaged_checkpoint(self, job_id: int, damage: Callable[[dict], None]) -> dict:
         """Issue 35's scenario, whatever the store: once the job (on agent `a`, max_attempts 2) has two

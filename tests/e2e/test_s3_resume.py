@@ -8,7 +8,6 @@ the server's own re-read, and the job runs again from the previous verified chec
 from __future__ import annotations
 
 import hashlib
-import json
 import secrets
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,16 +92,8 @@ def test_the_demo_publishes_to_the_store_is_preempted_and_resumes_from_it(s3_clu
     cluster.start_worker()
     job_id = _demo(cluster, preemption={"grace_seconds": 60})
     first = cluster.preempt_after_a_checkpoint(job_id, "e2e: preempted on an S3 fleet", timeout=60)
-    saved = first["end_checkpoint_step"]
-    assert f"checkpoint {first['end_checkpoint']} (step {saved}) verified" in first["reason"], first["reason"]
-    done = cluster.wait_job(job_id, ("succeeded", "failed"), timeout=120)
-    assert done["state"] == "succeeded", cluster.diagnose(job_id)
-    second = cluster.attempt(job_id, 2)
-    assert second["resume_artifact_id"] == first["end_checkpoint_id"]
-    (member,) = cluster.members_of_attempt(job_id, 2)
-    member_dir = cluster.member_dir(member["node"], member["id"])
-    assert json.loads((member_dir / "resume" / "state.json").read_text())["step"] == saved
-    stdout = (member_dir / "logs" / "stdout.log").read_text()
+    member, saved = cluster.resumed_after_preemption(job_id, first)  # from the store, verified at prepare
+    stdout = cluster.member_log(member)
     assert f"resumed from {first['end_checkpoint']} at step {saved}" in stdout
     assert f"done: {STEPS} steps ({STEPS - saved} in this attempt)" in stdout
     assert _assert_bytes_only_in_store(cluster, store, job_id) >= 2
