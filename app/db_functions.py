@@ -78,6 +78,7 @@ artifact_for_user = StoredFunction("artifact_for_user", "bigint", "bigint")
 artifact_input_for_node = StoredFunction("artifact_input_for_node", "text", "bigint")
 artifact_object_references = StoredFunction("artifact_object_references")
 artifact_storage = StoredFunction("artifact_storage", "bigint")
+artifact_storage_for_node = StoredFunction("artifact_storage_for_node", "text", "bigint")
 artifact_to_verify = StoredFunction("artifact_to_verify", "bigint", "bigint")
 artifact_upload_status = StoredFunction("artifact_upload_status", "text", "bigint")
 artifact_upload_target = StoredFunction(

@@ -158,3 +158,23 @@ def assert_stored_verified(db, store, artifact_id: int) -> None:
             assert row["object_key"].startswith("artifacts/"), row
             assert store.verify(key, row["sha256"], row["size"]), row["path"]
     assert store.open_uploads() == [] and list(store.list_keys("sha256/")) == []
+
+
+def record_part_puts(monkeypatch, then=None) -> list[str]:
+    """Patch the agent's part PUT (workers/artifacts/s3_upload.put_part) to record each part URL it sends
+    to the store, calling `then(url)` after each answer (e.g. to kill the store)."""
+    from tuneplane.workers.artifacts import s3_upload
+
+    sent: list[str] = []
+    real = s3_upload.put_part
+
+    def put_part(pool, url, data, headers):
+        sent.append(url)
+        try:
+            return real(pool, url, data, headers)
+        finally:
+            if then is not None:
+                then(url)
+
+    monkeypatch.setattr(s3_upload, "put_part", put_part)
+    return sent

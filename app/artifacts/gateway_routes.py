@@ -271,7 +271,7 @@ async def _s3_step(request: web.Request, rx: ArtifactReceiver, credential: str) 
         if step == "presign":
             parts = body.get("parts")
             if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
-                raise Refusal("parts: a list of {part_number, content_md5}", 400, "parts")
+                raise Refusal("parts: a list of {part_number, crc32c}", 400, "parts")
             return {"parts": delivery.presign(credential, artifact_id, file_index, upload_id, parts)}
         return _public(delivery.complete(credential, artifact_id, file_index, upload_id))
 

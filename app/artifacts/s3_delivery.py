@@ -4,7 +4,7 @@ The node never holds the store's keys. For each file of its artifact that is not
 server to `begin` (the server opens, or finds again, a multipart upload at the file's own key
 `artifacts/<artifact>/<file>`, and answers the part size and the parts the store already holds: a restarted
 agent resends only the others), then for presigned part URLs (`presign`: each bound to that key, upload,
-part number and the part's Content-MD5, for minutes), PUTs the parts in parallel straight to the store, and
+part number and the part's CRC32C, for minutes), PUTs the parts in parallel straight to the store, and
 asks the server to `complete`. The server completes the upload with the parts the store lists, streams the
 object once and checks its sha256 and size against the manifest (off the node: ADR 0245); only then does it
 record the file verified where it lies (record_artifact_object: the key is kept with the file, read back
@@ -68,17 +68,13 @@ class S3Delivery:
     def upload_key(self, artifact_id: int, file_index: int) -> str:
         return self.store.key(upload_name(artifact_id, file_index))
 
-    def _file(self, credential_hash: str, artifact_id: int, file_index: int) -> tuple[dict, dict]:
-        """The artifact's status and one file of it; refuses another node's artifact (the stored function)."""
-        status = self.db.call(fn.artifact_upload_status, credential_hash, artifact_id)[0][
-            "artifact_upload_status"
-        ]
-        if status["state"] != "uploading":
-            raise Refusal(f"artifact {artifact_id} is {status['state']}, not uploading", 409, "state")
-        for entry in status["files"]:
-            if entry["index"] == file_index:
-                return status, entry
-        raise Refusal(f"artifact {artifact_id} has no file {file_index}", 404, "file_index")
+    def _file(self, credential_hash: str, artifact_id: int, file_index: int) -> dict[str, Any]:
+        """One file of the artifact ({state, verified, path, size, sha256}); refuses another node's artifact
+        (the stored function) and an artifact that is not uploading (409)."""
+        entry = self.db.call(fn.artifact_file_state, credential_hash, artifact_id, file_index)[0]
+        if entry["state"] != "uploading":
+            raise Refusal(f"artifact {artifact_id} is {entry['state']}, not uploading", 409, "state")
+        return entry
 
     def _open_upload(self, artifact_id: int, file_index: int) -> str | None:
         key = self.upload_key(artifact_id, file_index)
@@ -89,7 +85,7 @@ class S3Delivery:
 
     def begin(self, credential_hash: str, artifact_id: int, file_index: int) -> dict[str, Any]:
         """The file's multipart upload (opened now or found again) and the parts the store already holds."""
-        _, entry = self._file(credential_hash, artifact_id, file_index)
+        entry = self._file(credential_hash, artifact_id, file_index)
         size = int(entry["size"])
         if entry["verified"]:
             return {"verified": True, "file_index": file_index}
@@ -110,7 +106,7 @@ class S3Delivery:
     def presign(
         self, credential_hash: str, artifact_id: int, file_index: int, upload_id: str, parts: list[dict]
     ) -> list[dict[str, Any]]:
-        """Part URLs, each signed over its Content-MD5: `parts` is [{"part_number", "content_md5"}]."""
+        """Part URLs, each signed over its CRC32C: `parts` is [{"part_number", "crc32c"}]."""
         self._file(credential_hash, artifact_id, file_index)
         if not parts or len(parts) > MAX_URLS_PER_CALL:
             raise Refusal(f"parts: 1 to {MAX_URLS_PER_CALL} per call", 400, "parts")
@@ -119,7 +115,7 @@ class S3Delivery:
         for part in parts:
             try:
                 url = self.store.presign_part(
-                    key, upload_id, int(part["part_number"]), str(part["content_md5"]), self.url_ttl
+                    key, upload_id, int(part["part_number"]), str(part["crc32c"]), self.url_ttl
                 )
             except (KeyError, TypeError, ValueError) as exc:
                 raise Refusal(f"parts: {exc}", 400, "parts") from exc
@@ -128,7 +124,7 @@ class S3Delivery:
 
     def complete(self, credential_hash: str, artifact_id: int, file_index: int, upload_id: str) -> dict:
         """Complete the upload, verify the object off the node, and record the file (or fail the artifact)."""
-        _, entry = self._file(credential_hash, artifact_id, file_index)
+        entry = self._file(credential_hash, artifact_id, file_index)
         key = self.upload_key(artifact_id, file_index)
         if not entry["verified"]:
             self._complete_upload(key, upload_id, int(entry["size"]))
@@ -199,8 +195,9 @@ class FleetStores:
 
     def delivery(self, db: Database, credential_hash: str, artifact_id: int) -> S3Delivery:
         """Direct delivery for one artifact of a fleet with an S3 store (409 for the server's own store)."""
-        status = db.call(fn.artifact_upload_status, credential_hash, artifact_id)[0]["artifact_upload_status"]
-        storage = status.get("storage")
+        storage = db.call(fn.artifact_storage_for_node, credential_hash, artifact_id)[0][
+            "artifact_storage_for_node"
+        ]
         if not storage or storage.get("kind") != "s3":
             raise Refusal("this artifact's fleet uses the server's store: upload chunks", 409, "storage")
         return S3Delivery(db, self.store(storage))

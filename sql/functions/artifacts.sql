@@ -17,6 +17,8 @@ DROP FUNCTION IF EXISTS tuneplane.register_artifact(text, bigint, text, text, te
 DROP FUNCTION IF EXISTS tuneplane.job_visible_to(bigint, bigint);
 -- artifact_file_list gained object_key (0320: where an S3 fleet's file lives in its store).
 DROP FUNCTION IF EXISTS tuneplane.artifact_file_list(bigint);
+-- artifact_file_state gained path, size and sha256 (direct S3 delivery asks it at every step).
+DROP FUNCTION IF EXISTS tuneplane.artifact_file_state(text, bigint, integer);
 
 -- A complete artifact never changes: not its manifest, not its state, not its files.
 CREATE OR REPLACE FUNCTION tuneplane.artifacts_guard_change() RETURNS trigger
@@ -416,23 +418,36 @@ BEGIN
 END;
 $$;
 
--- artifact_file_state: the artifact's state and whether its file p_file_index is verified: what the
--- receiver asks about one file (artifact_upload_status answers for every file, too costly per file of an
--- artifact with tens of thousands). Refuses a node that did not produce the artifact, an unknown file (404).
+-- artifact_file_state: the artifact's state and its file p_file_index (whether it is verified, its path,
+-- size and sha256): what the receiver and each step of direct S3 delivery ask about one file
+-- (artifact_upload_status answers for every file, too costly per file of an artifact with tens of
+-- thousands). Refuses a node that did not produce the artifact, an unknown file (404).
 CREATE OR REPLACE FUNCTION tuneplane.artifact_file_state(p_credential_hash text, p_artifact_id bigint,
                                                          p_file_index integer)
-RETURNS TABLE (state text, verified boolean)
+RETURNS TABLE (state text, verified boolean, path text, size bigint, sha256 text)
 LANGUAGE plpgsql AS $$
 DECLARE
     a tuneplane.artifacts;
 BEGIN
     a := tuneplane.artifact_for_node(p_credential_hash, p_artifact_id);
-    RETURN QUERY SELECT a.state, f.verified_at IS NOT NULL FROM tuneplane.artifact_files f
+    RETURN QUERY SELECT a.state, f.verified_at IS NOT NULL, f.path, f.size, f.sha256
+                   FROM tuneplane.artifact_files f
                   WHERE f.artifact_id = a.id AND f.file_index = p_file_index;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'artifact % has no file %', a.id, p_file_index USING ERRCODE = 'TP404',
             COLUMN = 'file_index';
     END IF;
+END;
+$$;
+
+-- artifact_storage_for_node: artifact_storage (where the artifact's bytes go: NULL for the server's own
+-- store) for the node that produces it; refuses any other node (artifact_for_node) before it learns
+-- anything. Direct S3 delivery asks it first at every step.
+CREATE OR REPLACE FUNCTION tuneplane.artifact_storage_for_node(p_credential_hash text, p_artifact_id bigint)
+RETURNS jsonb
+LANGUAGE plpgsql AS $$
+BEGIN
+    RETURN tuneplane.artifact_storage((tuneplane.artifact_for_node(p_credential_hash, p_artifact_id)).id);
 END;
 $$;
 

@@ -22,7 +22,7 @@ from tuneplane.app import db_functions as fn
 from tuneplane.app.artifacts.s3_gc import collect_fleet_stores, collect_s3, fleet_stores
 from tuneplane.app.cli import main
 from tuneplane.app.db import Database
-from tuneplane.app.s3store import S3Credentials, S3Location, S3Store, part_md5
+from tuneplane.app.s3store import S3Credentials, S3Location, S3Store, part_checksum
 from tuneplane.workers.sweeps import SweepContext, blob_gc
 
 
@@ -45,7 +45,7 @@ def _register(db: Database, setup, tmp_path: Path, name: str, data: bytes) -> di
 def _open_upload(store: S3Store, key: str) -> str:
     upload_id = store.create_multipart(key)
     part = os.urandom(1000)
-    url = store.presign_part(key, upload_id, 1, part_md5(part))
+    url = store.presign_part(key, upload_id, 1, part_checksum(part))
     assert httpx.put(url.url, content=part, headers=url.headers).status_code == 200
     return upload_id
 

@@ -91,7 +91,7 @@ def test_bytes_that_do_not_match_the_manifest_fail_the_artifact(db: Database, de
     setup = make_member(db)
     data = secrets.token_bytes(MIN_PART_SIZE + 10)
     art, manifest = _register(db, setup, tmp_path / "out", {"w.bin": data})
-    # The file changes after its manifest was built (same size): every part's MD5 is right for the bytes
+    # The file changes after its manifest was built (same size): every part's CRC32C is right for the bytes
     # sent, so the store accepts them; only the server's sha256 check finds it.
     (tmp_path / "out" / "w.bin").write_bytes(bytes([data[0] ^ 1]) + data[1:])
     failed = _deliver(delivery, setup.credential_hash, art, tmp_path / "out", manifest)
@@ -129,10 +129,10 @@ def test_another_node_gets_no_url(db: Database, delivery: S3Delivery, tmp_path) 
         delivery.begin(other, art["id"], 0)
     plan = delivery.begin(setup.credential_hash, art["id"], 0)
     with pytest.raises(Refusal):
-        delivery.presign(other, art["id"], 0, plan["upload_id"], [{"part_number": 1, "content_md5": "x"}])
+        delivery.presign(other, art["id"], 0, plan["upload_id"], [{"part_number": 1, "crc32c": "x"}])
     with pytest.raises(Refusal, match="parts"):
         delivery.presign(setup.credential_hash, art["id"], 0, plan["upload_id"],
-                         [{"part_number": 1, "content_md5": "not-md5"}])  # fmt: skip
+                         [{"part_number": 1, "crc32c": "not-crc"}])  # fmt: skip
 
 
 def test_gc_aborts_the_uploads_of_artifacts_that_no_longer_upload(

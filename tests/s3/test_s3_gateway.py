@@ -8,13 +8,19 @@ import os
 import secrets
 from pathlib import Path
 
-import httpx
 import pytest
 from psycopg.types.json import Jsonb
 
 from tests.artifact_fixtures import make_member, write_tree
 from tests.db.test_artifacts_gateway import serve_gateway_routes
-from tests.seaweed_store import ACCESS_KEY, BUCKET, SECRET_KEY, assert_stored_verified, object_keys
+from tests.seaweed_store import (
+    ACCESS_KEY,
+    BUCKET,
+    SECRET_KEY,
+    assert_stored_verified,
+    object_keys,
+    record_part_puts,
+)
 from tuneplane.app.artifacts.s3_gc import collect_s3
 from tuneplane.app.db import Database
 from tuneplane.app.s3store import S3Credentials, S3Location, S3Store
@@ -67,15 +73,7 @@ def test_bytes_the_store_holds_are_not_sent_again_and_stay_while_needed(
     weights = os.urandom(6 * MiB + 1)
     write_tree(tmp_path / "one", {"weights.bin": weights, "state.json": b'{"step": 1}'})
     write_tree(tmp_path / "two", {"weights.bin": weights, "state.json": b'{"step": 2}'})
-    sent: list[str] = []
-    real_put = httpx.Client.put
-
-    def counting_put(self, target, **kw):
-        if str(target).startswith(store.location.endpoint or ""):
-            sent.append(str(target))
-        return real_put(self, target, **kw)
-
-    monkeypatch.setattr(httpx.Client, "put", counting_put)
+    sent = record_part_puts(monkeypatch)
     gateway = serve_gateway_routes(db_url, tmp_path / "blobs", port)
     with gateway as url, node_http(url, setup.credential) as http:
         one = deliver_artifact(http, setup.member["id"], "ckpt-1", tmp_path / "one", kind="checkpoint")

@@ -13,12 +13,13 @@ import pytest
 
 from tests.seaweed_store import ACCESS_KEY, BUCKET, SECRET_KEY
 from tuneplane.app.s3store import (
+    CHECKSUM_HEADER,
     S3ConfigError,
     S3Credentials,
     S3Location,
     S3Store,
     load_credentials,
-    part_md5,
+    part_checksum,
 )
 
 MiB = 1024 * 1024
@@ -63,11 +64,11 @@ def test_presigned_multipart_upload_resume_and_complete(store: S3Store) -> None:
     parts = [secrets.token_bytes(5 * MiB), secrets.token_bytes(5 * MiB), secrets.token_bytes(123)]
     upload_id = store.create_multipart(key)
     for number, body in enumerate(parts[:2], start=1):  # a node uploads two parts, then "restarts"
-        part = store.presign_part(key, upload_id, number, part_md5(body))
+        part = store.presign_part(key, upload_id, number, part_checksum(body))
         assert _upload_part(part.url, part.headers, body).status_code == 200
     listed = store.list_parts(key, upload_id)
     assert [p["PartNumber"] for p in listed] == [1, 2]  # resume: only part 3 is left to send
-    part = store.presign_part(key, upload_id, 3, part_md5(parts[2]))
+    part = store.presign_part(key, upload_id, 3, part_checksum(parts[2]))
     assert _upload_part(part.url, part.headers, parts[2]).status_code == 200
     assert [u["UploadId"] for u in store.open_uploads()] == [upload_id]
     store.complete_multipart(key, upload_id)
@@ -82,7 +83,7 @@ def test_presigned_part_url_is_bound_to_its_key_and_body(store: S3Store, seaweed
     key = store.key("artifacts/2/a.bin")
     body = secrets.token_bytes(MiB)
     upload_id = store.create_multipart(key)
-    part = store.presign_part(key, upload_id, 1, part_md5(body))
+    part = store.presign_part(key, upload_id, 1, part_checksum(body))
     other = part.url.replace("/artifacts/2/a.bin", "/artifacts/3/a.bin")
     assert other != part.url
     assert _upload_part(other, part.headers, body).status_code == 403  # another key: refused
@@ -90,8 +91,8 @@ def test_presigned_part_url_is_bound_to_its_key_and_body(store: S3Store, seaweed
     corrupted = bytes([body[0] ^ 1]) + body[1:]
     refused = _upload_part(part.url, part.headers, corrupted)  # a flipped bit in transit
     assert refused.status_code == 400 and "BadDigest" in refused.text
-    # ...and the node cannot re-sign for bytes of its choosing: the MD5 is part of the signature.
-    assert _upload_part(part.url, {"Content-MD5": part_md5(corrupted)}, corrupted).status_code == 403
+    # ...and the node cannot re-sign for bytes of its choosing: the CRC32C is part of the signature.
+    assert _upload_part(part.url, {CHECKSUM_HEADER: part_checksum(corrupted)}, corrupted).status_code == 403
     assert _upload_part(part.url, {}, body).status_code == 403
     assert store.list_parts(key, upload_id) == []
     unsigned = httpx.put(f"{seaweed.endpoint}/{BUCKET}/{key}", content=body, timeout=30)
@@ -128,7 +129,11 @@ def test_verifier_finds_a_flipped_byte_at_rest(store: S3Store, seaweed) -> None:
 
 def test_location_and_credentials_are_checked() -> None:
     location = S3Location.parse("s3://my-bucket/ckpt/team-a/", endpoint="http://127.0.0.1:9000")
-    assert (location.bucket, location.prefix, location.url) == ("my-bucket", "ckpt/team-a", "s3://my-bucket/ckpt/team-a")
+    assert (location.bucket, location.prefix, location.url) == (
+        "my-bucket",
+        "ckpt/team-a",
+        "s3://my-bucket/ckpt/team-a",
+    )
     for url, field in (("file:///x", "storage"), ("s3://B_ad/x", "bucket"), ("s3://bucket/../x", "prefix")):
         with pytest.raises(S3ConfigError, match=field):
             S3Location.parse(url)

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import google_crc32c
-import httpx
 
 from tuneplane.app.client.transport import retry_after
 from tuneplane.workers.artifacts.manifest import Manifest
@@ -208,7 +207,7 @@ def upload_direct(
     """A fleet with an S3 store (docs/artifacts.md "Object storage"): each unverified file goes in parts to
     presigned URLs straight to the store (workers/artifacts/s3_upload.py); the server completes it after
     verifying its sha256. Resumable: `begin` lists the parts the store already holds."""
-    from tuneplane.workers.artifacts.s3_upload import PartRefused, upload_parts
+    from tuneplane.workers.artifacts.s3_upload import PartRefused, StoreUnreachable, upload_parts
 
     local = manifest.by_path()
     already = sum(1 for f in status["files"] if f["verified"])
@@ -232,7 +231,7 @@ def upload_direct(
             sent = upload_parts(root / entry["path"], plan, presign, parallel=parallel)
         except PartRefused as exc:
             raise UploadError(str(exc)) from exc
-        except httpx.TransportError as exc:
+        except StoreUnreachable as exc:
             # The store unreachable (down, restarting) after the part's own retries: like a server that
             # does not answer, the artifact stays uploading and the next try resumes from the parts held.
             raise UploadError(f"{entry['path']}: the store did not answer: {exc}") from exc
