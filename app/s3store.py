@@ -288,15 +288,18 @@ class S3Store:
         return PresignedPart(part_number, url, {CHECKSUM_HEADER: crc32c})
 
     def list_parts(self, key: str, upload_id: str) -> list[dict[str, Any]]:
-        """The parts already in the store ({PartNumber, ETag, Size}): what a resumed upload skips."""
-        parts: list[dict[str, Any]] = []
+        """The parts already in the store ({PartNumber, ETag, Size}), one per number in order: what a
+        resumed upload skips. SeaweedFS 4.x lists a part sent twice under one number twice (S3 keeps the
+        last); when their ETags differ, which is the last cannot be told (times in whole seconds), so
+        its ETag is None: that part proves nothing and cannot be completed (begin afresh)."""
+        parts: dict[int, dict[str, Any]] = {}
         paginator = self._client.get_paginator("list_parts")
         for page in paginator.paginate(Bucket=self.location.bucket, Key=key, UploadId=upload_id):
-            parts.extend(
-                {"PartNumber": p["PartNumber"], "ETag": p["ETag"], "Size": p["Size"]}
-                for p in page.get("Parts", [])
-            )
-        return parts
+            for p in page.get("Parts", []):
+                seen = parts.setdefault(p["PartNumber"], {k: p[k] for k in ("PartNumber", "ETag", "Size")})
+                if seen["ETag"] != p["ETag"]:
+                    seen["ETag"] = None
+        return [parts[number] for number in sorted(parts)]
 
     def complete_multipart(self, key: str, upload_id: str, parts: list[dict[str, Any]] | None = None) -> None:
         """Complete with the given parts, or with every part the store lists (the server's own view)."""

@@ -249,7 +249,7 @@ async def _s3_step(request: web.Request, rx: ArtifactReceiver, credential: str) 
     """Direct delivery to the fleet's S3 store (app/artifacts/s3_delivery.py): begin, presign, complete."""
     artifact_id, file_index = int(request.match_info["artifact_id"]), int(request.match_info["file_index"])
     step = request.match_info["step"]
-    body = await _json(request) if step != "begin" else {}
+    body = await _json(request) if step != "begin" or request.can_read_body else {}
     if not isinstance(body, dict):
         raise Refusal("the body must be a JSON object", 400, "body")
     upload_id = body.get("upload_id")
@@ -267,7 +267,10 @@ async def _s3_step(request: web.Request, rx: ArtifactReceiver, credential: str) 
     def steps() -> object:
         delivery = request.app[STORES_KEY].delivery(rx.db, credential, artifact_id)
         if step == "begin":
-            return delivery.begin(credential, artifact_id, file_index)
+            fresh = body.get("fresh", False)
+            if not isinstance(fresh, bool):
+                raise Refusal("fresh: true or false", 400, "fresh")
+            return delivery.begin(credential, artifact_id, file_index, fresh=fresh)
         if step == "presign":
             parts = body.get("parts")
             if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):

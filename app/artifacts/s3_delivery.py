@@ -76,31 +76,36 @@ class S3Delivery:
             raise Refusal(f"artifact {artifact_id} is {entry['state']}, not uploading", 409, "state")
         return entry
 
-    def _open_upload(self, artifact_id: int, file_index: int) -> str | None:
+    def _open_uploads(self, artifact_id: int, file_index: int) -> list[str]:
         key = self.upload_key(artifact_id, file_index)
-        uploads = [
-            u for u in self.store.open_uploads(upload_name(artifact_id, file_index)) if u["Key"] == key
-        ]
-        return uploads[0]["UploadId"] if uploads else None
+        found = self.store.open_uploads(upload_name(artifact_id, file_index))
+        return [u["UploadId"] for u in found if u["Key"] == key]
 
-    def begin(self, credential_hash: str, artifact_id: int, file_index: int) -> dict[str, Any]:
-        """The file's multipart upload (opened now or found again) and the parts the store already holds."""
+    def begin(
+        self, credential_hash: str, artifact_id: int, file_index: int, *, fresh: bool = False
+    ) -> dict[str, Any]:
+        """The file's multipart upload (opened now or found again) and the parts the store already holds.
+        `fresh`: abort the open one first (the node found it holds other bytes than its file's:
+        workers/artifacts/s3_upload.holds_other_bytes) and open another."""
         entry = self._file(credential_hash, artifact_id, file_index)
         size = int(entry["size"])
         if entry["verified"]:
             return {"verified": True, "file_index": file_index}
         key = self.upload_key(artifact_id, file_index)
-        upload_id = self._open_upload(artifact_id, file_index)
-        parts = self.store.list_parts(key, upload_id) if upload_id else []
-        if upload_id is None:
-            upload_id = self.store.create_multipart(key)
+        open_ids = self._open_uploads(artifact_id, file_index)
+        if fresh:
+            for stale in open_ids:
+                self.store.abort_multipart(key, stale)
+            open_ids = []
+        upload_id = open_ids[0] if open_ids else self.store.create_multipart(key)
+        parts = self.store.list_parts(key, upload_id) if open_ids else []
         return {
             "verified": False,
             "file_index": file_index,
             "upload_id": upload_id,
             "part_size": part_size_for(size, self.part_size),
             "size": size,
-            "parts": [{"part_number": p["PartNumber"], "size": p["Size"]} for p in parts],
+            "parts": [{"part_number": p["PartNumber"], "size": p["Size"], "etag": p["ETag"]} for p in parts],
         }
 
     def presign(
@@ -164,6 +169,9 @@ class S3Delivery:
         held = sum(int(p["Size"]) for p in parts)
         if numbers != list(range(1, len(parts) + 1)) or held != size:
             raise Refusal(f"the store holds parts {numbers} ({held} of {size} bytes)", 409, "parts")
+        ambiguous = [p["PartNumber"] for p in parts if p["ETag"] is None]
+        if ambiguous:
+            raise Refusal(f"the store holds two different parts {ambiguous}: begin afresh", 409, "parts")
         self.store.complete_multipart(key, upload_id, parts)
 
 

@@ -21,10 +21,13 @@ from tests.seaweed_store import (
     object_keys,
     record_part_puts,
 )
+from tuneplane.app import db_functions as fn
+from tuneplane.app.artifacts.s3_delivery import S3Delivery
 from tuneplane.app.artifacts.s3_gc import collect_s3
 from tuneplane.app.db import Database
 from tuneplane.app.s3store import S3Credentials, S3Location, S3Store
 from tuneplane.workers.artifacts.deliver import deliver_artifact, node_http
+from tuneplane.workers.artifacts.s3_upload import upload_parts
 
 MiB = 1024 * 1024
 
@@ -86,6 +89,31 @@ def test_bytes_the_store_holds_are_not_sent_again_and_stay_while_needed(
     report = collect_s3(db, store, min_age=0)
     assert report.removed_objects == 1 and store.object_size(keys_one["state.json"]) is None
     assert_stored_verified(db, store, two["id"])
+
+
+def test_an_upload_left_open_by_an_earlier_manifest_is_begun_afresh(
+    db: Database, db_url: str, tmp_path: Path, port: int, s3_fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent was killed after a part, the output rewritten (same size, other bytes), the artifact
+    registered again: the open upload holds a part of the right size but not these bytes (its ETag is not
+    their MD5), so the agent begins it afresh instead of completing the stale part into the object."""
+    setup, store = s3_fleet
+    cred = setup.credential_hash
+    old = write_tree(tmp_path / "v1", {"w.bin": os.urandom(MiB)})
+    art = db.call(fn.register_artifact, cred, setup.member["id"], "ckpt", "checkpoint", "object",
+                  Jsonb(old.as_json()), old.digest, None, None)[0]  # fmt: skip
+    stale = S3Delivery(db, store)
+    plan = stale.begin(cred, art["id"], 0)
+    upload_parts(tmp_path / "v1" / "w.bin", plan,
+                 lambda parts: stale.presign(cred, art["id"], 0, plan["upload_id"], parts))  # fmt: skip
+    db.call(fn.fail_artifact, cred, art["id"], "the agent was killed")
+    write_tree(tmp_path / "v2", {"w.bin": os.urandom(MiB)})
+    sent = record_part_puts(monkeypatch)
+    gateway = serve_gateway_routes(db_url, tmp_path / "blobs", port)
+    with gateway as url, node_http(url, setup.credential) as http:
+        done = deliver_artifact(http, setup.member["id"], "ckpt", tmp_path / "v2", kind="checkpoint")
+    assert done["state"] == "complete" and done["id"] == art["id"] and len(sent) == 1, done
+    assert_stored_verified(db, store, art["id"])
 
 
 def test_a_fleet_store_without_server_credentials_is_a_503(

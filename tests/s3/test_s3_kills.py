@@ -96,10 +96,9 @@ def _collected_and_verified(db: Database, store: S3Store, artifact_id: int) -> N
     assert_stored_verified(db, store, artifact_id)
 
 
-def test_agent_killed_9_mid_upload_resumes_without_resending_parts(
-    db: Database, rig: Rig, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    write_tree(rig.out, {"weights.bin": os.urandom(PARTS * MIN_PART_SIZE)})
+def _agent_killed_9_after_two_parts(db: Database, rig: Rig) -> tuple[dict, list[dict]]:
+    """Run the agent in its own process (no store keys) until two parts are in the store, kill -9 it;
+    returns its artifact (uploading) and the parts the store holds of its open upload."""
     env = {k: v for k, v in os.environ.items() if k not in SERVER_ONLY_ENV}  # a node: no store keys
     args = json.dumps([rig.url, rig.setup.credential, rig.setup.member["id"], str(rig.out)])
     agent = subprocess.Popen([sys.executable, "-c", AGENT, args], stdout=subprocess.PIPE, text=True, env=env)
@@ -113,7 +112,14 @@ def test_agent_killed_9_mid_upload_resumes_without_resending_parts(
     (upload,) = rig.store.open_uploads("artifacts/")
     held = rig.store.list_parts(upload["Key"], upload["UploadId"])
     assert 2 <= len(held) < PARTS
+    return art, held
 
+
+def test_agent_killed_9_mid_upload_resumes_without_resending_parts(
+    db: Database, rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_tree(rig.out, {"weights.bin": os.urandom(PARTS * MIN_PART_SIZE)})
+    art, held = _agent_killed_9_after_two_parts(db, rig)
     sent = record_part_puts(monkeypatch)
     done = rig.deliver()  # the restarted agent
     assert done["state"] == "complete" and done["id"] == art["id"]
@@ -145,3 +151,17 @@ def test_store_killed_mid_upload_never_completes_then_the_next_try_does(
     again = rig.deliver()
     assert again["state"] == "complete" and again["id"] == first["id"]
     _collected_and_verified(db, rig.store, again["id"])
+
+
+def test_agent_killed_9_for_good_the_next_gc_aborts_its_upload(db: Database, rig: Rig) -> None:
+    """The agent never comes back: its node is fenced, so its member is lost and the artifact fails
+    (artifacts_of_lost_member); the next collection aborts the open multipart upload (its parts' bytes)."""
+    write_tree(rig.out, {"weights.bin": os.urandom(PARTS * MIN_PART_SIZE)})
+    art, _ = _agent_killed_9_after_two_parts(db, rig)
+    assert collect_s3(db, rig.store, min_age=0).aborted_uploads == 0  # still uploading: it may resume
+    node = db.fetch_one("SELECT name FROM nodes WHERE id = %s", (rig.setup.node_id,))["name"]
+    db.call("fence_node", node, "the machine died")
+    assert _state(db, art["id"]) == "failed"
+    report = collect_s3(db, rig.store, min_age=0)
+    assert report.aborted_uploads == 1 and report.upload_keys == [rig.store.key(f"artifacts/{art['id']}/0")]
+    assert rig.store.open_uploads() == [] and list(rig.store.list_keys("artifacts/")) == []

@@ -7,6 +7,7 @@ only the parts the store does not list already (`plan["parts"]`, from ListParts 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +56,26 @@ def parts_to_send(plan: dict[str, Any]) -> list[tuple[int, int, int]]:
         if held.get(number) != length:
             todo.append((number, offset, length))
     return todo
+
+
+def holds_other_bytes(path: Path, plan: dict[str, Any]) -> bool:
+    """Whether a part the store holds for this upload is not these bytes of `path` (its ETag is not their
+    MD5): an upload left open by an earlier manifest of the artifact (the agent killed, the output
+    rewritten, the artifact registered again). Such an upload is begun afresh: a part sent again under
+    its number would leave the store two to choose from (SeaweedFS lists both). S3 makes a part's ETag
+    the MD5 of its body (not under SSE-KMS: there nothing matches and every resume starts afresh, which
+    is safe). MD5 only here, over the parts held, on a resume."""
+    part_size = int(plan["part_size"])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for part in plan.get("parts", []):
+            offset = (int(part["part_number"]) - 1) * part_size
+            data = os.pread(fd, int(part["size"]), offset)
+            if str(part.get("etag") or "").strip('"') != hashlib.md5(data, usedforsecurity=False).hexdigest():
+                return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def upload_parts(

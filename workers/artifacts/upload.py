@@ -207,7 +207,12 @@ def upload_direct(
     """A fleet with an S3 store (docs/artifacts.md "Object storage"): each unverified file goes in parts to
     presigned URLs straight to the store (workers/artifacts/s3_upload.py); the server completes it after
     verifying its sha256. Resumable: `begin` lists the parts the store already holds."""
-    from tuneplane.workers.artifacts.s3_upload import PartRefused, StoreUnreachable, upload_parts
+    from tuneplane.workers.artifacts.s3_upload import (
+        PartRefused,
+        StoreUnreachable,
+        holds_other_bytes,
+        upload_parts,
+    )
 
     local = manifest.by_path()
     already = sum(1 for f in status["files"] if f["verified"])
@@ -223,6 +228,8 @@ def upload_direct(
         plan = transport.s3_begin(entry["index"])
         if plan.get("verified"):
             return 0, 0
+        if plan["parts"] and holds_other_bytes(root / entry["path"], plan):
+            plan = transport.s3_begin(entry["index"], fresh=True)
 
         def presign(parts: list[dict], index: int = entry["index"], upload: str = plan["upload_id"]):
             return transport.s3_presign(index, upload, parts)
@@ -311,8 +318,8 @@ class HttpChunkTransport:
         path = f"/api/artifacts/{self.artifact_id}/files/{file_index}/s3/{step}"
         return self._request("POST", path, json=body)
 
-    def s3_begin(self, file_index: int) -> dict[str, Any]:
-        return self._s3(file_index, "begin", {})
+    def s3_begin(self, file_index: int, *, fresh: bool = False) -> dict[str, Any]:
+        return self._s3(file_index, "begin", {"fresh": True} if fresh else {})
 
     def s3_presign(self, file_index: int, upload_id: str, parts: list[dict[str, Any]]) -> list[dict]:
         return self._s3(file_index, "presign", {"upload_id": upload_id, "parts": parts})["parts"]
