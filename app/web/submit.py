@@ -307,8 +307,12 @@ def upload_source():
     # A read-only token uploads nothing: asked before a byte is stored (record_source_archive asks again).
     get_db().call(fn.require_token_write, "uploading a source archive")
     stream = upload.stream if upload is not None else request.stream
-    # `?fleet=NAME`: kept where that fleet's jobs will be built from (its S3 store, if it has one).
-    store = archive_store((request.args.get("fleet") or "").strip() or None)
+    # `?fleet=NAME`: kept where that fleet's jobs will be built from (its S3 store, if it has one), only for
+    # a user with a team that may use that fleet (nobody else's bytes go into its bucket).
+    fleet = (request.args.get("fleet") or "").strip() or None
+    if fleet is not None:
+        get_db().call(fn.require_fleet_for_user, current_user().id, fleet)
+    store = archive_store(fleet)
     facts = archives.receive_archive(get_db(), store, current_user().id, stream)
     if wants_json():
         return json_response(facts.as_json(), 201)

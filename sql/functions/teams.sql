@@ -366,6 +366,16 @@ BEGIN
 END;
 $$;
 
+-- fleet_admits_team: THE rule for which teams may use a fleet: every team on an open fleet, the listed
+-- teams (fleet_team_access) on a fleet whose team_access is 'listed'.
+CREATE OR REPLACE FUNCTION tuneplane.fleet_admits_team(p_fleet tuneplane.fleets, p_team_id bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_fleet.team_access IS DISTINCT FROM 'listed'
+        OR EXISTS (SELECT 1 FROM tuneplane.fleet_team_access a
+                    WHERE a.fleet_id = p_fleet.id AND a.team_id = p_team_id);
+$$;
+
 -- require_fleet_for_team: refuses (403) a fleet open only to listed teams when p_team is not listed.
 CREATE OR REPLACE FUNCTION tuneplane.require_fleet_for_team(p_fleet_id bigint, p_team tuneplane.teams)
 RETURNS void
@@ -374,11 +384,39 @@ DECLARE
     v_fleet tuneplane.fleets;
 BEGIN
     SELECT * INTO v_fleet FROM tuneplane.fleets WHERE id = p_fleet_id;
-    IF v_fleet.team_access = 'listed'
-       AND NOT EXISTS (SELECT 1 FROM tuneplane.fleet_team_access a
-                        WHERE a.fleet_id = p_fleet_id AND a.team_id = p_team.id) THEN
+    IF NOT tuneplane.fleet_admits_team(v_fleet, p_team.id) THEN
         RAISE EXCEPTION 'team % may not use fleet % (an installation admin grants it: tuneplane teams grant % %)',
             p_team.name, v_fleet.name, p_team.name, v_fleet.name USING ERRCODE = 'TP403', COLUMN = 'fleet';
+    END IF;
+END;
+$$;
+
+-- require_fleet_for_user: for a write that names a fleet but no team (POST /sources?fleet=NAME keeps the
+-- archive in that fleet's store, issue 32): refuses an unknown fleet (404) and (403) a user none of whose
+-- teams both may submit (team_access_allowed 'act', under the request's token) and may use the fleet
+-- (fleet_admits_team). An installation admin may use every fleet. Reads only.
+CREATE OR REPLACE FUNCTION tuneplane.require_fleet_for_user(p_user_id bigint, p_fleet text)
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_user tuneplane.users;
+    v_fleet tuneplane.fleets;
+BEGIN
+    SELECT * INTO v_fleet FROM tuneplane.fleets WHERE name = p_fleet;
+    IF v_fleet.id IS NULL THEN
+        RAISE EXCEPTION 'no fleet named %', left(p_fleet, 100) USING ERRCODE = 'TP404', COLUMN = 'fleet';
+    END IF;
+    SELECT * INTO v_user FROM tuneplane.users WHERE id = p_user_id AND disabled_at IS NULL;
+    IF v_user.role = 'admin' THEN
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM tuneplane.team_members tm
+                    WHERE tm.user_id = v_user.id
+                      AND tuneplane.team_access_allowed(v_user, tm.role, tm.team_id, 'act')
+                      AND tuneplane.fleet_admits_team(v_fleet, tm.team_id)) THEN
+        RAISE EXCEPTION 'none of your teams may submit to fleet % (an installation admin grants a team: '
+                        'tuneplane teams grant TEAM %)', v_fleet.name, v_fleet.name
+            USING ERRCODE = 'TP403', COLUMN = 'fleet';
     END IF;
 END;
 $$;

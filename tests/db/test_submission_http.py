@@ -343,3 +343,26 @@ def test_garbage_requests_get_a_4xx_never_a_500(
     response = getattr(client, method)(path, headers=headers, **kwargs)
     assert 400 <= response.status_code < 500, (response.status_code, response.get_data(as_text=True)[:300])
     assert "error" in response.get_json()
+
+
+def test_an_upload_for_a_fleet_needs_a_team_that_may_use_it(
+    client: FlaskClient, users: dict, db: Database, app: Flask
+) -> None:
+    """`POST /sources?fleet=` keeps the archive in that fleet's store (an S3 bucket, issue 32): nobody without
+    a team admitted to the fleet may put bytes there. Refused before a byte is stored."""
+    root = db.fetch_one("SELECT id FROM users WHERE username = 'root'")["id"]
+    db.call("set_fleet_access_mode", root, "local", "listed")
+    gzip = {**users["alice"], "Content-Type": "application/gzip"}
+    refused = client.post("/sources?fleet=local", data=ab.honest(), headers=gzip)
+    assert refused.status_code == 403, refused.get_data(as_text=True)
+    assert refused.get_json()["fields"].keys() == {"fleet"}
+    assert "none of your teams may submit to fleet local" in refused.get_json()["error"]
+    unknown = client.post("/sources?fleet=nowhere", data=ab.honest(), headers=gzip)
+    assert unknown.status_code == 404 and unknown.get_json()["fields"].keys() == {"fleet"}
+    assert_nothing_stored(db, app)
+    # The admin may; so may alice once her team is granted the fleet.
+    as_root = {**users["root"], "Content-Type": "application/gzip"}
+    admin = client.post("/sources?fleet=local", data=ab.honest(), headers=as_root)
+    assert admin.status_code == 201
+    db.call("set_fleet_team_access", root, "local", "alice", True, None)
+    assert client.post("/sources?fleet=local", data=ab.honest(), headers=gzip).status_code == 201
