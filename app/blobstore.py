@@ -53,18 +53,10 @@ class FilesystemBlobStore:
     def open(self, sha256: str) -> BinaryIO:
         return open(self.path(sha256), "rb")
 
-    @contextlib.contextmanager
-    def stage(self) -> Iterator[tuple[Path, BinaryIO]]:
-        """A temporary file to write; removed on exit unless committed."""
+    def stage(self) -> contextlib.AbstractContextManager[tuple[Path, BinaryIO]]:
+        """A temporary file to write (in ROOT/tmp, for the rename); removed on exit unless committed."""
         self.tmp.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=self.tmp, prefix="upload-")
-        path = Path(name)
-        try:
-            with os.fdopen(fd, "w+b") as handle:
-                yield path, handle
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        return staged_file(self.tmp, "upload-")
 
     def commit_staged(self, staged: Path, sha256: str) -> bool:
         """Move a staged file into place under its digest (verified); False if it was already there."""
@@ -83,6 +75,20 @@ class FilesystemBlobStore:
         os.chmod(staged, 0o444)
         os.replace(staged, target)
         return True
+
+
+@contextlib.contextmanager
+def staged_file(directory: Path | None, prefix: str) -> Iterator[tuple[Path, BinaryIO]]:
+    """`stage()` of every store: a private temporary file (in `directory`, or the system's temporary
+    directory) open for writing and reading, removed on exit unless its store moved it away."""
+    fd, name = tempfile.mkstemp(dir=directory, prefix=prefix)
+    path = Path(name)
+    try:
+        with os.fdopen(fd, "w+b") as handle:
+            yield path, handle
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def file_sha256(path: Path, chunk: int = 1024 * 1024) -> str:

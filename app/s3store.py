@@ -21,13 +21,12 @@ import contextlib
 import hashlib
 import os
 import re
-import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tuneplane.app.blobstore import _check, file_sha256
+from tuneplane.app.blobstore import _check, file_sha256, staged_file
 
 ACCESS_KEY_ENV = "TUNEPLANE_S3_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "TUNEPLANE_S3_SECRET_ACCESS_KEY"
@@ -183,17 +182,9 @@ class S3Store:
     def open(self, sha256: str) -> BinaryIO:
         return self.open_key(self.blob_key(sha256))
 
-    @contextlib.contextmanager
-    def stage(self) -> Iterator[tuple[Path, BinaryIO]]:
+    def stage(self) -> contextlib.AbstractContextManager[tuple[Path, BinaryIO]]:
         """A local temporary file to write; `commit_staged` hashes and uploads it."""
-        fd, name = tempfile.mkstemp(prefix="tp-s3-stage-")
-        path = Path(name)
-        try:
-            with os.fdopen(fd, "w+b") as handle:
-                yield path, handle
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        return staged_file(None, "tp-s3-stage-")
 
     def commit_staged(self, staged: Path, sha256: str) -> bool:
         key = self.blob_key(sha256)
