@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -242,18 +242,29 @@ def upload_direct(
             # The store unreachable (down, restarting) after the part's own retries: like a server that
             # does not answer, the artifact stays uploading and the next try resumes from the parts held.
             raise UploadError(f"{entry['path']}: the store did not answer: {exc}") from exc
-        # The server verifies this file while the next ones upload.
-        done = transport.s3_complete(entry["index"], plan["upload_id"])
-        if done.get("state") == "failed":
-            raise UploadError(f"artifact upload failed: {done.get('reason') or 'no reason recorded'}")
+        # The server verifies this file (its own thread here) while this lane goes on to the next one.
+        completions.append(verifying.submit(complete, entry["index"], plan["upload_id"]))
         return sent, int(entry["size"])
 
+    def complete(index: int, upload_id: str) -> None:
+        done = transport.s3_complete(index, upload_id)
+        if done.get("state") == "failed":
+            raise UploadError(f"artifact upload failed: {done.get('reason') or 'no reason recorded'}")
+
     sent = sent_bytes = 0
-    # Two files at a time, `parallel` parts each: a file's verification on the server overlaps the next
-    # file's upload, and small files (one part each) do not go one after the other.
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="s3-upload") as pool:
-        for n, nbytes in pool.map(send_file, todo):
+    completions: list[Future] = []
+    # Two files at a time, `parallel` parts each (small files, one part each, do not go one after the
+    # other), and each file's verification on the server in a thread of its own, so a lane goes on to
+    # its next file meanwhile. Measured (bench/artifacts_s3.py, 2 shared CPUs): one lane or two parts
+    # per file did no better.
+    with (
+        ThreadPoolExecutor(max_workers=2, thread_name_prefix="s3-upload") as lanes,
+        ThreadPoolExecutor(max_workers=2, thread_name_prefix="s3-complete") as verifying,
+    ):
+        for n, nbytes in lanes.map(send_file, todo):
             sent, sent_bytes = sent + n, sent_bytes + nbytes
+        for completion in completions:
+            completion.result()
     final = transport.finish()
     return UploadResult(final["state"], sent, 0, sent_bytes, already, final.get("reason"))
 
