@@ -146,13 +146,19 @@ $$;
 -- set_fleet_storage: where a fleet's artifact bytes live (migration 0245). NULL or {"kind": "filesystem"}: the
 -- installation's default store. {"kind": "s3", "bucket", "prefix", "endpoint", "region", "addressing_style"}:
 -- an S3 API. Any other key is refused, so credentials can never be stored here (the server holds them).
--- Locks the fleet row FOR NO KEY UPDATE (no key changes: nodes enrolled and jobs placed meanwhile go on).
+-- The store of a fleet that holds artifacts cannot change: their bytes are looked for in their fleet's store
+-- (artifact_storage), so a change would lose them from sight (409; a new fleet for the new store). A live
+-- attempt's capsule written to the old store is fetched again or rebuilt by its relaunch. (An artifact
+-- registered in the same instant as the change is not seen by the count: registration takes no lock of the
+-- fleet; a change of store is an operator's rare act.) Locks the fleet row FOR NO KEY UPDATE (no key
+-- changes: nodes enrolled and jobs placed meanwhile go on).
 CREATE OR REPLACE FUNCTION tuneplane.set_fleet_storage(p_fleet text, p_storage jsonb, p_actor text DEFAULT NULL)
 RETURNS tuneplane.fleets
 LANGUAGE plpgsql AS $$
 DECLARE
     f tuneplane.fleets;
     extra text;
+    held bigint;
     kind text := coalesce(p_storage ->> 'kind', 'filesystem');
 BEGIN
     SELECT * INTO f FROM tuneplane.fleets WHERE name = p_fleet FOR NO KEY UPDATE;
@@ -184,6 +190,22 @@ BEGIN
         END IF;
         IF coalesce(p_storage ->> 'prefix', '') ~ '(^/|(^|/)\.\.(/|$))' THEN
             RAISE EXCEPTION 'storage prefix must be relative, without ..' USING ERRCODE = 'TP400', COLUMN = 'storage';
+        END IF;
+        IF coalesce(p_storage ->> 'region', 'us-east-1') !~ '^[a-z0-9][a-z0-9-]{0,62}$' THEN
+            RAISE EXCEPTION 'storage region must be a region name (lower-case letters, digits, -)'
+                USING ERRCODE = 'TP400', COLUMN = 'storage';
+        END IF;
+    END IF;
+    IF (CASE WHEN kind = 'filesystem' THEN NULL ELSE p_storage END) IS DISTINCT FROM f.storage THEN
+        SELECT count(*) INTO held FROM tuneplane.artifacts a JOIN tuneplane.attempts t ON t.id = a.attempt_id
+         WHERE t.fleet_id = f.id;
+        IF held > 0 THEN
+            RAISE EXCEPTION 'fleet % holds % artifact(s) in its store (%): a fleet''s store changes only while '
+                            'it holds none; create a new fleet for the new store',
+                            f.name, held,
+                            coalesce('s3://' || (f.storage ->> 'bucket') || '/' || coalesce(f.storage ->> 'prefix', ''),
+                                     'filesystem')
+                USING ERRCODE = 'TP409', COLUMN = 'storage';
         END IF;
     END IF;
     UPDATE tuneplane.fleets SET storage = CASE WHEN kind = 'filesystem' THEN NULL ELSE p_storage END

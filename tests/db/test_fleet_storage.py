@@ -101,3 +101,24 @@ def test_setting_a_fleets_storage_does_not_hold_up_its_new_nodes_and_jobs(db_url
         make_node(db, fleet, "n10")
         admin.commit()
     assert db.fetch_one("SELECT storage ->> 'bucket' AS b FROM fleets WHERE id = %s", (fleet,))["b"] == "ckpt"
+
+
+def test_a_fleets_store_does_not_change_while_it_holds_artifacts(db: Database, tmp_path) -> None:
+    """An artifact's bytes are looked for in its fleet's store (artifact_storage): a store changed under
+    them would lose them from sight. A fleet holding an artifact refuses the change (409, field storage);
+    setting the same store again, or a new fleet, is fine."""
+    from tests.artifact_fixtures import make_member, recorded_complete, write_tree
+
+    setup = make_member(db)
+    s3 = {"kind": "s3", "bucket": "ckpt", "prefix": "a"}
+    recorded_complete(db, setup, "out", write_tree(tmp_path / "out", {"a.txt": b"a"}))
+    with pytest.raises(Refusal, match=r"fleet gpu holds 1 artifact\(s\) in its store \(filesystem\)") as held:
+        db.call("set_fleet_storage", "gpu", Jsonb(s3), "user:t")
+    assert held.value.status == 409 and held.value.field == "storage"
+    assert db.fetch_one("SELECT storage FROM fleets WHERE name = 'gpu'")["storage"] is None
+    # The same store again is no change.
+    assert db.call("set_fleet_storage", "gpu", Jsonb({"kind": "filesystem"}), "user:t")[0]["storage"] is None
+    db.call("create_fleet", "gpu2", "node", Jsonb({}), None)
+    assert db.call("set_fleet_storage", "gpu2", Jsonb(s3), "user:t")[0]["storage"] == s3
+    with pytest.raises(Refusal, match="region"):
+        db.call("set_fleet_storage", "gpu2", Jsonb({**s3, "region": "US East\n"}), "user:t")
