@@ -37,7 +37,10 @@ ADDRESSING_STYLES = ("path", "virtual", "auto")
 # S3's own limits on multipart uploads: parts of 5 MiB..5 GiB except the last, at most 10,000 parts.
 MIN_PART_SIZE = 5 * 1024 * 1024
 MAX_PARTS = 10_000
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+# Whole-string patterns (fullmatch: `$` alone lets a trailing newline in), as set_fleet_storage checks.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+_ENDPOINT = re.compile(r"https?://[^\s/]+(/\S*)?")
+_REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 
 class S3ConfigError(ValueError):
@@ -55,10 +58,12 @@ class S3Location:
     addressing_style: str = "path"
 
     def __post_init__(self) -> None:
-        if not _BUCKET.match(self.bucket):
+        if not _BUCKET.fullmatch(self.bucket):
             raise S3ConfigError(f"bucket: {self.bucket!r} is not an S3 bucket name")
-        if self.endpoint is not None and not re.match(r"^https?://[^\s/]+(/\S*)?$", self.endpoint):
+        if self.endpoint is not None and not _ENDPOINT.fullmatch(self.endpoint):
             raise S3ConfigError(f"endpoint: {self.endpoint!r} is not an http(s) URL")
+        if not _REGION.fullmatch(self.region):
+            raise S3ConfigError(f"region: {self.region!r} is not a region name (a-z, 0-9, -)")
         if self.addressing_style not in ADDRESSING_STYLES:
             raise S3ConfigError(f"addressing_style: must be one of {', '.join(ADDRESSING_STYLES)}")
         if self.prefix.startswith("/") or ".." in self.prefix.split("/"):

@@ -44,9 +44,10 @@ def test_admin_creates_an_s3_fleet_and_the_page_and_json_show_it(db_url: str, db
         ({"storage": "gs://bucket/x"}, "storage"),
         ({"storage": "s3://Bad_Bucket/x"}, "storage"),
         ({"storage": "s3://bucket/../x"}, "storage"),
-        # Passed by the request's own check (Python's `$` before a newline), refused by set_fleet_storage's:
-        # the fleet is created with its storage in one transaction, so nothing is left behind.
+        # Once passed by the request's own check (Python's `$` before a newline); refused now by both it and
+        # set_fleet_storage's, and the fleet is created with its storage in one transaction anyway.
         ({"storage": "s3://bucket\n/x"}, "storage"),
+        ({"storage": "s3://bucket", "s3_region": "US East"}, "s3_region"),
         ({"storage": "s3://bucket", "s3_endpoint": "ftp://host"}, "s3_endpoint"),
         ({"storage": "s3://bucket", "s3_addressing_style": "dns"}, "s3_addressing_style"),
         ({"s3_endpoint": "http://127.0.0.1:9000"}, "s3_endpoint"),

@@ -155,3 +155,19 @@ def test_credentials_file(tmp_path: Path) -> None:
     path.write_text("[other]\naws_access_key_id = AK2\n")
     with pytest.raises(S3ConfigError, match="no \\[default\\]"):
         load_credentials({"TUNEPLANE_S3_CREDENTIALS_FILE": str(path)})
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"bucket": "bucket\n"}, "bucket"),
+        ({"bucket": "ok-bucket", "endpoint": "http://127.0.0.1:9000/\n"}, "endpoint"),
+        ({"bucket": "ok-bucket", "region": "us-east-1\n"}, "region"),
+        ({"bucket": "ok-bucket", "region": "US East"}, "region"),
+    ],
+)
+def test_a_location_is_checked_whole_string(fields: dict, named: str) -> None:
+    """`$` alone lets a trailing newline through; every field is matched as a whole, as set_fleet_storage's
+    checks are."""
+    with pytest.raises(S3ConfigError, match=f"^{named}:"):
+        S3Location(**{"endpoint": None, **fields})
