@@ -52,3 +52,28 @@ def test_an_artifact_upload_call_waits_the_pause_a_503_asks_for(server: Stub503S
         transport = HttpChunkTransport(http, 7, retries=2, backoff=0.01)
         assert transport.status() == {}
     assert _waited(server) >= ASKED_S  # its own backoff: 0.01 s
+
+
+def test_an_input_download_waits_the_pause_a_503_asks_for(tmp_path: Path) -> None:
+    """A prepare materializing an input or a resume checkpoint during a failover: the manifest and each
+    file are asked again after the pause, not failed at once (the prepare would fail and the launch abort)."""
+    import hashlib
+    import json
+
+    from tuneplane.workers.artifacts.manifest import build_manifest
+    from tuneplane.workers.artifacts.materialize import _download, fetch_manifest
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "w.bin").write_bytes(b"weights")
+    manifest = build_manifest(tmp_path / "src")
+    pinned = {"artifact_id": 7, "name": "ckpt", "manifest_digest": manifest.digest}
+    with stub_503_server(1, str(ASKED_S), json.dumps({"manifest": manifest.as_json()}).encode()) as srv:
+        with httpx.Client(base_url=srv.url) as http:
+            assert fetch_manifest(http, pinned).digest == manifest.digest
+        assert _waited(srv) >= ASKED_S
+    body = b"the file's bytes"
+    with stub_503_server(1, str(ASKED_S), body) as srv:
+        with httpx.Client(base_url=srv.url) as http:
+            _download(http, 7, 0, hashlib.sha256(body).hexdigest(), tmp_path / "out" / "w.bin")
+        assert _waited(srv) >= ASKED_S
+    assert (tmp_path / "out" / "w.bin").read_bytes() == body

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,14 +26,33 @@ if TYPE_CHECKING:
     import httpx
 
 PARTIAL = ".tuneplane-partial"
+# How long, in all, a GET answered 503 with Retry-After (the gateway's database away: a failover, issue 33) is
+# sent again after the pause it asks for, before the prepare fails.
+WAIT_OUT_503_S = 60.0
 
 
 class MaterializeError(RuntimeError):
     """An input could not be placed or does not verify; the message names the input and every file."""
 
 
+def _waited_out(response: httpx.Response, deadline: float) -> bool:
+    """Whether this answer was a 503 asking for a pause that fits before `deadline`, now waited: the caller
+    sends the same GET again (a read, safe to repeat)."""
+    from tuneplane.app.client.transport import retry_after
+
+    pause = retry_after(response.status_code, response.headers.get("Retry-After"))
+    if pause is None or time.monotonic() + pause > deadline:
+        return False
+    response.read()
+    time.sleep(pause)
+    return True
+
+
 def fetch_manifest(http: httpx.Client, pinned: dict[str, Any]) -> Manifest:
+    deadline = time.monotonic() + WAIT_OUT_503_S
     response = http.get(f"/api/input-artifacts/{pinned['artifact_id']}")
+    while _waited_out(response, deadline):
+        response = http.get(f"/api/input-artifacts/{pinned['artifact_id']}")
     if not response.is_success:
         raise MaterializeError(f"input {pinned['name']}: the server refused the manifest: {_error(response)}")
     try:
@@ -66,13 +86,18 @@ def _download(http: httpx.Client, artifact_id: int, index: int, entry_sha: str, 
     path = f"/api/input-artifacts/{artifact_id}/files/{index}"
     digest = hashlib.sha256()
     from_store = False
+    deadline = time.monotonic() + WAIT_OUT_503_S
     try:
-        with http.stream("GET", path) as response:
-            if response.status_code == 307 and response.headers.get("Location"):
-                from_store = True
-                _fetch_from_store(http, response.headers["Location"], partial, digest)
-            else:
-                _write_body(response, partial, digest)
+        while True:
+            with http.stream("GET", path) as response:
+                if _waited_out(response, deadline):
+                    continue
+                if response.status_code == 307 and response.headers.get("Location"):
+                    from_store = True
+                    _fetch_from_store(http, response.headers["Location"], partial, digest)
+                else:
+                    _write_body(response, partial, digest)
+            break
     except httpx.HTTPError as exc:
         partial.unlink(missing_ok=True)
         raise MaterializeError(f"transfer failed: {exc}") from exc
