@@ -112,6 +112,7 @@ def test_the_gateway_records_a_burst_of_reports_together_each_answered_as_alone(
 def test_a_batch_that_fails_unexpectedly_answers_every_sender_at_once(db_url: str, monkeypatch) -> None:
     """A batch whose outcome cannot be read (a bug, not a database error) must not leave its senders waiting
     for their 30 s timeout: each gets the error, and the next burst is recorded again."""
+
     async def run() -> tuple[list, list]:
         adb = AsyncDatabase(db_url, max_size=2)
         await adb.open()

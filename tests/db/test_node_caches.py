@@ -23,9 +23,9 @@ def test_cache_sizes_are_kept_and_shown_on_the_fleet_page(db_url: str, db: Datab
     client = create_app(db_url).test_client()
     with client.session_transaction() as session:
         session["user_id"] = admin
-    assert "not reported" in client.get("/fleets").get_data(as_text=True)
+    assert "not reported" in client.get("/fleets/gpu").get_data(as_text=True)
     db.call("report_node_caches", node["node_id"], epoch, Jsonb(SIZES))
-    html = client.get("/fleets").get_data(as_text=True)
+    html = client.get("/fleets/gpu").get_data(as_text=True)  # the fleet's page lists its nodes
     assert "<th>Caches</th>" in html
     assert "environments: 2 · 1.5 GiB" in html and "capsules: 5 · 1.0 GiB" in html
     listed = client.get("/fleets", headers={"Accept": "application/json"}).get_json()

@@ -73,9 +73,10 @@ def test_a_standby_whose_agent_is_gone_after_the_order_starts_its_member(built, 
     child.stdin.close()  # the agent died after the order: its committed member must not be held back
     assert child.wait(60) == 0
     assert json.loads((root / "exit_status.json").read_text())["exit_code"] == 4
-    assert "the agent's go did not come (agent gone); starting the member" in (
-        root / "logs" / "runner.log"
-    ).read_text()
+    assert (
+        "the agent's go did not come (agent gone); starting the member"
+        in (root / "logs" / "runner.log").read_text()
+    )
 
 
 def test_a_standby_without_an_order_exits_quietly_and_a_bad_order_is_refused_by_field(
