@@ -74,8 +74,11 @@ def fleet_create(
     with api_client(server, token, ca_bundle) as api:
         body: dict[str, object] = {"name": name, "backend": backend, "capabilities": declared}
         if storage is not None:
-            body.update(storage=storage, s3_endpoint=s3_endpoint, s3_region=s3_region,
-                        s3_addressing_style=s3_addressing_style)  # fmt: skip
+            body.update(storage=storage, s3_region=s3_region, s3_addressing_style=s3_addressing_style)
+        if s3_endpoint is not None:
+            # Sent even without --storage: the server refuses an endpoint for a filesystem fleet (400 naming
+            # it) rather than this command silently creating a fleet on the server's own store.
+            body["s3_endpoint"] = s3_endpoint
         row = api.post("/fleets", json=body)
     if as_json:
         print_json(row)

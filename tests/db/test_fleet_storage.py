@@ -123,3 +123,12 @@ def test_a_fleets_store_does_not_change_while_it_holds_artifacts(db: Database, t
     assert db.call("set_fleet_storage", "gpu2", Jsonb(s3), "user:t")[0]["storage"] == s3
     with pytest.raises(Refusal, match="region"):
         db.call("set_fleet_storage", "gpu2", Jsonb({**s3, "region": "US East\n"}), "user:t")
+
+
+def test_the_cli_refuses_an_s3_endpoint_without_an_s3_storage(cli, db: Database) -> None:
+    """`fleet create gpu --s3-endpoint URL` with the `--storage s3://…` forgotten once made a filesystem
+    fleet without a word (the CLI dropped the endpoint); the server's refusal now reaches the user."""
+    result = cli("fleet", "create", "gpu", "--s3-endpoint", "http://127.0.0.1:8333", user="root")
+    assert result.exit_code != 0, result.output
+    assert "--s3-endpoint needs an s3:// storage" in result.output
+    assert db.fetch_all("SELECT 1 FROM fleets WHERE name = 'gpu'") == []
