@@ -17,6 +17,7 @@ import httpx
 
 from tuneplane.app import humanize
 from tuneplane.app.cli import ExpectedError
+from tuneplane.app.cli.fleet_cmd import storage_words
 from tuneplane.app.cli.options import api_client, client_options, json_option, print_json, print_table
 from tuneplane.app.cli.progress import byte_progress, quiet_option_help
 from tuneplane.app.client.bulk_get import bulk_get, proxied
@@ -272,7 +273,11 @@ def verify_cmd(
             f"artifact {name} of job {job} does not match its manifest: " + "; ".join(report["problems"])
         )
     if not as_json:
-        where = local_dir or "the server's stored files"
+        where = local_dir or (
+            f"the fleet's store {storage_words(report['storage'])}"
+            if report.get("storage")
+            else "the server's stored files"
+        )
         click.echo(f"ok: {report['checked']} files in {where} match manifest {artifact['manifest_digest']}")
 
 

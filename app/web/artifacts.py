@@ -273,13 +273,19 @@ def _checked_body(stream: BinaryIO, entry: dict, label: str) -> Iterable[bytes]:
 FLEET_STORES = FleetStores()
 
 
-def stored_blobs(db, artifact_id: int) -> FsBlobStore | S3Blobs:
+def stored_blobs(db, artifact_id: int, storage: dict | None = None) -> FsBlobStore | S3Blobs:
     """Where the artifact's bytes are read from: its fleet's S3 store (503 without the server's store
-    credentials) or the server's own blob directory."""
-    storage = db.call(fn.artifact_storage, artifact_id)[0]["artifact_storage"]
+    credentials) or the server's own blob directory. `storage`: artifact_storage, when already read."""
+    if storage is None:
+        storage = _storage(db, artifact_id)
     if storage is None:
         return FsBlobStore(blob_dir())
     return S3Blobs.of_artifact(db, FLEET_STORES.store(storage), artifact_id)
+
+
+def _storage(db, artifact_id: int) -> dict | None:
+    """The artifact's fleet's S3 location (never a credential), or None for the server's own store."""
+    return db.call(fn.artifact_storage, artifact_id)[0]["artifact_storage"]
 
 
 @bp.post("/artifacts/<int:artifact_id>/verify")
@@ -288,12 +294,14 @@ def verify(artifact_id: int):
     body_dict(())  # takes no fields: a JSON body naming one is refused by its name
     db = get_db()
     artifact = db.call(fn.artifact_to_verify, _user_id(), artifact_id)[0]
-    report = verify_stored(stored_blobs(db, artifact_id), artifact)
+    storage = _storage(db, artifact_id)
+    report = verify_stored(stored_blobs(db, artifact_id, storage), artifact)
     db.call(
         fn.record_artifact_verification, _user_id(), artifact_id, report.ok, report.checked,
         Jsonb(report.problems()),
     )  # fmt: skip
-    data = {"artifact_id": artifact_id, "name": artifact["name"], **report.as_json()}
+    # `storage` says what was re-read (the CLI names it): the fleet's S3 location, or null for this server's.
+    data = {"artifact_id": artifact_id, "name": artifact["name"], "storage": storage, **report.as_json()}
     return respond("_artifact_verify.html", {"report": data}, json_data=data)
 
 

@@ -5,6 +5,7 @@ server's own blob directory is never read."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from tests.artifact_fixtures import api_token, make_member
+from tests.console_server import cli_invoker, serving_console
 from tests.s3.test_s3_delivery import _deliver, _register, delivery  # noqa: F401 - its fixture
 from tests.seaweed_store import ACCESS_KEY, SECRET_KEY, object_keys
 from tuneplane.app import db_functions as fn
@@ -69,3 +71,34 @@ def test_verify_reads_the_fleet_store_and_a_flipped_byte_marks_it_corrupt(
     store.delete(keys["cfg.json"])  # and a missing object is named
     gone = client.post(f"/artifacts/{art['id']}/verify", headers=headers).get_json()
     assert gone["ok"] is False and "cfg.json" in str(gone)
+
+
+def test_the_cli_says_it_verified_the_fleets_store(
+    db: Database,
+    db_url: str,
+    delivery: S3Delivery,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    port: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`tuneplane artifacts verify` of an S3 fleet's artifact once said "files in the server's stored files"
+    (walking issue 32 as an operator): it names the store it re-read, and the JSON carries its location."""
+    setup = make_member(db)
+    loc = delivery.store.location
+    fleet = db.fetch_one("SELECT name FROM tuneplane.fleets WHERE id = %s", (setup.fleet_id,))["name"]
+    storage = {"kind": "s3", "bucket": loc.bucket, "prefix": loc.prefix, "endpoint": loc.endpoint}
+    db.call(fn.set_fleet_storage, fleet, Jsonb(storage), None)
+    art, manifest = _register(db, setup, tmp_path / "out", {"w.bin": b"weights", "cfg.json": b"{}"})
+    assert _deliver(delivery, setup.credential_hash, art, tmp_path / "out", manifest)["state"] == "complete"
+    monkeypatch.setenv("TUNEPLANE_S3_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("TUNEPLANE_S3_SECRET_ACCESS_KEY", SECRET_KEY)
+    with serving_console(db_url, tmp_path, port) as url:
+        run = cli_invoker(monkeypatch, tmp_path, url, {"alice": api_token(db, setup.user_id)})
+        job = str(art["job_id"])
+        said = run("artifacts", "verify", job, art["name"])
+        assert said.exit_code == 0, said.output
+        assert f"2 files in the fleet's store s3://{loc.bucket}/{loc.prefix}".rstrip("/") in said.output
+        assert f"at {loc.endpoint}" in said.output
+        as_json = json.loads(run("artifacts", "verify", job, art["name"], "--json").output)
+    assert as_json["ok"] is True and as_json["storage"]["bucket"] == loc.bucket
+    assert "secret" not in json.dumps(as_json).lower()
