@@ -90,6 +90,22 @@ def _database_unreachable(exc: BaseException) -> bool:
     return psycopg is not None and isinstance(exc, psycopg.OperationalError)
 
 
+def _no_schema(exc: BaseException) -> bool:
+    """The database answered but holds no TunePlane schema: a server-side command pointed at the wrong
+    installation (the default data directory instead of `tuneplane up --data-dir DIR`'s, a new database)."""
+    psycopg = sys.modules.get("psycopg")
+    if psycopg is None or not isinstance(exc, psycopg.errors.InvalidSchemaName):
+        return False
+    return "tuneplane" in str(exc)
+
+
+NO_SCHEMA = (
+    "the database holds no TunePlane schema: point the command at the installation's database with "
+    "--data-dir (the one `tuneplane up --data-dir` used; env TUNEPLANE_DATA_DIR) or --database-url "
+    "(env TUNEPLANE_DATABASE_URL); `tuneplane db migrate` creates the schema in a new one"
+)
+
+
 def _quiet_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
@@ -139,6 +155,8 @@ class TunePlaneGroup(click.Group):
             if _database_unreachable(exc):
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise click.ClickException(f"cannot reach the database: {first}") from exc
+            if _no_schema(exc):
+                raise click.ClickException(NO_SCHEMA) from exc
             log.debug("command failed", exc_info=True)
             raise click.ClickException(
                 f"unexpected {type(exc).__name__}: {_one_line(exc)} (TUNEPLANE_LOG_LEVEL=DEBUG shows where)"

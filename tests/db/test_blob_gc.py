@@ -224,3 +224,20 @@ def test_gc_removes_what_ended_uploads_left_behind_never_an_uploading_ones(db: D
     assert (report.removed_leftovers, report.leftover_bytes) == (2, CHUNK + 100)
     assert not removed.exists() and not stale_tmp.exists()
     assert kept_uploading.exists() and kept_recent.exists() and fresh_tmp.exists()
+
+
+def test_gc_against_a_database_without_the_schema_says_which_option_names_the_installation(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    """`tuneplane blobs gc` without `--data-dir` (walking issue 32 after `tuneplane up --data-dir DIR`) met a
+    database with no schema and said "unexpected InvalidSchemaName …"; it now says what to pass."""
+    from click.testing import CliRunner
+
+    from tuneplane.app.cli import main
+
+    run = CliRunner().invoke(
+        main, ["blobs", "gc", "--dry-run", "--database-url", empty_db_url, "--data-dir", str(tmp_path)]
+    )
+    assert run.exit_code == 1, run.output
+    assert "holds no TunePlane schema" in run.output and "--data-dir" in run.output
+    assert "unexpected" not in run.output and "Traceback" not in run.output
