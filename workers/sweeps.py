@@ -127,7 +127,9 @@ def blob_gc(ctx: SweepContext) -> str | None:
     if report.removed:
         said.append(f"blob gc: removed {len(report.removed)} blob(s), {report.removed_bytes} bytes")
     for s3 in collect_fleet_stores(ctx.db, min_age=ctx.blob_gc_min_age):
-        if s3.removed or s3.aborted_uploads or s3.removed_objects:
+        if s3.error:
+            said.append(f"blob gc {s3.store}: not collected: {s3.error}")
+        elif s3.removed or s3.aborted_uploads or s3.removed_objects:
             said.append(
                 f"blob gc {s3.store}: removed {len(s3.removed) + s3.removed_objects} object(s), "
                 f"{s3.removed_bytes} bytes; "

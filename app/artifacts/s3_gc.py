@@ -23,6 +23,8 @@ import datetime as dt
 import logging
 from dataclasses import asdict, dataclass, field
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from tuneplane.app import db_functions as fn
 from tuneplane.app.artifacts.s3_delivery import OBJECTS, FleetStores
 from tuneplane.app.db import Database
@@ -46,6 +48,8 @@ class S3GcReport:
     dry_run: bool = False
     # The artifact keys whose multipart upload was aborted, then the artifact objects removed (in that order).
     upload_keys: list[str] = field(default_factory=list)
+    # Why this store was not (fully) collected: unreachable, bucket gone, keys refused; None when it was.
+    error: str | None = None
 
     def as_json(self) -> dict:
         data = {**asdict(self), "removed": len(self.removed)}
@@ -139,4 +143,16 @@ def collect_fleet_stores(db: Database, *, min_age: float = 3600.0, dry_run: bool
     except Refusal as exc:
         log.warning("s3 gc skipped: %s", exc.message)
         return []
-    return [collect_s3(db, store, min_age=min_age, dry_run=dry_run) for store in stores]
+    return [_collect_or_report(db, store, min_age=min_age, dry_run=dry_run) for store in stores]
+
+
+def _collect_or_report(db: Database, store: S3Store, *, min_age: float, dry_run: bool) -> S3GcReport:
+    """`collect_s3`, or a report naming why it could not be done: one fleet's store that cannot be reached
+    (a wrong endpoint, a deleted bucket, refused keys) must not stop the collection of the others, nor
+    end `tuneplane blobs gc` in a traceback. Nothing is lost by stopping midway: the next run starts over."""
+    try:
+        return collect_s3(db, store, min_age=min_age, dry_run=dry_run)
+    except (BotoCoreError, ClientError) as exc:
+        where = store.location.url + (f" at {store.location.endpoint}" if store.location.endpoint else "")
+        log.warning("s3 gc of %s failed: %s", where, exc)
+        return S3GcReport(store=store.location.url, dry_run=dry_run, error=f"{type(exc).__name__}: {exc}")

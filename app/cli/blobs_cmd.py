@@ -41,8 +41,11 @@ def gc_cmd(
             s3_reports = collect_fleet_stores(db, min_age=min_age, dry_run=dry_run)
         finally:
             db.close()
+    failed = [r for r in s3_reports if r.error]
     if as_json:
         print_json({**report.as_json(), "s3": [r.as_json() for r in s3_reports]})
+        if failed:
+            raise click.exceptions.Exit(1)
         return
     verb = "would remove" if dry_run else "removed"
     click.echo(
@@ -55,12 +58,20 @@ def gc_cmd(
     )
 
     for s3 in s3_reports:
+        if s3.error:
+            click.echo(f"{s3.store}: not collected: {s3.error}", err=True)
+            continue
         click.echo(
             f"{s3.store}: {s3.examined} object(s) examined: {verb} {len(s3.removed)} blob(s) and "
             f"{s3.removed_objects} artifact object(s) ({s3.removed_bytes} bytes), kept "
             f"{s3.kept_referenced} referenced, {s3.kept_recent} recent and {s3.kept_uploading} of "
             f"uploading artifacts; multipart uploads of ended artifacts "
             f"{'would abort' if dry_run else 'aborted'} {s3.aborted_uploads}"
+        )
+    if failed:
+        raise click.ClickException(
+            f"{len(failed)} S3 store(s) not collected (above): check the endpoint, bucket and the server's "
+            "credentials a fleet names (`tuneplane fleet show NAME`); the others were collected"
         )
 
 

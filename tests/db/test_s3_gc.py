@@ -134,3 +134,42 @@ def test_fleet_stores_use_the_servers_credentials(
     assert result.exit_code == 0, result.output
     (s3,) = json.loads(result.output)["s3"]
     assert s3["store"] == loc.url and s3["removed"] == 1 and s3["aborted_uploads"] == 0
+
+
+def test_a_store_that_cannot_be_reached_does_not_stop_the_others(
+    db: Database, db_url: str, store: S3Store, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Walking issue 32: one fleet named an endpoint nothing answers on, and `tuneplane blobs gc` ended in
+    "unexpected EndpointConnectionError" without collecting the other fleets' stores (nor could the
+    worker's sweep). Now each store is collected or named with why not, and the command exits 1."""
+    from tests.conftest import free_port
+    from tests.launch_fixtures import make_fleet
+
+    setup = make_member(db)
+    fleet = db.fetch_one("SELECT name FROM tuneplane.fleets WHERE id = %s", (setup.fleet_id,))["name"]
+    loc = store.location
+    storage = {"kind": "s3", "bucket": loc.bucket, "prefix": loc.prefix, "endpoint": loc.endpoint}
+    db.call(fn.set_fleet_storage, fleet, Jsonb(storage), None)
+    dead = {"kind": "s3", "bucket": "gone", "prefix": "", "endpoint": f"http://127.0.0.1:{free_port()}"}
+    make_fleet(db, "dead")
+    db.call(fn.set_fleet_storage, "dead", Jsonb(dead), None)
+    monkeypatch.setenv("TUNEPLANE_S3_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("TUNEPLANE_S3_SECRET_ACCESS_KEY", SECRET_KEY)
+    garbage = os.urandom(100)
+    store.put_bytes(store.blob_key(hashlib.sha256(garbage).hexdigest()), garbage)
+
+    reports = {r.store: r for r in collect_fleet_stores(db, min_age=0)}
+    assert reports[loc.url].error is None and len(reports[loc.url].removed) == 1
+    assert "EndpointConnectionError" in (reports["s3://gone"].error or "")
+
+    store.put_bytes(store.blob_key(hashlib.sha256(garbage).hexdigest()), garbage)
+    said = blob_gc(SweepContext(db, tmp_path / "blobs", blob_gc_min_age=0))
+    assert said is not None and f"blob gc {loc.url}: removed 1 object(s)" in said
+    assert "blob gc s3://gone: not collected" in said
+
+    args = ["blobs", "gc", "--database-url", db_url, "--data-dir", str(tmp_path / "data"), "--min-age", "0"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    assert "s3://gone: not collected: EndpointConnectionError" in result.output
+    assert "1 S3 store(s) not collected" in result.output and "unexpected" not in result.output
+    assert f"{loc.url}: " in result.output  # the reachable one was collected and reported
