@@ -219,8 +219,12 @@ def _file_body(client: ApiClient, artifact_id: int, file_index: int) -> Iterator
             yield from response.iter_raw(DOWNLOAD_BLOCK)
         return
     headers = {"X-Client-Verifies": "sha256"}
+    # Accept too: a refusal (410 file missing, 503 no store credentials) then comes as JSON whose reason
+    # the user is shown, not an HTML page reduced to "server answered HTTP 503".
     headers.update(
-        (k, client.http.headers[k]) for k in ("Authorization", "User-Agent") if k in client.http.headers
+        (k, client.http.headers[k])
+        for k in ("Authorization", "User-Agent", "Accept")
+        if k in client.http.headers
     )
     timeout = client.http.timeout.read or 300.0
     with bulk_get(server, path, headers, ca_bundle=client.config.ca_bundle, timeout=timeout) as response:
