@@ -43,6 +43,15 @@ _ENDPOINT = re.compile(r"https?://[^\s/]+(/\S*)?")
 _REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 
 
+def _transport_allowed(endpoint: str) -> bool:
+    from urllib.parse import urlsplit
+
+    from tuneplane.app.client.transport import is_loopback_host
+
+    parts = urlsplit(endpoint)
+    return parts.scheme == "https" or is_loopback_host(parts.hostname or "")
+
+
 class S3ConfigError(ValueError):
     """A bad store configuration; the message names the field."""
 
@@ -62,6 +71,13 @@ class S3Location:
             raise S3ConfigError(f"bucket: {self.bucket!r} is not an S3 bucket name")
         if self.endpoint is not None and not _ENDPOINT.fullmatch(self.endpoint):
             raise S3ConfigError(f"endpoint: {self.endpoint!r} is not an http(s) URL")
+        if self.endpoint is not None and not _transport_allowed(self.endpoint):
+            # Nodes fetch capsules, inputs and resume checkpoints from the store and refuse plain HTTP to
+            # anything but loopback (check_transport): such a fleet could upload but never launch or resume.
+            raise S3ConfigError(
+                f"endpoint: {self.endpoint!r}: plain http:// only to a loopback address (nodes refuse it "
+                "elsewhere); use https://"
+            )
         if not _REGION.fullmatch(self.region):
             raise S3ConfigError(f"region: {self.region!r} is not a region name (a-z, 0-9, -)")
         if self.addressing_style not in ADDRESSING_STYLES:

@@ -184,6 +184,13 @@ BEGIN
         IF coalesce(p_storage ->> 'endpoint', 'https://x') !~ '^https?://[^\s/]+(/\S*)?$' THEN
             RAISE EXCEPTION 'storage endpoint must be an http(s) URL' USING ERRCODE = 'TP400', COLUMN = 'storage';
         END IF;
+        -- Nodes fetch capsules, inputs and resume checkpoints from the store and refuse plain HTTP to anything
+        -- but loopback (app/client/transport.py): such a fleet could upload but never launch or resume.
+        IF p_storage ->> 'endpoint' ~ '^http://'
+           AND p_storage ->> 'endpoint' !~ '^http://(127\.[0-9]+\.[0-9]+\.[0-9]+|localhost|\[::1\])(:[0-9]+)?(/|$)' THEN
+            RAISE EXCEPTION 'storage endpoint %: plain http:// only to a loopback address (nodes refuse it elsewhere); use https://',
+                p_storage ->> 'endpoint' USING ERRCODE = 'TP400', COLUMN = 'storage';
+        END IF;
         IF coalesce(p_storage ->> 'addressing_style', 'path') NOT IN ('path', 'virtual', 'auto') THEN
             RAISE EXCEPTION 'storage addressing_style must be path, virtual or auto'
                 USING ERRCODE = 'TP400', COLUMN = 'storage';

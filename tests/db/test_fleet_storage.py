@@ -49,6 +49,8 @@ def test_admin_creates_an_s3_fleet_and_the_page_and_json_show_it(db_url: str, db
         ({"storage": "s3://bucket\n/x"}, "storage"),
         ({"storage": "s3://bucket", "s3_region": "US East"}, "s3_region"),
         ({"storage": "s3://bucket", "s3_endpoint": "ftp://host"}, "s3_endpoint"),
+        # Plain HTTP off loopback: nodes refuse it for capsules, inputs and resumes (found walking issue 32).
+        ({"storage": "s3://bucket", "s3_endpoint": "http://minio.lan:9000"}, "s3_endpoint"),
         ({"storage": "s3://bucket", "s3_addressing_style": "dns"}, "s3_addressing_style"),
         ({"s3_endpoint": "http://127.0.0.1:9000"}, "s3_endpoint"),
     ],
@@ -72,6 +74,11 @@ def test_set_fleet_storage_refuses_credentials_and_bad_fields(db: Database) -> N
         ({"kind": "s3", "bucket": "B"}, "bucket"),
         ({"kind": "s3", "bucket": "b-1", "endpoint": "file:///x"}, "endpoint"),
         ({"kind": "s3", "bucket": "b-1", "prefix": "a/../b"}, "prefix"),
+        (
+            {"kind": "s3", "bucket": "b-1", "endpoint": "http://10.0.0.5:9000"},
+            "plain http:// only to a loopback",
+        ),
+        ({"kind": "s3", "bucket": "b-1", "endpoint": "http://127.0.0.1.lan:9000"}, "only to a loopback"),
     ):
         with pytest.raises(Refusal, match=words):
             db.call("set_fleet_storage", "f2", Jsonb(storage), "user:t")
@@ -80,6 +87,16 @@ def test_set_fleet_storage_refuses_credentials_and_bad_fields(db: Database) -> N
     row = db.call("set_fleet_storage", "f2", Jsonb({"kind": "s3", "bucket": "b-1"}), "user:t")[0]
     assert row["storage"] == {"kind": "s3", "bucket": "b-1"}
     assert db.call("set_fleet_storage", "f2", Jsonb({"kind": "filesystem"}), "user:t")[0]["storage"] is None
+    for endpoint in (
+        "http://127.0.0.1:9000",
+        "http://localhost:9000/",
+        "http://[::1]:9000",
+        "https://s3.lan",
+    ):
+        row = db.call(
+            "set_fleet_storage", "f2", Jsonb({"kind": "s3", "bucket": "b-1", "endpoint": endpoint})
+        )[0]
+        assert row["storage"]["endpoint"] == endpoint
 
 
 def test_setting_a_fleets_storage_does_not_hold_up_its_new_nodes_and_jobs(db_url: str, db: Database) -> None:
