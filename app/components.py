@@ -70,8 +70,17 @@ def embedded_postgres_component(pgdata: Path, data_dir: Path) -> tuple[Component
         tuneplane_argv("embedded-postgres", "--pgdata", str(pgdata), "--url-file", str(url_file)),
         ready=url_file.exists,
         ready_timeout=180.0,
+        # The database server needs no store key (nor may a superuser's COPY … FROM PROGRAM 'env' see one).
+        withhold_env=_server_only_env(),
     )
     return component, url_file
+
+
+def _server_only_env() -> tuple[str, ...]:
+    """The S3 store's keys: only the console server, the node gateway and the worker use them (issue 32)."""
+    from tuneplane.app.s3store import SERVER_ONLY_ENV
+
+    return SERVER_ONLY_ENV
 
 
 def up_components(ctx: UpContext) -> list[Component]:
@@ -92,6 +101,7 @@ def up_components(ctx: UpContext) -> list[Component]:
             ),
             env=ctx.env(),
             ready=lambda: http_ok(f"{telemetry_gateway_url(ctx)}/healthz"),
+            withhold_env=_server_only_env(),  # it stores metrics and never touches artifact bytes
         ),
         *node_components(ctx),
         # Places queued jobs, builds capsules and sends PREPARE (several may run; one is enough here).

@@ -157,3 +157,20 @@ def test_a_node_side_child_does_not_inherit_the_servers_store_keys(
         seen = log.read_text()
         assert "TP_KEPT" in seen
         assert all((f"secret-{n}" in seen) == (name == "gateway") for n in SERVER_ONLY_ENV), (name, seen)
+
+
+def test_only_the_server_the_node_gateway_and_the_worker_get_the_store_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Walking issue 32: `tuneplane up` gave the S3 keys to the embedded PostgreSQL and the telemetry
+    gateway too (/proc/<pid>/environ), which never use them; the docs name the three that do."""
+    from tuneplane.app import components
+    from tuneplane.app.components import UpContext, embedded_postgres_component
+    from tuneplane.app.node_gateway import local
+    from tuneplane.app.s3store import SERVER_ONLY_ENV
+
+    ctx = UpContext(host="127.0.0.1", port=1, database_url="postgresql://x/y", data_dir=tmp_path)
+    monkeypatch.setattr(local, "ensure_local_enrollment", lambda *_a: None)
+    every = [embedded_postgres_component(tmp_path / "pg", tmp_path)[0], *components.up_components(ctx)]
+    holders = sorted(c.name for c in every if not set(SERVER_ONLY_ENV) & set(c.withhold_env))
+    assert holders == ["node-gateway", "server", "worker"]
