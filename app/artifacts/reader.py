@@ -16,6 +16,7 @@ from tuneplane.app import db_functions as fn
 from tuneplane.app.artifacts.blobs import FsBlobStore
 from tuneplane.app.artifacts.receiver import shared_file_path
 from tuneplane.app.db import Database
+from tuneplane.app.errors import Refusal
 from tuneplane.app.s3store import S3Store
 from tuneplane.workers.artifacts.manifest import READ_BLOCK, Manifest
 from tuneplane.workers.artifacts.verify import VerifyReport, verify_with
@@ -39,7 +40,10 @@ class S3Blobs:
         return cls(store, {row["path"]: row["object_key"] for row in rows})
 
     def open_file(self, entry: dict) -> BinaryIO | None:
-        from botocore.exceptions import ClientError
+        """The object's bytes; None when the store says it does not exist. A store that fails to answer
+        (unreachable, 5xx, keys refused, bucket gone) proves nothing about the bytes: 503 (store_failure),
+        never "unreadable", which a verification would record as a corrupt artifact."""
+        from botocore.exceptions import BotoCoreError, ClientError
 
         if entry["size"] == 0:  # an empty file has no object (nothing was uploaded)
             return io.BytesIO(b"")
@@ -51,7 +55,20 @@ class S3Blobs:
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return None
-            raise OSError(f"the store refused reading {entry['path']} ({name}): {exc}") from exc
+            raise store_failure(self.store, exc) from exc
+        except BotoCoreError as exc:
+            raise store_failure(self.store, exc) from exc
+
+
+def store_failure(store: S3Store, exc: Exception) -> Refusal:
+    """503 naming the store and what it said: nothing was read, so nothing is marked; try again later."""
+    where = store.location.url + (f" at {store.location.endpoint}" if store.location.endpoint else "")
+    return Refusal(
+        f"the object store {where} did not answer ({type(exc).__name__}: {exc}); nothing was marked: "
+        "try again once it answers (docs/runbook.md, S3 stores)",
+        503,
+        "storage",
+    )
 
 
 class StoredBytesMismatch(RuntimeError):

@@ -26,6 +26,7 @@ from tuneplane.app.artifacts.reader import (
     S3Blobs,
     StoredBytesMismatch,
     open_stored,
+    store_failure,
     stream_verified,
     verify_stored,
 )
@@ -288,6 +289,19 @@ def _storage(db, artifact_id: int) -> dict | None:
     return db.call(fn.artifact_storage, artifact_id)[0]["artifact_storage"]
 
 
+def _verify_reading(blobs: FsBlobStore | S3Blobs, artifact: dict):
+    """verify_stored; a store that fails mid-object (a cut or timed-out read) is a 503 with nothing
+    recorded, as when it fails to open one (S3Blobs.open_file): an outage is no proof of corruption."""
+    if not isinstance(blobs, S3Blobs):
+        return verify_stored(blobs, artifact)
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        return verify_stored(blobs, artifact)
+    except BotoCoreError as exc:
+        raise store_failure(blobs.store, exc) from exc
+
+
 @bp.post("/artifacts/<int:artifact_id>/verify")
 @login_required
 def verify(artifact_id: int):
@@ -295,7 +309,8 @@ def verify(artifact_id: int):
     db = get_db()
     artifact = db.call(fn.artifact_to_verify, _user_id(), artifact_id)[0]
     storage = _storage(db, artifact_id)
-    report = verify_stored(stored_blobs(db, artifact_id, storage), artifact)
+    blobs = stored_blobs(db, artifact_id, storage)
+    report = _verify_reading(blobs, artifact)
     db.call(
         fn.record_artifact_verification, _user_id(), artifact_id, report.ok, report.checked,
         Jsonb(report.problems()),

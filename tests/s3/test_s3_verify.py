@@ -102,3 +102,50 @@ def test_the_cli_says_it_verified_the_fleets_store(
         as_json = json.loads(run("artifacts", "verify", job, art["name"], "--json").output)
     assert as_json["ok"] is True and as_json["storage"]["bucket"] == loc.bucket
     assert "secret" not in json.dumps(as_json).lower()
+
+
+def test_a_store_that_does_not_answer_is_a_503_and_marks_nothing(
+    db: Database,
+    db_url: str,
+    delivery: S3Delivery,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Walking issue 32: with the store down, download and verify answered 500; with keys it refuses
+    (or a 5xx), verify recorded the files "unreadable" and so marked a good checkpoint corrupt — never
+    resumed from again. A store that does not answer proves nothing: 503 naming it, nothing recorded."""
+    from tests.conftest import free_port
+
+    setup = make_member(db)
+    loc = delivery.store.location
+    fleet = db.fetch_one("SELECT name FROM tuneplane.fleets WHERE id = %s", (setup.fleet_id,))["name"]
+    storage = {"kind": "s3", "bucket": loc.bucket, "prefix": loc.prefix, "endpoint": loc.endpoint}
+    db.call(fn.set_fleet_storage, fleet, Jsonb(storage), None)
+    art, manifest = _register(db, setup, tmp_path / "out", {"w.bin": b"weights" * 100})
+    assert _deliver(delivery, setup.credential_hash, art, tmp_path / "out", manifest)["state"] == "complete"
+    client = create_app(db_url).test_client()
+    headers = {"Authorization": f"Bearer {api_token(db, setup.user_id)}", "Accept": "application/json"}
+
+    def refused_and_unmarked(what: str) -> None:
+        for response in (
+            client.post(f"/artifacts/{art['id']}/verify", headers=headers),
+            client.get(f"/artifacts/{art['id']}/files/0", headers=headers),
+        ):
+            assert response.status_code == 503, (what, response.get_data(as_text=True))
+            said = response.get_json()["error"]
+            assert f"the object store s3://{loc.bucket}/{loc.prefix}" in said and "nothing was marked" in said
+        assert db.fetch_one("SELECT tuneplane.artifact_is_corrupt(%s) AS c", (art["id"],))["c"] is False
+        assert db.fetch_all("SELECT 1 FROM tuneplane.artifact_verifications WHERE artifact_id = %s",
+                            (art["id"],)) == []  # fmt: skip
+
+    monkeypatch.setenv("TUNEPLANE_S3_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("TUNEPLANE_S3_SECRET_ACCESS_KEY", "not-the-stores-secret")
+    refused_and_unmarked("keys the store refuses (403)")
+    # The endpoint gone (nothing listens there): as a store that is down.
+    dead = f"http://127.0.0.1:{free_port()}"
+    db.fetch_one(
+        "UPDATE tuneplane.fleets SET storage = storage || jsonb_build_object('endpoint', %s::text) "
+        "WHERE id = %s RETURNING id",
+        (dead, setup.fleet_id),
+    )
+    refused_and_unmarked("store down")
