@@ -22,6 +22,23 @@ from tuneplane.app.db import Database
 from tuneplane.app.web import create_app
 
 
+def _complete_in_fleet_store(
+    db: Database,
+    delivery: S3Delivery,  # noqa: F811 - the fixture imported above
+    tmp_path: Path,
+    files: dict[str, bytes],
+) -> tuple:
+    """A member whose fleet's store is `delivery`'s, and its artifact of `files` delivered there, complete."""
+    setup = make_member(db)
+    loc = delivery.store.location
+    fleet = db.fetch_one("SELECT name FROM tuneplane.fleets WHERE id = %s", (setup.fleet_id,))["name"]
+    storage = {"kind": "s3", "bucket": loc.bucket, "prefix": loc.prefix, "endpoint": loc.endpoint}
+    db.call(fn.set_fleet_storage, fleet, Jsonb(storage), None)
+    art, manifest = _register(db, setup, tmp_path / "out", files)
+    assert _deliver(delivery, setup.credential_hash, art, tmp_path / "out", manifest)["state"] == "complete"
+    return setup, art
+
+
 def test_verify_reads_the_fleet_store_and_a_flipped_byte_marks_it_corrupt(
     db: Database,
     db_url: str,
@@ -29,14 +46,8 @@ def test_verify_reads_the_fleet_store_and_a_flipped_byte_marks_it_corrupt(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    setup = make_member(db)
-    loc = delivery.store.location
-    fleet = db.fetch_one("SELECT name FROM tuneplane.fleets WHERE id = %s", (setup.fleet_id,))["name"]
-    storage = {"kind": "s3", "bucket": loc.bucket, "prefix": loc.prefix, "endpoint": loc.endpoint}
-    db.call(fn.set_fleet_storage, fleet, Jsonb(storage), None)
     data = secrets.token_bytes(40_000)
-    art, manifest = _register(db, setup, tmp_path / "out", {"w.bin": data, "cfg.json": b"{}"})
-    assert _deliver(delivery, setup.credential_hash, art, tmp_path / "out", manifest)["state"] == "complete"
+    setup, art = _complete_in_fleet_store(db, delivery, tmp_path, {"w.bin": data, "cfg.json": b"{}"})
 
     blob_dir = tmp_path / "server-blobs"
     app = create_app(db_url)
@@ -83,13 +94,8 @@ def test_the_cli_says_it_verified_the_fleets_store(
 ) -> None:
     """`tuneplane artifacts verify` of an S3 fleet's artifact once said "files in the server's stored files"
     (walking issue 32 as an operator): it names the store it re-read, and the JSON carries its location."""
-    setup = make_member(db)
+    setup, art = _complete_in_fleet_store(db, delivery, tmp_path, {"w.bin": b"weights", "cfg.json": b"{}"})
     loc = delivery.store.location
-    fleet = db.fetch_one("SELECT name FROM tuneplane.fleets WHERE id = %s", (setup.fleet_id,))["name"]
-    storage = {"kind": "s3", "bucket": loc.bucket, "prefix": loc.prefix, "endpoint": loc.endpoint}
-    db.call(fn.set_fleet_storage, fleet, Jsonb(storage), None)
-    art, manifest = _register(db, setup, tmp_path / "out", {"w.bin": b"weights", "cfg.json": b"{}"})
-    assert _deliver(delivery, setup.credential_hash, art, tmp_path / "out", manifest)["state"] == "complete"
     monkeypatch.setenv("TUNEPLANE_S3_ACCESS_KEY_ID", ACCESS_KEY)
     monkeypatch.setenv("TUNEPLANE_S3_SECRET_ACCESS_KEY", SECRET_KEY)
     with serving_console(db_url, tmp_path, port) as url:
@@ -116,13 +122,8 @@ def test_a_store_that_does_not_answer_is_a_503_and_marks_nothing(
     resumed from again. A store that does not answer proves nothing: 503 naming it, nothing recorded."""
     from tests.conftest import free_port
 
-    setup = make_member(db)
+    setup, art = _complete_in_fleet_store(db, delivery, tmp_path, {"w.bin": b"weights" * 100})
     loc = delivery.store.location
-    fleet = db.fetch_one("SELECT name FROM tuneplane.fleets WHERE id = %s", (setup.fleet_id,))["name"]
-    storage = {"kind": "s3", "bucket": loc.bucket, "prefix": loc.prefix, "endpoint": loc.endpoint}
-    db.call(fn.set_fleet_storage, fleet, Jsonb(storage), None)
-    art, manifest = _register(db, setup, tmp_path / "out", {"w.bin": b"weights" * 100})
-    assert _deliver(delivery, setup.credential_hash, art, tmp_path / "out", manifest)["state"] == "complete"
     client = create_app(db_url).test_client()
     headers = {"Authorization": f"Bearer {api_token(db, setup.user_id)}", "Accept": "application/json"}
 
