@@ -65,6 +65,16 @@ def fleet_create(
     ca_bundle,
 ) -> None:
     """Create a fleet (admin)."""
+    ctx = click.get_current_context()
+    given = [
+        f"--{name.replace('_', '-')}"
+        for name in ("s3_region", "s3_addressing_style")
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+    ]
+    if given and storage is None:
+        # Else they would be dropped without a word and the fleet made on the server's own store.
+        verb = "needs" if len(given) == 1 else "need"
+        raise click.UsageError(f"{' and '.join(given)} {verb} --storage s3://BUCKET/PREFIX")
     declared: dict[str, object] = {}
     for item in capabilities:
         key, sep, value = item.partition("=")

@@ -148,4 +148,6 @@ def test_the_cli_refuses_an_s3_endpoint_without_an_s3_storage(cli, db: Database)
     result = cli("fleet", "create", "gpu", "--s3-endpoint", "http://127.0.0.1:8333", user="root")
     assert result.exit_code != 0, result.output
     assert "--s3-endpoint needs an s3:// storage" in result.output
+    region = cli("fleet", "create", "gpu", "--s3-region", "eu-west-1", user="root")
+    assert region.exit_code == 2 and "--s3-region needs --storage s3://" in region.output, region.output
     assert db.fetch_all("SELECT 1 FROM fleets WHERE name = 'gpu'") == []
