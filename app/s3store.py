@@ -132,6 +132,8 @@ def load_credentials(env: Mapping[str, str] | None = None) -> S3Credentials:
 
 
 CHECKSUM_HEADER = "x-amz-checksum-crc32c"
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 20.0
 
 
 def part_checksum(data: bytes) -> str:
@@ -171,6 +173,10 @@ class S3Store:
             s3={"addressing_style": location.addressing_style},
             signature_version="s3v4",
             retries={"max_attempts": attempts, "mode": "standard"},
+            # botocore's 60 s defaults, times three attempts, let a hung store (stopped, not dead) hold a
+            # user's download or verify for minutes; a read timeout is between two reads, not per object.
+            connect_timeout=CONNECT_TIMEOUT_S,
+            read_timeout=READ_TIMEOUT_S,
             # Checksums are ours to choose (CRC32C on parts, sha256 re-hashed by the verifier):
             # botocore's default CRC headers are not supported by every S3 API.
             request_checksum_calculation="when_required",
