@@ -85,8 +85,14 @@ def test_receiver_gets_one_signed_event_per_state_change_of_its_teams_job_only(c
         assert len(receiver.got) == len(changes) + 1
         # Never an event of another team's job.
         assert all(g["body"]["job"]["id"] != theirs for g in receiver.got)
-        tries = cluster.db.call("team_event_deliveries_of", alice, "alice", 50)
-        assert {t["state"] for t in tries} == {"delivered"}
+
+        # The sender records a delivery after the receiver's answer reaches it: the last one may still be
+        # on its way to the database when the receiver has every event (a bounded poll, not a sleep).
+        def all_recorded() -> list | None:
+            tries = cluster.db.call("team_event_deliveries_of", alice, "alice", 50)
+            return tries if {t["state"] for t in tries} == {"delivered"} else None
+
+        tries = wait_for(all_recorded, timeout=30, what="every delivery recorded as delivered")
         assert sorted(len(t["tries"]) for t in tries) == [1] * (len(changes) - 1) + [2]
     finally:
         receiver.close()
