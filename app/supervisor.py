@@ -92,6 +92,19 @@ class ComponentFailed(RuntimeError):
     pass
 
 
+class _StopRequest(threading.Event):
+    """A stop asked for by a caller (set) or by a signal (`signalled`: written by the signal handler without
+    a lock, read here)."""
+
+    signalled: int = 0
+
+    def is_set(self) -> bool:
+        return bool(self.signalled) or super().is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return bool(self.signalled) or super().wait(timeout) or bool(self.signalled)
+
+
 class Supervisor:
     def __init__(
         self,
@@ -112,13 +125,15 @@ class Supervisor:
         self.stable_after = stable_after
         self.grace = grace
         self.running: list[_Running] = []
-        self.stop_requested = threading.Event()
+        self.stop_requested = _StopRequest()
         self.exit_code = 0
 
     def install_signal_handlers(self) -> None:
+        # The handler runs on the main thread, which may hold stop_requested's lock (inside its wait) or
+        # the output's: taking either there deadlocks `up` for good (seen in CI). It only records the
+        # signal; stop_requested reads it without a lock, and watch() says it.
         def handler(signum: int, _frame: object) -> None:
-            self.report(f"received {signal.Signals(signum).name}; stopping")
-            self.stop_requested.set()
+            self.stop_requested.signalled = signum
 
         signal.signal(signal.SIGINT, handler)
         signal.signal(signal.SIGTERM, handler)
@@ -203,6 +218,8 @@ class Supervisor:
                     continue
                 if not self._died(entry, code, now):
                     break
+        if self.stop_requested.signalled:
+            self.report(f"received {signal.Signals(self.stop_requested.signalled).name}; stopping")
         self.stop_all()
         return self.exit_code
 
