@@ -397,8 +397,7 @@ BEGIN
         'delivery', a.delivery, 'manifest_digest', a.manifest_digest,
         -- The fleet's store (migration 0245): null for the server's own, else where the node uploads
         -- directly through presigned URLs (app/artifacts/s3_delivery.py). Never credentials.
-        'storage', (SELECT f.storage FROM tuneplane.attempts t JOIN tuneplane.fleets f ON f.id = t.fleet_id
-                     WHERE t.id = a.attempt_id),
+        'storage', tuneplane.artifact_storage(a.id),
         'files', coalesce((
             SELECT jsonb_agg(jsonb_build_object(
                        'index', f.file_index, 'path', f.path, 'size', f.size, 'sha256', f.sha256,
